@@ -1,0 +1,85 @@
+//! Which SIMD instruction sets the CPU kernels can use, chosen at run time.
+//!
+//! The build never uses `target-cpu=native`: one binary runs on every x86-64 host, and each
+//! kernel picks its widest path from [`SimdLevel::detect`].
+
+use std::fmt;
+
+/// SIMD level of a CPU kernel path, widest last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SimdLevel {
+    /// Portable scalar code.
+    Scalar,
+    /// AVX2 + FMA (256-bit).
+    Avx2,
+    /// AVX-512 F/BW/VL (512-bit), no VNNI.
+    Avx512,
+    /// AVX-512 with VNNI (`vpdpbusd` integer dot products).
+    Avx512Vnni,
+}
+
+impl SimdLevel {
+    /// The level the compiler may assume everywhere in this binary (from `target_feature`).
+    pub fn compiled() -> SimdLevel {
+        if cfg!(all(
+            target_feature = "avx512f",
+            target_feature = "avx512bw",
+            target_feature = "avx512vnni"
+        )) {
+            SimdLevel::Avx512Vnni
+        } else if cfg!(all(target_feature = "avx512f", target_feature = "avx512bw")) {
+            SimdLevel::Avx512
+        } else if cfg!(all(target_feature = "avx2", target_feature = "fma")) {
+            SimdLevel::Avx2
+        } else {
+            SimdLevel::Scalar
+        }
+    }
+
+    /// The widest level this CPU supports, detected at run time.
+    pub fn detect() -> SimdLevel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx512 = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl");
+            if avx512 && std::is_x86_feature_detected!("avx512vnni") {
+                return SimdLevel::Avx512Vnni;
+            }
+            if avx512 {
+                return SimdLevel::Avx512;
+            }
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                return SimdLevel::Avx2;
+            }
+        }
+        SimdLevel::Scalar
+    }
+
+    /// Name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            SimdLevel::Scalar => "scalar",
+            SimdLevel::Avx2 => "avx2",
+            SimdLevel::Avx512 => "avx512",
+            SimdLevel::Avx512Vnni => "avx512-vnni",
+        }
+    }
+}
+
+impl fmt::Display for SimdLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detected_is_at_least_compiled() {
+        assert!(SimdLevel::detect() >= SimdLevel::compiled());
+    }
+}

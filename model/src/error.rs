@@ -1,0 +1,44 @@
+//! The one error type of `ft-model`: every variant names the input that was wrong.
+
+use thiserror::Error;
+
+/// Errors raised while validating or loading the shared vocabulary.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    /// A field holds a value the geometry or format cannot take.
+    #[error("invalid {field}: {reason}")]
+    Invalid { field: String, reason: String },
+    /// A name (model preset, host preset, format, policy) that is not known.
+    #[error("unknown {kind} '{name}'; known: {known}")]
+    UnknownName {
+        kind: &'static str,
+        name: String,
+        known: String,
+    },
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A TOML file did not parse or had unknown keys.
+    #[error("{path}: {message}")]
+    Toml { path: String, message: String },
+    /// A JSON document did not parse.
+    #[error("{path}: {message}")]
+    Json { path: String, message: String },
+}
+
+impl ModelError {
+    /// Shorthand for [`ModelError::Invalid`].
+    pub fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ModelError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = ModelError> = std::result::Result<T, E>;

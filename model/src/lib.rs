@@ -1,0 +1,19 @@
+//! `ft-model`: the vocabulary every part of `ft` speaks, and the analytic performance model.
+//!
+//! The runtime, the simulator and the analytic model are three views of one decode step
+//! (see `shared/design.md`). Whatever is not time lives here, once: the MoE geometry and
+//! expert formats, model presets, strategies, routing processes and traces, cache policies
+//! and the split of a layer's misses between the link and the CPU. Because the runtime and
+//! the simulator call the same code for these, their miss rates agree by construction.
+
+pub mod error;
+pub mod format;
+pub mod geometry;
+pub mod preset;
+pub mod strategy;
+
+pub use error::ModelError;
+pub use format::ExpertFormat;
+pub use geometry::{ExpertId, MoeGeometry};
+pub use preset::{DenseSpec, ModelSpec};
+pub use strategy::{FetchFraction, Strategy, StrategyKind};

@@ -1,0 +1,1 @@
+//! `ft-sim`: the discrete-event simulator.

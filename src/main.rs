@@ -1,0 +1,92 @@
+//! `ft`: decide, measure and explain how a host-RAM MoE model should decode.
+//!
+//! A thin binary over the library crates: arguments are parsed and validated into a plan
+//! before any work, data goes to stdout, logs (tracing) to stderr. Exit codes: 0 success,
+//! 1 ran but a check failed, 2 error.
+
+mod bench;
+mod version;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Top-level command line.
+#[derive(Debug, Parser)]
+#[command(name = "ft", about, disable_version_flag = true)]
+struct Cli {
+    /// More log output on stderr (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    /// Print the version, git revision, SIMD levels and CUDA driver status.
+    #[arg(short = 'V', long)]
+    version: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Micro-benchmarks: `cpu` (expert kernels against STREAM read), `bw` (the legacy ratio).
+    Bench(bench::Args),
+}
+
+/// An outcome that is not an error but must change the exit code (a check that failed).
+#[derive(Debug)]
+pub struct CheckFailed(pub String);
+
+impl std::fmt::Display for CheckFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CheckFailed {}
+
+fn init_logging(verbose: u8) {
+    use tracing_subscriber::EnvFilter;
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let result = if cli.version {
+        version::print()
+    } else {
+        match cli.command {
+            Some(Command::Bench(args)) => bench::run(args),
+            None => {
+                use clap::CommandFactory;
+                let _ = Cli::command().print_help();
+                Ok(())
+            }
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                if io.kind() == std::io::ErrorKind::BrokenPipe {
+                    return ExitCode::SUCCESS;
+                }
+            }
+            if let Some(check) = e.downcast_ref::<CheckFailed>() {
+                eprintln!("ft: check failed: {check}");
+                return ExitCode::from(1);
+            }
+            eprintln!("ft: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
