@@ -90,7 +90,7 @@ impl ExpertFormat {
             return Err(ModelError::invalid(field, "must be greater than zero"));
         }
         let block = self.block_len();
-        if block > 1 && cols % block != 0 {
+        if block > 1 && !cols.is_multiple_of(block) {
             return Err(ModelError::invalid(
                 field,
                 format!(
@@ -99,7 +99,7 @@ impl ExpertFormat {
                 ),
             ));
         }
-        if self.is_4bit() && cols % 2 != 0 {
+        if self.is_4bit() && !cols.is_multiple_of(2) {
             return Err(ModelError::invalid(
                 field,
                 format!("{cols} is odd; {} packs two weights per byte", self.name()),

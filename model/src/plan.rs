@@ -1,0 +1,544 @@
+//! The layer plan: THE decode-step semantics every view of `ft` shares.
+//!
+//! For one MoE layer of one decode step, [`plan_layer`] decides which experts hit in the GPU
+//! cache, which misses cross the link (and into which slot, evicting whom) and which are
+//! computed on the CPU, with the tokens routed to each. The runtime executes the plan, the
+//! simulator times it and [`crate::traffic`] counts it; because all three call this function
+//! their miss rates agree by construction.
+//!
+//! Semantics (deterministic for a given cache state and routes):
+//! 1. **Union.** The unit of work is an expert, not a token: an expert routed from several
+//!    streams is one [`ExpertWork`] serving all their tokens (stream, router weight), in
+//!    ascending stream order.
+//! 2. **Lookup.** Every expert of the union is looked up once, in ascending expert order (a
+//!    hit touches the policy's recency or count).
+//! 3. **Split of misses.** Of the `m` misses, `F = fetch_count(f, m)` cross the link
+//!    (`f` = 1 for offload and resident, 0 for cpu, the fetch fraction for hybrid). Priority:
+//!    most tokens first, then the most recently requested before this step's lookup
+//!    ([`ExpertCache::last_request`]; never requested comes last), then the lowest expert id.
+//! 4. **Admission.** The chosen misses are admitted in that order with every expert of this
+//!    layer's union pinned, so nothing the layer needs is evicted. An admission the cache
+//!    refuses (all slots pinned, or a static hot set that is full) leaves the expert
+//!    **uncached**: it still crosses the link, into a staging buffer, is computed on the GPU,
+//!    and is not cached ([`LayerPlan::uncached`]).
+//! 5. **CPU.** The other misses are computed on the CPU from host memory and never enter the
+//!    cache: in hybrid only fetched experts change the cache, so its history (and miss rate)
+//!    differs from offload's.
+
+use crate::cache::{ExpertCache, SlotId};
+use crate::error::{ModelError, Result};
+use crate::geometry::ExpertId;
+use crate::routing::TokenRoute;
+use crate::strategy::{FetchFraction, Strategy};
+
+/// One expert's work: which expert, where its weights are on the GPU (if they are), and the
+/// tokens routed to it as (stream, router weight), ascending by stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertWork {
+    /// The expert.
+    pub id: ExpertId,
+    /// Its cache slot for a hit; `None` for CPU and uncached work.
+    pub slot: Option<SlotId>,
+    /// Tokens routed to it: (stream index, router weight).
+    pub tokens: Vec<(u32, f32)>,
+}
+
+/// A miss gathered over the link into a cache slot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FetchWork {
+    /// The expert.
+    pub id: ExpertId,
+    /// The slot its weights are copied into.
+    pub slot: SlotId,
+    /// The expert that held the slot before (never one of this layer's experts).
+    pub evicted: Option<ExpertId>,
+    /// Tokens routed to it: (stream index, router weight).
+    pub tokens: Vec<(u32, f32)>,
+}
+
+/// What one MoE layer of a decode step does with its experts.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct LayerPlan {
+    /// MoE layer index.
+    pub layer: usize,
+    /// Resident experts, computed on the GPU from their slots (ascending expert id).
+    pub hits: Vec<ExpertWork>,
+    /// Misses gathered into cache slots and computed on the GPU, in issue (priority) order.
+    pub fetched: Vec<FetchWork>,
+    /// Misses gathered into a staging buffer (the cache refused them), computed on the GPU,
+    /// not cached; in priority order. Empty unless every slot is pinned or a static hot set
+    /// is full.
+    pub uncached: Vec<ExpertWork>,
+    /// Misses computed on the CPU from host memory (ascending expert id).
+    pub cpu: Vec<ExpertWork>,
+}
+
+impl LayerPlan {
+    /// Distinct experts the layer computes (hits + misses).
+    pub fn unique(&self) -> usize {
+        self.hits.len() + self.misses()
+    }
+
+    /// Experts that were not resident.
+    pub fn misses(&self) -> usize {
+        self.fetched.len() + self.uncached.len() + self.cpu.len()
+    }
+
+    /// Experts crossing the link (fetched into slots or staged uncached).
+    pub fn link_experts(&self) -> usize {
+        self.fetched.len() + self.uncached.len()
+    }
+
+    /// Experts computed on the GPU (hits, fetched and uncached).
+    pub fn gpu_experts(&self) -> usize {
+        self.hits.len() + self.link_experts()
+    }
+
+    /// (token, expert) routings served by each group: (hits, link, cpu).
+    pub fn token_counts(&self) -> (usize, usize, usize) {
+        let t = |w: &[ExpertWork]| w.iter().map(|e| e.tokens.len()).sum::<usize>();
+        (
+            t(&self.hits),
+            self.fetched.iter().map(|e| e.tokens.len()).sum::<usize>() + t(&self.uncached),
+            t(&self.cpu),
+        )
+    }
+}
+
+/// How many of `misses` misses cross the link at fetch fraction `f` (clamped to [0, 1]; NaN
+/// counts as 0): `floor(f m)` or `ceil(f m)`, whichever minimises `max(F (1 - f), (m - F) f)`
+/// (the balance the reference engine keeps between the link's and the CPU's share), ties to
+/// the lower. `f = 1` gives `m`, `f = 0` gives 0.
+pub fn fetch_count(f: f64, misses: usize) -> usize {
+    let f = if f.is_nan() { 0.0 } else { f.clamp(0.0, 1.0) };
+    let m = misses as f64;
+    let lo = (f * m).floor().clamp(0.0, m);
+    let hi = (f * m).ceil().clamp(0.0, m);
+    let cost = |x: f64| (x * (1.0 - f)).max((m - x) * f);
+    if cost(hi) < cost(lo) {
+        hi as usize
+    } else {
+        lo as usize
+    }
+}
+
+/// The fetch fraction a strategy implies (1 offload/resident, 0 cpu, the fixed fraction for
+/// hybrid); hybrid with `auto` is an error: resolve it first.
+pub fn fetch_fraction(strategy: &Strategy) -> Result<f64> {
+    match strategy {
+        Strategy::Hybrid {
+            fetch: FetchFraction::Auto,
+        } => Err(ModelError::invalid(
+            "fetch fraction",
+            "hybrid's 'auto' fetch fraction must be resolved to a number before planning",
+        )),
+        other => Ok(other
+            .fixed_fetch_fraction()
+            .expect("every strategy but hybrid(auto) has a fixed fraction")),
+    }
+}
+
+/// A miss waiting for the split.
+struct Miss {
+    /// Its last request before this step's lookup.
+    prev: Option<u64>,
+    expert: u32,
+    tokens: Vec<(u32, f32)>,
+}
+
+/// Plan one MoE layer (see the module docs for the exact semantics).
+///
+/// `routes` holds one route per stream (index = stream id) at this layer; `fetch_fraction` is
+/// the share of misses to gather ([`fetch_fraction`] of the strategy). The cache is updated
+/// (lookups, admissions, evictions) as the plan says.
+pub fn plan_layer(
+    layer: usize,
+    routes: &[TokenRoute],
+    cache: &mut ExpertCache,
+    fetch_fraction: f64,
+) -> LayerPlan {
+    // 1. Union: (expert, stream, weight) sorted by expert then stream.
+    let mut entries: Vec<(u32, u32, f32)> =
+        Vec::with_capacity(routes.iter().map(|r| r.experts.len()).sum());
+    for (s, r) in routes.iter().enumerate() {
+        for (&e, &w) in r.experts.iter().zip(&r.weights) {
+            entries.push((e, s as u32, w));
+        }
+    }
+    entries.sort_unstable_by_key(|&(e, s, _)| (e, s));
+    let mut union: Vec<u32> = Vec::new();
+    let mut groups: Vec<Vec<(u32, f32)>> = Vec::new();
+    for &(e, s, w) in &entries {
+        if union.last() != Some(&e) {
+            union.push(e);
+            groups.push(Vec::new());
+        }
+        groups.last_mut().expect("pushed above").push((s, w));
+    }
+
+    // 2. Lookup in ascending expert order.
+    let mut plan = LayerPlan {
+        layer,
+        ..LayerPlan::default()
+    };
+    let mut misses: Vec<Miss> = Vec::new();
+    for (&e, tokens) in union.iter().zip(groups) {
+        let id = ExpertId::new(layer, e as usize);
+        let prev = cache.last_request(id);
+        match cache.lookup(id) {
+            Some(slot) => plan.hits.push(ExpertWork {
+                id,
+                slot: Some(slot),
+                tokens,
+            }),
+            None => misses.push(Miss {
+                prev,
+                expert: e,
+                tokens,
+            }),
+        }
+    }
+
+    // 3. Split: priority order, first F cross the link.
+    let n_fetch = fetch_count(fetch_fraction, misses.len());
+    misses.sort_by(|a, b| {
+        (b.tokens.len().cmp(&a.tokens.len()))
+            .then(b.prev.cmp(&a.prev))
+            .then(a.expert.cmp(&b.expert))
+    });
+    let to_cpu = misses.split_off(n_fetch);
+
+    // 4. Admission with the layer's experts pinned.
+    let pinned = |x: ExpertId| x.layer as usize == layer && union.binary_search(&x.expert).is_ok();
+    for Miss { expert, tokens, .. } in misses {
+        let id = ExpertId::new(layer, expert as usize);
+        match cache.admit(id, pinned) {
+            Ok(a) => plan.fetched.push(FetchWork {
+                id,
+                slot: a.slot,
+                evicted: a.evicted,
+                tokens,
+            }),
+            Err(_) => plan.uncached.push(ExpertWork {
+                id,
+                slot: None,
+                tokens,
+            }),
+        }
+    }
+
+    // 5. The rest on the CPU, ascending id.
+    plan.cpu = to_cpu
+        .into_iter()
+        .map(|m| ExpertWork {
+            id: ExpertId::new(layer, m.expert as usize),
+            slot: None,
+            tokens: m.tokens,
+        })
+        .collect();
+    plan.cpu.sort_unstable_by_key(|w| w.id);
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::CachePolicy;
+    use crate::geometry::MoeGeometry;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn geo(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
+        MoeGeometry {
+            hidden: 64,
+            intermediate: 64,
+            experts,
+            top_k,
+            moe_layers: layers,
+            shared_experts: 0,
+        }
+    }
+
+    fn route(experts: &[u32]) -> TokenRoute {
+        let w = 1.0 / experts.len() as f32;
+        TokenRoute {
+            experts: experts.to_vec(),
+            weights: vec![w; experts.len()],
+        }
+    }
+
+    /// The slow reference planner: maps and sets, brute-force fetch count, selection sort.
+    fn naive_plan(
+        layer: usize,
+        routes: &[TokenRoute],
+        cache: &mut ExpertCache,
+        f: f64,
+    ) -> LayerPlan {
+        let mut union: BTreeMap<u32, Vec<(u32, f32)>> = BTreeMap::new();
+        for (s, r) in routes.iter().enumerate() {
+            for (&e, &w) in r.experts.iter().zip(&r.weights) {
+                union.entry(e).or_default().push((s as u32, w));
+            }
+        }
+        let needed: BTreeSet<ExpertId> = union
+            .keys()
+            .map(|&e| ExpertId::new(layer, e as usize))
+            .collect();
+        let mut plan = LayerPlan {
+            layer,
+            ..LayerPlan::default()
+        };
+        let mut misses = Vec::new();
+        for (&e, tokens) in &union {
+            let id = ExpertId::new(layer, e as usize);
+            let prev = cache.last_request(id);
+            match cache.lookup(id) {
+                Some(slot) => plan.hits.push(ExpertWork {
+                    id,
+                    slot: Some(slot),
+                    tokens: tokens.clone(),
+                }),
+                None => misses.push((id, prev, tokens.clone())),
+            }
+        }
+        let m = misses.len();
+        let f = f.clamp(0.0, 1.0);
+        let cost = |x: usize| (x as f64 * (1.0 - f)).max((m - x) as f64 * f);
+        let n_fetch = (0..=m)
+            .min_by(|&a, &b| cost(a).partial_cmp(&cost(b)).unwrap().then(a.cmp(&b)))
+            .unwrap();
+        let better = |a: &(ExpertId, Option<u64>, Vec<(u32, f32)>),
+                      b: &(ExpertId, Option<u64>, Vec<(u32, f32)>)| {
+            if a.2.len() != b.2.len() {
+                return a.2.len() > b.2.len();
+            }
+            let (ra, rb) = (a.1.map_or(0, |t| t + 1), b.1.map_or(0, |t| t + 1));
+            if ra != rb {
+                return ra > rb;
+            }
+            a.0 < b.0
+        };
+        for _ in 0..n_fetch {
+            let mut best = 0;
+            for i in 1..misses.len() {
+                if better(&misses[i], &misses[best]) {
+                    best = i;
+                }
+            }
+            let (id, _, tokens) = misses.remove(best);
+            match cache.admit(id, |x| needed.contains(&x)) {
+                Ok(a) => plan.fetched.push(FetchWork {
+                    id,
+                    slot: a.slot,
+                    evicted: a.evicted,
+                    tokens,
+                }),
+                Err(_) => plan.uncached.push(ExpertWork {
+                    id,
+                    slot: None,
+                    tokens,
+                }),
+            }
+        }
+        misses.sort_by_key(|m| m.0);
+        plan.cpu = misses
+            .into_iter()
+            .map(|(id, _, tokens)| ExpertWork {
+                id,
+                slot: None,
+                tokens,
+            })
+            .collect();
+        plan
+    }
+
+    #[test]
+    fn fetch_count_is_the_balanced_rounding() {
+        for m in 0..60usize {
+            for i in 0..=40 {
+                let f = i as f64 / 40.0;
+                let cost = |x: usize| (x as f64 * (1.0 - f)).max((m - x) as f64 * f);
+                let brute = (0..=m)
+                    .min_by(|&a, &b| cost(a).partial_cmp(&cost(b)).unwrap().then(a.cmp(&b)))
+                    .unwrap();
+                assert_eq!(fetch_count(f, m), brute, "f={f} m={m}");
+                let x = f * m as f64;
+                let got = fetch_count(f, m) as f64;
+                assert!(got == x.floor() || got == x.ceil(), "f={f} m={m}");
+            }
+            assert_eq!(fetch_count(1.0, m), m);
+            assert_eq!(fetch_count(0.0, m), 0);
+            assert_eq!(fetch_count(f64::NAN, m), 0);
+            assert_eq!(fetch_count(2.0, m), m);
+        }
+        assert_eq!(fetch_count(0.277, 10), 3);
+        assert_eq!(fetch_count(0.25, 10), 2, "2.5: the tie goes to the lower");
+    }
+
+    #[test]
+    fn plan_matches_the_naive_planner() {
+        let g = geo(16, 3, 4);
+        let policies = [
+            CachePolicy::Lru,
+            CachePolicy::Lfu { decay_every: 0 },
+            CachePolicy::Lfu { decay_every: 13 },
+            CachePolicy::StaticHot { hot: Vec::new() },
+        ];
+        let mut checked = [0usize; 4];
+        for (pi, policy) in policies.iter().enumerate() {
+            for slots in [0, 2, 3, 7, 20, 64] {
+                for f in [0.0, 0.25, 0.5, 0.7, 1.0] {
+                    let mut rng = StdRng::seed_from_u64(slots as u64 * 31 + (f * 8.0) as u64);
+                    let mut fast = ExpertCache::new(policy, &g, slots).unwrap();
+                    let mut slow = fast.clone();
+                    for step in 0..60 {
+                        let streams = rng.random_range(1..=5);
+                        for layer in 0..g.moe_layers {
+                            let routes: Vec<TokenRoute> = (0..streams)
+                                .map(|_| {
+                                    let mut ids = Vec::new();
+                                    while ids.len() < g.top_k {
+                                        let e = (rng.random_range(0..256u32) as f64).sqrt() as u32;
+                                        if !ids.contains(&e) {
+                                            ids.push(e);
+                                        }
+                                    }
+                                    route(&ids)
+                                })
+                                .collect();
+                            let a = plan_layer(layer, &routes, &mut fast, f);
+                            let b = naive_plan(layer, &routes, &mut slow, f);
+                            assert_eq!(a, b, "{policy:?} slots={slots} f={f} step={step}");
+                            let ra: Vec<_> = fast.resident().collect();
+                            let rb: Vec<_> = slow.resident().collect();
+                            assert_eq!(ra, rb);
+                            // Invariants.
+                            let union: BTreeSet<ExpertId> = a
+                                .hits
+                                .iter()
+                                .map(|w| w.id)
+                                .chain(a.fetched.iter().map(|w| w.id))
+                                .chain(a.uncached.iter().map(|w| w.id))
+                                .chain(a.cpu.iter().map(|w| w.id))
+                                .collect();
+                            assert_eq!(union.len(), a.unique(), "an expert planned twice");
+                            for w in &a.fetched {
+                                if let Some(v) = w.evicted {
+                                    assert!(
+                                        !union.contains(&v),
+                                        "evicted {v}, needed by the layer"
+                                    );
+                                }
+                                assert_eq!(fast.slot_of(w.id), Some(w.slot));
+                            }
+                            for w in a.cpu.iter().chain(&a.uncached) {
+                                assert!(!fast.contains(w.id), "{} not fetched yet cached", w.id);
+                            }
+                            for w in &a.hits {
+                                assert_eq!(fast.slot_of(w.id), w.slot);
+                            }
+                            let tokens: usize =
+                                a.token_counts().0 + a.token_counts().1 + a.token_counts().2;
+                            assert_eq!(tokens, streams * g.top_k);
+                            checked[pi] += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked.iter().all(|&c| c > 1000));
+    }
+
+    #[test]
+    fn union_serves_every_stream_once() {
+        let g = geo(8, 2, 1);
+        let mut cache = ExpertCache::new(&CachePolicy::Lru, &g, 8).unwrap();
+        let routes = [
+            TokenRoute {
+                experts: vec![3, 1],
+                weights: vec![0.75, 0.25],
+            },
+            TokenRoute {
+                experts: vec![1, 5],
+                weights: vec![0.5, 0.5],
+            },
+        ];
+        let p = plan_layer(0, &routes, &mut cache, 1.0);
+        assert!(p.hits.is_empty() && p.cpu.is_empty() && p.uncached.is_empty());
+        // Issue order: expert 1 has two tokens, then 3 and 5 (never requested: lower id).
+        let ids: Vec<u32> = p.fetched.iter().map(|w| w.id.expert).collect();
+        assert_eq!(ids, vec![1, 3, 5]);
+        assert_eq!(p.fetched[0].tokens, vec![(0, 0.25), (1, 0.5)]);
+        let p = plan_layer(0, &routes, &mut cache, 1.0);
+        assert_eq!(p.hits.len(), 3);
+        assert_eq!(p.misses(), 0);
+    }
+
+    #[test]
+    fn hybrid_fetches_by_tokens_then_recency_and_caches_only_those() {
+        let g = geo(8, 1, 1);
+        let mut cache = ExpertCache::new(&CachePolicy::Lru, &g, 8).unwrap();
+        // Request 6 then 2 on the CPU (f = 0): they stay out of the cache.
+        let p = plan_layer(0, &[route(&[6])], &mut cache, 0.0);
+        assert_eq!(p.cpu.len(), 1);
+        plan_layer(0, &[route(&[2])], &mut cache, 0.0);
+        assert!(cache.is_empty(), "cpu misses never enter the cache");
+        // 4 misses of one token each at f = 0.5: two are fetched; 2 and 6 were requested
+        // (2 more recently), 0 and 7 never.
+        let routes = [route(&[0]), route(&[2]), route(&[6]), route(&[7])];
+        let p = plan_layer(0, &routes, &mut cache, 0.5);
+        let fetched: Vec<u32> = p.fetched.iter().map(|w| w.id.expert).collect();
+        assert_eq!(fetched, vec![2, 6]);
+        let cpu: Vec<u32> = p.cpu.iter().map(|w| w.id.expert).collect();
+        assert_eq!(cpu, vec![0, 7]);
+        assert_eq!(cache.len(), 2);
+        // Most tokens first beats recency.
+        let routes = [route(&[0]), route(&[7]), route(&[7])];
+        let p = plan_layer(0, &routes, &mut cache, 0.5);
+        assert_eq!(p.fetched.len(), 1);
+        assert_eq!(p.fetched[0].id.expert, 7);
+    }
+
+    #[test]
+    fn all_pinned_misses_are_staged_uncached() {
+        let g = geo(8, 3, 2);
+        let mut cache = ExpertCache::new(&CachePolicy::Lru, &g, 2).unwrap();
+        let p = plan_layer(0, &[route(&[0, 1, 2])], &mut cache, 1.0);
+        assert_eq!(p.fetched.len(), 2);
+        assert_eq!(p.uncached.len(), 1);
+        assert_eq!(p.uncached[0].id, ExpertId::new(0, 2));
+        assert_eq!(p.link_experts(), 3);
+        // The next layer may evict layer 0's experts.
+        let p = plan_layer(1, &[route(&[0, 1, 2])], &mut cache, 1.0);
+        assert_eq!(p.fetched.len(), 2);
+        assert!(p
+            .fetched
+            .iter()
+            .all(|w| w.evicted.map(|v| v.layer) == Some(0)));
+    }
+
+    #[test]
+    fn resident_hits_everything_and_auto_is_refused() {
+        let g = geo(8, 2, 3);
+        let mut cache = crate::cache::build_cache(
+            crate::StrategyKind::Resident,
+            &CachePolicy::Lru,
+            &g,
+            1,
+            None,
+        )
+        .unwrap();
+        let f = fetch_fraction(&Strategy::Resident).unwrap();
+        for l in 0..3 {
+            let p = plan_layer(l, &[route(&[1, 7]), route(&[7, 4])], &mut cache, f);
+            assert_eq!((p.hits.len(), p.misses()), (3, 0));
+        }
+        assert_eq!(fetch_fraction(&Strategy::Cpu).unwrap(), 0.0);
+        assert_eq!(fetch_fraction(&Strategy::Offload).unwrap(), 1.0);
+        let auto = Strategy::Hybrid {
+            fetch: FetchFraction::Auto,
+        };
+        assert!(fetch_fraction(&auto).is_err());
+    }
+}

@@ -1,0 +1,1130 @@
+//! Routing traces: replay ([`TraceReader`]) and recording ([`TraceWriter`], [`RecordingSource`]).
+//!
+//! A trace lets a run be repeated exactly (`--record`, then replay), and lets routing exported
+//! by another engine (or converted from a public dataset with `scripts/convert_trace.py`) drive
+//! the runtime, the simulator and the analytic model. Two forms, both specified byte for byte in
+//! `docs/routing.md`:
+//!
+//! - **JSON lines** (`.jsonl`): a header object, then one object per (step, stream, layer):
+//!   `{"step":0,"stream":0,"layer":0,"experts":[3,17],"weights":[0.6,0.4]}`;
+//! - **binary** (`.ftrt`): a 32-byte header (magic `FTROUTE\0`, version, id width, geometry)
+//!   and one block per step (little-endian).
+//!
+//! Readers stream the file (a trace may be longer than memory allows to hold at once), check the
+//! geometry against the model's, validate every route, and name the file and line (JSON lines)
+//! or byte offset (binary) in every error.
+
+use serde::{Deserialize, Serialize};
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use super::{RoutingSource, StepRouting, TokenRoute};
+use crate::error::{ModelError, Result};
+use crate::geometry::MoeGeometry;
+
+/// Value of the header's `format` field in a JSON-lines trace.
+pub const TRACE_FORMAT_NAME: &str = "ft-routing-trace";
+/// Version of both trace forms described in `docs/routing.md`.
+pub const TRACE_VERSION: u32 = 1;
+/// First 8 bytes of a binary trace.
+pub const BINARY_MAGIC: [u8; 8] = *b"FTROUTE\0";
+/// Bytes of the binary header: magic (8), version, id width, experts, top_k, moe_layers,
+/// reserved (6 x u32).
+pub const BINARY_HEADER_BYTES: usize = 32;
+
+/// The two trace forms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TraceFormat {
+    /// JSON lines: a header object, then one object per (step, stream, layer).
+    JsonLines,
+    /// The compact little-endian binary form.
+    Binary,
+}
+
+impl TraceFormat {
+    /// The form a file name implies: `.jsonl`, `.ndjson` or `.json` for JSON lines, `.ftrt` or
+    /// `.bin` for binary; other extensions are an error naming the path.
+    pub fn from_path(path: &Path) -> Result<Self> {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("jsonl" | "ndjson" | "json") => Ok(TraceFormat::JsonLines),
+            Some("ftrt" | "bin") => Ok(TraceFormat::Binary),
+            _ => Err(ModelError::invalid(
+                path.display().to_string(),
+                "a trace file name must end in .jsonl (JSON lines) or .ftrt (binary)",
+            )),
+        }
+    }
+}
+
+/// The header line of a JSON-lines trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonHeader {
+    /// Always [`TRACE_FORMAT_NAME`].
+    format: String,
+    /// Always [`TRACE_VERSION`].
+    version: u32,
+    /// Routed experts per layer.
+    experts: usize,
+    /// Experts per token per layer.
+    top_k: usize,
+    /// MoE layers.
+    moe_layers: usize,
+    /// Model width, if the exporter knows it (checked when present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hidden: Option<usize>,
+    /// Expert FFN width, if the exporter knows it (checked when present).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    intermediate: Option<usize>,
+    /// Free text: the model or engine the trace came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
+}
+
+/// One (step, stream, layer) line of a JSON-lines trace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonRecord {
+    step: u64,
+    stream: u32,
+    layer: u32,
+    experts: Vec<u32>,
+    /// Router weights; absent means equal weights (1 / top_k each).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    weights: Option<Vec<f32>>,
+}
+
+/// Check a trace's geometry against the model's; the error lists every difference.
+fn check_geometry(
+    origin: &str,
+    expected: &MoeGeometry,
+    experts: usize,
+    top_k: usize,
+    moe_layers: usize,
+    hidden: Option<usize>,
+    intermediate: Option<usize>,
+) -> Result<()> {
+    let mut diffs = Vec::new();
+    for (name, trace, model) in [
+        ("experts", Some(experts), expected.experts),
+        ("top_k", Some(top_k), expected.top_k),
+        ("moe_layers", Some(moe_layers), expected.moe_layers),
+        ("hidden", hidden, expected.hidden),
+        ("intermediate", intermediate, expected.intermediate),
+    ] {
+        if let Some(t) = trace {
+            if t != model {
+                diffs.push(format!("{name} = {t} in the trace, {model} in the model"));
+            }
+        }
+    }
+    if diffs.is_empty() {
+        Ok(())
+    } else {
+        Err(ModelError::invalid(
+            origin,
+            format!(
+                "trace geometry does not match the model: {}",
+                diffs.join("; ")
+            ),
+        ))
+    }
+}
+
+/// Streaming JSON-lines parser.
+struct JsonLinesReader {
+    lines: Box<dyn BufRead + Send>,
+    /// Line number of the last line read (1-based).
+    line_no: usize,
+    /// A record of the next step, read ahead, with its line number.
+    lookahead: Option<(JsonRecord, usize)>,
+    buf: String,
+}
+
+impl JsonLinesReader {
+    /// Read the next non-empty line; `None` at the end.
+    fn next_line(&mut self, origin: &str) -> Result<Option<usize>> {
+        loop {
+            self.buf.clear();
+            let n = self
+                .lines
+                .read_line(&mut self.buf)
+                .map_err(|source| ModelError::Io {
+                    path: format!("{origin}:{}", self.line_no + 1),
+                    source,
+                })?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.line_no += 1;
+            if !self.buf.trim().is_empty() {
+                return Ok(Some(self.line_no));
+            }
+        }
+    }
+
+    fn parse_record(&self, origin: &str, line: usize) -> Result<JsonRecord> {
+        serde_json::from_str(self.buf.trim()).map_err(|e| ModelError::Json {
+            path: format!("{origin}:{line}"),
+            message: format!("not a trace record ({e})"),
+        })
+    }
+}
+
+/// Streaming binary parser.
+struct BinaryReader {
+    bytes: Box<dyn BufRead + Send>,
+    /// Byte offset of the next byte to read.
+    offset: u64,
+    id_bytes: usize,
+}
+
+impl BinaryReader {
+    /// Fill `buf` exactly; `Ok(false)` on a clean end of file before the first byte.
+    fn read_exact_or_eof(
+        &mut self,
+        origin: &str,
+        buf: &mut [u8],
+        what: impl Fn() -> String,
+    ) -> Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.bytes.read(&mut buf[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(source) => {
+                    return Err(ModelError::Io {
+                        path: format!("{origin} (byte {})", self.offset + got as u64),
+                        source,
+                    })
+                }
+            }
+        }
+        if got == 0 && !buf.is_empty() {
+            return Ok(false);
+        }
+        if got < buf.len() {
+            return Err(ModelError::invalid(
+                origin,
+                format!(
+                    "truncated binary trace: {} at byte {} needs {} bytes, {got} remain",
+                    what(),
+                    self.offset,
+                    buf.len()
+                ),
+            ));
+        }
+        self.offset += got as u64;
+        Ok(true)
+    }
+}
+
+enum Inner {
+    Json(JsonLinesReader),
+    Binary(BinaryReader),
+}
+
+/// Replays a trace file as a [`RoutingSource`].
+///
+/// `next_step(streams)` returns the trace's next step restricted to its first `streams`
+/// streams; asking for more streams than the step holds is an error naming the step. At the
+/// end of the trace it is an error too, unless [`TraceReader::looping`] was set (the trace
+/// then starts again from its first step; step numbers keep increasing).
+pub struct TraceReader {
+    origin: String,
+    path: Option<PathBuf>,
+    geometry: MoeGeometry,
+    format: TraceFormat,
+    inner: Inner,
+    looping: bool,
+    /// Steps handed out so far.
+    served: u64,
+    /// Steps read in the current pass over the file.
+    pass_steps: u64,
+    /// Step number of the last step read in this pass (must increase).
+    last_step: Option<u64>,
+}
+
+impl std::fmt::Debug for TraceReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceReader")
+            .field("origin", &self.origin)
+            .field("format", &self.format)
+            .field("served", &self.served)
+            .finish()
+    }
+}
+
+impl TraceReader {
+    /// Open a trace file (either form, recognised by its first 8 bytes) for a model geometry.
+    pub fn open(path: &Path, expected: &MoeGeometry) -> Result<Self> {
+        let file = File::open(path).map_err(|source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut r = Self::from_reader(BufReader::new(file), &path.display().to_string(), expected)?;
+        r.path = Some(path.to_path_buf());
+        Ok(r)
+    }
+
+    /// Read a trace from any buffered reader; `origin` names it in errors.
+    pub fn from_reader(
+        mut reader: impl BufRead + Send + 'static,
+        origin: &str,
+        expected: &MoeGeometry,
+    ) -> Result<Self> {
+        let head = reader.fill_buf().map_err(|source| ModelError::Io {
+            path: origin.to_string(),
+            source,
+        })?;
+        let is_binary = head.len() >= BINARY_MAGIC.len() && head[..8] == BINARY_MAGIC;
+        let (format, inner) = if is_binary {
+            let mut b = BinaryReader {
+                bytes: Box::new(reader),
+                offset: 0,
+                id_bytes: 0,
+            };
+            let mut h = [0u8; BINARY_HEADER_BYTES];
+            if !b.read_exact_or_eof(origin, &mut h, || "the header".into())? {
+                return Err(ModelError::invalid(origin, "empty trace"));
+            }
+            let word = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
+            let version = word(8);
+            if version != TRACE_VERSION {
+                return Err(ModelError::invalid(
+                    origin,
+                    format!(
+                        "binary trace version {version}; this build reads version {TRACE_VERSION}"
+                    ),
+                ));
+            }
+            let id_bytes = word(12) as usize;
+            if id_bytes != 2 && id_bytes != 4 {
+                return Err(ModelError::invalid(
+                    origin,
+                    format!("binary trace id width {id_bytes} bytes; must be 2 or 4"),
+                ));
+            }
+            b.id_bytes = id_bytes;
+            check_geometry(
+                origin,
+                expected,
+                word(16) as usize,
+                word(20) as usize,
+                word(24) as usize,
+                None,
+                None,
+            )?;
+            (TraceFormat::Binary, Inner::Binary(b))
+        } else {
+            let mut j = JsonLinesReader {
+                lines: Box::new(reader),
+                line_no: 0,
+                lookahead: None,
+                buf: String::new(),
+            };
+            let Some(line) = j.next_line(origin)? else {
+                return Err(ModelError::invalid(origin, "empty trace (no header line)"));
+            };
+            let header: JsonHeader =
+                serde_json::from_str(j.buf.trim()).map_err(|e| ModelError::Json {
+                    path: format!("{origin}:{line}"),
+                    message: format!(
+                        "not a trace header ({e}); the first line must be \
+                         {{\"format\":\"{TRACE_FORMAT_NAME}\",\"version\":{TRACE_VERSION},\
+                         \"experts\":..,\"top_k\":..,\"moe_layers\":..}}"
+                    ),
+                })?;
+            if header.format != TRACE_FORMAT_NAME || header.version != TRACE_VERSION {
+                return Err(ModelError::invalid(
+                    format!("{origin}:{line}"),
+                    format!(
+                        "header says format '{}' version {}; this build reads '{TRACE_FORMAT_NAME}' version {TRACE_VERSION}",
+                        header.format, header.version
+                    ),
+                ));
+            }
+            check_geometry(
+                origin,
+                expected,
+                header.experts,
+                header.top_k,
+                header.moe_layers,
+                header.hidden,
+                header.intermediate,
+            )?;
+            (TraceFormat::JsonLines, Inner::Json(j))
+        };
+        Ok(TraceReader {
+            origin: origin.to_string(),
+            path: None,
+            geometry: *expected,
+            format,
+            inner,
+            looping: false,
+            served: 0,
+            pass_steps: 0,
+            last_step: None,
+        })
+    }
+
+    /// Start again from the first step at the end of the trace instead of failing. Only for
+    /// traces opened from a file ([`TraceReader::open`]); others still fail at the end.
+    pub fn looping(mut self, on: bool) -> Self {
+        self.looping = on;
+        self
+    }
+
+    /// Which form the trace is in.
+    pub fn format(&self) -> TraceFormat {
+        self.format
+    }
+
+    /// Steps handed out so far.
+    pub fn steps_served(&self) -> u64 {
+        self.served
+    }
+
+    /// Read the next whole step (all its streams), validated; `None` at the end.
+    pub fn read_step(&mut self) -> Result<Option<StepRouting>> {
+        let step = match &mut self.inner {
+            Inner::Json(j) => read_json_step(j, &self.origin, &self.geometry)?,
+            Inner::Binary(b) => read_binary_step(b, &self.origin, &self.geometry)?,
+        };
+        if let Some(s) = &step {
+            if let Some(last) = self.last_step {
+                if s.step <= last {
+                    return Err(ModelError::invalid(
+                        &self.origin,
+                        format!(
+                            "step {} follows step {last}; steps must increase through the trace",
+                            s.step
+                        ),
+                    ));
+                }
+            }
+            self.last_step = Some(s.step);
+            self.pass_steps += 1;
+        }
+        Ok(step)
+    }
+
+    /// Reopen the file for another pass.
+    fn restart(&mut self) -> Result<()> {
+        let Some(path) = self.path.clone() else {
+            return Err(ModelError::invalid(
+                &self.origin,
+                "cannot loop a trace that was not opened from a file",
+            ));
+        };
+        if self.pass_steps == 0 {
+            return Err(ModelError::invalid(
+                &self.origin,
+                "the trace holds no steps",
+            ));
+        }
+        let again = TraceReader::open(&path, &self.geometry)?;
+        self.inner = again.inner;
+        self.pass_steps = 0;
+        self.last_step = None;
+        Ok(())
+    }
+}
+
+fn read_json_step(
+    j: &mut JsonLinesReader,
+    origin: &str,
+    geometry: &MoeGeometry,
+) -> Result<Option<StepRouting>> {
+    let first = match j.lookahead.take() {
+        Some(r) => r,
+        None => match j.next_line(origin)? {
+            None => return Ok(None),
+            Some(line) => (j.parse_record(origin, line)?, line),
+        },
+    };
+    let step_no = first.0.step;
+    let start_line = first.1;
+    let layers = geometry.moe_layers;
+    // [layer][stream]; None until seen.
+    let mut grid: Vec<Vec<Option<TokenRoute>>> = vec![Vec::new(); layers];
+    let mut place = |rec: JsonRecord, line: usize| -> Result<()> {
+        let at = format!("{origin}:{line}");
+        let l = rec.layer as usize;
+        if l >= layers {
+            return Err(ModelError::invalid(
+                at,
+                format!("layer {l} is out of range (the model has {layers} MoE layers)"),
+            ));
+        }
+        let weights = match rec.weights {
+            Some(w) => w,
+            None => vec![1.0 / rec.experts.len().max(1) as f32; rec.experts.len()],
+        };
+        let route = TokenRoute {
+            experts: rec.experts,
+            weights,
+        };
+        route.validate(geometry, &at)?;
+        let s = rec.stream as usize;
+        let row = &mut grid[l];
+        if row.len() <= s {
+            row.resize(s + 1, None);
+        }
+        if row[s].is_some() {
+            return Err(ModelError::invalid(
+                at,
+                format!("step {} stream {s} layer {l} appears twice", rec.step),
+            ));
+        }
+        row[s] = Some(route);
+        Ok(())
+    };
+    place(first.0, first.1)?;
+    while let Some(line) = j.next_line(origin)? {
+        let rec = j.parse_record(origin, line)?;
+        if rec.step != step_no {
+            j.lookahead = Some((rec, line));
+            break;
+        }
+        place(rec, line)?;
+    }
+    let streams = grid.iter().map(Vec::len).max().unwrap_or(0);
+    let mut out = Vec::with_capacity(layers);
+    for (l, row) in grid.into_iter().enumerate() {
+        let mut routes = Vec::with_capacity(streams);
+        for s in 0..streams {
+            match row.get(s).cloned().flatten() {
+                Some(r) => routes.push(r),
+                None => {
+                    return Err(ModelError::invalid(
+                        format!("{origin}:{start_line}"),
+                        format!(
+                            "step {step_no} (starting at this line) has no record for stream {s} \
+                             layer {l}; every stream below {streams} needs all {layers} layers"
+                        ),
+                    ))
+                }
+            }
+        }
+        out.push(routes);
+    }
+    Ok(Some(StepRouting {
+        step: step_no,
+        layers: out,
+    }))
+}
+
+fn read_binary_step(
+    b: &mut BinaryReader,
+    origin: &str,
+    geometry: &MoeGeometry,
+) -> Result<Option<StepRouting>> {
+    let block_at = b.offset;
+    let mut head = [0u8; 12];
+    if !b.read_exact_or_eof(origin, &mut head, || "a step header".into())? {
+        return Ok(None);
+    }
+    let step = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
+    let streams = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+    let k = geometry.top_k;
+    let route_bytes = k * (b.id_bytes + 4);
+    let mut buf = vec![0u8; route_bytes];
+    let mut layers = Vec::with_capacity(geometry.moe_layers);
+    for l in 0..geometry.moe_layers {
+        let mut routes = Vec::with_capacity(streams);
+        for s in 0..streams {
+            let at = b.offset;
+            if !b.read_exact_or_eof(origin, &mut buf, || {
+                format!("step {step} (block at byte {block_at}) layer {l} stream {s}")
+            })? {
+                return Err(ModelError::invalid(
+                    origin,
+                    format!(
+                        "truncated binary trace: step {step} (block at byte {block_at}) ends \
+                         before layer {l} stream {s}"
+                    ),
+                ));
+            }
+            let (ids, ws) = buf.split_at(k * b.id_bytes);
+            let experts = ids
+                .chunks_exact(b.id_bytes)
+                .map(|c| match c.len() {
+                    2 => u16::from_le_bytes([c[0], c[1]]) as u32,
+                    _ => u32::from_le_bytes(c.try_into().expect("4 bytes")),
+                })
+                .collect();
+            let weights = ws
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect();
+            let route = TokenRoute { experts, weights };
+            route.validate(
+                geometry,
+                &format!("{origin} (byte {at}: step {step} layer {l} stream {s})"),
+            )?;
+            routes.push(route);
+        }
+        layers.push(routes);
+    }
+    Ok(Some(StepRouting { step, layers }))
+}
+
+impl RoutingSource for TraceReader {
+    fn geometry(&self) -> &MoeGeometry {
+        &self.geometry
+    }
+
+    fn next_step(&mut self, streams: usize) -> Result<StepRouting> {
+        let step = match self.read_step()? {
+            Some(s) => s,
+            None if self.looping => {
+                self.restart()?;
+                self.read_step()?
+                    .ok_or_else(|| ModelError::invalid(&self.origin, "the trace holds no steps"))?
+            }
+            None => {
+                return Err(ModelError::invalid(
+                    &self.origin,
+                    format!(
+                        "the trace ended after {} steps; record a longer one or replay it looping",
+                        self.served
+                    ),
+                ))
+            }
+        };
+        if step.streams() < streams {
+            return Err(ModelError::invalid(
+                &self.origin,
+                format!(
+                    "step {} holds {} streams; {streams} were requested",
+                    step.step,
+                    step.streams()
+                ),
+            ));
+        }
+        self.served += 1;
+        if step.streams() == streams {
+            Ok(step)
+        } else {
+            Ok(step.truncated(streams))
+        }
+    }
+}
+
+/// Writes steps to a trace in either form.
+pub struct TraceWriter {
+    origin: String,
+    out: BufWriter<Box<dyn Write + Send>>,
+    format: TraceFormat,
+    geometry: MoeGeometry,
+    id_bytes: usize,
+    last_step: Option<u64>,
+    steps: u64,
+}
+
+impl std::fmt::Debug for TraceWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceWriter")
+            .field("origin", &self.origin)
+            .field("format", &self.format)
+            .field("steps", &self.steps)
+            .finish()
+    }
+}
+
+impl TraceWriter {
+    /// Create (truncate) a trace file; the form follows the extension
+    /// ([`TraceFormat::from_path`]).
+    pub fn create(path: &Path, geometry: &MoeGeometry) -> Result<Self> {
+        let format = TraceFormat::from_path(path)?;
+        let file = File::create(path).map_err(|source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Self::new(
+            Box::new(file),
+            &path.display().to_string(),
+            format,
+            geometry,
+        )
+    }
+
+    /// Write a trace to any writer (the header is written at once); `origin` names it in errors.
+    pub fn new(
+        writer: Box<dyn Write + Send>,
+        origin: &str,
+        format: TraceFormat,
+        geometry: &MoeGeometry,
+    ) -> Result<Self> {
+        let id_bytes = if geometry.experts <= u16::MAX as usize + 1 {
+            2
+        } else {
+            4
+        };
+        let mut w = TraceWriter {
+            origin: origin.to_string(),
+            out: BufWriter::new(writer),
+            format,
+            geometry: *geometry,
+            id_bytes,
+            last_step: None,
+            steps: 0,
+        };
+        match format {
+            TraceFormat::JsonLines => {
+                let header = JsonHeader {
+                    format: TRACE_FORMAT_NAME.to_string(),
+                    version: TRACE_VERSION,
+                    experts: geometry.experts,
+                    top_k: geometry.top_k,
+                    moe_layers: geometry.moe_layers,
+                    hidden: Some(geometry.hidden),
+                    intermediate: Some(geometry.intermediate),
+                    source: Some(format!("ft {}", env!("CARGO_PKG_VERSION"))),
+                };
+                let line = serde_json::to_string(&header).expect("a header always serializes");
+                w.write_bytes(line.as_bytes())?;
+                w.write_bytes(b"\n")?;
+            }
+            TraceFormat::Binary => {
+                let mut h = Vec::with_capacity(BINARY_HEADER_BYTES);
+                h.extend_from_slice(&BINARY_MAGIC);
+                for v in [
+                    TRACE_VERSION,
+                    id_bytes as u32,
+                    geometry.experts as u32,
+                    geometry.top_k as u32,
+                    geometry.moe_layers as u32,
+                    0,
+                ] {
+                    h.extend_from_slice(&v.to_le_bytes());
+                }
+                debug_assert_eq!(h.len(), BINARY_HEADER_BYTES);
+                w.write_bytes(&h)?;
+            }
+        }
+        Ok(w)
+    }
+
+    fn write_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        self.out.write_all(bytes).map_err(|source| ModelError::Io {
+            path: self.origin.clone(),
+            source,
+        })
+    }
+
+    /// Append one step (validated against the geometry; step numbers must increase).
+    pub fn write_step(&mut self, step: &StepRouting) -> Result<()> {
+        step.validate(
+            &self.geometry,
+            &format!("step {} written to {}", step.step, self.origin),
+        )?;
+        if let Some(last) = self.last_step {
+            if step.step <= last {
+                return Err(ModelError::invalid(
+                    &self.origin,
+                    format!(
+                        "step {} written after step {last}; steps must increase",
+                        step.step
+                    ),
+                ));
+            }
+        }
+        match self.format {
+            TraceFormat::JsonLines => {
+                let mut line = String::new();
+                for s in 0..step.streams() {
+                    for (l, routes) in step.layers.iter().enumerate() {
+                        let r = &routes[s];
+                        let rec = JsonRecord {
+                            step: step.step,
+                            stream: s as u32,
+                            layer: l as u32,
+                            experts: r.experts.clone(),
+                            weights: Some(r.weights.clone()),
+                        };
+                        line.clear();
+                        line.push_str(
+                            &serde_json::to_string(&rec).expect("a record always serializes"),
+                        );
+                        line.push('\n');
+                        self.write_bytes(line.as_bytes())?;
+                    }
+                }
+            }
+            TraceFormat::Binary => {
+                let mut block = Vec::new();
+                block.extend_from_slice(&step.step.to_le_bytes());
+                block.extend_from_slice(&(step.streams() as u32).to_le_bytes());
+                for routes in &step.layers {
+                    for r in routes {
+                        for &e in &r.experts {
+                            if self.id_bytes == 2 {
+                                block.extend_from_slice(&(e as u16).to_le_bytes());
+                            } else {
+                                block.extend_from_slice(&e.to_le_bytes());
+                            }
+                        }
+                        for &w in &r.weights {
+                            block.extend_from_slice(&w.to_le_bytes());
+                        }
+                    }
+                }
+                self.write_bytes(&block)?;
+            }
+        }
+        self.last_step = Some(step.step);
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// Steps written so far.
+    pub fn steps_written(&self) -> u64 {
+        self.steps
+    }
+
+    /// Flush everything to the underlying writer.
+    pub fn finish(mut self) -> Result<()> {
+        self.out.flush().map_err(|source| ModelError::Io {
+            path: self.origin.clone(),
+            source,
+        })
+    }
+}
+
+/// A [`RoutingSource`] that writes every step its inner source produces to a trace (what
+/// `--record` does). Replaying the trace with the same stream counts gives the same steps.
+pub struct RecordingSource<S: RoutingSource> {
+    inner: S,
+    writer: TraceWriter,
+}
+
+impl<S: RoutingSource> std::fmt::Debug for RecordingSource<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordingSource")
+            .field("writer", &self.writer)
+            .finish()
+    }
+}
+
+impl<S: RoutingSource> RecordingSource<S> {
+    /// Record `inner` into `writer`. The writer's geometry must be the source's.
+    pub fn new(inner: S, writer: TraceWriter) -> Result<Self> {
+        if writer.geometry != *inner.geometry() {
+            return Err(ModelError::invalid(
+                &writer.origin,
+                "the trace writer's geometry differs from the recorded source's",
+            ));
+        }
+        Ok(RecordingSource { inner, writer })
+    }
+
+    /// Flush the trace and give the inner source back.
+    pub fn finish(self) -> Result<S> {
+        self.writer.finish()?;
+        Ok(self.inner)
+    }
+}
+
+impl<S: RoutingSource> RoutingSource for RecordingSource<S> {
+    fn geometry(&self) -> &MoeGeometry {
+        self.inner.geometry()
+    }
+
+    fn next_step(&mut self, streams: usize) -> Result<StepRouting> {
+        let step = self.inner.next_step(streams)?;
+        self.writer.write_step(&step)?;
+        Ok(step)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::routing::{RoutingProcess, SyntheticRouting};
+    use std::io::Cursor;
+
+    fn geo() -> MoeGeometry {
+        MoeGeometry {
+            hidden: 64,
+            intermediate: 32,
+            experts: 16,
+            top_k: 2,
+            moe_layers: 3,
+            shared_experts: 0,
+        }
+    }
+
+    fn header() -> String {
+        r#"{"format":"ft-routing-trace","version":1,"experts":16,"top_k":2,"moe_layers":3}"#
+            .to_string()
+    }
+
+    fn rec(step: u64, stream: u32, layer: u32, experts: &str) -> String {
+        format!(
+            r#"{{"step":{step},"stream":{stream},"layer":{layer},"experts":{experts},"weights":[0.75,0.25]}}"#
+        )
+    }
+
+    /// A well-formed step of `streams` streams.
+    fn step_lines(step: u64, streams: u32) -> Vec<String> {
+        let mut v = Vec::new();
+        for s in 0..streams {
+            for l in 0..3 {
+                v.push(rec(step, s, l, &format!("[{},{}]", s + l, 15 - l)));
+            }
+        }
+        v
+    }
+
+    fn reader(lines: &[String]) -> Result<TraceReader> {
+        let text = lines.join("\n") + "\n";
+        TraceReader::from_reader(Cursor::new(text.into_bytes()), "t.jsonl", &geo())
+    }
+
+    fn err_of(lines: &[String], streams: usize) -> String {
+        match reader(lines) {
+            Err(e) => e.to_string(),
+            Ok(mut r) => loop {
+                match r.next_step(streams) {
+                    Ok(_) => continue,
+                    Err(e) => break e.to_string(),
+                }
+            },
+        }
+    }
+
+    #[test]
+    fn round_trips_in_both_forms() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = geo();
+        for name in ["t.jsonl", "t.ftrt"] {
+            let path = dir.path().join(name);
+            let src = SyntheticRouting::new(&RoutingProcess::default(), g).unwrap();
+            let writer = TraceWriter::create(&path, &g).unwrap();
+            let mut rec = RecordingSource::new(src, writer).unwrap();
+            let counts = [3, 2, 3, 1, 4, 4, 2];
+            let produced: Vec<StepRouting> =
+                counts.iter().map(|&s| rec.next_step(s).unwrap()).collect();
+            rec.finish().unwrap();
+            let mut replay = TraceReader::open(&path, &g).unwrap();
+            let want = if name.ends_with("jsonl") {
+                TraceFormat::JsonLines
+            } else {
+                TraceFormat::Binary
+            };
+            assert_eq!(replay.format(), want);
+            for (p, &s) in produced.iter().zip(&counts) {
+                assert_eq!(&replay.next_step(s).unwrap(), p, "{name}");
+            }
+            let e = replay.next_step(1).unwrap_err().to_string();
+            assert!(e.contains("ended after 7 steps"), "{e}");
+            // Fewer streams than recorded: the first ones.
+            let mut replay = TraceReader::open(&path, &g).unwrap();
+            assert_eq!(replay.next_step(1).unwrap(), produced[0].truncated(1));
+            let e = replay.next_step(3).unwrap_err().to_string();
+            assert!(
+                e.contains("step 1 holds 2 streams; 3 were requested"),
+                "{e}"
+            );
+            // Looping wraps to the first step.
+            let mut looping = TraceReader::open(&path, &g).unwrap().looping(true);
+            for _ in 0..7 {
+                looping.next_step(1).unwrap();
+            }
+            assert_eq!(looping.next_step(1).unwrap(), produced[0].truncated(1));
+            assert_eq!(looping.steps_served(), 8);
+            // And through `resolve`.
+            let mut r = crate::routing::resolve(path.to_str().unwrap(), &g, None).unwrap();
+            assert_eq!(&r.next_step(3).unwrap(), &produced[0]);
+        }
+        // The binary form is the smaller.
+        let j = std::fs::metadata(dir.path().join("t.jsonl")).unwrap().len();
+        let b = std::fs::metadata(dir.path().join("t.ftrt")).unwrap().len();
+        assert!(b * 4 < j, "binary {b} bytes vs JSON lines {j}");
+        // Binary size is exactly the documented layout: header + per step 12 + S*L*k*(2+4).
+        let streams: u64 = [3, 2, 3, 1, 4, 4, 2].iter().sum();
+        assert_eq!(b, BINARY_HEADER_BYTES as u64 + 7 * 12 + streams * 3 * 2 * 6);
+    }
+
+    #[test]
+    fn json_lines_accept_omitted_weights_and_blank_lines() {
+        let mut lines = vec![header(), String::new()];
+        for l in 0..3 {
+            lines.push(format!(
+                r#"{{"step":5,"stream":0,"layer":{l},"experts":[1,2]}}"#
+            ));
+        }
+        let mut r = reader(&lines).unwrap();
+        let s = r.next_step(1).unwrap();
+        assert_eq!(s.step, 5);
+        assert_eq!(s.layers[2][0].weights, vec![0.5, 0.5]);
+    }
+
+    #[test]
+    fn malformed_json_lines_name_the_line() {
+        let ok = |mut extra: Vec<String>| {
+            let mut v = vec![header()];
+            v.append(&mut extra);
+            v
+        };
+        let cases: Vec<(Vec<String>, usize, &str)> = vec![
+            (vec![], 1, "empty trace"),
+            (vec!["{\"format\":\"x\"}".into()], 1, "t.jsonl:1"),
+            (
+                vec![header().replace("\"experts\":16", "\"experts\":32")],
+                1,
+                "experts = 32 in the trace, 16 in the model",
+            ),
+            (
+                vec![header().replace("\"version\":1", "\"version\":9")],
+                1,
+                "version 9",
+            ),
+            (
+                ok(vec![rec(0, 0, 0, "[1,2]"), "{not json".into()]),
+                1,
+                "t.jsonl:3",
+            ),
+            (ok(vec![rec(0, 0, 0, "[1,16]")]), 1, "t.jsonl:2"),
+            (ok(vec![rec(0, 0, 0, "[1,16]")]), 1, "out of range"),
+            (
+                ok(vec![rec(0, 0, 0, "[3,3]")]),
+                1,
+                "appears twice in one token",
+            ),
+            (ok(vec![rec(0, 0, 0, "[1,2,3]")]), 1, "top_k = 2"),
+            (
+                ok(vec![rec(0, 0, 5, "[1,2]")]),
+                1,
+                "layer 5 is out of range",
+            ),
+            (
+                ok(vec![rec(0, 0, 0, "[1,2]"), rec(0, 0, 0, "[1,2]")]),
+                1,
+                "t.jsonl:3: step 0 stream 0 layer 0 appears twice",
+            ),
+            (
+                ok(vec![rec(0, 0, 0, "[1,2]"), rec(0, 0, 1, "[1,2]")]),
+                1,
+                "no record for stream 0 layer 2",
+            ),
+            (
+                ok(vec![
+                    r#"{"step":0,"stream":0,"layer":0,"experts":[1,2],"weights":[0.5,0.6]}"#.into(),
+                ]),
+                1,
+                "weights sum to 1.1",
+            ),
+            (
+                ok(vec![
+                    r#"{"step":0,"stream":0,"layer":0,"experts":[1,2],"w":[0.5,0.5]}"#.into(),
+                ]),
+                1,
+                "unknown field",
+            ),
+            (
+                ok([step_lines(3, 1), step_lines(2, 1)].concat()),
+                1,
+                "step 2 follows step 3",
+            ),
+            (ok(step_lines(0, 1)), 2, "holds 1 streams; 2 were requested"),
+            (ok(step_lines(0, 2)), 1, "ended after 1 steps"),
+        ];
+        for (lines, streams, want) in cases {
+            let e = err_of(&lines, streams);
+            assert!(e.contains(want), "expected '{want}' in: {e}");
+        }
+        // A stream gap: streams 0 and 2 but not 1.
+        let mut lines = vec![header()];
+        lines.extend(step_lines(0, 1));
+        for l in 0..3 {
+            lines.push(rec(0, 2, l, "[1,2]"));
+        }
+        let e = err_of(&lines, 1);
+        assert!(e.contains("no record for stream 1"), "{e}");
+    }
+
+    #[test]
+    fn malformed_binary_traces_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = geo();
+        let path = dir.path().join("t.ftrt");
+        let mut w = TraceWriter::create(&path, &g).unwrap();
+        let mut src = SyntheticRouting::new(&RoutingProcess::default(), g).unwrap();
+        w.write_step(&src.next_step(2).unwrap()).unwrap();
+        w.write_step(&src.next_step(2).unwrap()).unwrap();
+        assert_eq!(w.steps_written(), 2);
+        w.finish().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let open = |b: Vec<u8>, g: &MoeGeometry| -> String {
+            match TraceReader::from_reader(Cursor::new(b), "t.ftrt", g) {
+                Err(e) => e.to_string(),
+                Ok(mut r) => loop {
+                    if let Err(e) = r.next_step(2) {
+                        break e.to_string();
+                    }
+                },
+            }
+        };
+        // Cut in the middle of the second step.
+        let e = open(bytes[..bytes.len() - 5].to_vec(), &g);
+        assert!(e.contains("truncated") && e.contains("step 1"), "{e}");
+        let mut v = bytes.clone();
+        v[8] = 2;
+        assert!(open(v, &g).contains("version 2"));
+        let mut v = bytes.clone();
+        v[12] = 3;
+        assert!(open(v, &g).contains("id width 3"));
+        let mut v = bytes.clone();
+        // First route's first id (after header and step header) set out of range.
+        v[BINARY_HEADER_BYTES + 12] = 200;
+        let e = open(v, &g);
+        assert!(e.contains("out of range") && e.contains("byte 44"), "{e}");
+        let other = MoeGeometry { top_k: 3, ..g };
+        assert!(open(bytes.clone(), &other).contains("top_k = 2 in the trace, 3 in the model"));
+        assert!(open(bytes[..20].to_vec(), &g).contains("truncated"));
+        assert!(open(bytes, &g).contains("ended after 2 steps"));
+    }
+
+    #[test]
+    fn writer_checks_its_input() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = geo();
+        assert!(TraceWriter::create(&dir.path().join("t.txt"), &g)
+            .unwrap_err()
+            .to_string()
+            .contains(".jsonl"));
+        let mut w = TraceWriter::create(&dir.path().join("t.jsonl"), &g).unwrap();
+        let mut src = SyntheticRouting::new(&RoutingProcess::default(), g).unwrap();
+        let s = src.next_step(1).unwrap();
+        w.write_step(&s).unwrap();
+        assert!(w
+            .write_step(&s)
+            .unwrap_err()
+            .to_string()
+            .contains("must increase"));
+        let mut bad = src.next_step(1).unwrap();
+        bad.layers.pop();
+        assert!(w
+            .write_step(&bad)
+            .unwrap_err()
+            .to_string()
+            .contains("MoE layers"));
+        let other = MoeGeometry { experts: 32, ..g };
+        let w2 = TraceWriter::create(&dir.path().join("u.jsonl"), &other).unwrap();
+        assert!(RecordingSource::new(src, w2).is_err());
+        assert_eq!(
+            TraceFormat::from_path(Path::new("a.ndjson")).unwrap(),
+            TraceFormat::JsonLines
+        );
+        assert_eq!(
+            TraceFormat::from_path(Path::new("a.bin")).unwrap(),
+            TraceFormat::Binary
+        );
+    }
+}
