@@ -9,11 +9,21 @@
 pub mod error;
 pub mod format;
 pub mod geometry;
+pub mod host;
+pub mod perf;
 pub mod preset;
+pub mod profile;
 pub mod strategy;
+pub mod routing;
+pub mod cache;
+pub mod plan;
+pub mod traffic;
 
 pub use error::ModelError;
 pub use format::ExpertFormat;
 pub use geometry::{ExpertId, MoeGeometry};
 pub use preset::{DenseSpec, ModelSpec};
 pub use strategy::{FetchFraction, Strategy, StrategyKind};
+pub use cache::{CachePolicy, CacheSize, ExpertCache, SlotId};
+pub use plan::{plan_layer, LayerPlan};
+pub use routing::{RoutingProcess, RoutingSource, StepRouting, TokenRoute};

@@ -1,0 +1,565 @@
+//! Host specifications: what a machine offers (GPU, PCIe link, CPU and DRAM) and what the
+//! engine running on it costs (fixed costs per copy, per expert, per layer; contention).
+//!
+//! A [`HostSpec`] is the input of the analytic model when no fitted profile exists, and the
+//! input of the simulator's what-if hosts. Both turn it into cost parameters through one
+//! mapping, [`crate::perf::PerfParams::from_host`], so the two views cannot disagree about
+//! what a host means. The `[engine]` section is separate from the hardware sections on
+//! purpose: the same hardware runs different engines (this project's runtime, the reference
+//! engine of the field report), and the fixed costs that decide small-expert decode
+//! (design mechanism 2) belong to the engine, not to the silicon.
+//!
+//! Units: bandwidths in GB/s (1e9 bytes per second), times in microseconds (us), memory in
+//! GiB (2^30 bytes), expert sizes in bytes.
+
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+use crate::error::{ModelError, Result};
+use crate::preset::ModelSpec;
+
+/// A machine and the engine that decodes on it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpec {
+    /// Short name shown in tables (a preset's name, or a file's stem when left empty).
+    #[serde(default)]
+    pub name: String,
+    /// Free text: where the numbers come from.
+    #[serde(default)]
+    pub description: String,
+    /// The GPU(s).
+    pub gpu: GpuSpec,
+    /// The host-to-GPU link.
+    pub pcie: PcieSpec,
+    /// The CPU and its memory.
+    pub cpu: CpuSpec,
+    /// Implementation costs of the engine; this project's runtime on the H200 machine when
+    /// absent.
+    #[serde(default)]
+    pub engine: EngineSpec,
+}
+
+/// `[gpu]`: the accelerator.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSpec {
+    /// Device name as the driver reports it (part of the profile fingerprint).
+    pub name: String,
+    /// Number of GPUs of this kind; decode uses one (the others only count in the fingerprint).
+    pub count: u32,
+    /// Memory of one GPU, in GiB.
+    pub memory_gib: f64,
+    /// Peak memory (HBM/GDDR) bandwidth of one GPU, in GB/s.
+    pub hbm_gbs: f64,
+}
+
+/// `[pcie]`: the link experts are gathered over.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieSpec {
+    /// Linear host-to-device bandwidth from pinned memory (one large copy), in GB/s.
+    pub h2d_gbs: f64,
+    /// Linear device-to-host bandwidth into pinned memory, in GB/s.
+    pub d2h_gbs: f64,
+    /// Latency of one transfer (submit to first byte plus completion), in us.
+    pub latency_us: f64,
+    /// Expert-gather bandwidth as a bench measured it at the engine's tuning geometry
+    /// (`engine.tuning_model`), in GB/s; it includes the engine's per-expert copy costs.
+    /// When absent the gather streams at `h2d_gbs * engine.gather_efficiency`.
+    #[serde(default)]
+    pub gather_gbs: Option<f64>,
+}
+
+/// `[cpu]`: the host processor and its DRAM.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuSpec {
+    /// CPU model name (part of the profile fingerprint).
+    pub name: String,
+    /// Physical cores over all sockets.
+    pub cores: u32,
+    /// Hardware threads over all sockets.
+    pub threads: u32,
+    /// NUMA nodes.
+    pub numa_nodes: u32,
+    /// STREAM-like read bandwidth of the CPU cores alone with all threads, in GB/s.
+    pub stream_read_gbs: f64,
+    /// CPU-MoE bandwidth (expert bytes over expert-step time) as a bench measured it at the
+    /// engine's tuning geometry (`engine.tuning_model`, one token per expert), in GB/s. It
+    /// includes the engine's per-expert and per-layer fixed costs, which is why it does not
+    /// transfer to smaller experts; the model removes them (see `PerfParams::from_host`).
+    #[serde(default)]
+    pub moe_gbs: Option<f64>,
+}
+
+/// `[engine]`: what the engine's implementation costs on this host.
+///
+/// Defaults are this project's runtime as measured on the H200 machine where a measurement
+/// exists (pinned H2D copies, CPU read under DMA, the GPU-to-host event round trip), and
+/// documented estimates elsewhere; every estimate is a parameter the probe fit replaces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSpec {
+    /// Free text naming the engine these costs describe.
+    pub name: String,
+    /// Model preset whose expert size the bench bandwidths (`cpu.moe_gbs`,
+    /// `pcie.gather_gbs`) were measured at.
+    pub tuning_model: String,
+    /// Experts per layer of the bench step at the tuning geometry; the tuning model's
+    /// top-k when absent.
+    pub tuning_experts: Option<u32>,
+    /// Share of `pcie.h2d_gbs` a gather's byte stream reaches (0 to 1], when
+    /// `pcie.gather_gbs` is not given.
+    pub gather_efficiency: f64,
+    /// Fixed cost of one expert copy in a gather (descriptor, submit), in us.
+    pub gather_copy_us: f64,
+    /// Fixed cost of one gather of a layer (launch, completion event), in us; the link's
+    /// `latency_us` is added to it.
+    pub gather_layer_us: f64,
+    /// CPU threads the engine's expert pool runs; `cpu.cores` when absent.
+    pub cpu_threads: Option<u32>,
+    /// Share of `cpu.stream_read_gbs` the CPU expert kernel streams weights at, when
+    /// `cpu.moe_gbs` is not given (0 to 1].
+    pub cpu_kernel_efficiency: f64,
+    /// Fixed CPU cost of one layer's expert step (submit, barrier, merge, activation
+    /// copies), in us.
+    pub cpu_layer_us: f64,
+    /// Wake-up latency of the CPU expert pool at the start of a layer's CPU share, in us.
+    pub cpu_wake_us: f64,
+    /// Fixed CPU cost per expert (dispatch, scale setup), in us.
+    pub cpu_expert_us: f64,
+    /// CPU multiply-accumulate rate for the tokens routed to a CPU expert, over the whole
+    /// pool, in GMAC/s (1e9 per second).
+    pub cpu_token_gmacs: f64,
+    /// Exponent of the CPU kernel's scaling with threads: the weight-streaming rate at `t`
+    /// threads is the rate at `cpu_threads` times `(t / cpu_threads)^exponent` (1 = linear,
+    /// 0 = saturated), dimensionless.
+    pub cpu_thread_exponent: f64,
+    /// Host DRAM read bandwidth that CPU kernels and DMA share when both run, in GB/s; when
+    /// absent, `cpu.stream_read_gbs * DEFAULT_DRAM_OVER_STREAM`.
+    pub dram_gbs: Option<f64>,
+    /// Weight of DMA against CPU reads when the two together ask for more than `dram_gbs`:
+    /// each gets a share of `dram_gbs` proportional to weight times its isolated rate
+    /// (1 = plain proportional sharing; below 1 DMA loses more), dimensionless.
+    pub dma_dram_weight: f64,
+    /// One GPU-to-host-to-GPU event round trip of a hybrid layer, in us.
+    pub hybrid_round_trip_us: f64,
+    /// Fixed cost of one GPU kernel launch, in us.
+    pub gpu_launch_us: f64,
+    /// Share of `gpu.hbm_gbs` expert and dense kernels reach at decode (0 to 1].
+    pub gpu_hbm_efficiency: f64,
+    /// GPU multiply-accumulate rate for tokens of an expert or dense layer, in GMAC/s.
+    pub gpu_token_gmacs: f64,
+    /// Fixed GPU cost of one layer's dense part (its kernel launches), in us.
+    pub dense_layer_us: f64,
+    /// GPU memory kept free of expert slots (context, workspace, activations), in GiB.
+    pub gpu_reserve_gib: f64,
+    /// Relative standard deviation of one measured throughput run (run-to-run noise of
+    /// the end-to-end measurement), dimensionless.
+    pub run_noise_rel: f64,
+}
+
+/// CPU read under DMA on the H200 machine: 105 GB/s alone with 16 threads, about 90 GB/s
+/// while a 50 GB/s gather runs. Under the model's proportional sharing the shared DRAM read
+/// bandwidth `D` solves `D * 105 / (105 + 50) = 90`, so `D = 132.9 GB/s = 1.266 * 105`.
+pub const DEFAULT_DRAM_OVER_STREAM: f64 = 90.0 * (105.0 + 50.0) / (105.0 * 105.0);
+
+impl Default for EngineSpec {
+    fn default() -> Self {
+        EngineSpec {
+            name: "ft runtime (H200 machine)".to_string(),
+            tuning_model: "bench-nvfp4".to_string(),
+            tuning_experts: None,
+            // Measured: pinned H2D about 50 GB/s of about 55 linear (0.9), about 7 us per copy.
+            gather_efficiency: 0.9,
+            gather_copy_us: 7.0,
+            // Estimate: one event record and wait per layer.
+            gather_layer_us: 3.0,
+            cpu_threads: None,
+            // Estimate: a W4A8 kernel that is memory-bound at one token reaches most of STREAM.
+            cpu_kernel_efficiency: 0.8,
+            // Estimates for a rayon pool: scope entry and barrier, merge, activation copies.
+            cpu_layer_us: 10.0,
+            cpu_wake_us: 5.0,
+            cpu_expert_us: 1.5,
+            // Estimate: 16 cores x about 50 GMAC/s of int8 dot products per core for the
+            // tokens after the first (whose cost is in the weight-streaming rate).
+            cpu_token_gmacs: 800.0,
+            // Estimate: memory-bound kernels scale sublinearly with threads.
+            cpu_thread_exponent: 0.8,
+            dram_gbs: None,
+            dma_dram_weight: 1.0,
+            // Measured: GPU-to-host event round trip about 10 us.
+            hybrid_round_trip_us: 10.0,
+            // Estimates: a launch, and decode kernels reaching 70% of peak memory bandwidth.
+            gpu_launch_us: 4.0,
+            gpu_hbm_efficiency: 0.7,
+            gpu_token_gmacs: 50_000.0,
+            dense_layer_us: 8.0,
+            gpu_reserve_gib: 2.0,
+            run_noise_rel: 0.02,
+        }
+    }
+}
+
+/// The field report's host (shared/seeds): RTX 4090 on PCIe 4.0 x16 and two Xeon Silver 4310
+/// (24 cores, 2 NUMA nodes, 16 channels of DDR4-2666), running the reference engine, whose
+/// gather is one batched copy kernel and whose CPU pool spins between layers.
+pub const FIELD_REPORT_HOST_TOML: &str = r#"
+name = "field-4090-xeon4310"
+description = """The field report's host: RTX 4090 (PCIe 4.0 x16) + 2 x Xeon Silver 4310, reference \
+engine. Measured: linear H2D 24.26 GB/s, gather 24.25 GB/s and CPU-MoE 46.12 GB/s at the 7.97 MB \
+nvfp4 tuning geometry. Estimated: STREAM read (16 x DDR4-2666 = 341 GB/s peak, about 56% reached by \
+reads of two sockets), D2H, and the engine's fixed costs. Inferred: the DRAM contention \
+(dram_gbs, dma_dram_weight) is set so that the contended bench pair gives the reference engine's \
+automatic fetch fraction of 27.7% (weight w solves w*24.25 / (w*24.25 + 46.12) = 0.277); \
+dram_gbs = 60 GB/s is the level that makes the two sides contend at all (they ask 70.4)."""
+
+[gpu]
+name = "NVIDIA GeForce RTX 4090"
+count = 1
+memory_gib = 24.0
+hbm_gbs = 1008.0
+
+[pcie]
+h2d_gbs = 24.26
+d2h_gbs = 26.0
+latency_us = 5.0
+gather_gbs = 24.25
+
+[cpu]
+name = "Intel Xeon Silver 4310 x2"
+cores = 24
+threads = 48
+numa_nodes = 2
+stream_read_gbs = 190.0
+moe_gbs = 46.12
+
+[engine]
+name = "reference engine (FreeToken) on the field host"
+tuning_model = "bench-nvfp4"
+gather_efficiency = 1.0
+gather_copy_us = 0.1
+gather_layer_us = 4.0
+cpu_threads = 24
+cpu_kernel_efficiency = 0.8
+cpu_layer_us = 12.0
+cpu_wake_us = 2.0
+cpu_expert_us = 2.0
+cpu_token_gmacs = 1000.0
+cpu_thread_exponent = 0.8
+dram_gbs = 60.0
+dma_dram_weight = 0.7286
+hybrid_round_trip_us = 15.0
+gpu_launch_us = 4.0
+gpu_hbm_efficiency = 0.75
+gpu_token_gmacs = 40000.0
+dense_layer_us = 8.0
+gpu_reserve_gib = 3.0
+run_noise_rel = 0.02
+"#;
+
+impl HostSpec {
+    /// The field report's host (see [`FIELD_REPORT_HOST_TOML`]), the default of every
+    /// subcommand that takes `--host`.
+    pub fn field_report() -> Self {
+        Self::from_toml_str(FIELD_REPORT_HOST_TOML, "built-in host field-4090-xeon4310")
+            .expect("the built-in field-report host is valid")
+    }
+
+    /// Parse a TOML document; unknown keys are refused and invalid values are named with
+    /// `origin` (a file path or a preset name) and their key.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
+        let spec: HostSpec = toml::from_str(text).map_err(|e| ModelError::Toml {
+            path: origin.to_string(),
+            message: e.to_string(),
+        })?;
+        spec.validate().map_err(|e| match e {
+            ModelError::Invalid { field, reason } => ModelError::Invalid {
+                field: format!("{origin}: {field}"),
+                reason,
+            },
+            other => other,
+        })?;
+        Ok(spec)
+    }
+
+    /// Load a host from a TOML file; an empty `name` becomes the file's stem.
+    pub fn from_toml_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut spec = Self::from_toml_str(&text, &path.display().to_string())?;
+        if spec.name.trim().is_empty() {
+            spec.name = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "host".to_string());
+        }
+        Ok(spec)
+    }
+
+    /// Render as TOML (the form [`HostSpec::from_toml_str`] reads).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a HostSpec always serializes")
+    }
+
+    /// The CPU threads the engine's expert pool runs.
+    pub fn cpu_threads(&self) -> u32 {
+        self.engine.cpu_threads.unwrap_or(self.cpu.cores)
+    }
+
+    /// The shared DRAM read bandwidth of CPU kernels and DMA, in GB/s.
+    pub fn dram_gbs(&self) -> f64 {
+        self.engine
+            .dram_gbs
+            .unwrap_or(self.cpu.stream_read_gbs * DEFAULT_DRAM_OVER_STREAM)
+    }
+
+    /// The model preset the bench bandwidths were measured at.
+    pub fn tuning_model(&self) -> Result<ModelSpec> {
+        ModelSpec::preset(&self.engine.tuning_model).map_err(|e| {
+            ModelError::invalid("engine.tuning_model", format!("not a model preset: {e}"))
+        })
+    }
+
+    /// Experts per layer of the bench step at the tuning geometry.
+    pub fn tuning_experts(&self) -> Result<u32> {
+        match self.engine.tuning_experts {
+            Some(n) => Ok(n),
+            None => Ok(self.tuning_model()?.geometry.top_k as u32),
+        }
+    }
+
+    /// GPU memory one GPU offers, in bytes.
+    pub fn gpu_memory_bytes(&self) -> f64 {
+        self.gpu.memory_gib * GIB
+    }
+
+    /// Check every value; errors name the key (`pcie.h2d_gbs`, ...).
+    pub fn validate(&self) -> Result<()> {
+        nonempty("gpu.name", &self.gpu.name)?;
+        nonempty("cpu.name", &self.cpu.name)?;
+        at_least_one("gpu.count", self.gpu.count)?;
+        at_least_one("cpu.cores", self.cpu.cores)?;
+        at_least_one("cpu.threads", self.cpu.threads)?;
+        at_least_one("cpu.numa_nodes", self.cpu.numa_nodes)?;
+        if self.cpu.threads < self.cpu.cores {
+            return Err(ModelError::invalid(
+                "cpu.threads",
+                format!(
+                    "{} is fewer than the {} cores",
+                    self.cpu.threads, self.cpu.cores
+                ),
+            ));
+        }
+        positive("gpu.memory_gib", self.gpu.memory_gib)?;
+        positive("gpu.hbm_gbs", self.gpu.hbm_gbs)?;
+        positive("pcie.h2d_gbs", self.pcie.h2d_gbs)?;
+        positive("pcie.d2h_gbs", self.pcie.d2h_gbs)?;
+        nonnegative("pcie.latency_us", self.pcie.latency_us)?;
+        if let Some(g) = self.pcie.gather_gbs {
+            positive("pcie.gather_gbs", g)?;
+        }
+        positive("cpu.stream_read_gbs", self.cpu.stream_read_gbs)?;
+        if let Some(m) = self.cpu.moe_gbs {
+            positive("cpu.moe_gbs", m)?;
+        }
+        let e = &self.engine;
+        self.tuning_model()?;
+        if let Some(n) = e.tuning_experts {
+            at_least_one("engine.tuning_experts", n)?;
+        }
+        fraction("engine.gather_efficiency", e.gather_efficiency)?;
+        fraction("engine.cpu_kernel_efficiency", e.cpu_kernel_efficiency)?;
+        fraction("engine.gpu_hbm_efficiency", e.gpu_hbm_efficiency)?;
+        if !(0.0..=1.0).contains(&e.cpu_thread_exponent) {
+            return Err(ModelError::invalid(
+                "engine.cpu_thread_exponent",
+                format!("{} is outside [0, 1]", e.cpu_thread_exponent),
+            ));
+        }
+        positive("engine.dma_dram_weight", e.dma_dram_weight)?;
+        for (key, v) in [
+            ("engine.gather_copy_us", e.gather_copy_us),
+            ("engine.gather_layer_us", e.gather_layer_us),
+            ("engine.cpu_layer_us", e.cpu_layer_us),
+            ("engine.cpu_wake_us", e.cpu_wake_us),
+            ("engine.cpu_expert_us", e.cpu_expert_us),
+            ("engine.hybrid_round_trip_us", e.hybrid_round_trip_us),
+            ("engine.gpu_launch_us", e.gpu_launch_us),
+            ("engine.dense_layer_us", e.dense_layer_us),
+            ("engine.gpu_reserve_gib", e.gpu_reserve_gib),
+            ("engine.run_noise_rel", e.run_noise_rel),
+        ] {
+            nonnegative(key, v)?;
+        }
+        positive("engine.cpu_token_gmacs", e.cpu_token_gmacs)?;
+        positive("engine.gpu_token_gmacs", e.gpu_token_gmacs)?;
+        if let Some(t) = e.cpu_threads {
+            at_least_one("engine.cpu_threads", t)?;
+            if t > self.cpu.threads {
+                return Err(ModelError::invalid(
+                    "engine.cpu_threads",
+                    format!(
+                        "{t} is more than the host's {} hardware threads",
+                        self.cpu.threads
+                    ),
+                ));
+            }
+        }
+        if let Some(d) = e.dram_gbs {
+            positive("engine.dram_gbs", d)?;
+        }
+        if e.gpu_reserve_gib >= self.gpu.memory_gib {
+            return Err(ModelError::invalid(
+                "engine.gpu_reserve_gib",
+                format!(
+                    "{} GiB leaves nothing of the GPU's {} GiB",
+                    e.gpu_reserve_gib, self.gpu.memory_gib
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of one GiB.
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+fn nonempty(key: &str, v: &str) -> Result<()> {
+    if v.trim().is_empty() {
+        return Err(ModelError::invalid(key, "must not be empty"));
+    }
+    Ok(())
+}
+
+fn at_least_one(key: &str, v: u32) -> Result<()> {
+    if v == 0 {
+        return Err(ModelError::invalid(key, "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn positive(key: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v > 0.0) {
+        return Err(ModelError::invalid(
+            key,
+            format!("{v} is not a positive number"),
+        ));
+    }
+    Ok(())
+}
+
+fn nonnegative(key: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v >= 0.0) {
+        return Err(ModelError::invalid(
+            key,
+            format!("{v} is not a finite number >= 0"),
+        ));
+    }
+    Ok(())
+}
+
+fn fraction(key: &str, v: f64) -> Result<()> {
+    if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+        return Err(ModelError::invalid(key, format!("{v} is outside (0, 1]")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_field_report_host_parses_and_round_trips() {
+        let h = HostSpec::field_report();
+        assert_eq!(h.gpu.name, "NVIDIA GeForce RTX 4090");
+        assert_eq!(h.cpu.moe_gbs, Some(46.12));
+        assert_eq!(h.pcie.gather_gbs, Some(24.25));
+        assert_eq!(h.cpu_threads(), 24);
+        let back = HostSpec::from_toml_str(&h.to_toml(), "round trip").unwrap();
+        assert_eq!(back, h);
+    }
+
+    #[test]
+    fn a_minimal_host_takes_the_runtime_engine_defaults() {
+        let text = r#"
+            [gpu]
+            name = "NVIDIA H200"
+            count = 1
+            memory_gib = 141.0
+            hbm_gbs = 4800.0
+            [pcie]
+            h2d_gbs = 55.0
+            d2h_gbs = 55.0
+            latency_us = 2.0
+            [cpu]
+            name = "test cpu"
+            cores = 16
+            threads = 16
+            numa_nodes = 1
+            stream_read_gbs = 105.0
+        "#;
+        let h = HostSpec::from_toml_str(text, "h200.toml").unwrap();
+        assert_eq!(h.engine, EngineSpec::default());
+        assert_eq!(h.cpu_threads(), 16);
+        // The derivation of the shared DRAM bandwidth: the CPU's proportional share under a
+        // 50 GB/s gather is the measured 90 GB/s.
+        let d = h.dram_gbs();
+        assert!((d * 105.0 / (105.0 + 50.0) - 90.0).abs() < 1e-9, "{d}");
+        assert_eq!(h.tuning_experts().unwrap(), 8);
+    }
+
+    #[test]
+    fn errors_name_the_file_and_the_key() {
+        let good = HostSpec::field_report().to_toml();
+        let bad = good.replace("h2d_gbs = 24.26", "h2d_gbs = -1.0");
+        let e = HostSpec::from_toml_str(&bad, "bad.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("bad.toml") && e.contains("pcie.h2d_gbs"), "{e}");
+
+        let unknown = good.replace("h2d_gbs = 24.26", "h2d_gbs = 24.26\nh2d_gb = 3.0");
+        let e = HostSpec::from_toml_str(&unknown, "unknown.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown.toml") && e.contains("h2d_gb"), "{e}");
+
+        let eff = good.replace("gather_efficiency = 1.0", "gather_efficiency = 1.5");
+        let e = HostSpec::from_toml_str(&eff, "eff.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("engine.gather_efficiency"), "{e}");
+
+        let tm = good.replace("tuning_model = \"bench-nvfp4\"", "tuning_model = \"nope\"");
+        let e = HostSpec::from_toml_str(&tm, "tm.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("engine.tuning_model"), "{e}");
+
+        let th = good.replace("cpu_threads = 24", "cpu_threads = 96");
+        let e = HostSpec::from_toml_str(&th, "th.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("engine.cpu_threads"), "{e}");
+    }
+
+    #[test]
+    fn a_file_names_itself_and_a_missing_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("myhost.toml");
+        let mut h = HostSpec::field_report();
+        h.name.clear();
+        std::fs::write(&path, h.to_toml()).unwrap();
+        let back = HostSpec::from_toml_file(&path).unwrap();
+        assert_eq!(back.name, "myhost");
+        let e = HostSpec::from_toml_file(&dir.path().join("none.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("none.toml"), "{e}");
+    }
+}

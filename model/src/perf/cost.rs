@@ -1,0 +1,445 @@
+//! The cost terms: durations of the pieces of a decode step, as pure functions of
+//! [`PerfParams`].
+//!
+//! These are the only place where a parameter becomes a duration. The analytic step
+//! ([`super::step`]) combines them into a critical path; the simulator schedules them as
+//! events; the fit ([`super::fit`]) inverts them. Counts (experts, tokens) are `f64` so that a
+//! term can be evaluated on means as well as on one layer's integers; a count of zero costs
+//! nothing (no launch, no fixed cost).
+//!
+//! DRAM contention (design mechanism 3): CPU expert kernels and gather DMA both read host
+//! DRAM. Each asks for its isolated rate; when the two together ask for more than
+//! `dram_gbs`, `dram_gbs` is split in proportion to `weight x demand` (CPU weight 1, DMA
+//! weight `dma_dram_weight`), and a side given more than it asks keeps only what it asks
+//! (the rest goes to the other). Only the byte-streaming parts of the two sides read DRAM;
+//! fixed costs and the per-token compute do not contend.
+
+use serde::{Deserialize, Serialize};
+
+use super::{PerfParams, ACTIVATION_BYTES_PER_ELEMENT};
+use crate::preset::{DenseSpec, ModelSpec};
+
+/// Bytes per microsecond in one GB/s (1e9 B/s = 1e3 B/us).
+pub const BYTES_PER_US_PER_GBS: f64 = 1e3;
+
+/// Multiply-accumulates per microsecond in one GMAC/s.
+pub const MACS_PER_US_PER_GMACS: f64 = 1e3;
+
+/// Bytes per parameter of the dense part (bf16, as [`DenseSpec`] counts its bytes).
+pub const DENSE_BYTES_PER_PARAM: f64 = 2.0;
+
+/// Size of one routed expert: what a gather moves and what a kernel reads and computes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertShape {
+    /// Bytes of the expert's weights.
+    pub bytes: f64,
+    /// Multiply-accumulates of one token through the expert.
+    pub macs: f64,
+}
+
+impl ExpertShape {
+    /// The routed-expert shape of a model.
+    pub fn of(model: &ModelSpec) -> Self {
+        ExpertShape {
+            bytes: model.expert_bytes() as f64,
+            macs: model.geometry.expert_macs_per_token() as f64,
+        }
+    }
+}
+
+/// The two sides of a hybrid layer run at once (see [`PerfParams::overlapped`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Overlap {
+    /// Duration of the gather, from its start, in us.
+    pub gather_us: f64,
+    /// Duration of the CPU expert step, from its start, in us.
+    pub cpu_us: f64,
+    /// Time the gather lost to contention, in us.
+    pub gather_lost_us: f64,
+    /// Time the CPU lost to contention, in us.
+    pub cpu_lost_us: f64,
+}
+
+impl PerfParams {
+    // ------------------------------------------------------------------ gather
+
+    /// Fixed part of a gather of `experts` experts: one layer cost and one copy cost each, in
+    /// us (0 for no expert).
+    pub fn gather_fixed_us(&self, experts: f64) -> f64 {
+        if experts <= 0.0 {
+            return 0.0;
+        }
+        self.gather_layer_us + experts * self.gather_copy_us
+    }
+
+    /// Byte-streaming part of a gather of `experts` experts of `bytes` bytes, alone, in us.
+    pub fn gather_stream_us(&self, experts: f64, bytes: f64) -> f64 {
+        experts.max(0.0) * bytes / (self.gather_gbs * BYTES_PER_US_PER_GBS)
+    }
+
+    /// Time of a gather of `experts` experts of `bytes` bytes each over the link, alone, in
+    /// us: `gather_layer_us + n (gather_copy_us + b / gather_gbs)`.
+    pub fn gather_us(&self, experts: f64, bytes: f64) -> f64 {
+        self.gather_fixed_us(experts) + self.gather_stream_us(experts, bytes)
+    }
+
+    /// Time of the same gather while a CPU expert kernel of `cpu_threads` threads streams
+    /// weights throughout (the `gather` probe, contended), in us.
+    pub fn gather_contended_us(&self, experts: f64, bytes: f64, cpu_threads: f64) -> f64 {
+        let (_, dma) = self.dram_shares(self.cpu_rate_gbs(cpu_threads), self.gather_gbs);
+        self.gather_fixed_us(experts)
+            + self.gather_stream_us(experts, bytes) * self.gather_gbs / dma
+    }
+
+    // ------------------------------------------------------------------ CPU
+
+    /// Weight-streaming rate of the CPU expert kernel at `threads` threads, in GB/s.
+    pub fn cpu_rate_gbs(&self, threads: f64) -> f64 {
+        let t = (threads / self.cpu_threads as f64).max(0.0);
+        self.cpu_gbs * t.powf(self.cpu_thread_exponent)
+    }
+
+    /// Per-token compute rate of the CPU at `threads` threads (linear in threads), in
+    /// GMAC/s.
+    pub fn cpu_token_rate_gmacs(&self, threads: f64) -> f64 {
+        self.cpu_token_gmacs * (threads / self.cpu_threads as f64).max(0.0)
+    }
+
+    /// Fixed and compute part of a CPU expert step (not DRAM-bound), in us: the layer cost,
+    /// a cost per expert, and the tokens after each expert's first (`tokens` counts every
+    /// (token, expert) pair; the first token of each expert is in the streaming rate).
+    pub fn cpu_fixed_us(&self, experts: f64, tokens: f64, shape: ExpertShape, threads: f64) -> f64 {
+        if experts <= 0.0 {
+            return 0.0;
+        }
+        let extra_tokens = (tokens - experts).max(0.0);
+        self.cpu_layer_us
+            + experts * self.cpu_expert_us
+            + extra_tokens * shape.macs
+                / (self.cpu_token_rate_gmacs(threads) * MACS_PER_US_PER_GMACS)
+    }
+
+    /// Weight-streaming part of a CPU expert step, alone, in us.
+    pub fn cpu_stream_us(&self, experts: f64, shape: ExpertShape, threads: f64) -> f64 {
+        experts.max(0.0) * shape.bytes / (self.cpu_rate_gbs(threads) * BYTES_PER_US_PER_GBS)
+    }
+
+    /// Time of a CPU expert step over `experts` experts serving `tokens` (token, expert)
+    /// pairs with `threads` threads, alone, in us: memory-bound bytes over bandwidth plus
+    /// per-expert and per-token compute plus the per-layer fixed cost.
+    pub fn cpu_step_us(&self, experts: f64, tokens: f64, shape: ExpertShape, threads: f64) -> f64 {
+        self.cpu_fixed_us(experts, tokens, shape, threads)
+            + self.cpu_stream_us(experts, shape, threads)
+    }
+
+    /// Time of the same CPU step while a gather streams throughout (the `cpu-step` probe,
+    /// contended), in us.
+    pub fn cpu_step_contended_us(
+        &self,
+        experts: f64,
+        tokens: f64,
+        shape: ExpertShape,
+        threads: f64,
+    ) -> f64 {
+        let demand = self.cpu_rate_gbs(threads);
+        let (cpu, _) = self.dram_shares(demand, self.gather_gbs);
+        self.cpu_fixed_us(experts, tokens, shape, threads)
+            + self.cpu_stream_us(experts, shape, threads) * demand / cpu
+    }
+
+    // ------------------------------------------------------------------ contention
+
+    /// The DRAM rates CPU kernels and DMA get when they ask for `cpu_demand_gbs` and
+    /// `dma_demand_gbs` at once, in GB/s (see the module docs): `(cpu, dma)`.
+    pub fn dram_shares(&self, cpu_demand_gbs: f64, dma_demand_gbs: f64) -> (f64, f64) {
+        let (c, g, d) = (
+            cpu_demand_gbs.max(0.0),
+            dma_demand_gbs.max(0.0),
+            self.dram_gbs,
+        );
+        if c + g <= d || c == 0.0 || g == 0.0 {
+            return (c, g);
+        }
+        let w = self.dma_dram_weight;
+        let cpu = d * c / (c + w * g);
+        let dma = d * w * g / (c + w * g);
+        if cpu > c {
+            (c, d - c)
+        } else if dma > g {
+            (d - g, g)
+        } else {
+            (cpu, dma)
+        }
+    }
+
+    /// A gather of `gather_experts` experts and a CPU step of `cpu_experts` experts
+    /// (`cpu_tokens` pairs, `threads` threads) started together, in us.
+    ///
+    /// Both byte streams are assumed to start at the same time (their fixed costs are added
+    /// after, which overstates the overlap slightly and so the contention): while both
+    /// stream, each runs at its contended rate ([`PerfParams::dram_shares`]); when one
+    /// finishes the other continues alone at its isolated rate.
+    pub fn overlapped(
+        &self,
+        gather_experts: f64,
+        cpu_experts: f64,
+        cpu_tokens: f64,
+        shape: ExpertShape,
+        threads: f64,
+    ) -> Overlap {
+        let sg = self.gather_stream_us(gather_experts, shape.bytes);
+        let sc = self.cpu_stream_us(cpu_experts, shape, threads);
+        let fg = self.gather_fixed_us(gather_experts);
+        let fc = self.cpu_fixed_us(cpu_experts, cpu_tokens, shape, threads);
+        let (mut end_g, mut end_c) = (sg, sc);
+        if sg > 0.0 && sc > 0.0 {
+            let demand_c = self.cpu_rate_gbs(threads);
+            let (c2, g2) = self.dram_shares(demand_c, self.gather_gbs);
+            let slow_c = demand_c / c2;
+            let slow_g = self.gather_gbs / g2;
+            let (tg, tc) = (sg * slow_g, sc * slow_c);
+            if tg <= tc {
+                end_g = tg;
+                end_c = tg + (sc - tg / slow_c);
+            } else {
+                end_c = tc;
+                end_g = tc + (sg - tc / slow_g);
+            }
+        }
+        Overlap {
+            gather_us: fg + end_g,
+            cpu_us: fc + end_c,
+            gather_lost_us: end_g - sg,
+            cpu_lost_us: end_c - sc,
+        }
+    }
+
+    // ------------------------------------------------------------------ GPU
+
+    /// Time of one GPU launch over `experts` experts serving `tokens` (token, expert) pairs,
+    /// in us: a launch, the experts' bytes over the effective memory bandwidth, and the
+    /// tokens' compute (0 for no expert).
+    pub fn gpu_experts_us(&self, experts: f64, tokens: f64, shape: ExpertShape) -> f64 {
+        if experts <= 0.0 {
+            return 0.0;
+        }
+        self.gpu_launch_us
+            + experts * shape.bytes / (self.gpu_hbm_gbs * BYTES_PER_US_PER_GBS)
+            + tokens.max(0.0) * shape.macs / (self.gpu_token_gmacs * MACS_PER_US_PER_GMACS)
+    }
+
+    /// Time of one layer's dense part (attention, router, shared experts) for `streams`
+    /// streams at `context` tokens of context each, in us: the fixed cost, the dense weights
+    /// (read once for all streams) and each stream's KV bytes over the effective memory
+    /// bandwidth, and each stream's compute.
+    pub fn dense_us(&self, dense: &DenseSpec, streams: f64, context: f64) -> f64 {
+        let w = dense.weight_bytes_per_layer as f64;
+        let kv = streams * context * dense.kv_bytes_per_token as f64;
+        self.dense_layer_us
+            + (w + kv) / (self.gpu_hbm_gbs * BYTES_PER_US_PER_GBS)
+            + streams * (w / DENSE_BYTES_PER_PARAM) / (self.gpu_token_gmacs * MACS_PER_US_PER_GMACS)
+    }
+
+    /// Time of the GPU summing the CPU's partial output into the layer's, in us (one launch).
+    pub fn combine_us(&self) -> f64 {
+        self.gpu_launch_us
+    }
+
+    // ------------------------------------------------------------------ sync
+
+    /// One hybrid round trip for `streams` streams of `hidden` activations, in us: the event
+    /// round trip plus the activations to the CPU and its partial output back.
+    pub fn sync_round_trip_us(&self, streams: f64, hidden: f64) -> f64 {
+        let bytes = 2.0 * streams * hidden * ACTIVATION_BYTES_PER_ELEMENT;
+        self.sync_us + bytes / (self.activation_link_gbs * BYTES_PER_US_PER_GBS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSpec;
+
+    fn params() -> PerfParams {
+        PerfParams::from_host(&HostSpec::field_report()).unwrap()
+    }
+
+    fn shape() -> ExpertShape {
+        ExpertShape::of(&ModelSpec::preset("qwen3.8-flash-next").unwrap())
+    }
+
+    #[test]
+    fn nothing_costs_nothing() {
+        let p = params();
+        let s = shape();
+        assert_eq!(p.gather_us(0.0, s.bytes), 0.0);
+        assert_eq!(p.cpu_step_us(0.0, 0.0, s, 24.0), 0.0);
+        assert_eq!(p.gpu_experts_us(0.0, 0.0, s), 0.0);
+        let o = p.overlapped(0.0, 0.0, 0.0, s, 24.0);
+        assert_eq!((o.gather_us, o.cpu_us), (0.0, 0.0));
+    }
+
+    #[test]
+    fn gather_is_affine_in_experts_and_bytes() {
+        let p = params();
+        let b = 2_772_480.0;
+        let one = p.gather_us(1.0, b);
+        let ten = p.gather_us(10.0, b);
+        let per = (ten - one) / 9.0;
+        assert!((per - (p.gather_copy_us + b / (p.gather_gbs * 1e3))).abs() < 1e-9);
+        assert!((one - p.gather_layer_us - per).abs() < 1e-9);
+    }
+
+    /// The DRAM shares against a slow reference: water-filling by weight in small steps.
+    #[test]
+    fn dram_shares_match_a_water_filling_reference() {
+        let mut p = params();
+        for (d, w) in [(60.0, 0.7286), (30.3, 0.88), (100.0, 1.0), (50.0, 3.0)] {
+            p.dram_gbs = d;
+            p.dma_dram_weight = w;
+            for (c, g) in [
+                (46.0, 24.0),
+                (29.97, 13.09),
+                (80.0, 5.0),
+                (5.0, 80.0),
+                (10.0, 10.0),
+            ] {
+                // Reference: pour bandwidth in 1e-4 GB/s drops, each drop to the unsatisfied
+                // side with the smaller allocation per weight-demand.
+                let (mut rc, mut rg) = (0.0f64, 0.0f64);
+                let drop: f64 = 1e-4;
+                let mut left = d;
+                while left > 0.0 && (rc < c || rg < g) {
+                    let want_c = rc < c;
+                    let want_g = rg < g;
+                    // Fill levels: allocation over weight x demand (CPU weight 1).
+                    let give_c = want_c && (!want_g || rc / c <= rg / (w * g));
+                    let amt = drop.min(left);
+                    if give_c {
+                        rc = (rc + amt).min(c);
+                    } else {
+                        rg = (rg + amt).min(g);
+                    }
+                    left -= amt;
+                }
+                let (fc, fg) = p.dram_shares(c, g);
+                assert!(
+                    (fc - rc).abs() < 1e-2 && (fg - rg).abs() < 1e-2,
+                    "d={d} w={w} c={c} g={g}: {fc},{fg} vs {rc},{rg}"
+                );
+                assert!(fc <= c + 1e-12 && fg <= g + 1e-12);
+                let satisfied = fc == c && fg == g;
+                assert!(
+                    satisfied || (fc + fg - d).abs() < 1e-9,
+                    "{fc} + {fg} != {d}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_epyc_pair_is_reproduced_by_a_weighted_share() {
+        // Field numbers quoted in the issue: 29.97 / 13.09 GB/s alone, 21.89 / 8.41 together.
+        let mut p = params();
+        p.dram_gbs = 21.89 + 8.41;
+        p.dma_dram_weight = (8.41 / 13.09) / (21.89 / 29.97);
+        let (c, g) = p.dram_shares(29.97, 13.09);
+        assert!(
+            (c - 21.89).abs() < 1e-9 && (g - 8.41).abs() < 1e-9,
+            "{c} {g}"
+        );
+    }
+
+    /// The two-phase overlap against a slow reference: step both streams in small time
+    /// increments at the rates the shares give for who is still streaming.
+    #[test]
+    fn overlap_matches_a_time_stepped_reference() {
+        let mut p = params();
+        let s = shape();
+        for (d, w) in [(60.0, 0.7286), (40.0, 1.0), (500.0, 1.0)] {
+            p.dram_gbs = d;
+            p.dma_dram_weight = w;
+            for (ng, nc) in [(3.0, 7.0), (10.0, 1.0), (1.0, 12.0), (5.0, 5.0)] {
+                let o = p.overlapped(ng, nc, nc * 1.2, s, 24.0);
+                let (mut bg, mut bc) = (ng * s.bytes, nc * s.bytes);
+                let (mut t, mut end_g, mut end_c) = (0.0, 0.0, 0.0);
+                let dt = 0.01; // us
+                let demand_c = p.cpu_rate_gbs(24.0);
+                while bg > 0.0 || bc > 0.0 {
+                    let (rc, rg) = match (bc > 0.0, bg > 0.0) {
+                        (true, true) => p.dram_shares(demand_c, p.gather_gbs),
+                        (true, false) => (demand_c, 0.0),
+                        _ => (0.0, p.gather_gbs),
+                    };
+                    t += dt;
+                    if bg > 0.0 {
+                        bg -= rg * 1e3 * dt;
+                        if bg <= 0.0 {
+                            end_g = t;
+                        }
+                    }
+                    if bc > 0.0 {
+                        bc -= rc * 1e3 * dt;
+                        if bc <= 0.0 {
+                            end_c = t;
+                        }
+                    }
+                }
+                let fg = p.gather_fixed_us(ng);
+                let fc = p.cpu_fixed_us(nc, nc * 1.2, s, 24.0);
+                assert!(
+                    (o.gather_us - fg - end_g).abs() < 0.05,
+                    "{ng},{nc}: {} vs {}",
+                    o.gather_us - fg,
+                    end_g
+                );
+                assert!(
+                    (o.cpu_us - fc - end_c).abs() < 0.05,
+                    "{ng},{nc}: {} vs {}",
+                    o.cpu_us - fc,
+                    end_c
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn contended_probe_forms_are_slower_only_when_dram_is_short() {
+        let mut p = params();
+        let s = shape();
+        p.dram_gbs = 1000.0;
+        assert_eq!(
+            p.gather_contended_us(8.0, s.bytes, 24.0),
+            p.gather_us(8.0, s.bytes)
+        );
+        assert_eq!(
+            p.cpu_step_contended_us(8.0, 8.0, s, 24.0),
+            p.cpu_step_us(8.0, 8.0, s, 24.0)
+        );
+        p.dram_gbs = 40.0;
+        assert!(p.gather_contended_us(8.0, s.bytes, 24.0) > p.gather_us(8.0, s.bytes));
+        assert!(p.cpu_step_contended_us(8.0, 8.0, s, 24.0) > p.cpu_step_us(8.0, 8.0, s, 24.0));
+    }
+
+    #[test]
+    fn threads_scale_the_stream_rate_by_the_exponent() {
+        let p = params();
+        let full = p.cpu_rate_gbs(p.cpu_threads as f64);
+        assert_eq!(full, p.cpu_gbs);
+        let half = p.cpu_rate_gbs(p.cpu_threads as f64 / 2.0);
+        assert!((half / full - 0.5f64.powf(p.cpu_thread_exponent)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn dense_grows_with_context_and_streams() {
+        let p = params();
+        let d = ModelSpec::preset("qwen3.8-flash-next").unwrap().dense();
+        let short = p.dense_us(&d, 1.0, 1000.0);
+        let long = p.dense_us(&d, 1.0, 100_000.0);
+        let two = p.dense_us(&d, 2.0, 100_000.0);
+        assert!(short < long && long < two);
+        let slope = (long - short) / 99_000.0;
+        assert!((slope - d.kv_bytes_per_token as f64 / (p.gpu_hbm_gbs * 1e3)).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,1349 @@
+//! Probes and the fit of [`PerfParams`] to them.
+//!
+//! # What each probe measures
+//!
+//! Every sample is one timed operation, repeated and reduced to its median by the runtime
+//! (so a sample's noise is the median's, not one run's). Times are wall-clock microseconds
+//! from the start of the operation's submission to the moment its result is usable by the
+//! next step, measured on the host against a GPU event where the GPU is involved.
+//!
+//! - [`GatherSample`] (`gather`): one layer's gather of `experts` distinct experts of
+//!   `expert_bytes` bytes each from the pinned host bank into cache slots: from the first
+//!   copy's submission to the completion event of the last, as the decode engine issues it.
+//!   Isolated: nothing else runs. Contended: a CPU expert kernel with `contended_cpu_threads`
+//!   threads streams other experts' weights throughout (started before, stopped after).
+//!   Design: at least two expert counts (1 to 2 x top-k) and two sizes (the served and the
+//!   bench's) so that the layer cost, the copy cost and the stream rate separate.
+//! - [`CpuStepSample`] (`cpu-step`): one layer's CPU share: `experts` experts, each serving
+//!   `tokens_per_expert` tokens, on the engine's pool of `threads` threads: from handing the
+//!   activations to the pool (pool idle as between layers) to the merged output being in
+//!   host memory. Contended: a gather at full rate runs throughout. Design: several expert
+//!   counts, tokens 1 to the streams served, the served and the bench's expert size, and
+//!   (for the thread exponent) a few thread counts.
+//! - [`GpuExpertSample`] (`gpu-experts`): one launch over `experts` resident experts with
+//!   `tokens_per_expert` tokens each: launch to completion event.
+//! - [`DenseSample`] (`dense`): one layer's dense part at `streams` streams and `context`
+//!   tokens of context each: launch of the first kernel to completion of the last.
+//! - [`RoundTripSample`] (`round-trip`): a hybrid layer's synchronisation with no expert
+//!   work: GPU records an event after writing `streams x hidden` activations, the host
+//!   copies them out, signals a GPU-visible flag with a partial output of the same size,
+//!   the GPU waits on it; from the event record to the GPU's wait returning.
+//! - [`StepSample`] (`step`): one decode step of a strategy end to end on the served model,
+//!   with the per-layer counts the planner produced: the calibration runs fit the
+//!   per-strategy overheads and the run noise; the **validation** runs are never fitted
+//!   (their residuals are reported, that is all they are for).
+//!
+//! # How the fit works
+//!
+//! Stages, each an argmin Nelder-Mead minimisation of the mean squared *relative* residual
+//! `(predicted - measured) / measured` over the stage's samples, in log parameters (every
+//! fitted parameter is positive), started from the prior (a host spec's parameters) and
+//! restarted once from its own optimum:
+//! 1. `gather` (isolated): `gather_gbs`, `gather_layer_us`, `gather_copy_us`;
+//! 2. `cpu-step` (isolated): `cpu_gbs`, `cpu_thread_exponent`, `cpu_layer_us`,
+//!    `cpu_expert_us`, `cpu_token_gmacs`;
+//! 3. `gpu-experts` and `dense`: `gpu_hbm_gbs`, `gpu_launch_us`, `gpu_token_gmacs`,
+//!    `dense_layer_us`;
+//! 4. `round-trip`: `sync_us`;
+//! 5. contended `gather` and `cpu-step`: `dram_gbs`, `dma_dram_weight`, with 1 and 2 fixed.
+//!
+//! A parameter the stage's samples cannot determine (its Jacobian column is zero or a
+//! combination of the others', e.g. the thread exponent when every sample ran at the
+//! serving thread count) is not fitted and keeps the prior. Standard errors: with `J` the
+//! Jacobian of the relative residuals over the log parameters at the optimum (central
+//! differences), `s^2 = RSS / (m - p)` and `C = s^2 (J^T J)^-1`, the standard error of a
+//! parameter `v` is `v sqrt(C_ii)` (delta method); the covariance of later stages is
+//! conditional on the earlier stages' estimates. Intervals use the t distribution on
+//! `m - p` degrees of freedom (statrs).
+//!
+//! 6. `step` (calibration runs): the per-layer overhead of each strategy is the exact
+//!    least-squares solution of `measured - predicted = layers x overhead` (absolute
+//!    residuals), with standard error `s / sqrt(sum layers^2)`; the run noise is the relative
+//!    standard deviation of the calibration residuals that remain.
+
+use argmin::core::{CostFunction, Executor, State};
+use argmin::solver::neldermead::NelderMead;
+use serde::{Deserialize, Serialize};
+use statrs::distribution::{ContinuousCDF, StudentsT};
+
+use super::cost::ExpertShape;
+use super::linalg::spd_inverse;
+use super::step::{LayerCounts, StepShape};
+use super::{ParamCovariance, ParamId, PerfModel, PerfParams};
+use crate::error::{ModelError, Result};
+use crate::preset::DenseSpec;
+use crate::strategy::StrategyKind;
+
+/// One `gather` probe measurement (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatherSample {
+    /// Experts gathered in the layer.
+    pub experts: u32,
+    /// Bytes of each expert.
+    pub expert_bytes: f64,
+    /// Threads of the CPU kernel running throughout; `None` for the isolated probe.
+    #[serde(default)]
+    pub contended_cpu_threads: Option<u32>,
+    /// Measured time, in us.
+    pub time_us: f64,
+}
+
+/// One `cpu-step` probe measurement (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuStepSample {
+    /// Experts of the step.
+    pub experts: u32,
+    /// Tokens routed to each expert.
+    pub tokens_per_expert: u32,
+    /// Bytes of each expert.
+    pub expert_bytes: f64,
+    /// Multiply-accumulates of one token through one expert.
+    pub expert_macs: f64,
+    /// Threads of the pool.
+    pub threads: u32,
+    /// True when a gather ran throughout.
+    #[serde(default)]
+    pub contended: bool,
+    /// Measured time, in us.
+    pub time_us: f64,
+}
+
+/// One `gpu-experts` probe measurement (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuExpertSample {
+    /// Experts of the launch.
+    pub experts: u32,
+    /// Tokens routed to each expert.
+    pub tokens_per_expert: u32,
+    /// Bytes of each expert.
+    pub expert_bytes: f64,
+    /// Multiply-accumulates of one token through one expert.
+    pub expert_macs: f64,
+    /// Measured time, in us.
+    pub time_us: f64,
+}
+
+/// One `dense` probe measurement (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DenseSample {
+    /// Streams.
+    pub streams: u32,
+    /// Context of each stream, in tokens.
+    pub context: u32,
+    /// The dense part measured.
+    pub dense: DenseSpec,
+    /// Measured time, in us.
+    pub time_us: f64,
+}
+
+/// One `round-trip` probe measurement (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoundTripSample {
+    /// Streams whose activations cross.
+    pub streams: u32,
+    /// Activation elements per stream.
+    pub hidden: u32,
+    /// Measured time, in us.
+    pub time_us: f64,
+}
+
+/// Whether an end-to-end sample calibrates the model or only validates it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SampleRole {
+    /// Fitted (per-strategy overhead, run noise).
+    #[default]
+    Calibration,
+    /// Never fitted; residuals reported.
+    Validation,
+}
+
+/// One `step` probe measurement: a decode step end to end (module docs).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepSample {
+    /// Strategy that ran.
+    pub strategy: StrategyKind,
+    /// Calibration or validation.
+    #[serde(default)]
+    pub role: SampleRole,
+    /// The step's shape (expert, dense, streams, context).
+    pub shape: StepShape,
+    /// Counts of every layer, in order.
+    pub layers: Vec<LayerCounts>,
+    /// Measured step time, in us.
+    pub time_us: f64,
+}
+
+/// Every probe's samples.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProbeSamples {
+    /// `gather` samples, isolated and contended.
+    pub gather: Vec<GatherSample>,
+    /// `cpu-step` samples, isolated and contended.
+    pub cpu_step: Vec<CpuStepSample>,
+    /// `gpu-experts` samples.
+    pub gpu_experts: Vec<GpuExpertSample>,
+    /// `dense` samples.
+    pub dense: Vec<DenseSample>,
+    /// `round-trip` samples.
+    pub round_trip: Vec<RoundTripSample>,
+    /// `step` samples.
+    pub step: Vec<StepSample>,
+}
+
+/// Predicted time of a sample under `p`, in us.
+pub trait Predict {
+    /// Predicted time, in us.
+    fn predict_us(&self, p: &PerfParams) -> f64;
+    /// Measured time, in us.
+    fn measured_us(&self) -> f64;
+}
+
+impl Predict for GatherSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        let n = self.experts as f64;
+        match self.contended_cpu_threads {
+            Some(t) => p.gather_contended_us(n, self.expert_bytes, t as f64),
+            None => p.gather_us(n, self.expert_bytes),
+        }
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for CpuStepSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        let n = self.experts as f64;
+        let tokens = n * self.tokens_per_expert as f64;
+        let shape = ExpertShape {
+            bytes: self.expert_bytes,
+            macs: self.expert_macs,
+        };
+        if self.contended {
+            p.cpu_step_contended_us(n, tokens, shape, self.threads as f64)
+        } else {
+            p.cpu_step_us(n, tokens, shape, self.threads as f64)
+        }
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for GpuExpertSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        let n = self.experts as f64;
+        let shape = ExpertShape {
+            bytes: self.expert_bytes,
+            macs: self.expert_macs,
+        };
+        p.gpu_experts_us(n, n * self.tokens_per_expert as f64, shape)
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for DenseSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        p.dense_us(&self.dense, self.streams as f64, self.context as f64)
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for RoundTripSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        p.sync_round_trip_us(self.streams as f64, self.hidden as f64)
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for StepSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        let dense = p.dense_us(&self.shape.dense, self.shape.streams, self.shape.context);
+        self.layers
+            .iter()
+            .map(|c| {
+                p.layer_time_with_dense(self.strategy, &self.shape, c, dense)
+                    .total_us
+            })
+            .sum()
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+/// Limits of the fit.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FitConfig {
+    /// Nelder-Mead iterations per stage and restart.
+    pub max_iters: u64,
+    /// Nelder-Mead's tolerance on the standard deviation of the simplex's costs (mean
+    /// squared relative residual, dimensionless).
+    pub sd_tolerance: f64,
+    /// Relative size of the initial simplex in log parameters.
+    pub initial_step: f64,
+    /// Confidence of the reported parameter intervals.
+    pub confidence: f64,
+}
+
+impl Default for FitConfig {
+    /// 4000 iterations, tolerance 1e-18, a 10% simplex, 95% intervals.
+    fn default() -> Self {
+        FitConfig {
+            max_iters: 4000,
+            sd_tolerance: 1e-18,
+            initial_step: 0.1,
+            confidence: 0.95,
+        }
+    }
+}
+
+/// A fitted (or held) parameter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamEstimate {
+    /// The parameter.
+    pub param: ParamId,
+    /// Its value (in its unit).
+    pub value: f64,
+    /// Its standard error (0 when held at the prior).
+    pub se: f64,
+    /// Its interval at the fit's confidence.
+    pub interval: [f64; 2],
+    /// The stage that fitted it; `None` when held at the prior.
+    pub stage: Option<String>,
+}
+
+/// How one stage of the fit went.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StageReport {
+    /// Stage name.
+    pub name: String,
+    /// Parameters fitted.
+    pub fitted: Vec<ParamId>,
+    /// Parameters the samples could not determine (held at the prior).
+    pub held: Vec<ParamId>,
+    /// Samples used.
+    pub samples: usize,
+    /// Residual degrees of freedom.
+    pub dof: usize,
+    /// Solver iterations (all restarts).
+    pub iterations: u64,
+    /// Why the solver stopped (last restart).
+    pub termination: String,
+    /// Root mean square relative residual at the optimum.
+    pub rms_rel: f64,
+}
+
+/// One sample's residual.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Residual {
+    /// The probe (`gather`, `cpu-step`, ...).
+    pub probe: String,
+    /// Index of the sample in its probe's list.
+    pub index: usize,
+    /// Measured time, in us.
+    pub measured_us: f64,
+    /// Predicted time, in us.
+    pub predicted_us: f64,
+    /// `(predicted - measured) / measured`.
+    pub rel: f64,
+}
+
+/// The result of a fit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FitReport {
+    /// The fitted parameters (the prior where not fitted).
+    pub params: PerfParams,
+    /// Covariance of the fitted parameters (block per stage).
+    pub covariance: ParamCovariance,
+    /// Every parameter with its standard error.
+    pub estimates: Vec<ParamEstimate>,
+    /// Stages in order.
+    pub stages: Vec<StageReport>,
+    /// Residuals of every fitted sample.
+    pub residuals: Vec<Residual>,
+    /// Residuals of the validation step samples (never fitted).
+    pub validation: Vec<Residual>,
+    /// Residual degrees of freedom over all stages.
+    pub dof: usize,
+}
+
+impl FitReport {
+    /// The estimate of one parameter.
+    pub fn estimate(&self, id: ParamId) -> Option<&ParamEstimate> {
+        self.estimates.iter().find(|e| e.param == id)
+    }
+
+    /// A model for prediction: the fitted parameters, their covariance over the prior's
+    /// for what was not fitted.
+    pub fn model(&self, prior: &ParamCovariance, source: &str) -> PerfModel {
+        PerfModel {
+            params: self.params.clone(),
+            covariance: prior.overlay(&self.covariance),
+            dof: Some(self.dof.max(1)),
+            source: source.to_string(),
+        }
+    }
+}
+
+/// Relative residuals of a stage's samples under the parameters `theta` (log values of
+/// `ids`) on top of `base`.
+struct Stage<'a> {
+    base: &'a PerfParams,
+    ids: Vec<ParamId>,
+    samples: Vec<&'a dyn Predict>,
+}
+
+impl Stage<'_> {
+    fn params(&self, theta: &[f64]) -> PerfParams {
+        let mut p = self.base.clone();
+        for (id, t) in self.ids.iter().zip(theta) {
+            p.set(*id, t.exp());
+        }
+        p
+    }
+
+    fn residuals(&self, theta: &[f64]) -> Vec<f64> {
+        let p = self.params(theta);
+        self.samples
+            .iter()
+            .map(|s| (s.predict_us(&p) - s.measured_us()) / s.measured_us())
+            .collect()
+    }
+
+    fn jacobian(&self, theta: &[f64]) -> Vec<Vec<f64>> {
+        // Column j: d r / d theta_j.
+        let h = 1e-6;
+        (0..theta.len())
+            .map(|j| {
+                let mut up = theta.to_vec();
+                let mut dn = theta.to_vec();
+                up[j] += h;
+                dn[j] -= h;
+                let (ru, rd) = (self.residuals(&up), self.residuals(&dn));
+                ru.iter()
+                    .zip(&rd)
+                    .map(|(a, b)| (a - b) / (2.0 * h))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl CostFunction for Stage<'_> {
+    type Param = Vec<f64>;
+    type Output = f64;
+
+    fn cost(&self, theta: &Vec<f64>) -> std::result::Result<f64, argmin::core::Error> {
+        let r = self.residuals(theta);
+        let c = r.iter().map(|x| x * x).sum::<f64>() / r.len().max(1) as f64;
+        Ok(if c.is_finite() { c } else { f64::MAX })
+    }
+}
+
+/// Columns (of `cols`, in order) that add rank: Gram-Schmidt with a relative tolerance.
+fn independent_columns(cols: &[Vec<f64>]) -> Vec<usize> {
+    let mut basis: Vec<Vec<f64>> = Vec::new();
+    let mut keep = Vec::new();
+    for (j, c) in cols.iter().enumerate() {
+        let norm0 = c.iter().map(|x| x * x).sum::<f64>().sqrt();
+        if norm0 < 1e-12 {
+            continue;
+        }
+        let mut v = c.clone();
+        for b in &basis {
+            let d: f64 = v.iter().zip(b).map(|(x, y)| x * y).sum();
+            for (x, y) in v.iter_mut().zip(b) {
+                *x -= d * y;
+            }
+        }
+        let norm = v.iter().map(|x| x * x).sum::<f64>().sqrt();
+        if norm > 1e-6 * norm0 {
+            for x in &mut v {
+                *x /= norm;
+            }
+            basis.push(v);
+            keep.push(j);
+        }
+    }
+    keep
+}
+
+fn fit_error(stage: &str, e: impl std::fmt::Display) -> ModelError {
+    ModelError::invalid(format!("fit stage {stage}"), e.to_string())
+}
+
+struct StageOutcome {
+    report: StageReport,
+    covariance: ParamCovariance,
+    estimates: Vec<ParamEstimate>,
+}
+
+/// Fit one stage in place on `params`.
+fn run_stage(
+    name: &'static str,
+    params: &mut PerfParams,
+    candidates: &[ParamId],
+    samples: Vec<&dyn Predict>,
+    config: &FitConfig,
+) -> Result<Option<StageOutcome>> {
+    if samples.is_empty() {
+        return Ok(None);
+    }
+    for (i, s) in samples.iter().enumerate() {
+        if !(s.measured_us().is_finite() && s.measured_us() > 0.0) {
+            return Err(fit_error(
+                name,
+                format!(
+                    "sample {i} has time {} us; times must be positive",
+                    s.measured_us()
+                ),
+            ));
+        }
+    }
+    // Which parameters the samples determine, at the start point.
+    let mut base = params.clone();
+    start_point(name, &mut base, &samples);
+    let all = Stage {
+        base: &base,
+        ids: candidates.to_vec(),
+        samples: samples.clone(),
+    };
+    let theta0: Vec<f64> = candidates
+        .iter()
+        .map(|id| base.get(*id).max(1e-12).ln())
+        .collect();
+    let keep = independent_columns(&all.jacobian(&theta0));
+    let mut ids: Vec<ParamId> = keep.iter().map(|&j| candidates[j]).collect();
+    // More parameters than samples cannot be fitted either.
+    ids.truncate(samples.len());
+    let held: Vec<ParamId> = candidates
+        .iter()
+        .copied()
+        .filter(|c| !ids.contains(c))
+        .collect();
+    if ids.is_empty() {
+        return Ok(None);
+    }
+    let stage = Stage {
+        base: &base,
+        ids: ids.clone(),
+        samples,
+    };
+    let mut theta: Vec<f64> = ids.iter().map(|id| base.get(*id).max(1e-12).ln()).collect();
+    let mut iterations = 0;
+    let mut termination = String::new();
+    for _restart in 0..2 {
+        let mut simplex = vec![theta.clone()];
+        for j in 0..theta.len() {
+            let mut v = theta.clone();
+            v[j] += config.initial_step;
+            simplex.push(v);
+        }
+        let solver = NelderMead::new(simplex)
+            .with_sd_tolerance(config.sd_tolerance)
+            .map_err(|e| fit_error(name, e))?;
+        let res = Executor::new(
+            Stage {
+                base: &base,
+                ids: ids.clone(),
+                samples: stage.samples.clone(),
+            },
+            solver,
+        )
+        .configure(|s| s.max_iters(config.max_iters))
+        .run()
+        .map_err(|e| fit_error(name, e))?;
+        let st = res.state();
+        iterations += st.get_iter();
+        termination = st.get_termination_status().to_string();
+        if let Some(best) = st.get_best_param() {
+            theta = best.clone();
+        }
+    }
+    // At the optimum a parameter may have left the region where the samples see it (no
+    // contention observed at all): it keeps its fitted value but gets no standard error.
+    let j_all = stage.jacobian(&theta);
+    let seen = independent_columns(&j_all);
+    let mut held = held;
+    let unseen: Vec<ParamId> = (0..ids.len())
+        .filter(|k| !seen.contains(k))
+        .map(|k| ids[k])
+        .collect();
+    held.extend(unseen.iter().copied());
+    let theta_all = theta.clone();
+    let fitted = stage.params(&theta_all);
+    let ids: Vec<ParamId> = seen.iter().map(|&k| ids[k]).collect();
+    let theta: Vec<f64> = seen.iter().map(|&k| theta_all[k]).collect();
+    let stage = Stage {
+        base: &fitted,
+        ids: ids.clone(),
+        samples: stage.samples,
+    };
+    if ids.is_empty() {
+        *params = fitted;
+        return Ok(None);
+    }
+    let r = stage.residuals(&theta);
+    let m = r.len();
+    let p = ids.len();
+    let dof = m.saturating_sub(p);
+    let rss: f64 = r.iter().map(|x| x * x).sum();
+    let s2 = if dof > 0 { rss / dof as f64 } else { 0.0 };
+    let j = stage.jacobian(&theta);
+    let mut jtj = vec![vec![0.0; p]; p];
+    for a in 0..p {
+        for b in 0..p {
+            jtj[a][b] = j[a].iter().zip(&j[b]).map(|(x, y)| x * y).sum();
+        }
+    }
+    let inv = spd_inverse(&jtj).ok_or_else(|| {
+        fit_error(
+            name,
+            format!(
+                "the samples do not determine {:?} together (singular J^T J)",
+                ids
+            ),
+        )
+    })?;
+    // Covariance in the parameters' units: C_ab = v_a v_b s^2 inv_ab (delta method).
+    let values: Vec<f64> = ids.iter().map(|id| fitted.get(*id)).collect();
+    let mut cov = vec![vec![0.0; p]; p];
+    for a in 0..p {
+        for b in 0..p {
+            cov[a][b] = values[a] * values[b] * s2 * inv[a][b];
+        }
+    }
+    let q = t_quantile(config.confidence, dof);
+    let estimates = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let se = cov[i][i].max(0.0).sqrt();
+            ParamEstimate {
+                param: *id,
+                value: values[i],
+                se,
+                interval: [values[i] - q * se, values[i] + q * se],
+                stage: Some(name.to_string()),
+            }
+        })
+        .collect();
+    *params = fitted;
+    Ok(Some(StageOutcome {
+        report: StageReport {
+            name: name.to_string(),
+            fitted: ids.clone(),
+            held,
+            samples: m,
+            dof,
+            iterations,
+            termination,
+            rms_rel: (rss / m.max(1) as f64).sqrt(),
+        },
+        covariance: ParamCovariance {
+            params: ids,
+            matrix: cov,
+        },
+        estimates,
+    }))
+}
+
+/// Move the start of a stage where its samples can see every parameter: the contention
+/// stage starts with DRAM short of the summed demand of its samples (the shares have no
+/// gradient where nothing contends).
+fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
+    if name == "contention" && !samples.is_empty() {
+        let demand = p.cpu_gbs + p.gather_gbs;
+        if p.dram_gbs >= demand {
+            p.dram_gbs = CONTENTION_START * demand;
+        }
+    }
+}
+
+/// Where the contention stage starts when the prior's DRAM bandwidth would not contend:
+/// this share of the two sides' summed demand.
+const CONTENTION_START: f64 = 0.8;
+
+fn t_quantile(confidence: f64, dof: usize) -> f64 {
+    let p = 0.5 + confidence / 2.0;
+    StudentsT::new(0.0, 1.0, dof.max(1) as f64)
+        .map(|t| t.inverse_cdf(p))
+        .unwrap_or(1.96)
+}
+
+fn residuals_of<T: Predict>(
+    probe: &'static str,
+    samples: &[T],
+    p: &PerfParams,
+    out: &mut Vec<Residual>,
+) {
+    for (index, s) in samples.iter().enumerate() {
+        let predicted_us = s.predict_us(p);
+        out.push(Residual {
+            probe: probe.to_string(),
+            index,
+            measured_us: s.measured_us(),
+            predicted_us,
+            rel: (predicted_us - s.measured_us()) / s.measured_us(),
+        });
+    }
+}
+
+fn overhead_id(kind: StrategyKind) -> ParamId {
+    match kind {
+        StrategyKind::Offload => ParamId::OverheadOffloadUs,
+        StrategyKind::Hybrid => ParamId::OverheadHybridUs,
+        StrategyKind::Resident => ParamId::OverheadResidentUs,
+        StrategyKind::Cpu => ParamId::OverheadCpuUs,
+    }
+}
+
+/// Fit parameters to probe samples, starting from `prior` (module docs).
+pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Result<FitReport> {
+    prior.validate()?;
+    let mut params = prior.clone();
+    let mut outcomes: Vec<StageOutcome> = Vec::new();
+
+    let iso_gather: Vec<&dyn Predict> = samples
+        .gather
+        .iter()
+        .filter(|s| s.contended_cpu_threads.is_none())
+        .map(|s| s as &dyn Predict)
+        .collect();
+    let iso_cpu: Vec<&dyn Predict> = samples
+        .cpu_step
+        .iter()
+        .filter(|s| !s.contended)
+        .map(|s| s as &dyn Predict)
+        .collect();
+    let gpu: Vec<&dyn Predict> = samples
+        .gpu_experts
+        .iter()
+        .map(|s| s as &dyn Predict)
+        .chain(samples.dense.iter().map(|s| s as &dyn Predict))
+        .collect();
+    let sync: Vec<&dyn Predict> = samples
+        .round_trip
+        .iter()
+        .map(|s| s as &dyn Predict)
+        .collect();
+    let contended: Vec<&dyn Predict> = samples
+        .gather
+        .iter()
+        .filter(|s| s.contended_cpu_threads.is_some())
+        .map(|s| s as &dyn Predict)
+        .chain(
+            samples
+                .cpu_step
+                .iter()
+                .filter(|s| s.contended)
+                .map(|s| s as &dyn Predict),
+        )
+        .collect();
+
+    let stages: [(&'static str, &[ParamId], Vec<&dyn Predict>); 5] = [
+        (
+            "gather",
+            &[
+                ParamId::GatherGbs,
+                ParamId::GatherLayerUs,
+                ParamId::GatherCopyUs,
+            ],
+            iso_gather,
+        ),
+        (
+            "cpu-step",
+            &[
+                ParamId::CpuGbs,
+                ParamId::CpuLayerUs,
+                ParamId::CpuExpertUs,
+                ParamId::CpuTokenGmacs,
+                ParamId::CpuThreadExponent,
+            ],
+            iso_cpu,
+        ),
+        (
+            "gpu",
+            &[
+                ParamId::GpuHbmGbs,
+                ParamId::GpuLaunchUs,
+                ParamId::DenseLayerUs,
+                ParamId::GpuTokenGmacs,
+            ],
+            gpu,
+        ),
+        ("round-trip", &[ParamId::SyncUs], sync),
+        (
+            "contention",
+            &[ParamId::DramGbs, ParamId::DmaDramWeight],
+            contended,
+        ),
+    ];
+    for (name, ids, s) in stages {
+        if let Some(o) = run_stage(name, &mut params, ids, s, config)? {
+            outcomes.push(o);
+        }
+    }
+
+    // Stage 6: per-strategy overheads from the calibration steps (exact least squares).
+    let calibration: Vec<&StepSample> = samples
+        .step
+        .iter()
+        .filter(|s| s.role == SampleRole::Calibration)
+        .collect();
+    for s in &samples.step {
+        if !(s.time_us.is_finite() && s.time_us > 0.0) || s.layers.is_empty() {
+            return Err(fit_error(
+                "step",
+                format!(
+                    "a {} sample has time {} us and {} layers",
+                    s.strategy,
+                    s.time_us,
+                    s.layers.len()
+                ),
+            ));
+        }
+    }
+    let mut step_ids = Vec::new();
+    let mut step_est = Vec::new();
+    let mut step_var = Vec::new();
+    for kind in StrategyKind::ALL {
+        let mine: Vec<&&StepSample> = calibration.iter().filter(|s| s.strategy == kind).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let mut base = params.clone();
+        base.overhead.set(kind, 0.0);
+        let (mut num, mut den) = (0.0, 0.0);
+        for s in &mine {
+            let l = s.layers.len() as f64;
+            num += (s.time_us - s.predict_us(&base)) * l;
+            den += l * l;
+        }
+        let o = num / den;
+        base.overhead.set(kind, o);
+        let n = mine.len();
+        let rss: f64 = mine
+            .iter()
+            .map(|s| (s.time_us - s.predict_us(&base)).powi(2))
+            .sum();
+        let se = if n > 1 {
+            (rss / (n - 1) as f64 / den).sqrt()
+        } else {
+            super::PRIOR_SE_OVERHEAD_US
+        };
+        params.overhead.set(kind, o);
+        step_ids.push(overhead_id(kind));
+        step_est.push((o, se, n.saturating_sub(1)));
+        step_var.push(se * se);
+    }
+    if calibration.len() >= 3 {
+        let rel: Vec<f64> = calibration
+            .iter()
+            .map(|s| (s.predict_us(&params) - s.time_us) / s.time_us)
+            .collect();
+        let dof = calibration.len() - step_ids.len().min(calibration.len() - 1);
+        params.run_noise_rel = (rel.iter().map(|x| x * x).sum::<f64>() / dof as f64).sqrt();
+    }
+    params.validate()?;
+
+    // Assemble.
+    let mut covariance = ParamCovariance::none();
+    let mut estimates = Vec::new();
+    let mut stages_out = Vec::new();
+    let mut dof = 0;
+    for o in outcomes {
+        covariance = covariance.overlay(&o.covariance);
+        estimates.extend(o.estimates);
+        dof += o.report.dof;
+        stages_out.push(o.report);
+    }
+    if !step_ids.is_empty() {
+        covariance = covariance.overlay(&ParamCovariance::diagonal(
+            step_ids.clone(),
+            &step_var.iter().map(|v: &f64| v.sqrt()).collect::<Vec<_>>(),
+        ));
+        let mut stage_dof = 0;
+        for (id, (o, se, d)) in step_ids.iter().zip(&step_est) {
+            let q = t_quantile(config.confidence, *d);
+            estimates.push(ParamEstimate {
+                param: *id,
+                value: *o,
+                se: *se,
+                interval: [o - q * se, o + q * se],
+                stage: Some("step".to_string()),
+            });
+            stage_dof += d;
+        }
+        dof += stage_dof;
+        stages_out.push(StageReport {
+            name: "step".to_string(),
+            fitted: step_ids.clone(),
+            held: Vec::new(),
+            samples: calibration.len(),
+            dof: stage_dof,
+            iterations: 1,
+            termination: "exact least squares".to_string(),
+            rms_rel: (calibration
+                .iter()
+                .map(|s| ((s.predict_us(&params) - s.time_us) / s.time_us).powi(2))
+                .sum::<f64>()
+                / calibration.len() as f64)
+                .sqrt(),
+        });
+    }
+    for id in ParamId::ALL {
+        if !estimates.iter().any(|e| e.param == id) {
+            let v = params.get(id);
+            estimates.push(ParamEstimate {
+                param: id,
+                value: v,
+                se: 0.0,
+                interval: [v, v],
+                stage: None,
+            });
+        }
+    }
+    estimates.sort_by_key(|e| ParamId::ALL.iter().position(|p| *p == e.param));
+
+    let mut residuals = Vec::new();
+    residuals_of("gather", &samples.gather, &params, &mut residuals);
+    residuals_of("cpu-step", &samples.cpu_step, &params, &mut residuals);
+    residuals_of("gpu-experts", &samples.gpu_experts, &params, &mut residuals);
+    residuals_of("dense", &samples.dense, &params, &mut residuals);
+    residuals_of("round-trip", &samples.round_trip, &params, &mut residuals);
+    let mut step_res = Vec::new();
+    residuals_of("step", &samples.step, &params, &mut step_res);
+    let (validation, calib): (Vec<Residual>, Vec<Residual>) = step_res
+        .into_iter()
+        .partition(|r| samples.step[r.index].role == SampleRole::Validation);
+    residuals.extend(calib);
+
+    Ok(FitReport {
+        params,
+        covariance,
+        estimates,
+        stages: stages_out,
+        residuals,
+        validation,
+        dof,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSpec;
+    use crate::preset::ModelSpec;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+    use rand_distr::{Distribution, Normal};
+
+    /// Relative noise of the synthetic samples (a median of repeated runs).
+    const NOISE: f64 = 0.01;
+
+    fn truth() -> PerfParams {
+        let mut p = PerfParams::from_host(&HostSpec::field_report()).unwrap();
+        p.gather_gbs = 24.0;
+        p.gather_layer_us = 9.0;
+        p.gather_copy_us = 3.0;
+        p.cpu_gbs = 47.0;
+        p.cpu_thread_exponent = 0.8;
+        p.cpu_layer_us = 14.0;
+        p.cpu_expert_us = 2.0;
+        p.cpu_token_gmacs = 1000.0;
+        p.dram_gbs = 55.0;
+        p.dma_dram_weight = 0.7;
+        p.gpu_hbm_gbs = 750.0;
+        p.gpu_launch_us = 5.0;
+        p.gpu_token_gmacs = 40_000.0;
+        p.dense_layer_us = 8.0;
+        p.sync_us = 15.0;
+        p.overhead.offload_us = 6.0;
+        p.overhead.hybrid_us = 11.0;
+        p
+    }
+
+    /// The prior the fit starts from: every fitted parameter off by 20 to 40%.
+    fn prior(t: &PerfParams) -> PerfParams {
+        let mut p = t.clone();
+        for (i, id) in ParamId::ALL.into_iter().enumerate() {
+            if id.positive() {
+                let k = if i % 2 == 0 { 1.3 } else { 0.75 };
+                p.set(
+                    id,
+                    (t.get(id) * k).min(if id == ParamId::CpuThreadExponent {
+                        1.0
+                    } else {
+                        f64::MAX
+                    }),
+                );
+            } else {
+                p.set(id, 0.0);
+            }
+        }
+        p
+    }
+
+    fn noisy(rng: &mut StdRng, t: f64) -> f64 {
+        t * (1.0 + Normal::new(0.0, NOISE).unwrap().sample(rng))
+    }
+
+    fn samples(t: &PerfParams, seed: u64) -> ProbeSamples {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let served = ExpertShape::of(&ModelSpec::preset("qwen3.8-flash-next").unwrap());
+        let bench = ExpertShape::of(&ModelSpec::preset("bench-nvfp4").unwrap());
+        let small = ExpertShape {
+            bytes: 1e6,
+            macs: 2e6,
+        };
+        let mut s = ProbeSamples::default();
+        for shape in [small, served, bench] {
+            for n in [1u32, 2, 4, 8, 12, 16, 20] {
+                let mut g = GatherSample {
+                    experts: n,
+                    expert_bytes: shape.bytes,
+                    contended_cpu_threads: None,
+                    time_us: 0.0,
+                };
+                g.time_us = noisy(&mut rng, g.predict_us(t));
+                s.gather.push(g);
+            }
+        }
+        for shape in [served, bench] {
+            for n in [4u32, 8, 16] {
+                for threads in [12u32, 24] {
+                    let mut g = GatherSample {
+                        experts: n,
+                        expert_bytes: shape.bytes,
+                        contended_cpu_threads: Some(threads),
+                        time_us: 0.0,
+                    };
+                    g.time_us = noisy(&mut rng, g.predict_us(t));
+                    s.gather.push(g);
+                    let mut c = CpuStepSample {
+                        experts: n,
+                        tokens_per_expert: 1,
+                        expert_bytes: shape.bytes,
+                        expert_macs: shape.macs,
+                        threads,
+                        contended: true,
+                        time_us: 0.0,
+                    };
+                    c.time_us = noisy(&mut rng, c.predict_us(t));
+                    s.cpu_step.push(c);
+                }
+            }
+            for n in [1u32, 2, 4, 8, 16] {
+                for tokens in [1u32, 2, 4] {
+                    for threads in [6u32, 12, 24] {
+                        let mut c = CpuStepSample {
+                            experts: n,
+                            tokens_per_expert: tokens,
+                            expert_bytes: shape.bytes,
+                            expert_macs: shape.macs,
+                            threads,
+                            contended: false,
+                            time_us: 0.0,
+                        };
+                        c.time_us = noisy(&mut rng, c.predict_us(t));
+                        s.cpu_step.push(c);
+                    }
+                }
+            }
+            for n in [1u32, 4, 16, 32] {
+                for tokens in [1u32, 4, 16] {
+                    let mut g = GpuExpertSample {
+                        experts: n,
+                        tokens_per_expert: tokens,
+                        expert_bytes: shape.bytes,
+                        expert_macs: shape.macs,
+                        time_us: 0.0,
+                    };
+                    g.time_us = noisy(&mut rng, g.predict_us(t));
+                    s.gpu_experts.push(g);
+                }
+            }
+        }
+        let dense = ModelSpec::preset("qwen3.8-flash-next").unwrap().dense();
+        for streams in [1u32, 2, 4] {
+            for context in [1u32, 4096, 32768, 131072] {
+                let mut d = DenseSample {
+                    streams,
+                    context,
+                    dense,
+                    time_us: 0.0,
+                };
+                d.time_us = noisy(&mut rng, d.predict_us(t));
+                s.dense.push(d);
+            }
+        }
+        for streams in [1u32, 2, 4, 8] {
+            for _ in 0..5 {
+                let mut r = RoundTripSample {
+                    streams,
+                    hidden: 2560,
+                    time_us: 0.0,
+                };
+                r.time_us = noisy(&mut rng, r.predict_us(t));
+                s.round_trip.push(r);
+            }
+        }
+        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        for (i, kind) in [StrategyKind::Offload, StrategyKind::Hybrid]
+            .into_iter()
+            .cycle()
+            .take(24)
+            .enumerate()
+        {
+            let shape = StepShape::new(&model, 2, 1200);
+            let layers = (0..48)
+                .map(|_| {
+                    let hits = rng.random_range(8..16) as f64;
+                    let misses = 20.0 - hits;
+                    let fetched = if kind == StrategyKind::Hybrid {
+                        (misses * 0.3).round()
+                    } else {
+                        misses
+                    };
+                    LayerCounts {
+                        hits,
+                        hit_tokens: hits,
+                        fetched,
+                        fetched_tokens: fetched,
+                        cpu: misses - fetched,
+                        cpu_tokens: misses - fetched,
+                    }
+                })
+                .collect();
+            let mut st = StepSample {
+                strategy: kind,
+                role: if i >= 16 {
+                    SampleRole::Validation
+                } else {
+                    SampleRole::Calibration
+                },
+                shape,
+                layers,
+                time_us: 0.0,
+            };
+            st.time_us = noisy(&mut rng, st.predict_us(t));
+            s.step.push(st);
+        }
+        s
+    }
+
+    #[test]
+    fn the_fit_recovers_known_parameters_within_their_standard_errors() {
+        let t = truth();
+        let s = samples(&t, 7);
+        let report = fit(&s, &prior(&t), &FitConfig::default()).unwrap();
+        let fitted: Vec<&ParamEstimate> = report
+            .estimates
+            .iter()
+            .filter(|e| e.stage.is_some())
+            .collect();
+        // Everything the design determines is fitted.
+        for id in ParamId::ALL {
+            if matches!(id, ParamId::OverheadResidentUs | ParamId::OverheadCpuUs) {
+                continue;
+            }
+            assert!(
+                fitted.iter().any(|e| e.param == id),
+                "{id} not fitted: {:?}",
+                report.stages
+            );
+        }
+        for e in &fitted {
+            let truth = t.get(e.param);
+            let z = (e.value - truth) / e.se;
+            assert!(e.se > 0.0, "{}: se {}", e.param, e.se);
+            assert!(
+                z.abs() < 4.0,
+                "{}: {} vs truth {} (se {}, z {z:.2})",
+                e.param,
+                e.value,
+                truth,
+                e.se
+            );
+            assert!(e.interval[0] < e.value && e.value < e.interval[1]);
+        }
+        // The residuals are the noise: rms close to 1%.
+        for st in &report.stages {
+            assert!(st.rms_rel < 2.5 * NOISE, "{}: rms {}", st.name, st.rms_rel);
+            assert!(st.iterations > 0);
+        }
+        assert!(
+            report.params.run_noise_rel > 0.3 * NOISE && report.params.run_noise_rel < 3.0 * NOISE
+        );
+        assert_eq!(report.validation.len(), 8);
+        assert!(report.validation.iter().all(|r| r.rel.abs() < 5.0 * NOISE));
+    }
+
+    /// The standard errors mean what they say: over repeated synthetic fits the spread of an
+    /// estimate matches its reported standard error.
+    #[test]
+    fn standard_errors_match_the_spread_over_repeated_fits() {
+        let t = truth();
+        let mut values = Vec::new();
+        let mut ses = Vec::new();
+        for seed in 0..12 {
+            let mut s = samples(&t, 100 + seed);
+            s.step.clear();
+            s.cpu_step.clear();
+            s.gpu_experts.clear();
+            s.dense.clear();
+            s.round_trip.clear();
+            s.gather.retain(|g| g.contended_cpu_threads.is_none());
+            let r = fit(&s, &prior(&t), &FitConfig::default()).unwrap();
+            let e = r.estimate(ParamId::GatherGbs).unwrap();
+            values.push(e.value);
+            ses.push(e.se);
+        }
+        let n = values.len() as f64;
+        let mean = values.iter().sum::<f64>() / n;
+        let sd = (values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt();
+        let se = ses.iter().sum::<f64>() / n;
+        assert!(
+            sd / se > 0.5 && sd / se < 2.0,
+            "spread {sd} against reported {se}"
+        );
+    }
+
+    /// The gather model is linear in (layer cost, copy cost, 1 / rate): the Nelder-Mead fit
+    /// against the exact weighted linear least squares of the same relative residuals.
+    #[test]
+    fn the_gather_fit_matches_exact_linear_least_squares() {
+        let t = truth();
+        let mut s = samples(&t, 3);
+        s.gather.retain(|g| g.contended_cpu_threads.is_none());
+        let only = ProbeSamples {
+            gather: s.gather.clone(),
+            ..ProbeSamples::default()
+        };
+        let r = fit(&only, &prior(&t), &FitConfig::default()).unwrap();
+        // Rows x = (1, n, n b) / y against 1.
+        let mut a = vec![vec![0.0; 3]; 3];
+        let mut rhs = [0.0; 3];
+        for g in &s.gather {
+            let n = g.experts as f64;
+            let x = [
+                1.0 / g.time_us,
+                n / g.time_us,
+                n * g.expert_bytes / g.time_us,
+            ];
+            for i in 0..3 {
+                for j in 0..3 {
+                    a[i][j] += x[i] * x[j];
+                }
+                rhs[i] += x[i];
+            }
+        }
+        let inv = spd_inverse(&a).unwrap();
+        let beta: Vec<f64> = (0..3)
+            .map(|i| (0..3).map(|j| inv[i][j] * rhs[j]).sum())
+            .collect();
+        let gbs = 1.0 / (beta[2] * 1e3);
+        let p = &r.params;
+        assert!(
+            (p.gather_layer_us - beta[0]).abs() < 1e-4 * beta[0].abs().max(1.0),
+            "{} {}",
+            p.gather_layer_us,
+            beta[0]
+        );
+        assert!(
+            (p.gather_copy_us - beta[1]).abs() < 1e-4 * beta[1].abs().max(1.0),
+            "{} {}",
+            p.gather_copy_us,
+            beta[1]
+        );
+        assert!(
+            (p.gather_gbs - gbs).abs() < 1e-5 * gbs,
+            "{} {gbs}",
+            p.gather_gbs
+        );
+    }
+
+    #[test]
+    fn validation_runs_are_never_fitted() {
+        let t = truth();
+        let s = samples(&t, 11);
+        let a = fit(&s, &prior(&t), &FitConfig::default()).unwrap();
+        let mut moved = s.clone();
+        for st in moved
+            .step
+            .iter_mut()
+            .filter(|st| st.role == SampleRole::Validation)
+        {
+            st.time_us *= 3.0;
+        }
+        let b = fit(&moved, &prior(&t), &FitConfig::default()).unwrap();
+        assert_eq!(a.params, b.params);
+        assert!(b.validation.iter().all(|r| r.rel < -0.5));
+    }
+
+    #[test]
+    fn undetermined_parameters_are_held_and_bad_samples_are_named() {
+        let t = truth();
+        let mut s = samples(&t, 5);
+        // Every CPU sample at the serving thread count: the exponent cannot be seen.
+        s.cpu_step.retain(|c| c.threads == 24);
+        let r = fit(&s, &prior(&t), &FitConfig::default()).unwrap();
+        let cpu = r.stages.iter().find(|st| st.name == "cpu-step").unwrap();
+        assert!(cpu.held.contains(&ParamId::CpuThreadExponent), "{cpu:?}");
+        assert!(r
+            .estimate(ParamId::CpuThreadExponent)
+            .unwrap()
+            .stage
+            .is_none());
+
+        let mut bad = samples(&t, 5);
+        bad.round_trip[0].time_us = -1.0;
+        let e = fit(&bad, &prior(&t), &FitConfig::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("round-trip"), "{e}");
+    }
+
+    #[test]
+    fn samples_round_trip_through_json() {
+        let s = samples(&truth(), 1);
+        let json = serde_json::to_string(&s).unwrap();
+        let back: ProbeSamples = serde_json::from_str(&json).unwrap();
+        // serde_json parses floats to within one ulp.
+        assert_eq!(back.gather.len(), s.gather.len());
+        assert_eq!(back.step.len(), s.step.len());
+        for (a, b) in back.cpu_step.iter().zip(&s.cpu_step) {
+            assert!((a.time_us - b.time_us).abs() <= 1e-12 * b.time_us);
+            assert_eq!(
+                (a.experts, a.threads, a.contended),
+                (b.experts, b.threads, b.contended)
+            );
+        }
+        for (a, b) in back.step.iter().zip(&s.step) {
+            assert_eq!(a.layers.len(), b.layers.len());
+            assert_eq!(a.layers[0], b.layers[0]);
+            assert!((a.time_us - b.time_us).abs() <= 1e-12 * b.time_us);
+        }
+        let e = serde_json::from_str::<ProbeSamples>(
+            r#"{"gather":[{"experts":1,"expert_bytes":1.0,"time_us":1.0,"oops":1}]}"#,
+        );
+        assert!(e.is_err());
+    }
+}

@@ -1,0 +1,1133 @@
+//! Prediction: decode tok/s of every strategy, with an interval, the bounding resource, the
+//! time split and hybrid's best fetch fraction.
+//!
+//! Method:
+//! 1. **Counts per layer-step.** Each strategy's hits, fetched and CPU experts come from the
+//!    shared cache policy and planner ([`crate::cache::build_cache`], [`plan_layer`]) driven
+//!    by the routing process, exactly as [`crate::traffic::strategy_traffic`] drives them
+//!    (same warm-up, same static-hot handling; a test checks the totals agree), but every
+//!    layer-step's counts are kept ([`TrafficSamples`]). Each strategy runs on its own cache
+//!    from the same routing (same seed), so hybrid's cache fills only with what it fetched.
+//! 2. **Time.** The closed-form layer time ([`PerfParams::layer_time`]) is evaluated on every
+//!    sampled layer-step and the step time is the mean over steps of the sum over layers.
+//!    This keeps the mean of the per-layer maxima (a layer with many misses is PCIe-bound
+//!    while one with few is not), which a time computed from mean counts would miss.
+//! 3. **Hybrid's fetch fraction.** The counts depend on `f`, so traffic is sampled on a grid
+//!    of [`FETCH_GRID`] points (the same routing each time, so samples align by step and
+//!    layer). Between grid points each sample's misses (and their tokens) are interpolated
+//!    linearly and split `f : 1 - f` continuously; argmin's Brent minimises that relaxed
+//!    step time on the bracket around the best grid point. The optimum is then re-sampled
+//!    with the planner's integer split, and the best of it and the grid points is kept. A
+//!    fixed `--fetch-fraction` skips the search.
+//! 4. **Interval.** The variance of the predicted step time is the sum of three parts: the
+//!    parameters' (`g^T C g`, with `g` the central-difference gradient of the step time over
+//!    the parameters on the same samples and `C` their covariance from the fit or the host
+//!    prior), the sampling's (standard error of the mean over the sampled steps), and the run
+//!    noise (`run_noise_rel * T`)^2. The interval is `T +- q sd` with `q` the two-sided
+//!    quantile of the t distribution on the fit's residual degrees of freedom (normal for a
+//!    host prior), turned into tok/s (`1e6 / T` per stream).
+//!
+//! **Fixed miss rate** ([`MissMode::FixedOffload`]): the offload miss rate is given instead
+//! of simulated. The cache size is calibrated (bisection on slots) until offload's simulated
+//! miss rate under the routing process matches it; every strategy, hybrid included, is then
+//! sampled on that cache. Hybrid's miss rate therefore follows from the same cache and
+//! routing that give offload the requested rate, through its own cache history.
+
+use argmin::core::{CostFunction, Executor, State};
+use argmin::solver::brent::BrentOpt;
+use serde::{Deserialize, Serialize};
+use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
+
+use super::legacy::{BenchBw, LegacyRatio, DEFAULT_THRESHOLD};
+use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
+use super::{ParamId, PerfModel, PerfParams};
+use crate::cache::{build_cache, CachePolicy, CacheSize};
+use crate::error::{ModelError, Result};
+use crate::plan::plan_layer;
+use crate::preset::ModelSpec;
+use crate::routing::{self, RoutingSource, StepRouting};
+use crate::strategy::{FetchFraction, Strategy, StrategyKind};
+use crate::traffic::measure_popularity;
+
+/// Fetch fractions at which hybrid's traffic is sampled before the continuous search.
+pub const FETCH_GRID: [f64; 21] = [
+    0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
+    0.85, 0.9, 0.95, 1.0,
+];
+
+/// Absolute tolerance of the fetch-fraction search (a hundredth of a percent of misses).
+pub const FETCH_TOLERANCE: f64 = 1e-4;
+
+/// Iterations allowed to the fetch-fraction search (Brent converges in a few dozen).
+pub const FETCH_MAX_ITERS: u64 = 100;
+
+/// Default confidence of the prediction intervals.
+pub const DEFAULT_CONFIDENCE: f64 = 0.95;
+
+/// Tolerance on the calibrated offload miss rate in fixed-miss-rate mode (absolute).
+pub const MISS_RATE_TOLERANCE: f64 = 0.005;
+
+/// How the miss rates are obtained.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum MissMode {
+    /// Simulate every strategy's cache under the routing process.
+    Simulated,
+    /// Offload's miss rate is given (0 to 1); the cache is calibrated to it (module docs).
+    FixedOffload {
+        /// Offload's expert-level miss rate.
+        miss_rate: f64,
+    },
+}
+
+/// What to predict.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PredictConfig {
+    /// Concurrent streams.
+    pub streams: usize,
+    /// Context length of each stream, in tokens.
+    pub context: usize,
+    /// GPU expert cache size; `None`: what the GPU's memory holds after the dense weights,
+    /// the KV cache and the reserve ([`default_cache_slots`]).
+    pub cache: Option<CacheSize>,
+    /// Cache replacement policy.
+    pub policy: CachePolicy,
+    /// Routing: a preset name, a process TOML file or a trace ([`routing::resolve`]).
+    pub routing: String,
+    /// Seed replacing the routing process's.
+    pub seed: Option<u64>,
+    /// Warm-up steps before counting.
+    pub warmup_steps: usize,
+    /// Counted steps.
+    pub steps: usize,
+    /// Simulated or fixed miss rates.
+    pub miss: MissMode,
+    /// Hybrid's fetch fraction: searched (`auto`) or fixed.
+    pub hybrid_fetch: FetchFraction,
+    /// Threshold of the legacy rule.
+    pub threshold: f64,
+    /// Confidence of the intervals (0 to 1).
+    pub confidence: f64,
+    /// A measured `ft bench bw` pair for the legacy rule; `None`: the host's bench numbers
+    /// where it has them, else what the model says the bench would measure.
+    pub bench: Option<BenchBw>,
+}
+
+impl Default for PredictConfig {
+    /// One stream at 1024 tokens of context, the cache the GPU holds, LRU, the `typical`
+    /// routing preset, 100 warm-up and 200 counted steps, simulated miss rates, auto fetch
+    /// fraction, threshold 2, 95% intervals.
+    fn default() -> Self {
+        PredictConfig {
+            streams: 1,
+            context: 1024,
+            cache: None,
+            policy: CachePolicy::Lru,
+            routing: "typical".to_string(),
+            seed: None,
+            warmup_steps: 100,
+            steps: 200,
+            miss: MissMode::Simulated,
+            hybrid_fetch: FetchFraction::Auto,
+            threshold: DEFAULT_THRESHOLD,
+            confidence: DEFAULT_CONFIDENCE,
+            bench: None,
+        }
+    }
+}
+
+impl PredictConfig {
+    /// Check the configuration; errors name the flag.
+    pub fn validate(&self) -> Result<()> {
+        if self.streams == 0 {
+            return Err(ModelError::invalid("--streams", "must be at least 1"));
+        }
+        if self.steps == 0 {
+            return Err(ModelError::invalid("--steps", "must be at least 1"));
+        }
+        if !(self.confidence > 0.0 && self.confidence < 1.0) {
+            return Err(ModelError::invalid(
+                "confidence",
+                format!("{} is outside (0, 1)", self.confidence),
+            ));
+        }
+        if !(self.threshold.is_finite() && self.threshold > 0.0) {
+            return Err(ModelError::invalid(
+                "--threshold",
+                format!("{} is not a positive number", self.threshold),
+            ));
+        }
+        if let MissMode::FixedOffload { miss_rate } = self.miss {
+            if !(0.0..=1.0).contains(&miss_rate) {
+                return Err(ModelError::invalid(
+                    "--miss-rate",
+                    format!("{miss_rate} is outside [0, 1]"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every layer-step's counts of one strategy's run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrafficSamples {
+    /// The fetch fraction planned with.
+    pub fetch_fraction: f64,
+    /// Slots of the cache.
+    pub cache_slots: usize,
+    /// MoE layers per step.
+    pub layers: usize,
+    /// Counts, step-major: `counts[step * layers + layer]`.
+    pub counts: Vec<LayerCounts>,
+}
+
+impl TrafficSamples {
+    /// Counted steps.
+    pub fn steps(&self) -> usize {
+        self.counts.len() / self.layers.max(1)
+    }
+
+    /// Counts summed over layers, averaged over steps (per step).
+    pub fn mean_per_step(&self) -> LayerCounts {
+        let mut s = LayerCounts::default();
+        for c in &self.counts {
+            s.hits += c.hits;
+            s.hit_tokens += c.hit_tokens;
+            s.fetched += c.fetched;
+            s.fetched_tokens += c.fetched_tokens;
+            s.cpu += c.cpu;
+            s.cpu_tokens += c.cpu_tokens;
+        }
+        let k = 1.0 / self.steps().max(1) as f64;
+        LayerCounts {
+            hits: s.hits * k,
+            hit_tokens: s.hit_tokens * k,
+            fetched: s.fetched * k,
+            fetched_tokens: s.fetched_tokens * k,
+            cpu: s.cpu * k,
+            cpu_tokens: s.cpu_tokens * k,
+        }
+    }
+
+    /// Expert-level miss rate: misses over distinct experts.
+    pub fn miss_rate(&self) -> f64 {
+        let m = self.mean_per_step();
+        if m.unique() == 0.0 {
+            0.0
+        } else {
+            m.misses() / m.unique()
+        }
+    }
+}
+
+/// One counting run: which strategy's cache, at which fetch fraction, for how long.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SampleRun<'a> {
+    /// Strategy whose cache is built ([`build_cache`]).
+    pub kind: StrategyKind,
+    /// Fetch fraction the planner splits misses with.
+    pub fetch_fraction: f64,
+    /// Cache policy.
+    pub policy: &'a CachePolicy,
+    /// Cache slots.
+    pub slots: usize,
+    /// Steps before counting.
+    pub warmup_steps: usize,
+    /// Counted steps.
+    pub steps: usize,
+    /// Concurrent streams.
+    pub streams: usize,
+}
+
+/// Run a strategy's cache and planner over `warmup_steps + steps` steps of `source` and keep
+/// every counted layer-step (the same procedure as [`crate::traffic::strategy_traffic`]).
+pub fn sample_traffic(
+    source: &mut dyn RoutingSource,
+    run: &SampleRun<'_>,
+) -> Result<TrafficSamples> {
+    let SampleRun {
+        kind,
+        fetch_fraction,
+        policy,
+        slots,
+        warmup_steps,
+        steps,
+        streams,
+    } = *run;
+    let geometry = *source.geometry();
+    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+        && kind != StrategyKind::Resident;
+    let (mut cache, warmup) = if needs_popularity {
+        let pop = measure_popularity(source, warmup_steps, streams)?;
+        (build_cache(kind, policy, &geometry, slots, Some(&pop))?, 0)
+    } else {
+        (
+            build_cache(kind, policy, &geometry, slots, None)?,
+            warmup_steps,
+        )
+    };
+    let mut step = StepRouting::default();
+    for _ in 0..warmup {
+        source.next_step_into(streams, &mut step)?;
+        for (l, routes) in step.layers.iter().enumerate() {
+            plan_layer(l, routes, &mut cache, fetch_fraction);
+        }
+    }
+    let layers = geometry.moe_layers;
+    let mut counts = Vec::with_capacity(steps * layers);
+    for _ in 0..steps {
+        source.next_step_into(streams, &mut step)?;
+        for (l, routes) in step.layers.iter().enumerate() {
+            let p = plan_layer(l, routes, &mut cache, fetch_fraction);
+            counts.push(LayerCounts::of_plan(&p));
+        }
+    }
+    Ok(TrafficSamples {
+        fetch_fraction,
+        cache_slots: cache.capacity(),
+        layers,
+        counts,
+    })
+}
+
+/// The expert slots a GPU holds for a model: its memory less the reserve, the dense weights
+/// of every layer and the KV cache of `streams` streams at `context` tokens, over the expert
+/// size; at least 1 and at most every routed expert.
+pub fn default_cache_slots(
+    model: &ModelSpec,
+    p: &PerfParams,
+    streams: usize,
+    context: usize,
+) -> usize {
+    let free =
+        p.gpu_memory_bytes - p.gpu_reserve_bytes - dense_and_kv_bytes(model, streams, context);
+    let slots = (free / model.expert_bytes() as f64).floor();
+    (slots.max(1.0) as u64).min(model.geometry.total_experts()) as usize
+}
+
+/// Bytes of every layer's dense weights and KV cache on the GPU.
+fn dense_and_kv_bytes(model: &ModelSpec, streams: usize, context: usize) -> f64 {
+    let d = model.dense();
+    let layers = model.geometry.moe_layers as f64;
+    layers
+        * (d.weight_bytes_per_layer as f64
+            + (streams * context) as f64 * d.kv_bytes_per_token as f64)
+}
+
+/// The step time of a strategy on samples, with its split.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct StepEval {
+    /// Mean step time, in us.
+    pub step_us: f64,
+    /// Standard error of that mean over the sampled steps, in us.
+    pub sampling_se_us: f64,
+    /// Mean critical-path split per step, in us (sums to `step_us`).
+    pub critical: TimeSplit,
+    /// Mean busy time per resource per step, in us.
+    pub busy: TimeSplit,
+    /// Mean time lost to DRAM contention per step, in us.
+    pub contention_us: f64,
+}
+
+/// Evaluate the step time of `kind` with parameters `p` on `samples`.
+pub fn evaluate(
+    p: &PerfParams,
+    kind: StrategyKind,
+    shape: &StepShape,
+    samples: &TrafficSamples,
+) -> StepEval {
+    let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
+    let layers = samples.layers.max(1);
+    let steps = samples.steps().max(1);
+    let mut totals = Vec::with_capacity(steps);
+    let mut critical = TimeSplit::default();
+    let mut busy = TimeSplit::default();
+    let mut contention = 0.0;
+    for chunk in samples.counts.chunks(layers) {
+        let mut t = 0.0;
+        for c in chunk {
+            let lt = p.layer_time_with_dense(kind, shape, c, dense);
+            t += lt.total_us;
+            critical = critical.plus(&lt.critical);
+            busy = busy.plus(&lt.busy);
+            contention += lt.contention_us;
+        }
+        totals.push(t);
+    }
+    let (mean, se) = mean_and_se(&totals);
+    let k = 1.0 / steps as f64;
+    StepEval {
+        step_us: mean,
+        sampling_se_us: se,
+        critical: critical.scaled(k),
+        busy: busy.scaled(k),
+        contention_us: contention * k,
+    }
+}
+
+fn mean_and_se(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() < 2 {
+        return (mean, 0.0);
+    }
+    let var = v.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1.0);
+    (mean, (var / n).sqrt())
+}
+
+/// Hybrid's step time at any `f`, from traffic sampled on a grid (module docs, step 3).
+struct RelaxedHybrid<'a> {
+    p: &'a PerfParams,
+    shape: &'a StepShape,
+    grid: &'a [TrafficSamples],
+}
+
+impl RelaxedHybrid<'_> {
+    fn step_us(&self, f: f64) -> f64 {
+        let f = f.clamp(0.0, 1.0);
+        let g = self.grid;
+        let i = g
+            .windows(2)
+            .position(|w| f <= w[1].fetch_fraction)
+            .unwrap_or(g.len() - 2);
+        let (a, b) = (&g[i], &g[i + 1]);
+        let span = b.fetch_fraction - a.fetch_fraction;
+        let alpha = if span > 0.0 {
+            (f - a.fetch_fraction) / span
+        } else {
+            0.0
+        };
+        let dense = self
+            .p
+            .dense_us(&self.shape.dense, self.shape.streams, self.shape.context);
+        let mut total = 0.0;
+        for (x, y) in a.counts.iter().zip(&b.counts) {
+            let unique = x.unique();
+            let tokens = x.hit_tokens + x.fetched_tokens + x.cpu_tokens;
+            let m = (1.0 - alpha) * x.misses() + alpha * y.misses();
+            let mt = (1.0 - alpha) * (x.fetched_tokens + x.cpu_tokens)
+                + alpha * (y.fetched_tokens + y.cpu_tokens);
+            let c = LayerCounts {
+                hits: unique - m,
+                hit_tokens: tokens - mt,
+                fetched: f * m,
+                fetched_tokens: f * mt,
+                cpu: (1.0 - f) * m,
+                cpu_tokens: (1.0 - f) * mt,
+            };
+            total += self
+                .p
+                .layer_time_with_dense(StrategyKind::Hybrid, self.shape, &c, dense)
+                .total_us;
+        }
+        total / a.steps().max(1) as f64
+    }
+}
+
+impl CostFunction for RelaxedHybrid<'_> {
+    type Param = f64;
+    type Output = f64;
+
+    fn cost(&self, f: &f64) -> std::result::Result<f64, argmin::core::Error> {
+        Ok(self.step_us(*f))
+    }
+}
+
+/// One point of hybrid's step time over the fetch fraction.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct FetchPoint {
+    /// Fetch fraction.
+    pub fetch_fraction: f64,
+    /// Predicted step time, in us.
+    pub step_us: f64,
+    /// Hybrid's expert-level miss rate at this fraction.
+    pub miss_rate: f64,
+}
+
+/// How hybrid's fetch fraction was chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FetchSearch {
+    /// The step time at each grid fraction (planner's integer split).
+    pub grid: Vec<FetchPoint>,
+    /// The bracket Brent searched (the best grid point's neighbours).
+    pub bracket: [f64; 2],
+    /// The relaxed optimum Brent found, before re-sampling.
+    pub relaxed_optimum: f64,
+    /// Brent's iterations.
+    pub iterations: u64,
+    /// Brent's termination reason.
+    pub termination: String,
+    /// The fraction chosen.
+    pub chosen: f64,
+    /// True when the fraction was given, not searched.
+    pub fixed: bool,
+}
+
+/// Standard deviation parts of a predicted step time, in us.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Uncertainty {
+    /// From the parameters' covariance.
+    pub params_us: f64,
+    /// From sampling the routing (standard error of the mean step).
+    pub sampling_us: f64,
+    /// From run-to-run noise of a measured run.
+    pub run_noise_us: f64,
+    /// All three combined (root sum of squares).
+    pub total_us: f64,
+    /// The parameters contributing most to `params_us` (their own variance only, largest
+    /// first, at most [`TOP_CONTRIBUTORS`]), as (parameter, standard deviation in us).
+    pub top_params: Vec<(ParamId, f64)>,
+}
+
+/// Parameters listed in [`Uncertainty::top_params`].
+pub const TOP_CONTRIBUTORS: usize = 3;
+
+/// The prediction for one strategy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StrategyPrediction {
+    /// The strategy (hybrid with its chosen fraction).
+    pub strategy: Strategy,
+    /// The strategy's kind.
+    pub kind: StrategyKind,
+    /// False when it cannot run (resident without the memory); it is still predicted.
+    pub feasible: bool,
+    /// Why it is not feasible.
+    pub note: Option<String>,
+    /// Hybrid's fetch fraction (1 offload and resident, 0 cpu).
+    pub fetch_fraction: f64,
+    /// Predicted step time, in us (each stream decodes one token per step).
+    pub step_us: f64,
+    /// Its interval, in us.
+    pub step_interval_us: [f64; 2],
+    /// Standard deviation parts.
+    pub uncertainty: Uncertainty,
+    /// Decode tok/s of each stream.
+    pub tok_s_per_stream: f64,
+    /// Its interval.
+    pub tok_s_per_stream_interval: [f64; 2],
+    /// Decode tok/s of all streams together.
+    pub tok_s_total: f64,
+    /// Its interval.
+    pub tok_s_total_interval: [f64; 2],
+    /// The resource holding the largest share of the critical path.
+    pub bound: Resource,
+    /// Critical-path split of a step (= of one token of each stream), in us.
+    pub critical: TimeSplit,
+    /// Busy time of each resource in a step, in us.
+    pub busy: TimeSplit,
+    /// Time lost to DRAM contention in a step, in us.
+    pub contention_us: f64,
+    /// Counts per step (summed over layers).
+    pub counts: LayerCounts,
+    /// Expert-level miss rate.
+    pub miss_rate: f64,
+    /// Bytes crossing the link per step.
+    pub link_bytes_per_step: f64,
+}
+
+/// Predictions for every strategy, and the legacy rule beside them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Prediction {
+    /// Model name.
+    pub model: String,
+    /// Bytes of one routed expert.
+    pub expert_bytes: u64,
+    /// MoE layers.
+    pub layers: usize,
+    /// Where the parameters came from.
+    pub source: String,
+    /// The configuration.
+    pub config: PredictConfig,
+    /// Cache slots used (given, derived from GPU memory, or calibrated).
+    pub cache_slots: usize,
+    /// Offload's simulated miss rate (equal to the requested one, within
+    /// [`MISS_RATE_TOLERANCE`], in fixed-miss-rate mode when reachable).
+    pub offload_miss_rate: f64,
+    /// One entry per strategy, in [`StrategyKind::ALL`] order.
+    pub strategies: Vec<StrategyPrediction>,
+    /// How hybrid's fraction was chosen.
+    pub fetch_search: FetchSearch,
+    /// The legacy rule.
+    pub legacy: LegacyRatio,
+    /// The legacy rule's fetch fraction evaluated by the model (hybrid at that fraction), for
+    /// comparison with the chosen one.
+    pub legacy_fraction_step_us: Option<f64>,
+}
+
+impl Prediction {
+    /// The prediction of one strategy.
+    pub fn get(&self, kind: StrategyKind) -> &StrategyPrediction {
+        self.strategies
+            .iter()
+            .find(|s| s.kind == kind)
+            .expect("every strategy is predicted")
+    }
+}
+
+/// The two-sided quantile of the intervals.
+fn quantile(confidence: f64, dof: Option<usize>) -> f64 {
+    let p = 0.5 + confidence / 2.0;
+    match dof {
+        Some(d) if d >= 1 => StudentsT::new(0.0, 1.0, d as f64)
+            .map(|t| t.inverse_cdf(p))
+            .unwrap_or(1.96),
+        _ => Normal::new(0.0, 1.0)
+            .map(|n| n.inverse_cdf(p))
+            .unwrap_or(1.96),
+    }
+}
+
+/// Gradient of the step time over the covariance's parameters (central differences on the
+/// same samples), in us per unit of each parameter.
+fn gradient(
+    model: &PerfModel,
+    kind: StrategyKind,
+    shape: &StepShape,
+    samples: &TrafficSamples,
+) -> Vec<f64> {
+    model
+        .covariance
+        .params
+        .iter()
+        .map(|&id| {
+            let v = model.params.get(id);
+            let h = if v.abs() > 1e-9 { 1e-4 * v.abs() } else { 1e-4 };
+            let (lo, hi) = if id.positive() && v - h < 0.0 {
+                (v, v + h)
+            } else {
+                (v - h, v + h)
+            };
+            let at = |x: f64| {
+                let mut p = model.params.clone();
+                p.set(id, x);
+                evaluate(&p, kind, shape, samples).step_us
+            };
+            (at(hi) - at(lo)) / (hi - lo)
+        })
+        .collect()
+}
+
+/// Open the routing for a run (a fresh source each time: same seed, same routing).
+fn open_routing(model: &ModelSpec, config: &PredictConfig) -> Result<Box<dyn RoutingSource>> {
+    routing::resolve(&config.routing, &model.geometry, config.seed)
+}
+
+fn sample(
+    model: &ModelSpec,
+    config: &PredictConfig,
+    kind: StrategyKind,
+    f: f64,
+    slots: usize,
+) -> Result<TrafficSamples> {
+    let mut src = open_routing(model, config)?;
+    sample_traffic(
+        src.as_mut(),
+        &SampleRun {
+            kind,
+            fetch_fraction: f,
+            policy: &config.policy,
+            slots,
+            warmup_steps: config.warmup_steps,
+            steps: config.steps,
+            streams: config.streams,
+        },
+    )
+}
+
+/// Slots at which offload's simulated miss rate is `target` (bisection; the miss rate falls
+/// as slots grow). Returns the slots and the miss rate reached.
+pub fn calibrate_cache_slots(
+    model: &ModelSpec,
+    config: &PredictConfig,
+    target: f64,
+) -> Result<(usize, f64)> {
+    let total = model.geometry.total_experts() as usize;
+    let rate = |slots: usize| -> Result<f64> {
+        Ok(sample(model, config, StrategyKind::Offload, 1.0, slots)?.miss_rate())
+    };
+    let (mut lo, mut hi) = (1usize, total);
+    let (mut r_lo, mut r_hi) = (rate(lo)?, rate(hi)?);
+    if target >= r_lo {
+        return Ok((lo, r_lo));
+    }
+    if target <= r_hi {
+        return Ok((hi, r_hi));
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let r = rate(mid)?;
+        if (r - target).abs() <= MISS_RATE_TOLERANCE / 4.0 {
+            return Ok((mid, r));
+        }
+        if r > target {
+            lo = mid;
+            r_lo = r;
+        } else {
+            hi = mid;
+            r_hi = r;
+        }
+    }
+    Ok(if (r_lo - target).abs() <= (r_hi - target).abs() {
+        (lo, r_lo)
+    } else {
+        (hi, r_hi)
+    })
+}
+
+/// Predict every strategy for `model` with `perf` under `config`.
+pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> Result<Prediction> {
+    config.validate()?;
+    model.validate()?;
+    perf.params.validate()?;
+    let p = &perf.params;
+    let shape = StepShape::new(model, config.streams, config.context);
+    let total = model.geometry.total_experts();
+    let slots = match config.miss {
+        MissMode::FixedOffload { miss_rate } => calibrate_cache_slots(model, config, miss_rate)?.0,
+        MissMode::Simulated => match config.cache {
+            Some(size) => size.slots(model.expert_bytes(), total)?,
+            None => default_cache_slots(model, p, config.streams, config.context),
+        },
+    };
+
+    // Hybrid's grid doubles as offload (f = 1) and cpu (f = 0): the same cold cache and
+    // planner, so the same counts.
+    let grid: Vec<TrafficSamples> = FETCH_GRID
+        .iter()
+        .map(|&f| sample(model, config, StrategyKind::Hybrid, f, slots))
+        .collect::<Result<_>>()?;
+    let offload = sample(model, config, StrategyKind::Offload, 1.0, slots)?;
+    let cpu = sample(model, config, StrategyKind::Cpu, 0.0, slots)?;
+    let resident = sample(model, config, StrategyKind::Resident, 1.0, slots)?;
+
+    let (hybrid, search) = match config.hybrid_fetch {
+        FetchFraction::Fixed(f) => {
+            let s = sample(model, config, StrategyKind::Hybrid, f, slots)?;
+            let t = evaluate(p, StrategyKind::Hybrid, &shape, &s).step_us;
+            let search = FetchSearch {
+                grid: vec![FetchPoint {
+                    fetch_fraction: f,
+                    step_us: t,
+                    miss_rate: s.miss_rate(),
+                }],
+                bracket: [f, f],
+                relaxed_optimum: f,
+                iterations: 0,
+                termination: "fixed by the caller".to_string(),
+                chosen: f,
+                fixed: true,
+            };
+            (s, search)
+        }
+        FetchFraction::Auto => search_fetch(model, config, p, &shape, &grid, slots)?,
+    };
+
+    let legacy = legacy_for(p, config);
+    let legacy_fraction_step_us = match legacy.fetch_fraction {
+        Some(f) => {
+            let s = sample(model, config, StrategyKind::Hybrid, f, slots)?;
+            Some(evaluate(p, StrategyKind::Hybrid, &shape, &s).step_us)
+        }
+        None => None,
+    };
+
+    let q = quantile(config.confidence, perf.dof);
+    let resident_bytes = total as f64 * model.expert_bytes() as f64
+        + dense_and_kv_bytes(model, config.streams, config.context);
+    let resident_room = p.gpu_memory_bytes - p.gpu_reserve_bytes;
+    let mut strategies = Vec::new();
+    for kind in StrategyKind::ALL {
+        let (samples, strategy, f) = match kind {
+            StrategyKind::Offload => (&offload, Strategy::Offload, 1.0),
+            StrategyKind::Hybrid => (
+                &hybrid,
+                Strategy::Hybrid {
+                    fetch: FetchFraction::Fixed(search.chosen),
+                },
+                search.chosen,
+            ),
+            StrategyKind::Resident => (&resident, Strategy::Resident, 1.0),
+            StrategyKind::Cpu => (&cpu, Strategy::Cpu, 0.0),
+        };
+        let ev = evaluate(p, kind, &shape, samples);
+        let g = gradient(perf, kind, &shape, samples);
+        let params_var = perf.covariance.quadratic_form(&g).max(0.0);
+        let mut top_params: Vec<(ParamId, f64)> = perf
+            .covariance
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                (
+                    id,
+                    (g[i] * g[i] * perf.covariance.matrix[i][i]).max(0.0).sqrt(),
+                )
+            })
+            .filter(|(_, sd)| *sd > 0.0)
+            .collect();
+        top_params.sort_by(|a, b| b.1.total_cmp(&a.1));
+        top_params.truncate(TOP_CONTRIBUTORS);
+        let noise = p.run_noise_rel * ev.step_us;
+        let sd = (params_var + ev.sampling_se_us.powi(2) + noise * noise).sqrt();
+        let lo = (ev.step_us - q * sd).max(ev.step_us * 1e-3);
+        let hi = ev.step_us + q * sd;
+        let b = shape.streams;
+        let (feasible, note) = if kind == StrategyKind::Resident && resident_bytes > resident_room {
+            (
+                false,
+                Some(format!(
+                    "needs {:.1} GiB of GPU memory for all experts, dense weights and KV; {:.1} GiB are free of the reserve",
+                    resident_bytes / crate::host::GIB,
+                    resident_room / crate::host::GIB
+                )),
+            )
+        } else {
+            (true, None)
+        };
+        let counts = samples.mean_per_step();
+        strategies.push(StrategyPrediction {
+            strategy,
+            kind,
+            feasible,
+            note,
+            fetch_fraction: f,
+            step_us: ev.step_us,
+            step_interval_us: [lo, hi],
+            uncertainty: Uncertainty {
+                params_us: params_var.sqrt(),
+                sampling_us: ev.sampling_se_us,
+                run_noise_us: noise,
+                total_us: sd,
+                top_params,
+            },
+            tok_s_per_stream: 1e6 / ev.step_us,
+            tok_s_per_stream_interval: [1e6 / hi, 1e6 / lo],
+            tok_s_total: b * 1e6 / ev.step_us,
+            tok_s_total_interval: [b * 1e6 / hi, b * 1e6 / lo],
+            bound: ev.critical.bound(),
+            critical: ev.critical,
+            busy: ev.busy,
+            contention_us: ev.contention_us,
+            counts,
+            miss_rate: samples.miss_rate(),
+            link_bytes_per_step: counts.fetched * shape.expert.bytes,
+        });
+    }
+    Ok(Prediction {
+        model: model.name.clone(),
+        expert_bytes: model.expert_bytes(),
+        layers: model.geometry.moe_layers,
+        source: perf.source.clone(),
+        config: config.clone(),
+        cache_slots: slots,
+        offload_miss_rate: offload.miss_rate(),
+        strategies,
+        fetch_search: search,
+        legacy,
+        legacy_fraction_step_us,
+    })
+}
+
+/// The legacy rule for this prediction: the configured bench measurement, else the model's
+/// bench at the tuning geometry ([`BenchBw::modelled`]; its standalone pair equals a host
+/// spec's bench numbers by construction of [`PerfParams::from_host`]). A measurement without
+/// the contended pair takes the model's.
+fn legacy_for(p: &PerfParams, config: &PredictConfig) -> LegacyRatio {
+    let modelled = BenchBw::modelled(p);
+    let bench = match config.bench {
+        Some(b) if b.cpu_moe_overlap_gbs.is_some() && b.pcie_gather_overlap_gbs.is_some() => b,
+        Some(b) => BenchBw {
+            cpu_moe_overlap_gbs: modelled.cpu_moe_overlap_gbs,
+            pcie_gather_overlap_gbs: modelled.pcie_gather_overlap_gbs,
+            ..b
+        },
+        None => modelled,
+    };
+    LegacyRatio::from_bench(&bench, config.threshold)
+}
+
+fn search_fetch(
+    model: &ModelSpec,
+    config: &PredictConfig,
+    p: &PerfParams,
+    shape: &StepShape,
+    grid: &[TrafficSamples],
+    slots: usize,
+) -> Result<(TrafficSamples, FetchSearch)> {
+    let points: Vec<FetchPoint> = grid
+        .iter()
+        .map(|s| FetchPoint {
+            fetch_fraction: s.fetch_fraction,
+            step_us: evaluate(p, StrategyKind::Hybrid, shape, s).step_us,
+            miss_rate: s.miss_rate(),
+        })
+        .collect();
+    let best = points
+        .iter()
+        .enumerate()
+        .min_by(|a, b| a.1.step_us.total_cmp(&b.1.step_us))
+        .map(|(i, _)| i)
+        .unwrap_or(0);
+    let lo = points[best.saturating_sub(1)].fetch_fraction;
+    let hi = points[(best + 1).min(points.len() - 1)].fetch_fraction;
+    let relaxed = RelaxedHybrid { p, shape, grid };
+    let solver = BrentOpt::new(lo, hi).set_tolerance(1e-8, FETCH_TOLERANCE);
+    let res = Executor::new(relaxed, solver)
+        .configure(|s| s.param((lo + hi) / 2.0).max_iters(FETCH_MAX_ITERS))
+        .run()
+        .map_err(|e| ModelError::invalid("fetch fraction search", e.to_string()))?;
+    let state = res.state();
+    let relaxed_optimum = state
+        .get_best_param()
+        .copied()
+        .unwrap_or(points[best].fetch_fraction);
+    let iterations = state.get_iter();
+    let termination = state.get_termination_status().to_string();
+    let at_opt = sample(model, config, StrategyKind::Hybrid, relaxed_optimum, slots)?;
+    let t_opt = evaluate(p, StrategyKind::Hybrid, shape, &at_opt).step_us;
+    let (chosen, samples) = if t_opt < points[best].step_us {
+        (relaxed_optimum, at_opt)
+    } else {
+        (points[best].fetch_fraction, grid[best].clone())
+    };
+    Ok((
+        samples,
+        FetchSearch {
+            grid: points,
+            bracket: [lo, hi],
+            relaxed_optimum,
+            iterations,
+            termination,
+            chosen,
+            fixed: false,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSpec;
+    use crate::perf::decide::decide;
+
+    fn quick(streams: usize) -> PredictConfig {
+        PredictConfig {
+            streams,
+            warmup_steps: 40,
+            steps: 60,
+            ..PredictConfig::default()
+        }
+    }
+
+    fn field() -> (ModelSpec, PerfModel) {
+        (
+            ModelSpec::preset("qwen3.8-flash-next").unwrap(),
+            PerfModel::from_host(&HostSpec::field_report()).unwrap(),
+        )
+    }
+
+    /// A host with room for every expert of the model: a GPU of 141 GiB.
+    fn big_gpu() -> HostSpec {
+        let mut h = HostSpec::field_report();
+        h.gpu.memory_gib = 141.0;
+        h.gpu.hbm_gbs = 4800.0;
+        h
+    }
+
+    #[test]
+    fn the_chosen_fraction_is_no_worse_than_any_grid_point() {
+        let (m, perf) = field();
+        let p = predict(&m, &perf, &quick(2)).unwrap();
+        let hy = p.get(StrategyKind::Hybrid);
+        let best_grid = p
+            .fetch_search
+            .grid
+            .iter()
+            .map(|g| g.step_us)
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            hy.step_us <= best_grid + 1e-9,
+            "{} > {best_grid}",
+            hy.step_us
+        );
+        assert_eq!(p.fetch_search.grid.len(), FETCH_GRID.len());
+        let [lo, hi] = p.fetch_search.bracket;
+        assert!(lo <= p.fetch_search.relaxed_optimum && p.fetch_search.relaxed_optimum <= hi);
+        // The grid's ends are offload's and cpu's planner: the same counts.
+        let f1 = p.fetch_search.grid.last().unwrap();
+        assert!((f1.step_us - p.get(StrategyKind::Offload).step_us).abs() < 1e-6 * f1.step_us);
+        assert!((f1.miss_rate - p.offload_miss_rate).abs() < 1e-12);
+    }
+
+    #[test]
+    fn intervals_bracket_the_prediction_and_tok_s_follow_the_step() {
+        let (m, perf) = field();
+        let p = predict(&m, &perf, &quick(2)).unwrap();
+        for s in &p.strategies {
+            assert!(
+                s.step_interval_us[0] < s.step_us && s.step_us < s.step_interval_us[1],
+                "{}",
+                s.kind
+            );
+            assert!(
+                s.tok_s_per_stream_interval[0] < s.tok_s_per_stream
+                    && s.tok_s_per_stream < s.tok_s_per_stream_interval[1]
+            );
+            assert!((s.tok_s_total - 2.0 * s.tok_s_per_stream).abs() < 1e-9);
+            assert!(
+                (s.critical.total() - s.step_us).abs() < 1e-6 * s.step_us,
+                "{}",
+                s.kind
+            );
+            let u = &s.uncertainty;
+            let rss = (u.params_us.powi(2) + u.sampling_us.powi(2) + u.run_noise_us.powi(2)).sqrt();
+            assert!((u.total_us - rss).abs() < 1e-9 * rss);
+        }
+        // No uncertainty, no noise: the interval is the sampling's alone.
+        let exact = PerfModel {
+            covariance: crate::perf::ParamCovariance::none(),
+            params: PerfParams {
+                run_noise_rel: 0.0,
+                ..perf.params.clone()
+            },
+            ..perf
+        };
+        let q = predict(&m, &exact, &quick(2)).unwrap();
+        let off = q.get(StrategyKind::Offload);
+        assert_eq!(off.uncertainty.params_us, 0.0);
+        assert!((off.uncertainty.total_us - off.uncertainty.sampling_us).abs() < 1e-12);
+    }
+
+    #[test]
+    fn long_context_brings_the_strategies_together() {
+        let (m, perf) = field();
+        let ratio = |context: usize| {
+            let p = predict(
+                &m,
+                &perf,
+                &PredictConfig {
+                    context,
+                    ..quick(1)
+                },
+            )
+            .unwrap();
+            let d =
+                p.get(StrategyKind::Hybrid).critical.dense_us / p.get(StrategyKind::Hybrid).step_us;
+            (
+                p.get(StrategyKind::Hybrid).tok_s_per_stream
+                    / p.get(StrategyKind::Offload).tok_s_per_stream,
+                d,
+            )
+        };
+        let (short, d_short) = ratio(1024);
+        let (long, d_long) = ratio(2_000_000);
+        assert!(d_long > d_short);
+        assert!(
+            (long - 1.0).abs() < (short - 1.0).abs(),
+            "{short} -> {long}"
+        );
+    }
+
+    #[test]
+    fn a_cache_holding_everything_is_a_near_tie_of_offload_and_resident() {
+        // Few experts, so that the warm-up touches every one and offload stops missing.
+        let mut m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        m.geometry.experts = 32;
+        m.geometry.top_k = 4;
+        m.geometry.moe_layers = 8;
+        let perf = PerfModel::from_host(&big_gpu()).unwrap();
+        let slots = default_cache_slots(&m, &perf.params, 1, 1024);
+        assert_eq!(slots as u64, m.geometry.total_experts());
+        let p = predict(&m, &perf, &quick(1)).unwrap();
+        assert!(p.get(StrategyKind::Resident).feasible);
+        assert!(p.offload_miss_rate < 0.01, "{}", p.offload_miss_rate);
+        let d = decide(&p);
+        assert!(d.near_tie, "{}", d.log_line);
+        assert!(matches!(
+            d.kind,
+            StrategyKind::Resident | StrategyKind::Offload | StrategyKind::Hybrid
+        ));
+        assert!(d.log_line.contains("near tie"));
+    }
+
+    #[test]
+    fn default_cache_slots_follow_the_gpu_memory() {
+        let (m, perf) = field();
+        let p = &perf.params;
+        let slots = default_cache_slots(&m, p, 2, 4096);
+        let d = m.dense();
+        let layers = m.geometry.moe_layers as f64;
+        let free = p.gpu_memory_bytes
+            - p.gpu_reserve_bytes
+            - layers
+                * (d.weight_bytes_per_layer as f64 + 2.0 * 4096.0 * d.kv_bytes_per_token as f64);
+        assert_eq!(slots, (free / m.expert_bytes() as f64).floor() as usize);
+        // More context, fewer slots.
+        assert!(default_cache_slots(&m, p, 2, 1_000_000) < slots);
+    }
+
+    #[test]
+    fn a_fixed_fraction_is_used_as_given_and_bad_configs_are_named() {
+        let (m, perf) = field();
+        let c = PredictConfig {
+            hybrid_fetch: FetchFraction::Fixed(0.5),
+            ..quick(1)
+        };
+        let p = predict(&m, &perf, &c).unwrap();
+        assert_eq!(p.get(StrategyKind::Hybrid).fetch_fraction, 0.5);
+        assert!(p.fetch_search.fixed);
+        for (bad, flag) in [
+            (
+                PredictConfig {
+                    streams: 0,
+                    ..quick(1)
+                },
+                "--streams",
+            ),
+            (
+                PredictConfig {
+                    threshold: -1.0,
+                    ..quick(1)
+                },
+                "--threshold",
+            ),
+            (
+                PredictConfig {
+                    miss: MissMode::FixedOffload { miss_rate: 1.5 },
+                    ..quick(1)
+                },
+                "--miss-rate",
+            ),
+            (
+                PredictConfig {
+                    routing: "nonesuch".into(),
+                    ..quick(1)
+                },
+                "nonesuch",
+            ),
+        ] {
+            let e = predict(&m, &perf, &bad).unwrap_err().to_string();
+            assert!(e.contains(flag), "{e}");
+        }
+    }
+
+    #[test]
+    fn more_streams_share_experts_sublinearly() {
+        let (m, perf) = field();
+        let one = predict(&m, &perf, &quick(1)).unwrap();
+        let four = predict(&m, &perf, &quick(4)).unwrap();
+        let (o1, o4) = (
+            one.get(StrategyKind::Offload),
+            four.get(StrategyKind::Offload),
+        );
+        // Total throughput grows, per stream falls.
+        assert!(o4.tok_s_total > o1.tok_s_total && o4.tok_s_per_stream < o1.tok_s_per_stream);
+        let unique = |s: &StrategyPrediction| s.counts.unique();
+        assert!(unique(o4) <= 4.0 * unique(o1) + 1e-9);
+    }
+}

@@ -1,0 +1,463 @@
+//! The per-layer critical path of a decode step, for every strategy.
+//!
+//! One MoE layer of a decode step, as the runtime executes it (the dependency graph whose
+//! longest path this module computes in closed form):
+//!
+//! 1. **dense** on the GPU: attention, router, shared experts. Routing is known only after
+//!    it, so nothing of the layer's experts starts before it ends.
+//! 2. Then three things start at once:
+//!    - the **gather** of the misses chosen to cross the link (copy engine);
+//!    - the **hits** on the GPU (SMs), overlapping the gather (the runtime overlaps a
+//!      layer's hit compute with its miss copies);
+//!    - the **CPU** path of hybrid and cpu: activations to the host, the CPU expert step,
+//!      the partial output back (`cpu + sync`), contending with the gather for DRAM.
+//! 3. The **fetched** experts are computed on the GPU once the whole gather has landed and
+//!    the hits are done (one launch over them).
+//! 4. Where the CPU computed experts, the GPU **combines** the CPU's partial output once both
+//!    the GPU side and the CPU path are done.
+//!
+//! So a layer takes `dense + max(max(gather, hits) + fetched, cpu + sync) + combine` (the
+//! terms that do not exist in a strategy are zero), plus the strategy's calibrated overhead:
+//! offload is `dense + max(gather, hits) + fetched`, resident `dense + hits`, cpu
+//! `dense + max(hits, cpu + sync) + combine`. This is exact for the graph above and never
+//! longer than the brief's `dense + max(gather, hits, cpu + sync) + fetched + combine` (the
+//! fetched experts may run while the CPU is still busy). Layers run one after another: a
+//! decode step is the sum of its layers.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use super::cost::ExpertShape;
+use super::PerfParams;
+use crate::plan::LayerPlan;
+use crate::preset::{DenseSpec, ModelSpec};
+use crate::strategy::StrategyKind;
+
+/// What one MoE layer of one step does, as counts (means allowed).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerCounts {
+    /// Experts resident in the GPU cache.
+    pub hits: f64,
+    /// (token, expert) pairs served by the hits.
+    pub hit_tokens: f64,
+    /// Misses crossing the link (into cache slots or staging) and computed on the GPU.
+    pub fetched: f64,
+    /// (token, expert) pairs served by the fetched experts.
+    pub fetched_tokens: f64,
+    /// Misses computed on the CPU.
+    pub cpu: f64,
+    /// (token, expert) pairs served by the CPU experts.
+    pub cpu_tokens: f64,
+}
+
+impl LayerCounts {
+    /// The counts of a planned layer.
+    pub fn of_plan(plan: &LayerPlan) -> Self {
+        let (th, tl, tc) = plan.token_counts();
+        LayerCounts {
+            hits: plan.hits.len() as f64,
+            hit_tokens: th as f64,
+            fetched: plan.link_experts() as f64,
+            fetched_tokens: tl as f64,
+            cpu: plan.cpu.len() as f64,
+            cpu_tokens: tc as f64,
+        }
+    }
+
+    /// Experts not resident.
+    pub fn misses(&self) -> f64 {
+        self.fetched + self.cpu
+    }
+
+    /// Distinct experts of the layer.
+    pub fn unique(&self) -> f64 {
+        self.hits + self.misses()
+    }
+}
+
+/// The step-wide inputs of the cost terms: the model's shapes, the streams and the context.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StepShape {
+    /// One routed expert.
+    pub expert: ExpertShape,
+    /// Model width (activation elements per stream), in elements.
+    pub hidden: f64,
+    /// The dense part of each layer.
+    pub dense: DenseSpec,
+    /// Concurrent streams (tokens per step).
+    pub streams: f64,
+    /// Context length of each stream, in tokens.
+    pub context: f64,
+}
+
+impl StepShape {
+    /// The shape of a model's step at `streams` streams and `context` tokens of context.
+    pub fn new(model: &ModelSpec, streams: usize, context: usize) -> Self {
+        StepShape {
+            expert: ExpertShape::of(model),
+            hidden: model.geometry.hidden as f64,
+            dense: model.dense(),
+            streams: streams as f64,
+            context: context as f64,
+        }
+    }
+}
+
+/// A resource on the critical path of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Resource {
+    /// The host-to-GPU link (gathers).
+    Pcie,
+    /// The CPU expert pool.
+    Cpu,
+    /// GPU expert compute (hits, fetched, combine).
+    Gpu,
+    /// The hybrid round trip between GPU and CPU.
+    Sync,
+    /// The dense part of the layers (attention, router, shared experts) on the GPU.
+    Dense,
+    /// Calibrated per-layer overhead the micro-probes do not see.
+    Other,
+}
+
+impl Resource {
+    /// All resources, in report order.
+    pub const ALL: [Resource; 6] = [
+        Resource::Pcie,
+        Resource::Cpu,
+        Resource::Gpu,
+        Resource::Sync,
+        Resource::Dense,
+        Resource::Other,
+    ];
+
+    /// Name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Resource::Pcie => "pcie",
+            Resource::Cpu => "cpu",
+            Resource::Gpu => "gpu",
+            Resource::Sync => "sync",
+            Resource::Dense => "dense",
+            Resource::Other => "other",
+        }
+    }
+}
+
+impl fmt::Display for Resource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Time per resource, in us.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeSplit {
+    /// Link (gather), in us.
+    pub pcie_us: f64,
+    /// CPU expert pool, in us.
+    pub cpu_us: f64,
+    /// GPU expert compute, in us.
+    pub gpu_us: f64,
+    /// Hybrid round trips, in us.
+    pub sync_us: f64,
+    /// Dense part, in us.
+    pub dense_us: f64,
+    /// Calibrated overhead, in us.
+    pub other_us: f64,
+}
+
+impl TimeSplit {
+    /// The time of one resource, in us.
+    pub fn get(&self, r: Resource) -> f64 {
+        match r {
+            Resource::Pcie => self.pcie_us,
+            Resource::Cpu => self.cpu_us,
+            Resource::Gpu => self.gpu_us,
+            Resource::Sync => self.sync_us,
+            Resource::Dense => self.dense_us,
+            Resource::Other => self.other_us,
+        }
+    }
+
+    fn slot(&mut self, r: Resource) -> &mut f64 {
+        match r {
+            Resource::Pcie => &mut self.pcie_us,
+            Resource::Cpu => &mut self.cpu_us,
+            Resource::Gpu => &mut self.gpu_us,
+            Resource::Sync => &mut self.sync_us,
+            Resource::Dense => &mut self.dense_us,
+            Resource::Other => &mut self.other_us,
+        }
+    }
+
+    /// Add `us` to one resource.
+    pub fn add_to(&mut self, r: Resource, us: f64) {
+        *self.slot(r) += us;
+    }
+
+    /// Sum over resources, in us.
+    pub fn total(&self) -> f64 {
+        Resource::ALL.iter().map(|r| self.get(*r)).sum()
+    }
+
+    /// Element-wise sum.
+    pub fn plus(&self, o: &TimeSplit) -> TimeSplit {
+        let mut s = *self;
+        for r in Resource::ALL {
+            s.add_to(r, o.get(r));
+        }
+        s
+    }
+
+    /// Every element times `k`.
+    pub fn scaled(&self, k: f64) -> TimeSplit {
+        let mut s = TimeSplit::default();
+        for r in Resource::ALL {
+            s.add_to(r, self.get(r) * k);
+        }
+        s
+    }
+
+    /// The resource holding the most time (the first in report order on a tie).
+    pub fn bound(&self) -> Resource {
+        let mut best = Resource::Pcie;
+        for r in Resource::ALL {
+            if self.get(r) > self.get(best) {
+                best = r;
+            }
+        }
+        best
+    }
+}
+
+/// The time of one layer and where it goes.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct LayerTime {
+    /// The layer's duration, in us.
+    pub total_us: f64,
+    /// The duration attributed to the resources on the critical path; sums to `total_us`.
+    pub critical: TimeSplit,
+    /// How long each resource is busy during the layer (overlapping), in us.
+    pub busy: TimeSplit,
+    /// Time the gather and the CPU lost to DRAM contention, in us (summed over both).
+    pub contention_us: f64,
+}
+
+impl PerfParams {
+    /// The duration of one layer of strategy `kind` doing `counts`, in us (see the module
+    /// docs for the critical path). `kind` selects the calibrated overhead; the counts say
+    /// which paths exist.
+    pub fn layer_time(
+        &self,
+        kind: StrategyKind,
+        shape: &StepShape,
+        counts: &LayerCounts,
+    ) -> LayerTime {
+        let dense = self.dense_us(&shape.dense, shape.streams, shape.context);
+        self.layer_time_with_dense(kind, shape, counts, dense)
+    }
+
+    /// [`PerfParams::layer_time`] with the dense time given (it is the same for every layer
+    /// of a step, so callers evaluating many layers compute it once).
+    pub fn layer_time_with_dense(
+        &self,
+        kind: StrategyKind,
+        shape: &StepShape,
+        c: &LayerCounts,
+        dense: f64,
+    ) -> LayerTime {
+        let s = shape.expert;
+        let threads = self.cpu_threads as f64;
+        let hits = self.gpu_experts_us(c.hits, c.hit_tokens, s);
+        let fetched = self.gpu_experts_us(c.fetched, c.fetched_tokens, s);
+        let has_cpu = c.cpu > 0.0;
+        let (gather, cpu, contention) = if has_cpu && c.fetched > 0.0 {
+            let o = self.overlapped(c.fetched, c.cpu, c.cpu_tokens, s, threads);
+            (o.gather_us, o.cpu_us, o.gather_lost_us + o.cpu_lost_us)
+        } else {
+            (
+                self.gather_us(c.fetched, s.bytes),
+                self.cpu_step_us(c.cpu, c.cpu_tokens, s, threads),
+                0.0,
+            )
+        };
+        let (sync, combine) = if has_cpu {
+            (
+                self.sync_round_trip_us(shape.streams, shape.hidden),
+                self.combine_us(),
+            )
+        } else {
+            (0.0, 0.0)
+        };
+        let overhead = self.overhead.get(kind);
+        let gpu_side = gather.max(hits) + fetched;
+        let cpu_side = if has_cpu { cpu + sync } else { 0.0 };
+
+        let mut critical = TimeSplit {
+            dense_us: dense,
+            other_us: overhead,
+            ..TimeSplit::default()
+        };
+        if cpu_side > gpu_side {
+            critical.cpu_us += cpu;
+            critical.sync_us += sync;
+        } else {
+            if gather >= hits && c.fetched > 0.0 {
+                critical.pcie_us += gather;
+            } else {
+                critical.gpu_us += hits;
+            }
+            critical.gpu_us += fetched;
+        }
+        critical.gpu_us += combine;
+        let busy = TimeSplit {
+            pcie_us: gather,
+            cpu_us: cpu,
+            gpu_us: hits + fetched + combine,
+            sync_us: sync,
+            dense_us: dense,
+            other_us: overhead,
+        };
+        LayerTime {
+            total_us: dense + gpu_side.max(cpu_side) + combine + overhead,
+            critical,
+            busy,
+            contention_us: contention,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSpec;
+
+    fn setup() -> (PerfParams, StepShape) {
+        let p = PerfParams::from_host(&HostSpec::field_report()).unwrap();
+        let m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        (p, StepShape::new(&m, 2, 1200))
+    }
+
+    /// The closed form against a slow reference: a list scheduler over the layer's task
+    /// graph (each task starts when all its predecessors have ended).
+    #[test]
+    fn the_closed_form_is_the_longest_path_of_the_task_graph() {
+        let (p, shape) = setup();
+        let s = shape.expert;
+        let t = p.cpu_threads as f64;
+        for (hits, fetched, cpu) in [
+            (12.0, 8.0, 0.0),
+            (0.0, 20.0, 0.0),
+            (20.0, 0.0, 0.0),
+            (12.0, 2.0, 6.0),
+            (5.0, 0.0, 15.0),
+            (19.0, 0.0, 1.0),
+            (2.0, 12.0, 1.0),
+        ] {
+            let c = LayerCounts {
+                hits,
+                hit_tokens: hits,
+                fetched,
+                fetched_tokens: fetched * 1.1,
+                cpu,
+                cpu_tokens: cpu,
+            };
+            let got = p.layer_time(StrategyKind::Hybrid, &shape, &c);
+            // Task durations.
+            let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
+            let (gather, cpu_t) = if cpu > 0.0 && fetched > 0.0 {
+                let o = p.overlapped(fetched, cpu, cpu, s, t);
+                (o.gather_us, o.cpu_us)
+            } else {
+                (p.gather_us(fetched, s.bytes), p.cpu_step_us(cpu, cpu, s, t))
+            };
+            let sync = if cpu > 0.0 {
+                p.sync_round_trip_us(2.0, shape.hidden)
+            } else {
+                0.0
+            };
+            let combine = if cpu > 0.0 { p.combine_us() } else { 0.0 };
+            // (name, duration, predecessors)
+            let tasks: Vec<(&str, f64, Vec<usize>)> = vec![
+                ("dense", dense, vec![]),
+                ("gather", gather, vec![0]),
+                ("hits", p.gpu_experts_us(hits, hits, s), vec![0]),
+                (
+                    "fetched",
+                    p.gpu_experts_us(fetched, fetched * 1.1, s),
+                    vec![1, 2],
+                ),
+                ("cpu", cpu_t, vec![0]),
+                ("sync", sync, vec![4]),
+                ("combine", combine, vec![3, 5]),
+            ];
+            let mut end = vec![0.0f64; tasks.len()];
+            for (i, (_, d, pred)) in tasks.iter().enumerate() {
+                let start = pred.iter().map(|&j| end[j]).fold(0.0, f64::max);
+                end[i] = start + d;
+            }
+            let reference = end.iter().copied().fold(0.0, f64::max);
+            assert!(
+                (got.total_us - reference).abs() < 1e-9,
+                "{hits},{fetched},{cpu}: {} vs {reference}",
+                got.total_us
+            );
+            assert!((got.critical.total() - got.total_us).abs() < 1e-9);
+            // Never longer than the brief's sequential form.
+            let brief = dense
+                + gather
+                    .max(p.gpu_experts_us(hits, hits, s))
+                    .max(cpu_t + sync)
+                + p.gpu_experts_us(fetched, fetched * 1.1, s)
+                + combine;
+            assert!(got.total_us <= brief + 1e-9);
+        }
+    }
+
+    #[test]
+    fn offload_with_many_misses_is_pcie_bound_and_resident_is_gpu_bound() {
+        let (p, shape) = setup();
+        let off = LayerCounts {
+            hits: 12.0,
+            hit_tokens: 12.0,
+            fetched: 8.0,
+            fetched_tokens: 8.0,
+            ..Default::default()
+        };
+        let t = p.layer_time(StrategyKind::Offload, &shape, &off);
+        assert!(t.critical.pcie_us > t.critical.gpu_us);
+        assert_eq!(t.critical.cpu_us, 0.0);
+        let res = LayerCounts {
+            hits: 20.0,
+            hit_tokens: 20.0,
+            ..Default::default()
+        };
+        let t = p.layer_time(StrategyKind::Resident, &shape, &res);
+        assert_eq!(t.critical.pcie_us, 0.0);
+        assert!(t.critical.gpu_us > 0.0);
+    }
+
+    #[test]
+    fn the_overhead_of_the_strategy_is_added() {
+        let (mut p, shape) = setup();
+        let c = LayerCounts {
+            hits: 10.0,
+            hit_tokens: 10.0,
+            ..Default::default()
+        };
+        let before = p.layer_time(StrategyKind::Offload, &shape, &c).total_us;
+        p.overhead.offload_us = 7.0;
+        assert!(
+            (p.layer_time(StrategyKind::Offload, &shape, &c).total_us - before - 7.0).abs() < 1e-12
+        );
+        assert_eq!(
+            p.layer_time(StrategyKind::Hybrid, &shape, &c).total_us,
+            before
+        );
+    }
+}

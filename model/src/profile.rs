@@ -1,0 +1,633 @@
+//! The host profile: fitted parameters cached as JSON, keyed so that a stale one is never
+//! silently reused.
+//!
+//! Probing takes minutes; a profile lets `ft predict`, `ft explain` and `ft serve` reuse a
+//! fit. It is only valid for the machine, model and program it was measured with, so it
+//! carries a [`ProfileKey`]: the host fingerprint (GPU name and driver, CPU model, hardware
+//! threads, NUMA nodes), the model's geometry and expert format, and the program version.
+//! [`load`] compares the stored key with the current one part by part and answers
+//! [`Lookup::Stale`] naming every part that differs (the caller re-probes); a file that does
+//! not parse as a profile is [`Lookup::Corrupt`] (reported, then replaced by the next
+//! [`store`], never trusted).
+//!
+//! Where: `$FT_CACHE_DIR/profiles/` when `FT_CACHE_DIR` is set, else
+//! `dirs::cache_dir()/ft/profiles/`; one file per model geometry and format
+//! (`<model>-<format>-<hash>.json`), so a second machine or version overwrites it rather
+//! than accumulating. Writes are atomic: a temporary file in the same directory, flushed to
+//! disk, then renamed over the target, so a reader sees the old profile or the new one,
+//! never half of one.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{ModelError, Result};
+use crate::format::ExpertFormat;
+use crate::geometry::MoeGeometry;
+use crate::host::HostSpec;
+use crate::perf::fit::{FitReport, ProbeSamples};
+use crate::perf::legacy::BenchBw;
+use crate::perf::{ParamCovariance, PerfModel, PerfParams};
+use crate::preset::ModelSpec;
+
+/// Version of the profile document's layout; a different one is stale.
+pub const PROFILE_SCHEMA: u32 = 1;
+
+/// Environment variable overriding the cache directory.
+pub const CACHE_DIR_ENV: &str = "FT_CACHE_DIR";
+
+/// The program version written into keys.
+pub fn program_version() -> String {
+    env!("CARGO_PKG_VERSION").to_string()
+}
+
+/// What identifies the machine a profile was measured on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostFingerprint {
+    /// GPU name as the driver reports it.
+    pub gpu_name: String,
+    /// GPU driver version.
+    pub gpu_driver: String,
+    /// CPU model name.
+    pub cpu_model: String,
+    /// Hardware threads.
+    pub threads: u32,
+    /// NUMA nodes.
+    pub numa_nodes: u32,
+}
+
+impl HostFingerprint {
+    /// The fingerprint a host spec describes (for simulated hosts; the driver is
+    /// `"simulated"`). The runtime builds the real one from the devices it finds.
+    pub fn of_spec(host: &HostSpec) -> Self {
+        HostFingerprint {
+            gpu_name: host.gpu.name.clone(),
+            gpu_driver: "simulated".to_string(),
+            cpu_model: host.cpu.name.clone(),
+            threads: host.cpu.threads,
+            numa_nodes: host.cpu.numa_nodes,
+        }
+    }
+}
+
+/// The model part of a key: what the probes' byte counts and shapes depend on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelKey {
+    /// Model name (for the file name; not compared).
+    pub name: String,
+    /// Expert format.
+    pub format: ExpertFormat,
+    /// Routed-expert geometry.
+    pub geometry: MoeGeometry,
+}
+
+impl ModelKey {
+    /// The key part of a model.
+    pub fn of(model: &ModelSpec) -> Self {
+        ModelKey {
+            name: model.name.clone(),
+            format: model.format,
+            geometry: model.geometry,
+        }
+    }
+}
+
+/// The full key of a profile.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileKey {
+    /// The machine.
+    pub host: HostFingerprint,
+    /// The model.
+    pub model: ModelKey,
+    /// The program version that fitted it.
+    pub program_version: String,
+    /// The document layout.
+    pub schema: u32,
+}
+
+impl ProfileKey {
+    /// A key for this program.
+    pub fn new(host: HostFingerprint, model: &ModelSpec) -> Self {
+        ProfileKey {
+            host,
+            model: ModelKey::of(model),
+            program_version: program_version(),
+            schema: PROFILE_SCHEMA,
+        }
+    }
+
+    /// The parts of `self` (stored) that differ from `current`.
+    pub fn mismatches(&self, current: &ProfileKey) -> Vec<Mismatch> {
+        let mut out = Vec::new();
+        let mut check = |part: KeyPart, a: String, b: String| {
+            if a != b {
+                out.push(Mismatch {
+                    part,
+                    stored: a,
+                    current: b,
+                });
+            }
+        };
+        let (s, c) = (&self.host, &current.host);
+        check(KeyPart::GpuName, s.gpu_name.clone(), c.gpu_name.clone());
+        check(
+            KeyPart::GpuDriver,
+            s.gpu_driver.clone(),
+            c.gpu_driver.clone(),
+        );
+        check(KeyPart::CpuModel, s.cpu_model.clone(), c.cpu_model.clone());
+        check(
+            KeyPart::Threads,
+            s.threads.to_string(),
+            c.threads.to_string(),
+        );
+        check(
+            KeyPart::NumaNodes,
+            s.numa_nodes.to_string(),
+            c.numa_nodes.to_string(),
+        );
+        check(
+            KeyPart::ModelGeometry,
+            format!("{:?}", self.model.geometry),
+            format!("{:?}", current.model.geometry),
+        );
+        check(
+            KeyPart::ModelFormat,
+            self.model.format.to_string(),
+            current.model.format.to_string(),
+        );
+        check(
+            KeyPart::ProgramVersion,
+            self.program_version.clone(),
+            current.program_version.clone(),
+        );
+        check(
+            KeyPart::Schema,
+            self.schema.to_string(),
+            current.schema.to_string(),
+        );
+        out
+    }
+
+    /// The file name of the profile of this key's model: `<model>-<format>-<hash>.json`,
+    /// the hash (FNV-1a, 64 bits) over the geometry and format only.
+    pub fn file_name(&self) -> String {
+        let clean: String = self
+            .model
+            .name
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let ident = format!("{:?}/{}", self.model.geometry, self.model.format);
+        format!(
+            "{clean}-{}-{:016x}.json",
+            self.model.format,
+            fnv1a(ident.as_bytes())
+        )
+    }
+}
+
+/// FNV-1a over bytes (stable across runs and platforms, unlike `std`'s hasher).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    bytes
+        .iter()
+        .fold(OFFSET, |h, b| (h ^ *b as u64).wrapping_mul(PRIME))
+}
+
+/// A part of a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyPart {
+    /// GPU name.
+    GpuName,
+    /// GPU driver version.
+    GpuDriver,
+    /// CPU model.
+    CpuModel,
+    /// Hardware threads.
+    Threads,
+    /// NUMA nodes.
+    NumaNodes,
+    /// The model's routed-expert geometry.
+    ModelGeometry,
+    /// The expert format.
+    ModelFormat,
+    /// The program version.
+    ProgramVersion,
+    /// The document layout.
+    Schema,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyPart::GpuName => "GPU name",
+            KeyPart::GpuDriver => "GPU driver",
+            KeyPart::CpuModel => "CPU model",
+            KeyPart::Threads => "hardware threads",
+            KeyPart::NumaNodes => "NUMA nodes",
+            KeyPart::ModelGeometry => "model geometry",
+            KeyPart::ModelFormat => "expert format",
+            KeyPart::ProgramVersion => "program version",
+            KeyPart::Schema => "profile schema",
+        })
+    }
+}
+
+/// One differing key part.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mismatch {
+    /// Which part.
+    pub part: KeyPart,
+    /// Its stored value.
+    pub stored: String,
+    /// Its current value.
+    pub current: String,
+}
+
+impl fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: stored '{}', now '{}'",
+            self.part, self.stored, self.current
+        )
+    }
+}
+
+/// A fitted host profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// What it is valid for.
+    pub key: ProfileKey,
+    /// When it was written, in seconds since the Unix epoch.
+    pub created_unix_s: u64,
+    /// The fitted parameters.
+    pub params: PerfParams,
+    /// Their covariance (the fit's, over the host prior's for what was not fitted).
+    pub covariance: ParamCovariance,
+    /// Residual degrees of freedom of the fit.
+    pub dof: Option<usize>,
+    /// The fit's report (estimates, stages, residuals, validation).
+    pub fit: Option<FitReport>,
+    /// The raw probe samples the fit used.
+    pub samples: ProbeSamples,
+    /// The `ft bench bw` measurements (the legacy rule's inputs).
+    pub bench_bw: Option<BenchBw>,
+}
+
+impl Profile {
+    /// The model prediction uses.
+    pub fn perf_model(&self, source: &str) -> PerfModel {
+        PerfModel {
+            params: self.params.clone(),
+            covariance: self.covariance.clone(),
+            dof: self.dof,
+            source: source.to_string(),
+        }
+    }
+
+    /// Read a profile file directly (`--profile FILE`): errors name the file.
+    pub fn read(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let p: Profile = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        p.params.validate().map_err(|e| ModelError::Json {
+            path: path.display().to_string(),
+            message: format!("not a valid profile: {e}"),
+        })?;
+        Ok(p)
+    }
+}
+
+/// The outcome of looking a profile up.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A profile for this key.
+    Fresh(Box<Profile>),
+    /// A profile whose key differs; re-probe.
+    Stale {
+        /// Where it is.
+        path: PathBuf,
+        /// What differs.
+        mismatches: Vec<Mismatch>,
+    },
+    /// None stored.
+    Missing {
+        /// Where it would be.
+        path: PathBuf,
+    },
+    /// A file that is not a valid profile: reported, replaced by the next store, never used.
+    Corrupt {
+        /// Where it is.
+        path: PathBuf,
+        /// Why it was refused.
+        reason: String,
+    },
+}
+
+/// The profile directory: `$FT_CACHE_DIR/profiles`, else `dirs::cache_dir()/ft/profiles`.
+pub fn profile_dir() -> Result<PathBuf> {
+    if let Some(dir) = std::env::var_os(CACHE_DIR_ENV) {
+        if !dir.is_empty() {
+            return Ok(PathBuf::from(dir).join("profiles"));
+        }
+    }
+    dirs::cache_dir()
+        .map(|d| d.join("ft").join("profiles"))
+        .ok_or_else(|| {
+            ModelError::invalid(
+                "cache directory",
+                format!("this system has no user cache directory; set {CACHE_DIR_ENV}"),
+            )
+        })
+}
+
+/// Look up the profile for `key` in `dir`.
+pub fn load(dir: &Path, key: &ProfileKey) -> Result<Lookup> {
+    let path = dir.join(key.file_name());
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Missing { path }),
+        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+            return Ok(Lookup::Corrupt {
+                path,
+                reason: format!("not UTF-8 text: {e}"),
+            })
+        }
+        Err(source) => {
+            return Err(ModelError::Io {
+                path: path.display().to_string(),
+                source,
+            })
+        }
+    };
+    let profile: Profile = match serde_json::from_str(&text) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!(path = %path.display(), error = %e, "corrupt profile; it will be replaced");
+            return Ok(Lookup::Corrupt {
+                path,
+                reason: e.to_string(),
+            });
+        }
+    };
+    if let Err(e) = profile.params.validate() {
+        return Ok(Lookup::Corrupt {
+            path,
+            reason: format!("invalid parameters: {e}"),
+        });
+    }
+    let mismatches = profile.key.mismatches(key);
+    if mismatches.is_empty() {
+        Ok(Lookup::Fresh(Box::new(profile)))
+    } else {
+        Ok(Lookup::Stale { path, mismatches })
+    }
+}
+
+/// Distinguishes temporary files of concurrent writers within one process.
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Write `profile` into `dir` atomically (a temporary file in `dir`, synced, renamed over
+/// the target); returns the path. Replaces whatever was there (a stale or corrupt file).
+pub fn store(dir: &Path, profile: &Profile) -> Result<PathBuf> {
+    let io = |path: &Path, source: std::io::Error| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let path = dir.join(profile.key.file_name());
+    let body = serde_json::to_vec_pretty(profile).map_err(|e| ModelError::Json {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let tmp = dir.join(format!(
+        ".{}.{}.{}.tmp",
+        profile.key.file_name(),
+        std::process::id(),
+        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&body)?;
+        f.sync_all()?;
+        Ok(())
+    };
+    if let Err(e) = write() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&tmp, e));
+    }
+    if let Err(e) = std::fs::rename(&tmp, &path) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(&path, e));
+    }
+    Ok(path)
+}
+
+/// Seconds since the Unix epoch now (0 if the clock is before it).
+pub fn now_unix_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::perf::PerfModel;
+
+    fn profile(model: &ModelSpec) -> Profile {
+        let host = HostSpec::field_report();
+        let perf = PerfModel::from_host(&host).unwrap();
+        Profile {
+            key: ProfileKey::new(HostFingerprint::of_spec(&host), model),
+            created_unix_s: now_unix_s(),
+            params: perf.params,
+            covariance: perf.covariance,
+            dof: None,
+            fit: None,
+            samples: ProbeSamples::default(),
+            bench_bw: Some(BenchBw {
+                expert_bytes: 7_974_912,
+                experts: 8,
+                cpu_moe_gbs: 46.12,
+                pcie_gather_gbs: 24.25,
+                cpu_moe_overlap_gbs: None,
+                pcie_gather_overlap_gbs: None,
+            }),
+        }
+    }
+
+    fn model() -> ModelSpec {
+        ModelSpec::preset("qwen3.8-flash-next").unwrap()
+    }
+
+    #[test]
+    fn a_stored_profile_is_found_fresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profile(&model());
+        let path = store(dir.path(), &p).unwrap();
+        assert!(path
+            .file_name()
+            .unwrap()
+            .to_str()
+            .unwrap()
+            .starts_with("qwen3.8-flash-next-nvfp4-"));
+        match load(dir.path(), &p.key).unwrap() {
+            Lookup::Fresh(back) => {
+                assert_eq!(back.key, p.key);
+                assert_eq!(back.bench_bw, p.bench_bw);
+                assert!((back.params.cpu_gbs - p.params.cpu_gbs).abs() < 1e-12 * p.params.cpu_gbs);
+            }
+            other => panic!("expected fresh, got {other:?}"),
+        }
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "{names:?}");
+    }
+
+    #[test]
+    fn a_different_key_is_stale_and_says_which_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profile(&model());
+        store(dir.path(), &p).unwrap();
+        let mut key = p.key.clone();
+        key.host.gpu_driver = "560.35".to_string();
+        key.program_version = "9.9.9".to_string();
+        match load(dir.path(), &key).unwrap() {
+            Lookup::Stale { mismatches, .. } => {
+                let parts: Vec<KeyPart> = mismatches.iter().map(|m| m.part).collect();
+                assert_eq!(parts, vec![KeyPart::GpuDriver, KeyPart::ProgramVersion]);
+                assert!(mismatches[0].to_string().contains("560.35"));
+            }
+            other => panic!("expected stale, got {other:?}"),
+        }
+        // Another format of the same model is another file: missing, not stale.
+        let other = ProfileKey::new(
+            p.key.host.clone(),
+            &model().with_format(ExpertFormat::Mxfp4),
+        );
+        assert!(matches!(
+            load(dir.path(), &other).unwrap(),
+            Lookup::Missing { .. }
+        ));
+    }
+
+    #[test]
+    fn a_corrupt_file_is_reported_and_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profile(&model());
+        let path = dir.path().join(p.key.file_name());
+        std::fs::write(&path, b"{\"key\": {\"host\": ").unwrap();
+        match load(dir.path(), &p.key).unwrap() {
+            Lookup::Corrupt { reason, path: at } => {
+                assert_eq!(at, path);
+                assert!(!reason.is_empty());
+            }
+            other => panic!("expected corrupt, got {other:?}"),
+        }
+        // Valid JSON with invalid parameters is corrupt too.
+        let mut bad = serde_json::to_value(&p).unwrap();
+        bad["params"]["gather_gbs"] = serde_json::json!(-3.0);
+        std::fs::write(&path, serde_json::to_vec(&bad).unwrap()).unwrap();
+        assert!(matches!(
+            load(dir.path(), &p.key).unwrap(),
+            Lookup::Corrupt { .. }
+        ));
+        store(dir.path(), &p).unwrap();
+        assert!(matches!(
+            load(dir.path(), &p.key).unwrap(),
+            Lookup::Fresh(_)
+        ));
+        let e = Profile::read(&dir.path().join("none.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("none.json"), "{e}");
+    }
+
+    /// Atomicity: concurrent writers and a reader that polls throughout never see a partial
+    /// file (every read is a whole profile of one of the writers).
+    #[test]
+    fn concurrent_writes_are_atomic() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = profile(&model());
+        store(dir.path(), &base).unwrap();
+        let writers: Vec<_> = (0..4)
+            .map(|w| {
+                let dir = dir.path().to_path_buf();
+                let mut p = base.clone();
+                // Writers differ in size, so a torn file would not parse.
+                p.samples.round_trip = (0..(50 * (w + 1)))
+                    .map(|i| crate::perf::fit::RoundTripSample {
+                        streams: 1,
+                        hidden: 2560,
+                        time_us: 10.0 + i as f64,
+                    })
+                    .collect();
+                std::thread::spawn(move || {
+                    for _ in 0..20 {
+                        store(&dir, &p).unwrap();
+                    }
+                })
+            })
+            .collect();
+        let mut reads = 0;
+        while writers.iter().any(|w| !w.is_finished()) {
+            match load(dir.path(), &base.key).unwrap() {
+                Lookup::Fresh(p) => {
+                    let n = p.samples.round_trip.len();
+                    assert!(n == 0 || n % 50 == 0, "torn read: {n} samples");
+                    reads += 1;
+                }
+                other => panic!("a reader saw {other:?}"),
+            }
+        }
+        for w in writers {
+            w.join().unwrap();
+        }
+        assert!(reads > 0);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1, "temporary files left: {names:?}");
+    }
+
+    #[test]
+    fn the_directory_honours_the_environment() {
+        // Only this test touches the variable.
+        std::env::set_var(CACHE_DIR_ENV, "/tmp/ft-test-cache");
+        assert_eq!(
+            profile_dir().unwrap(),
+            PathBuf::from("/tmp/ft-test-cache/profiles")
+        );
+        std::env::remove_var(CACHE_DIR_ENV);
+        if let Some(c) = dirs::cache_dir() {
+            assert_eq!(profile_dir().unwrap(), c.join("ft").join("profiles"));
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! `ft predict`: the analytic model's decode tok/s for every strategy on a host, with
+//! intervals, the bounding resource, the time per token split by resource, the choice and
+//! its margin, and the legacy ratio's verdict beside it.
+//!
+//! Defaults answer the field report: its host (`rtx4090-2x-xeon4310`) and model
+//! (`qwen3.8-flash-next`). Parameters come from a host spec (a preset or a TOML file,
+//! through the one mapping `PerfParams::from_host`) or from a fitted profile (`--profile`).
+
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::PathBuf;
+
+use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::perf::legacy::BenchBw;
+use ft_model::perf::predict::{MissMode, PredictConfig};
+use ft_model::perf::{decide, predict, Decision, PerfModel, PerfParams, Prediction, Resource};
+use ft_model::profile::Profile;
+use ft_model::{FetchFraction, ModelSpec};
+
+/// The model of the field report, the default `--model`.
+pub const DEFAULT_MODEL: &str = "qwen3.8-flash-next";
+
+/// Arguments shared by `ft predict` and `ft explain`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model: a preset name or a model TOML file.
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    pub model: String,
+    /// Host: a preset (see `ft simulate --help`), a host TOML file or a profile JSON.
+    #[arg(long, default_value = ft_sim::hosts::DEFAULT_HOST, conflicts_with = "profile")]
+    pub host: String,
+    /// A fitted profile (JSON, as `ft probe` writes it) instead of a host spec.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Concurrent streams.
+    #[arg(long, default_value_t = 1)]
+    pub streams: usize,
+    /// Context length of each stream, in tokens.
+    #[arg(long, default_value_t = 1024)]
+    pub context: usize,
+    /// Expert cache slots (default: what the GPU holds after dense weights, KV and reserve).
+    #[arg(long, conflicts_with_all = ["cache_gb", "miss_rate"])]
+    pub cache_slots: Option<usize>,
+    /// Expert cache size in GiB.
+    #[arg(long, conflicts_with = "miss_rate")]
+    pub cache_gb: Option<f64>,
+    /// Offload's miss rate (0 to 1) instead of the GPU's cache: the cache is sized so that
+    /// offload misses this rate; the other strategies' rates follow from that cache.
+    #[arg(long)]
+    pub miss_rate: Option<f64>,
+    /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
+    #[arg(long, default_value = "typical")]
+    pub routing: String,
+    /// Cache policy: lru, lfu or static-hot.
+    #[arg(long, default_value = "lru")]
+    pub policy: String,
+    /// Hybrid's fetch fraction: auto (the model's optimum) or a number in [0, 1].
+    #[arg(long, default_value = "auto")]
+    pub fetch_fraction: String,
+    /// Threshold of the legacy ratio rule.
+    #[arg(long, default_value_t = ft_model::perf::legacy::DEFAULT_THRESHOLD)]
+    pub threshold: f64,
+    /// Counted steps of the traffic simulation behind the miss rates.
+    #[arg(long, default_value_t = 200)]
+    pub steps: usize,
+    /// Warm-up steps before counting.
+    #[arg(long, default_value_t = 100)]
+    pub warmup: usize,
+    /// Seed replacing the routing process's.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Everything a prediction was made from, resolved and validated.
+pub struct Plan {
+    /// The model.
+    pub model: ModelSpec,
+    /// Parameters with their uncertainty.
+    pub perf: PerfModel,
+    /// The prediction's configuration.
+    pub config: PredictConfig,
+    /// Where the host came from, for the header.
+    pub host_label: String,
+}
+
+impl Args {
+    /// Resolve the arguments into a plan before any work.
+    pub fn plan(&self) -> Result<Plan> {
+        let model =
+            ModelSpec::resolve(&self.model).with_context(|| format!("--model {}", self.model))?;
+        let (perf, bench, host_label): (PerfModel, Option<BenchBw>, String) = match &self.profile {
+            Some(path) => {
+                let p =
+                    Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
+                let label = format!("profile {}", path.display());
+                (p.perf_model(&label), p.bench_bw, label)
+            }
+            None => {
+                let host = ft_sim::hosts::resolve(&self.host)
+                    .with_context(|| format!("--host {}", self.host))?;
+                let label = format!("host {}", host.name);
+                (host.perf, host.bench, label)
+            }
+        };
+        let miss = match self.miss_rate {
+            Some(r) => MissMode::FixedOffload { miss_rate: r },
+            None => MissMode::Simulated,
+        };
+        let cache = match (self.cache_slots, self.cache_gb) {
+            (Some(n), _) => Some(CacheSize::Slots(n)),
+            (_, Some(g)) => Some(CacheSize::GiB(g)),
+            _ => None,
+        };
+        let policy: CachePolicy = self.policy.parse().context("--policy")?;
+        let config = PredictConfig {
+            streams: self.streams,
+            context: self.context,
+            cache,
+            policy,
+            routing: self.routing.clone(),
+            seed: self.seed,
+            warmup_steps: self.warmup,
+            steps: self.steps,
+            miss,
+            hybrid_fetch: FetchFraction::parse("--fetch-fraction", &self.fetch_fraction)?,
+            threshold: self.threshold,
+            confidence: ft_model::perf::predict::DEFAULT_CONFIDENCE,
+            bench,
+        };
+        config.validate()?;
+        Ok(Plan {
+            model,
+            perf,
+            config,
+            host_label,
+        })
+    }
+}
+
+impl Plan {
+    /// Run the prediction.
+    pub fn predict(&self) -> Result<Prediction> {
+        tracing::info!(model = %self.model.name, source = %self.perf.source, streams = self.config.streams, "predicting");
+        predict(&self.model, &self.perf, &self.config).context("prediction")
+    }
+
+    /// The parameters (for the explanation).
+    pub fn params(&self) -> &PerfParams {
+        &self.perf.params
+    }
+}
+
+/// Run `ft predict`.
+pub fn run(args: Args) -> Result<()> {
+    let plan = args.plan()?;
+    let pred = plan.predict()?;
+    let decision = decide(&pred);
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        let doc = serde_json::json!({ "prediction": pred, "decision": decision });
+        serde_json::to_writer_pretty(&mut out, &doc)?;
+        writeln!(out)?;
+    } else {
+        write_table(&mut out, &plan, &pred, &decision)?;
+    }
+    Ok(())
+}
+
+/// The header line describing what was predicted.
+pub fn header(plan: &Plan, pred: &Prediction) -> String {
+    let miss = match pred.config.miss {
+        MissMode::FixedOffload { miss_rate } => {
+            format!("cache calibrated to offload miss {:.1}%", 100.0 * miss_rate)
+        }
+        MissMode::Simulated => "cache as given".to_string(),
+    };
+    format!(
+        "{} ({}, {:.2} MB experts, {} layers) on {} [{}]: {} stream(s), context {}, {} expert slots ({}; {}), routing {}, offload miss rate {:.1}%",
+        pred.model,
+        plan.model.format,
+        pred.expert_bytes as f64 / 1e6,
+        pred.layers,
+        plan.host_label,
+        plan.perf.source,
+        pred.config.streams,
+        pred.config.context,
+        pred.cache_slots,
+        pred.config.policy,
+        miss,
+        pred.config.routing,
+        100.0 * pred.offload_miss_rate
+    )
+}
+
+fn write_table(out: &mut impl Write, plan: &Plan, pred: &Prediction, d: &Decision) -> Result<()> {
+    writeln!(out, "{}", header(plan, pred))?;
+    writeln!(out)?;
+    writeln!(
+        out,
+        "{:<18} {:>24} {:>24} {:>6} {:>6}  {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}  {:>7}",
+        "strategy",
+        "tok/s per stream [95%]",
+        "tok/s total [95%]",
+        "bound",
+        "miss%",
+        "pcie",
+        "cpu",
+        "gpu",
+        "sync",
+        "dense",
+        "other",
+        "ms/tok"
+    )?;
+    for s in &pred.strategies {
+        let name = if s.feasible {
+            s.strategy.to_string()
+        } else {
+            format!("{} (n/a)", s.strategy)
+        };
+        let ms = |r: Resource| s.critical.get(r) / 1e3;
+        writeln!(
+            out,
+            "{:<18} {:>7.1} [{:>6.1}, {:>6.1}] {:>7.1} [{:>6.1}, {:>6.1}] {:>6} {:>6.1}  {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2}  {:>7.2}",
+            name,
+            s.tok_s_per_stream,
+            s.tok_s_per_stream_interval[0],
+            s.tok_s_per_stream_interval[1],
+            s.tok_s_total,
+            s.tok_s_total_interval[0],
+            s.tok_s_total_interval[1],
+            s.bound.name(),
+            100.0 * s.miss_rate,
+            ms(Resource::Pcie),
+            ms(Resource::Cpu),
+            ms(Resource::Gpu),
+            ms(Resource::Sync),
+            ms(Resource::Dense),
+            ms(Resource::Other),
+            s.step_us / 1e3
+        )?;
+    }
+    writeln!(
+        out,
+        "(ms/tok: the critical path of one decode step, in which every stream decodes one token, split by the resource it runs on)"
+    )?;
+    for s in pred.strategies.iter().filter(|s| !s.feasible) {
+        writeln!(
+            out,
+            "{}: {}",
+            s.strategy,
+            s.note.as_deref().unwrap_or("cannot run")
+        )?;
+    }
+    writeln!(out)?;
+    let runner = d.runner_up.map(|k| k.name()).unwrap_or("-");
+    writeln!(
+        out,
+        "choice: {}, {:+.1}% total tok/s over {}{}",
+        d.choice,
+        100.0 * d.margin,
+        runner,
+        if d.near_tie {
+            " (near tie: the intervals overlap)"
+        } else {
+            ""
+        }
+    )?;
+    let l = &pred.legacy;
+    writeln!(
+        out,
+        "legacy ratio: {:.2} / {:.2} GB/s = {:.2} at {:.2} MB experts, threshold {:.2} -> {} ({}){}",
+        l.cpu_moe_gbs,
+        l.pcie_gather_gbs,
+        l.ratio,
+        l.expert_bytes as f64 / 1e6,
+        l.threshold,
+        l.verdict,
+        if d.legacy_agrees { "agrees with the model" } else { "differs from the model" },
+        match l.fetch_fraction {
+            Some(f) => format!(
+                "; its fetch fraction {:.1}% ({} pair)",
+                100.0 * f,
+                if l.fraction_from_contended { "contended" } else { "standalone" }
+            ),
+            None => String::new(),
+        }
+    )?;
+    let fs = &pred.fetch_search;
+    if !fs.fixed {
+        writeln!(
+            out,
+            "hybrid fetch fraction: {:.3} (grid of {} fractions, then Brent on [{:.2}, {:.2}]: {} iterations, {}; relaxed optimum {:.3})",
+            fs.chosen,
+            fs.grid.len(),
+            fs.bracket[0],
+            fs.bracket[1],
+            fs.iterations,
+            fs.termination,
+            fs.relaxed_optimum
+        )?;
+    }
+    Ok(())
+}
