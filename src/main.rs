@@ -5,6 +5,18 @@
 //! 1 ran but a check failed, 2 error.
 
 mod bench;
+mod bench_bw;
+mod bench_cpu;
+mod experiment;
+mod run;
+mod explain;
+mod plot;
+mod predict;
+mod probe;
+mod loadgen;
+mod serve;
+mod simulate;
+mod validate;
 mod version;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +40,26 @@ struct Cli {
 enum Command {
     /// Micro-benchmarks: `cpu` (expert kernels against STREAM read), `bw` (the legacy ratio).
     Bench(bench::Args),
+    /// List and run the reproducible experiments under experiments/.
+    Experiment(experiment::Args),
+    /// Simulate decode on a host (discrete events): every strategy, the model beside it.
+    Simulate(simulate::Args),
+    /// Decode on the real runtime (CUDA or the host-emulated device) with one strategy.
+    Run(run::Args),
+    /// Predict decode tok/s per strategy (analytic model), the choice and the legacy ratio.
+    Predict(predict::Args),
+    /// Explain, in numbers, the model's choice and where the legacy ratio's verdict differs.
+    Explain(predict::Args),
+    /// Plot a CSV as an SVG: scatter, line, histogram or CDF, with marks and a y = x line.
+    Plot(plot::Args),
+    /// Serve the MoE model over an OpenAI-compatible HTTP API (decides its strategy at start).
+    Serve(serve::Args),
+    /// Replay the field report's A/B protocol (or a loopback stress test) against a server.
+    Loadgen(loadgen::Args),
+    /// Probe this host with the real runtime, fit the performance model, cache the profile.
+    Probe(probe::Args),
+    /// Validate the model against measured runs: the grid's plan, collection and analysis.
+    Validate(validate::Args),
 }
 
 /// An outcome that is not an error but must change the exit code (a check that failed).
@@ -66,6 +98,16 @@ fn main() -> ExitCode {
     } else {
         match cli.command {
             Some(Command::Bench(args)) => bench::run(args),
+            Some(Command::Experiment(args)) => experiment::run(args),
+            Some(Command::Simulate(args)) => simulate::run(args),
+            Some(Command::Run(args)) => run::run(args),
+            Some(Command::Predict(args)) => predict::run(args),
+            Some(Command::Explain(args)) => explain::run(args),
+            Some(Command::Plot(args)) => plot::run(args),
+            Some(Command::Serve(args)) => serve::run(args),
+            Some(Command::Loadgen(args)) => loadgen::run(args),
+            Some(Command::Probe(args)) => probe::run(args),
+            Some(Command::Validate(args)) => validate::run(args),
             None => {
                 use clap::CommandFactory;
                 let _ = Cli::command().print_help();

@@ -4,6 +4,7 @@
 //! kernel picks its widest path from [`SimdLevel::detect`].
 
 use std::fmt;
+use std::str::FromStr;
 
 /// SIMD level of a CPU kernel path, widest last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
@@ -39,22 +40,49 @@ impl SimdLevel {
 
     /// The widest level this CPU supports, detected at run time.
     pub fn detect() -> SimdLevel {
+        Self::ALL
+            .into_iter()
+            .rev()
+            .find(|l| l.available())
+            .unwrap_or(SimdLevel::Scalar)
+    }
+
+    /// Every level, narrowest first.
+    pub const ALL: [SimdLevel; 4] = [
+        SimdLevel::Scalar,
+        SimdLevel::Avx2,
+        SimdLevel::Avx512,
+        SimdLevel::Avx512Vnni,
+    ];
+
+    /// Whether this CPU can run the kernels of this level (the instruction sets they use:
+    /// AVX2 + FMA + F16C; AVX-512 F/BW/VL (+ F16C); plus VNNI).
+    pub fn available(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            let avx512 = std::is_x86_feature_detected!("avx512f")
+            let avx2 = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
+            let avx512 = avx2
+                && std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512bw")
                 && std::is_x86_feature_detected!("avx512vl");
-            if avx512 && std::is_x86_feature_detected!("avx512vnni") {
-                return SimdLevel::Avx512Vnni;
-            }
-            if avx512 {
-                return SimdLevel::Avx512;
-            }
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                return SimdLevel::Avx2;
+            match self {
+                SimdLevel::Scalar => true,
+                SimdLevel::Avx2 => avx2,
+                SimdLevel::Avx512 => avx512,
+                SimdLevel::Avx512Vnni => avx512 && std::is_x86_feature_detected!("avx512vnni"),
             }
         }
-        SimdLevel::Scalar
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            self == SimdLevel::Scalar
+        }
+    }
+
+    /// Every level this CPU can run, narrowest first (what tests iterate over).
+    pub fn available_levels() -> Vec<SimdLevel> {
+        Self::ALL.into_iter().filter(|l| l.available()).collect()
     }
 
     /// Name used in tables and JSON.
@@ -65,6 +93,23 @@ impl SimdLevel {
             SimdLevel::Avx512 => "avx512",
             SimdLevel::Avx512Vnni => "avx512-vnni",
         }
+    }
+}
+
+impl FromStr for SimdLevel {
+    type Err = String;
+
+    /// Parse a level by its [`SimdLevel::name`].
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!(
+                    "unknown SIMD level '{s}'; known: {}",
+                    Self::ALL.map(|l| l.name()).join(", ")
+                )
+            })
     }
 }
 
@@ -81,5 +126,11 @@ mod tests {
     #[test]
     fn detected_is_at_least_compiled() {
         assert!(SimdLevel::detect() >= SimdLevel::compiled());
+        assert!(SimdLevel::detect().available());
+        assert_eq!(SimdLevel::available_levels()[0], SimdLevel::Scalar);
+        for l in SimdLevel::ALL {
+            assert_eq!(l.name().parse::<SimdLevel>().unwrap(), l);
+        }
+        assert!("sse9".parse::<SimdLevel>().is_err());
     }
 }

@@ -1,4 +1,38 @@
 //! `ft-runtime`: the real runtime.
+//!
+//! Devices (CUDA through cudarc behind feature `cuda`, and a host-emulated device), the
+//! page-locked host banks holding every expert, the GPU expert cache's slot memory, miss
+//! gathers, the GPU expert and dense kernels, and the decode engine built on them. See
+//! `docs/runtime-device.md` for the device API.
+
+pub mod bank;
+pub mod cpu_pool;
+pub mod dense;
+pub mod device;
+pub mod engine;
+pub mod error;
+pub mod gather;
+pub mod gpu_experts;
+pub mod instrument;
+pub mod numerics;
+pub mod nvrtc;
+pub mod probe;
+pub mod slots;
+
+pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Event, HostBuffer, Stream};
+pub use error::{Result, RuntimeError};
+
+/// True when this build has CUDA and a driver with at least one device is usable here.
+pub fn cuda_available() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        device::cuda::unavailable_reason().is_none()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
 
 /// Whether a CUDA driver can be used here, in words (for `ft --version`).
 pub fn cuda_driver_status() -> String {

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""runtime-grid: turn the `ft run --json` documents of run.sh into grid.csv and summary.txt.
+
+Standard library only. Usage: analyze.py OUTDIR (the folder run.sh wrote: json/, traces/).
+
+Targets checked (README.md explains them):
+1. offload reaches at least 90% of its own PCIe bound whenever the step is PCIe-bound. The
+   bound is the step's gathered bytes over the same run's linear H2D bandwidth; "PCIe-bound"
+   means the link is the busiest resource of the step (PCIe busy >= GPU busy and CPU busy).
+2. hybrid beats offload wherever the CPU and the link add up in its favour: with `a` the
+   link's time per fetched expert (offload's PCIe busy per layer over its fetched experts per
+   layer) and `b` the CPU's time per expert (the cpu run's CPU busy per layer over its CPU
+   experts per layer), an ideal split of offload's `m` misses per layer takes
+   `m * a * b / (a + b)`; adding the probe's fixed cost per layer gives hybrid's ideal layer
+   time. Hybrid is "favoured" where that is below offload's measured layer time.
+3. where hybrid loses, the per-layer timeline says why: per layer, the CPU pool's busy time,
+   the host's wait for the activations (the round trip), the link's busy time, and the GPU's.
+"""
+import csv
+import json
+import sys
+from pathlib import Path
+
+PCIE_TARGET = 0.90
+
+
+def load(out):
+    runs, probes = [], {}
+    for p in sorted((out / "json").glob("*.json")):
+        try:
+            doc = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            print(f"analyze: {p.name} is not JSON, skipped", file=sys.stderr)
+            continue
+        if p.stem.startswith("probe-"):
+            probes[p.stem[len("probe-"):]] = doc
+        else:
+            doc["_name"] = p.stem
+            runs.append(doc)
+    return runs, probes
+
+
+def kind_of(strategy):
+    return strategy.split("(")[0]
+
+
+def per_layer(doc):
+    """Mean per-layer busy times over the measured steps (us)."""
+    keys = ["gpu_busy_us", "pcie_busy_us", "cpu_busy_us", "host_wait_us", "host_submit_us"]
+    sums = {k: 0.0 for k in keys}
+    n = 0
+    for st in doc["step_records"]:
+        if st["warmup"]:
+            continue
+        layers = st["layers"]
+        # The last layer also holds the step's final wait for its outputs: leave it out.
+        for l in layers[:-1] if len(layers) > 1 else layers:
+            for k in keys:
+                sums[k] += l[k]
+            n += 1
+    return {k: v / max(n, 1) for k, v in sums.items()}
+
+
+def row_of(doc):
+    s = doc["summary"]
+    u = s["utilisation"]
+    layers = doc["layers"]
+    busy = {"gpu": s["gpu_busy_us"], "pcie": s["pcie_busy_us"], "cpu": s["cpu_busy_us"]}
+    bound_by = max(busy, key=busy.get)
+    pcie = doc.get("pcie") or {}
+    total_experts = layers * 512
+    pl = per_layer(doc)
+    return {
+        "name": doc["_name"],
+        "strategy": kind_of(doc["strategy"]),
+        "fetch_fraction": doc["fetch_fraction"],
+        "streams": doc["streams"],
+        "cache_slots": doc["cache_slots"],
+        "cache_share": round(doc["cache_slots"] / total_experts, 4) if doc["cache_slots"] else 0,
+        "layers": layers,
+        "tok_s_per_stream": s["tok_s_per_stream"],
+        "tok_s_total": s["tok_s_total"],
+        "step_us_mean": s["step_us"]["mean"],
+        "step_us_p50": s["step_us"]["p50"],
+        "layer_us": s["step_us"]["mean"] / layers,
+        "miss_rate": s["miss_rate"],
+        "hits_per_layer": s["hits_per_layer"],
+        "misses_per_layer": s["misses_per_layer"],
+        "fetched_per_layer": s["fetched_per_layer"],
+        "cpu_per_layer": s["cpu_per_layer"],
+        "gathered_mb_per_step": s["gathered_bytes_per_step"] / 1e6,
+        "gpu_util": u["gpu"],
+        "pcie_util": u["pcie"],
+        "cpu_util": u["cpu"],
+        "host_wait_util": u["host_wait"],
+        "gpu_busy_layer_us": pl["gpu_busy_us"],
+        "pcie_busy_layer_us": pl["pcie_busy_us"],
+        "cpu_busy_layer_us": pl["cpu_busy_us"],
+        "host_wait_layer_us": pl["host_wait_us"],
+        "linear_h2d_gbs": pcie.get("linear_h2d_gbs", ""),
+        "pcie_bound_step_us": pcie.get("bound_step_us", ""),
+        "share_of_pcie_bound": pcie.get("share_of_bound", ""),
+        "bound_by": bound_by,
+    }
+
+
+def main():
+    out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
+    runs, probes = load(out)
+    if not runs:
+        sys.exit(f"analyze: no run documents under {out / 'json'}")
+    rows = [row_of(d) for d in runs]
+    overhead = probes.get("spin", {}).get("overhead_layer_us", 0.0)
+
+    by = {}
+    for r in rows:
+        by.setdefault((r["strategy"], r["streams"], r["cache_slots"]), []).append(r)
+    cpu_rate = {}  # streams -> CPU us per expert
+    for r in rows:
+        if r["strategy"] == "cpu" and r["cpu_per_layer"] > 0:
+            cpu_rate[r["streams"]] = r["cpu_busy_layer_us"] / r["cpu_per_layer"]
+
+    lines = []
+    for r in rows:
+        r["pcie_bound"] = ""
+        r["meets_pcie_target"] = ""
+        r["offload_tok_s_per_stream"] = ""
+        r["vs_offload"] = ""
+        r["ideal_hybrid_layer_us"] = ""
+        r["favoured"] = ""
+        r["diagnosis"] = ""
+        if r["strategy"] == "offload":
+            bound = r["bound_by"] == "pcie"
+            r["pcie_bound"] = bound
+            if bound and r["share_of_pcie_bound"] != "":
+                r["meets_pcie_target"] = r["share_of_pcie_bound"] >= PCIE_TARGET
+        if r["strategy"] == "hybrid":
+            off = by.get(("offload", r["streams"], r["cache_slots"]), [None])[0]
+            if off is None:
+                continue
+            r["offload_tok_s_per_stream"] = off["tok_s_per_stream"]
+            r["vs_offload"] = r["tok_s_per_stream"] / off["tok_s_per_stream"] - 1
+            b = cpu_rate.get(r["streams"])
+            if off["fetched_per_layer"] > 0 and b:
+                a = off["pcie_busy_layer_us"] / off["fetched_per_layer"]
+                m = off["misses_per_layer"]
+                ideal = m * a * b / (a + b) + overhead
+                r["ideal_hybrid_layer_us"] = ideal
+                r["favoured"] = ideal < off["layer_us"]
+            if r["vs_offload"] < 0:
+                cpu_path = r["cpu_busy_layer_us"] + r["host_wait_layer_us"]
+                if cpu_path > r["pcie_busy_layer_us"]:
+                    why = (f"CPU share on the critical path: {r['cpu_busy_layer_us']:.0f} us CPU busy + "
+                           f"{r['host_wait_layer_us']:.0f} us waiting for the activations per layer, "
+                           f"against {r['pcie_busy_layer_us']:.0f} us of link")
+                else:
+                    why = (f"link still the bound: {r['pcie_busy_layer_us']:.0f} us of PCIe per layer "
+                           f"for {r['fetched_per_layer']:.1f} fetched experts (offload's miss rate "
+                           f"{off['miss_rate']:.0%}, hybrid's {r['miss_rate']:.0%})")
+                fixed = r["layer_us"] - max(r["cpu_busy_layer_us"] + r["host_wait_layer_us"],
+                                            r["pcie_busy_layer_us"], r["gpu_busy_layer_us"])
+                r["diagnosis"] = f"{why}; {fixed:.0f} us per layer beyond the busiest resource"
+
+    fields = list(rows[0].keys())
+    with open(out / "grid.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in sorted(rows, key=lambda r: (r["streams"], r["cache_slots"], r["strategy"], r["fetch_fraction"])):
+            w.writerow(r)
+
+    lines.append("runtime-grid summary")
+    for wait, p in sorted(probes.items()):
+        lines.append(
+            f"hybrid fixed cost per layer ({wait}): {p['overhead_layer_us']:.1f} us beyond the work "
+            f"(target {p['target_us']:.0f} us: {'met' if p['overhead_layer_us'] <= p['target_us'] else 'MISSED'}); "
+            f"pool job alone {p['pool_job_spin_us']:.1f} us spinning, {p['pool_job_park_us']:.1f} us parked")
+    lines.append("")
+    lines.append(f"{'streams':>7} {'cache':>6} {'strategy':>14} {'tok/s/str':>9} {'vs off':>7} "
+                 f"{'miss':>5} {'bound':>5} {'%bound':>6} {'favoured':>8}  note")
+    for r in sorted(rows, key=lambda r: (r["streams"], r["cache_share"], r["strategy"], r["fetch_fraction"])):
+        label = r["strategy"] if r["strategy"] != "hybrid" else f"hybrid({r['fetch_fraction']:.2f})"
+        share = r["share_of_pcie_bound"]
+        vs = r["vs_offload"]
+        note = ""
+        if r["strategy"] == "offload" and r["pcie_bound"]:
+            note = "meets 90% of its PCIe bound" if r["meets_pcie_target"] else "BELOW 90% of its PCIe bound"
+        if r["diagnosis"]:
+            note = ("UNEXPECTED LOSS: " if r["favoured"] is True else "loses: ") + r["diagnosis"]
+        lines.append(
+            f"{r['streams']:>7} {r['cache_share']:>6.2f} {label:>14} {r['tok_s_per_stream']:>9.2f} "
+            f"{(f'{vs:+.0%}' if vs != '' else ''):>7} {r['miss_rate']:>5.0%} {r['bound_by']:>5} "
+            f"{(f'{share:.0%}' if share != '' else ''):>6} {str(r['favoured']):>8}  {note}")
+    text = "\n".join(lines) + "\n"
+    (out / "summary.txt").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The field report's A/B protocol with `ft serve` on the qwen3.8-flash-next geometry:
+# services started in sequence offload -> hybrid -> hybrid (fresh, not warmed) -> offload,
+# each with two unscored warm-up requests except the fresh hybrid one, then ~1.2K-token
+# prompts (distinct per stream), 256 output tokens, temperature 0, at 1 and 2 streams.
+# Beside the measurements: what auto chose and what the model predicted at 1 and 2 streams.
+#
+# Runs on the GPU machine (no cargo there): the binary is $FT, else carry/ft, else ./ft,
+# built with `cargo build --release --features cuda`.
+#
+# Environment (all optional):
+#   FT        binary                             DEVICE   cuda | host (default cuda)
+#   LAYERS    MoE layers to run (default 48)     PORT     first port (default 8000)
+#   CACHE_GB  GPU expert cache in GiB (default: what the host spec's GPU holds, i.e. the
+#             field report's 24 GB card, so that the miss rates are the report's)
+#   HOST_SPEC host spec for the prediction (default: the field report's host)
+#   OUT       output folder (default: experiments/serve-ab/results/<timestamp>)
+#   PROMPT_TOKENS (1200)  MAX_TOKENS (256)  WARMUP (2)  STARTUP_S (900, per service)
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+FT="${FT:-}"
+if [[ -z "$FT" ]]; then
+  for c in "$root/carry/ft" "$root/ft" "$root/target/release/ft"; do
+    if [[ -x "$c" ]]; then FT="$c"; break; fi
+  done
+fi
+[[ -n "$FT" && -x "$FT" ]] || { echo "serve-ab: no ft binary (set FT or put it at carry/ft)" >&2; exit 2; }
+DEVICE="${DEVICE:-cuda}"
+LAYERS="${LAYERS:-48}"
+PORT="${PORT:-8000}"
+PROMPT_TOKENS="${PROMPT_TOKENS:-1200}"
+MAX_TOKENS="${MAX_TOKENS:-256}"
+WARMUP="${WARMUP:-2}"
+STARTUP_S="${STARTUP_S:-900}"
+MODEL=qwen3.8-flash-next
+OUT="${OUT:-$here/results/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$OUT"
+common=(--model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --max-streams 2 --context-limit 2048)
+[[ -n "${CACHE_GB:-}" ]] && common+=(--cache-gb "$CACHE_GB")
+[[ -n "${HOST_SPEC:-}" ]] && common+=(--host "$HOST_SPEC")
+
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "ft: $("$FT" --version 2>&1 | tr '\n' ' ')"
+  echo "uname: $(uname -a)"
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
+  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)' || true
+  echo "args: ${common[*]} prompt_tokens=$PROMPT_TOKENS max_tokens=$MAX_TOKENS warmup=$WARMUP"
+} > "$OUT/machine.txt"
+
+# What auto chooses and what the model predicts, at 1 and 2 streams.
+for n in 1 2; do
+  "$FT" -v serve "${common[@]}" --moe-strategy auto --expected-streams "$n" --predict-only --json \
+    > "$OUT/predict-$n.json" 2> "$OUT/predict-$n.log"
+done
+
+run_service() { # index strategy warmup
+  local i="$1" strategy="$2" warm="$3" port=$((PORT + $1))
+  local tag="$i-$strategy$([[ $warm == 0 ]] && echo -fresh)"
+  "$FT" -v serve "${common[@]}" --moe-strategy "$strategy" --port "$port" --json \
+    > "$OUT/service-$tag.start.json" 2> "$OUT/service-$tag.log" &
+  local pid=$!
+  local t0=$SECONDS
+  until grep -q listening "$OUT/service-$tag.start.json" 2>/dev/null; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "service $tag died; see $OUT/service-$tag.log" >&2; exit 1; fi
+    if (( SECONDS - t0 > STARTUP_S )); then echo "service $tag did not start in ${STARTUP_S}s" >&2; kill "$pid"; exit 1; fi
+    sleep 1
+  done
+  echo "service $tag up after $((SECONDS - t0)) s" >&2
+  "$FT" loadgen --url "http://127.0.0.1:$port" --streams 1,2 --warmup "$warm" \
+    --prompt-tokens "$PROMPT_TOKENS" --max-tokens "$MAX_TOKENS" --json > "$OUT/service-$tag.loadgen.json" || true
+  if command -v curl >/dev/null; then curl -s "http://127.0.0.1:$port/metrics" > "$OUT/service-$tag.metrics.txt" || true; fi
+  kill -TERM "$pid"
+  wait "$pid" || true
+}
+
+run_service 0 offload "$WARMUP"
+run_service 1 hybrid "$WARMUP"
+run_service 2 hybrid 0
+run_service 3 offload "$WARMUP"
+
+python3 "$here/table.py" "$OUT" | tee "$OUT/table.md"

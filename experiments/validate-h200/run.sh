@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# validate-h200: the acceptance of the performance model on the GPU machine.
+#
+# 1. `ft probe` once per expert geometry (the fit sees the probes alone, never the grid);
+# 2. a grid of 48 configurations (`ft validate plan`: geometry x cache residency x streams x
+#    CPU threads x context), each predicted by the model (`ft predict --profile ... --json`)
+#    and each strategy run end to end (`ft run --json`): offload, hybrid at the model's fetch
+#    fraction, hybrid at the ratio rule's (ferrox-core's) fraction, cpu;
+# 3. `ft validate collect` (grid.csv), `ft validate analyze` (summary.txt / summary.json),
+#    `ft plot` (predicted against measured).
+#
+# Usage: run.sh OUTDIR. Env:
+#   FT               the ft binary (default: carry/ft of the repository, built here with
+#                    `cargo build --release --features cuda && mkdir -p carry && cp target/release/ft carry/`;
+#                    the GPU machine has no Rust toolchain)
+#   FT_QUICK=1       12 configurations (one per geometry and stream count), 8 steps
+#   FT_GRID_BUDGET_S wall-clock budget of the grid, s (default 480: configurations are run
+#                    round by round, so a budget cut still covers every geometry and stream
+#                    count; the cut is logged in env.txt)
+#   FT_STEPS, FT_WARMUP   measured and warm-up steps of each run (default 16 and 8)
+# Only bash and ft are needed. Skips cleanly without a CUDA device.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ROOT="$(cd "$HERE/../.." && pwd)"
+OUT="${1:?usage: run.sh OUTDIR}"
+FT="${FT:-$ROOT/carry/ft}"
+if [[ ! -x "$FT" ]]; then
+    if ! command -v nvidia-smi > /dev/null; then
+        echo "validate-h200: no GPU here and no ft binary at $FT: skipped" >&2
+        exit 0
+    fi
+    echo "validate-h200: no ft binary at $FT; build one with --features cuda (see the header)" >&2
+    exit 2
+fi
+if ! "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'; then
+    echo "validate-h200: no usable CUDA device here ($("$FT" --version | grep '^cuda driver')): skipped" >&2
+    exit 0
+fi
+mkdir -p "$OUT"/{profiles,probes,predictions,runs,logs}
+OUT="$(cd "$OUT" && pwd)"
+export FT_CACHE_DIR="$OUT/cache"   # never read or overwrite the user's cached profiles
+QUICK="${FT_QUICK:-0}"
+GRID_BUDGET_S="${FT_GRID_BUDGET_S:-480}"
+if [[ "$QUICK" == 1 ]]; then STEPS="${FT_STEPS:-8}" WARMUP="${FT_WARMUP:-4}"; else STEPS="${FT_STEPS:-16}" WARMUP="${FT_WARMUP:-8}"; fi
+PROBE_THREADS=15   # the serving threads: 16 cores, one left for the host thread
+
+{
+    echo "experiment: validate-h200 ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1) ($(nproc) cores visible)"
+    echo "ram: $(awk '/MemTotal/ {printf "%.1f GB", $2 / 1e6}' /proc/meminfo)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader 2>/dev/null || true
+    "$FT" --version
+    echo "steps: $STEPS measured after $WARMUP warm-up per run; grid budget ${GRID_BUDGET_S} s"
+    echo "layers: qwen3.8-flash-next 2 of 48, bench-nvfp4 2 of 48, deepseek-v4-flash 1 of 43 (same geometry, fewer layers: banks that fill in about a second; deepseek's 43 layers (156 GB) exceed the 128 GB host)"
+} > "$OUT/env.txt"
+cat "$OUT/env.txt" >&2
+
+quick=(); [[ "$QUICK" == 1 ]] && quick=(--quick)
+n_configs=$("$FT" validate plan --out "$OUT" "${quick[@]}")
+echo "validate-h200: $n_configs configurations" >&2
+
+# 1. The probes: once per geometry, at the serving threads; profiles for each grid thread
+#    count; the rules' hybrid fraction (ferrox-core on the profile's bench bandwidths).
+t0=$SECONDS
+for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
+    echo "validate-h200: probe $g" >&2
+    "$FT" probe --device cuda --model "$g" --force --threads "$PROBE_THREADS" \
+        --profile-out "$OUT/profiles/$g.json" --json > "$OUT/probes/$g.json" 2> "$OUT/logs/probe-$g.log"
+    for t in 4 15; do
+        "$FT" validate retarget --profile "$OUT/profiles/$g.json" --threads "$t" --out "$OUT/profiles/$g-t$t.json"
+    done
+    "$FT" validate peer --profile "$OUT/profiles/$g.json" > "$OUT/profiles/$g.peer.txt"
+    "$FT" validate peer --profile "$OUT/profiles/$g.json" --field fraction > "$OUT/profiles/$g.legacy-fraction"
+    echo "probe $g: $(( SECONDS - t0 )) s cumulative; $(cat "$OUT/profiles/$g.peer.txt")" >> "$OUT/env.txt"
+done
+
+run() { # name, then ft run arguments
+    local name="$1"; shift
+    if ! "$FT" run "$@" < /dev/null > "$OUT/runs/$name.json" 2> "$OUT/logs/$name.log"; then
+        echo "validate-h200: $name failed (see logs/$name.log)" >&2
+        rm -f "$OUT/runs/$name.json"
+    fi
+}
+
+# 2. The grid.
+t0=$SECONDS
+done_configs=0
+while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
+    if (( SECONDS - t0 > GRID_BUDGET_S )); then
+        echo "grid budget (${GRID_BUDGET_S} s) spent after $done_configs of $n_configs configurations; stopped before $config" | tee -a "$OUT/env.txt" >&2
+        break
+    fi
+    echo "validate-h200: $config $geometry x$layers residency $residency ($cache_slots slots) $streams streams $threads threads context $context" >&2
+    if ! "$FT" predict --profile "$OUT/profiles/$geometry-t$threads.json" --model "$OUT/$model_toml" \
+        --streams "$streams" --context "$context" --cache-slots "$cache_slots" --json < /dev/null \
+        > "$OUT/predictions/$config.json" 2> "$OUT/logs/$config-predict.log"; then
+        echo "validate-h200: $config: prediction failed (see logs/$config-predict.log)" >&2
+        continue
+    fi
+    f_model=$("$FT" validate get "$OUT/predictions/$config.json" prediction.fetch_search.chosen)
+    f_legacy=$(cat "$OUT/profiles/$geometry.legacy-fraction")
+    common=(--device cuda --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
+            --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP" --json)
+    run "$config-offload" "${common[@]}" --strategy offload
+    run "$config-hybrid" "${common[@]}" --strategy hybrid --fetch-fraction "$f_model"
+    run "$config-hybrid-legacy" "${common[@]}" --strategy hybrid --fetch-fraction "$f_legacy"
+    run "$config-cpu" "${common[@]}" --strategy cpu
+    done_configs=$(( done_configs + 1 ))
+done < <(tail -n +2 "$OUT/plan.csv")
+echo "grid: $done_configs configurations in $(( SECONDS - t0 )) s" >> "$OUT/env.txt"
+
+# 3. Analysis (runs anywhere on the CSV: `ft validate analyze grid.csv`).
+"$FT" validate collect --dir "$OUT" --out "$OUT/grid.csv"
+"$FT" validate analyze "$OUT/grid.csv" --out "$OUT/summary.json" | tee "$OUT/summary.txt"
+"$FT" plot "$OUT/grid.csv" --x measured_tok_s --y predicted_tok_s --series strategy --diagonal \
+    --log-x --log-y --title "validate-h200: predicted against measured decode tok/s" \
+    --xlabel "measured tok/s (all streams)" --ylabel "predicted tok/s (all streams)" \
+    --out "$OUT/pred-vs-measured.svg" > "$OUT/plot.txt" \
+    || echo "validate-h200: ft plot failed; the CSV is complete" >&2

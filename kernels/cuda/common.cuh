@@ -1,0 +1,31 @@
+// Shared definitions of ft's CUDA kernels (prepended to every kernel source by ft-runtime).
+//
+// Sources are compiled by NVRTC at first use for the device's compute capability, with
+// --fmad=false so that no multiply-add is contracted: the W4A8 expert path mirrors the CPU's
+// arithmetic operation by operation.
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+// One contiguous copy or read: `bytes` from `src` to `dst` (or just read at `src`).
+// `first_block` is the index of the first block of the launch that works on it.
+struct Region {
+    u64 src;
+    u64 dst;
+    u64 bytes;
+    u64 first_block;
+};
+
+// The region a block works on: the last one whose first_block <= blockIdx.x (binary search).
+__device__ __forceinline__ int region_of_block(const Region* r, int n, u64 block) {
+    int lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (r[mid].first_block <= block) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}

@@ -1,0 +1,490 @@
+// GPU expert kernels: all of a layer's routed experts (hits and fetched misses) for every
+// token routed to them, every format, f32 and int8 activation paths.
+//
+// Semantics (runtime/src/gpu_experts.rs): y[t] = sum over tasks e in order, over e's pairs
+// (t, w) in order, of w * down_e(silu(gate_e x[t]) * up_e x[t]); 0 for unrouted tokens.
+//
+// Two launches per layer:
+//   ft_experts_gate_up: grid (intermediate / G, tasks); a block computes G consecutive rows
+//     of gate and up for every token of its task, h = silu(g) * u, and (int8 path) quantizes
+//     that block of h exactly as the CPU does;
+//   ft_experts_down: grid (ceil(hidden / 16), tasks); a block computes 16 rows of down for
+//     its task's tokens into O[pair][row]; the last block of each row tile (atomic ticket)
+//     sums the tile's rows per token over the token's pairs in task order into y.
+//
+// The int8 path mirrors the specification in ft-kernels' w4a8 module docs operation by
+// operation: per-block int8 activation quantization (IEEE division, roundf), exact integer
+// block dots (dp4a), s = s_b * scale_b, t = f32(d) * s, 16 accumulators taken by the 16
+// lanes of a half-warp (lane l owns blocks l, l + 16, ... in increasing order, i.e. acc[b%16]),
+// the fixed reduction r8/r4/r2/r1 by shuffles, dot = r1 * f_r, the shared exp_ft/silu, and
+// y = y + w * o in task order. Compiled with --fmad=false; every f32 operation of the spec is
+// also written with an explicit _rn intrinsic so no contraction can occur.
+
+#define FT_BF16 0
+#define FT_INT8 1
+#define FT_Q4_0 2
+#define FT_NVFP4 3
+#define FT_MXFP4 4
+
+#define ACT_F32 0
+#define ACT_INT8 1
+
+// Tokens of a task handled per pass (register accumulators per lane).
+#define MAXT 8
+// Lanes per dot product: the spec's 16 accumulators.
+#define HW 16
+// Rows of down per block of ft_experts_down (one per half-warp of 256 threads).
+#define DOWN_ROWS 16
+
+struct Task {
+    u64 weights;      // device address of the expert (gate, up, down)
+    u32 pair_begin;   // first pair of the task
+    u32 pair_count;   // pairs of the task
+};
+
+struct Pair {
+    u32 index;        // token (task pairs) or pair index (token lists)
+    float weight;     // routing weight
+};
+
+__device__ __forceinline__ int group_of(int fmt) {
+    return (fmt == FT_NVFP4 || fmt == FT_BF16) ? 16 : 32;
+}
+
+__device__ __forceinline__ u64 values_row_bytes(int fmt, u64 cols) {
+    switch (fmt) {
+    case FT_BF16: return 2 * cols;
+    case FT_INT8: return cols;
+    case FT_Q4_0: return 18 * (cols / 32);
+    default: return cols / 2;   // nvfp4, mxfp4
+    }
+}
+
+__device__ __forceinline__ u64 matrix_bytes(int fmt, u64 rows, u64 cols) {
+    switch (fmt) {
+    case FT_BF16: return 2 * rows * cols;
+    case FT_INT8: return rows * cols + 4 * rows;
+    case FT_Q4_0: return rows * (cols / 32) * 18;
+    case FT_NVFP4: return rows * cols / 2 + rows * cols / 16 + 2 * rows;
+    default: return rows * cols / 2 + rows * cols / 32;   // mxfp4
+    }
+}
+
+// Exact f16 -> f32.
+__device__ __forceinline__ float f16_to_f32(u32 h) {
+    u32 s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+    float v;
+    if (e == 0) v = (float)m * 5.9604644775390625e-8f;   // m * 2^-24, exact
+    else if (e == 31) v = __int_as_float(0x7f800000 | (m << 13));
+    else v = __int_as_float(((e + 112) << 23) | (m << 13));
+    return s ? -v : v;
+}
+
+// Exact OCP e4m3 -> f32 (bias 7, subnormals m * 2^-9, 0x7f NaN).
+__device__ __forceinline__ float e4m3_to_f32(u32 b) {
+    u32 s = (b >> 7) & 1, e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+    else if (e == 0) v = (float)m * 0.001953125f;   // m * 2^-9, exact
+    else v = __int_as_float(((e + 120) << 23) | (m << 20));
+    return s ? -v : v;
+}
+
+// Exact e8m0 -> f32: 2^(E - 127); E = 0 is the subnormal 2^-127; 255 NaN.
+__device__ __forceinline__ float e8m0_to_f32(u32 e) {
+    if (e == 255) return __int_as_float(0x7fc00000);
+    if (e == 0) return __int_as_float(0x00400000);
+    return __int_as_float(e << 23);
+}
+
+// Four e2m1 codes (nibbles 0..3 of `sel`, elements in order) -> four int8 weights 2*e2m1.
+__device__ __forceinline__ u32 e2m1x4_to_i8x4(u32 sel) {
+    u32 s7 = sel & 0x7777u;
+    u32 pos = __byte_perm(0x03020100u, 0x0C080604u, s7);   // 0 1 2 3 | 4 6 8 12
+    u32 neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, s7);   // negated
+    u32 t = (sel >> 3) & 0x1111u;                           // sign of each code, 0/1 per nibble
+    u32 m = __byte_perm(0x0000FF00u, 0u, t);                // 0xFF per negative byte
+    return (pos & ~m) | (neg & m);
+}
+
+// Four q4_0 nibbles (one per byte, 0..15) -> four int8 weights q - 8.
+__device__ __forceinline__ u32 q4_to_i8x4(u32 l) {
+    return (l + 0x78787878u) ^ 0x80808080u;
+}
+
+// The G integer weights of block b of a row, as G/4 packed int8 dwords (elements in order).
+__device__ __forceinline__ void load_w8(int fmt, const u8* vrow, int b, u32 W[8]) {
+    if (fmt == FT_NVFP4) {
+        uint2 v = *(const uint2*)(vrow + (u64)b * 8);
+        W[0] = e2m1x4_to_i8x4(v.x);
+        W[1] = e2m1x4_to_i8x4(v.x >> 16);
+        W[2] = e2m1x4_to_i8x4(v.y);
+        W[3] = e2m1x4_to_i8x4(v.y >> 16);
+    } else if (fmt == FT_MXFP4) {
+        uint4 v = *(const uint4*)(vrow + (u64)b * 16);
+        W[0] = e2m1x4_to_i8x4(v.x); W[1] = e2m1x4_to_i8x4(v.x >> 16);
+        W[2] = e2m1x4_to_i8x4(v.y); W[3] = e2m1x4_to_i8x4(v.y >> 16);
+        W[4] = e2m1x4_to_i8x4(v.z); W[5] = e2m1x4_to_i8x4(v.z >> 16);
+        W[6] = e2m1x4_to_i8x4(v.w); W[7] = e2m1x4_to_i8x4(v.w >> 16);
+    } else if (fmt == FT_Q4_0) {
+        const u16* p = (const u16*)(vrow + (u64)b * 18 + 2);
+        u32 q[4];
+#pragma unroll
+        for (int k = 0; k < 4; k++) q[k] = (u32)p[2 * k] | ((u32)p[2 * k + 1] << 16);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            W[k] = q4_to_i8x4(q[k] & 0x0F0F0F0Fu);             // columns 4k .. 4k+3
+            W[4 + k] = q4_to_i8x4((q[k] >> 4) & 0x0F0F0F0Fu);  // columns 16+4k ..
+        }
+    } else {   // int8
+        uint4 v0 = *(const uint4*)(vrow + (u64)b * 32);
+        uint4 v1 = *(const uint4*)(vrow + (u64)b * 32 + 16);
+        W[0] = v0.x; W[1] = v0.y; W[2] = v0.z; W[3] = v0.w;
+        W[4] = v1.x; W[5] = v1.y; W[6] = v1.z; W[7] = v1.w;
+    }
+}
+
+// A weight matrix in the codec's byte layout.
+struct Mat {
+    const u8* base;
+    u64 rows, cols;
+};
+
+// Block factor s_b of block b of row r (section 1 of the spec); 1 for int8 and bf16.
+__device__ __forceinline__ float block_scale(int fmt, const Mat& m, u64 r, int b) {
+    if (fmt == FT_NVFP4) return e4m3_to_f32(m.base[m.rows * m.cols / 2 + r * (m.cols / 16) + b]);
+    if (fmt == FT_MXFP4) return e8m0_to_f32(m.base[m.rows * m.cols / 2 + r * (m.cols / 32) + b]);
+    if (fmt == FT_Q4_0) return f16_to_f32(*(const u16*)(m.base + r * values_row_bytes(fmt, m.cols) + (u64)b * 18));
+    return 1.0f;
+}
+
+// Row factor f_r of row r.
+__device__ __forceinline__ float row_factor(int fmt, const Mat& m, u64 r) {
+    if (fmt == FT_NVFP4)
+        return __fmul_rn(f16_to_f32(*(const u16*)(m.base + m.rows * m.cols / 2 + m.rows * m.cols / 16 + 2 * r)), 0.5f);
+    if (fmt == FT_MXFP4) return 0.5f;
+    if (fmt == FT_INT8) return *(const float*)(m.base + m.rows * m.cols + 4 * r);
+    return 1.0f;
+}
+
+// Signed byte k of w as f32 (exact): 2^23 + (byte ^ 0x80) - (2^23 + 128).
+__device__ __forceinline__ float i8_at(u32 w, int k) {
+    return __int_as_float(__byte_perm(w ^ 0x80808080u, 0x4B000000u, 0x7440u | (u32)k)) - 8388736.0f;
+}
+
+// f32-path partial dot of one block: sum of w_i * x_i (any order; f32 path has a tolerance).
+__device__ __forceinline__ float block_dot_f32(int fmt, const u8* vrow, int b, int G, const float* xb) {
+    float p = 0.0f;
+    if (fmt == FT_BF16) {
+        const uint4* v = (const uint4*)(vrow + (u64)b * 32);
+        uint4 a = v[0], c = v[1];
+        u32 w[8] = {a.x, a.y, a.z, a.w, c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            p = fmaf(__int_as_float(w[k] << 16), xb[2 * k], p);
+            p = fmaf(__int_as_float(w[k] & 0xFFFF0000u), xb[2 * k + 1], p);
+        }
+        return p;
+    }
+    u32 W[8];
+    load_w8(fmt, vrow, b, W);
+    int nd = G / 4;
+#pragma unroll
+    for (int d = 0; d < 8; d++) {
+        if (d < nd) {
+            p = fmaf(i8_at(W[d], 0), xb[4 * d], p);
+            p = fmaf(i8_at(W[d], 1), xb[4 * d + 1], p);
+            p = fmaf(i8_at(W[d], 2), xb[4 * d + 2], p);
+            p = fmaf(i8_at(W[d], 3), xb[4 * d + 3], p);
+        }
+    }
+    return p;
+}
+
+// int8-path exact integer dot of a block with G quantized activations (16-byte aligned).
+__device__ __forceinline__ int block_dot_i8(const u32 W[8], int G, const i8* qb) {
+    const int4* a = (const int4*)qb;
+    int4 a0 = a[0];
+    int d = __dp4a((int)W[0], a0.x, 0);
+    d = __dp4a((int)W[1], a0.y, d);
+    d = __dp4a((int)W[2], a0.z, d);
+    d = __dp4a((int)W[3], a0.w, d);
+    if (G == 32) {
+        int4 a1 = a[1];
+        d = __dp4a((int)W[4], a1.x, d);
+        d = __dp4a((int)W[5], a1.y, d);
+        d = __dp4a((int)W[6], a1.z, d);
+        d = __dp4a((int)W[7], a1.w, d);
+    }
+    return d;
+}
+
+// The spec's fixed reduction of the 16 accumulators held by the 16 lanes of a half-warp;
+// the result is valid in lane 0 of the half-warp. All 32 lanes must call it.
+__device__ __forceinline__ float reduce16(float acc) {
+    acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 8, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 4, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 2, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(0xffffffffu, acc, 1, 16));
+    return acc;
+}
+
+// exp as the spec defines it (Cephes expf in plain f32 operations). The constants are the
+// exact f32 bit patterns of ft-kernels' `w4a8::exp_ft` (its code is the definition; note
+// that its P1 literal 1.3982e-3 rounds to 0x3ab743cf, one ulp above Cephes' 1.3981999507e-3).
+__device__ __forceinline__ float exp_ft(float v) {
+    const float LOG2E = __int_as_float(0x3fb8aa3b);
+    const float C1 = __int_as_float(0x3f318000);   // 0.693359375
+    const float C2 = __int_as_float(0xb95e8083);   // -2.1219444e-4
+    v = fminf(fmaxf(v, -87.0f), 88.0f);
+    float n = floorf(__fadd_rn(__fmul_rn(v, LOG2E), 0.5f));
+    float r = __fsub_rn(__fsub_rn(v, __fmul_rn(n, C1)), __fmul_rn(n, C2));
+    float p = __int_as_float(0x39506967);                          // P0 1.9875691e-4
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3ab743cf));    // P1 1.3982e-3
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3c088908));    // P2 8.333452e-3
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3d2aa9c1));    // P3 4.1665796e-2
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3e2aaaaa));    // P4 1.6666665e-1
+    p = __fadd_rn(__fmul_rn(p, r), __int_as_float(0x3f000000));    // P5 5.0000001e-1
+    float e = __fadd_rn(__fadd_rn(__fmul_rn(p, __fmul_rn(r, r)), r), 1.0f);
+    return __fmul_rn(e, __int_as_float(((int)n + 127) << 23));
+}
+
+__device__ __forceinline__ float silu_ft(float v) {
+    return __fdiv_rn(v, __fadd_rn(1.0f, exp_ft(-v)));
+}
+
+// Quantize one block of G activations (spec section 2) into q[0..G), returning the scale.
+__device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
+    float a = 0.0f;
+    for (int i = 0; i < G; i++) a = fmaxf(a, fabsf(xb[i]));
+    if (a == 0.0f) {
+        for (int i = 0; i < G; i++) q[i] = 0;
+        return 0.0f;
+    }
+    float scale = __fdiv_rn(a, 127.0f);
+    float inv = __fdiv_rn(127.0f, a);
+    for (int i = 0; i < G; i++) {
+        float v = roundf(__fmul_rn(xb[i], inv));
+        q[i] = (i8)fminf(fmaxf(v, -127.0f), 127.0f);
+    }
+    return scale;
+}
+
+// MT: tokens per pass held in registers (8, or 1 for the batch-1 variant, which keeps few
+// registers and unrolls its block loop instead). The arithmetic is the same for both.
+template <int MT>
+__device__ __forceinline__ void gate_up_impl(
+    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt, int act,
+    int H, int I, const float* __restrict__ x, int tch,
+    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs)
+{
+    constexpr int UNROLL = MT == 1 ? 4 : 1;
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ float hbuf[MAXT][32];
+    const int G = group_of(fmt);
+    const Task task = tasks[blockIdx.y];
+    const int r0 = blockIdx.x * G;
+    const int lane = threadIdx.x & (HW - 1);
+    const int hw = threadIdx.x / HW;
+    const int nhw = blockDim.x / HW;
+    const int nb = H / G;
+    const Mat gate = {(const u8*)task.weights, (u64)I, (u64)H};
+    const Mat up = {(const u8*)task.weights + matrix_bytes(fmt, I, H), (u64)I, (u64)H};
+    const u64 vrb = values_row_bytes(fmt, H);
+    // Shared activations of the pass: int8 codes [tch][H] then scales [tch][nb]; or f32 [tch][H].
+    i8* sq = (i8*)smem;
+    float* ss = (float*)(smem + (u64)tch * H);
+    float* sx = (float*)smem;
+
+    for (u32 c0 = 0; c0 < task.pair_count; c0 += tch) {
+        const int nt = min((u32)tch, task.pair_count - c0);
+        if (act == ACT_INT8) {
+            for (int job = threadIdx.x; job < nt * nb; job += blockDim.x) {
+                int t = job / nb, b = job % nb;
+                u32 tok = pairs[task.pair_begin + c0 + t].index;
+                ss[t * nb + b] = quantize_block(x + (u64)tok * H + (u64)b * G, G, sq + (u64)t * H + (u64)b * G);
+            }
+        } else {
+            for (int job = threadIdx.x; job < nt * (H / 4); job += blockDim.x) {
+                int t = job / (H / 4), k = job % (H / 4);
+                u32 tok = pairs[task.pair_begin + c0 + t].index;
+                ((float4*)(sx + (u64)t * H))[k] = ((const float4*)(x + (u64)tok * H))[k];
+            }
+        }
+        __syncthreads();
+        for (int rr = hw; rr < G; rr += nhw) {
+            const u64 r = (u64)r0 + rr;
+            float ga[MT], ua[MT];
+#pragma unroll
+            for (int t = 0; t < MT; t++) { ga[t] = 0.0f; ua[t] = 0.0f; }
+            const u8* grow = gate.base + r * vrb;
+            const u8* urow = up.base + r * vrb;
+            // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
+#pragma unroll UNROLL
+            for (int b = lane; b < nb; b += HW) {
+                if (act == ACT_INT8) {
+                    u32 Wg[8], Wu[8];
+                    load_w8(fmt, grow, b, Wg);
+                    load_w8(fmt, urow, b, Wu);
+                    float sg = block_scale(fmt, gate, r, b);
+                    float su = block_scale(fmt, up, r, b);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            const i8* qb = sq + (u64)t * H + (u64)b * G;
+                            float sc = ss[t * nb + b];
+                            int dg = block_dot_i8(Wg, G, qb);
+                            int du = block_dot_i8(Wu, G, qb);
+                            ga[t] = __fadd_rn(ga[t], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
+                            ua[t] = __fadd_rn(ua[t], __fmul_rn((float)du, __fmul_rn(su, sc)));
+                        }
+                    }
+                } else {
+                    float sg = block_scale(fmt, gate, r, b);
+                    float su = block_scale(fmt, up, r, b);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            const float* xb = sx + (u64)t * H + (u64)b * G;
+                            ga[t] = fmaf(block_dot_f32(fmt, grow, b, G, xb), sg, ga[t]);
+                            ua[t] = fmaf(block_dot_f32(fmt, urow, b, G, xb), su, ua[t]);
+                        }
+                    }
+                }
+            }
+            const float fg = row_factor(fmt, gate, r);
+            const float fu = row_factor(fmt, up, r);
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                float g = __fmul_rn(reduce16(ga[t]), fg);
+                float u = __fmul_rn(reduce16(ua[t]), fu);
+                if (lane == 0 && t < nt) hbuf[t][rr] = __fmul_rn(silu_ft(g), u);
+            }
+        }
+        __syncthreads();
+        if (act == ACT_INT8) {
+            // Quantize this block of h per token (the down matrix's activation block r0 / G).
+            for (int t = threadIdx.x; t < nt; t += blockDim.x) {
+                u32 p = task.pair_begin + c0 + t;
+                hs[(u64)p * (I / G) + blockIdx.x] = quantize_block(&hbuf[t][0], G, hq + (u64)p * I + r0);
+            }
+        } else {
+            for (int k = threadIdx.x; k < nt * G; k += blockDim.x) {
+                int t = k / G, rr = k % G;
+                u32 p = task.pair_begin + c0 + t;
+                hf[(u64)p * I + r0 + rr] = hbuf[t][rr];
+            }
+        }
+        __syncthreads();
+    }
+}
+
+template <int MT>
+__device__ __forceinline__ void down_impl(
+    const Task* __restrict__ tasks, const Pair* __restrict__ pairs,
+    const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
+    int fmt, int act, int H, int I, int T,
+    float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
+    u32* counters, float* __restrict__ y)
+{
+    constexpr int UNROLL = MT == 1 ? 4 : 1;
+    __shared__ u32 ticket;
+    const int G = group_of(fmt);
+    const Task task = tasks[blockIdx.y];
+    const int lane = threadIdx.x & (HW - 1);
+    const int hw = threadIdx.x / HW;
+    const int j0 = blockIdx.x * DOWN_ROWS;
+    const int nb = I / G;
+    const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
+    const u64 vrb = values_row_bytes(fmt, I);
+
+    for (int jj = hw; jj < DOWN_ROWS; jj += blockDim.x / HW) {
+        const int j = j0 + jj;
+        if (j >= H) break;   // uniform per half-warp; whole warps leave together (H % 32 == 0)
+        const u8* row = down.base + (u64)j * vrb;
+        const float f = row_factor(fmt, down, j);
+        for (u32 c0 = 0; c0 < task.pair_count; c0 += MT) {
+            const int nt = min((u32)MT, task.pair_count - c0);
+            const u32 p0 = task.pair_begin + c0;
+            float acc[MT];
+#pragma unroll
+            for (int t = 0; t < MT; t++) acc[t] = 0.0f;
+            // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
+#pragma unroll UNROLL
+            for (int b = lane; b < nb; b += HW) {
+                const float sb = block_scale(fmt, down, j, b);
+                if (act == ACT_INT8) {
+                    u32 W[8];
+                    load_w8(fmt, row, b, W);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            const u64 p = p0 + t;
+                            int d = block_dot_i8(W, G, hq + p * I + (u64)b * G);
+                            float s = __fmul_rn(sb, hs[p * nb + b]);
+                            acc[t] = __fadd_rn(acc[t], __fmul_rn((float)d, s));
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            const u64 p = p0 + t;
+                            acc[t] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[t]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int t = 0; t < MT; t++) {
+                float o = __fmul_rn(reduce16(acc[t]), f);
+                if (lane == 0 && t < nt) O[(u64)(p0 + t) * H + j] = o;
+            }
+        }
+    }
+    // Make this block's O visible device-wide, then take a ticket; the last block of the row
+    // tile combines it.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(&counters[blockIdx.x], 1u);
+    __syncthreads();
+    if (ticket != gridDim.y - 1) return;
+    __threadfence();
+    for (int idx = threadIdx.x; idx < T * DOWN_ROWS; idx += blockDim.x) {
+        const int t = idx / DOWN_ROWS;
+        const int j = j0 + idx % DOWN_ROWS;
+        if (j >= H) continue;
+        float acc = 0.0f;
+        for (u32 k = tok_begin[t]; k < tok_begin[t + 1]; k++) {
+            const Pair tp = tok_pairs[k];
+            const float o = __ldcg(&O[(u64)tp.index * H + j]);
+            acc = __fadd_rn(acc, __fmul_rn(tp.weight, o));
+        }
+        y[(u64)t * H + j] = acc;
+    }
+    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+}
+
+#define GATE_UP_ARGS \
+    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt, int act, \
+    int H, int I, const float* __restrict__ x, int tch, \
+    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs
+#define DOWN_ARGS \
+    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, \
+    const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs, \
+    int fmt, int act, int H, int I, int T, \
+    float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
+    u32* counters, float* __restrict__ y
+
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
+    gate_up_impl<MAXT>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_1(GATE_UP_ARGS) {
+    gate_up_impl<1>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
+    down_impl<MAXT>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_1(DOWN_ARGS) {
+    down_impl<1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+}

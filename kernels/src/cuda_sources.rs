@@ -1,0 +1,101 @@
+//! The CUDA kernels of `ft`, as sources.
+//!
+//! Kernels live as `.cu` files under `kernels/cuda/`, embedded here with `include_str!` and
+//! named by [`KernelId`]. `ft-runtime` compiles each at first use with NVRTC for the device's
+//! compute capability and caches the module per device; this crate only holds the text, so
+//! it builds without CUDA.
+
+/// Definitions shared by every kernel (types, the `Region` table entry); prepended to each
+/// source before compilation.
+pub const COMMON: &str = include_str!("../cuda/common.cuh");
+
+/// One compilation unit of CUDA source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum KernelId {
+    /// The layer's routed experts, all formats, f32 and int8 activation paths.
+    Experts,
+    /// The zero-copy gather reading mapped pinned host memory.
+    Gather,
+    /// The memory-bound dense-part kernel.
+    Dense,
+    /// Small element-wise kernels (the hybrid partial-output add).
+    Elementwise,
+}
+
+impl KernelId {
+    /// Every kernel source, in a fixed order.
+    pub const ALL: [KernelId; 4] = [
+        KernelId::Experts,
+        KernelId::Gather,
+        KernelId::Dense,
+        KernelId::Elementwise,
+    ];
+
+    /// Name used in logs and compile errors (the `.cu` file's stem).
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelId::Experts => "experts",
+            KernelId::Gather => "gather",
+            KernelId::Dense => "dense",
+            KernelId::Elementwise => "elementwise",
+        }
+    }
+
+    /// The kernel's own source (without [`COMMON`]).
+    pub fn source(self) -> &'static str {
+        match self {
+            KernelId::Experts => include_str!("../cuda/experts.cu"),
+            KernelId::Gather => include_str!("../cuda/gather.cu"),
+            KernelId::Dense => include_str!("../cuda/dense.cu"),
+            KernelId::Elementwise => include_str!("../cuda/elementwise.cu"),
+        }
+    }
+
+    /// The complete compilation unit: [`COMMON`] followed by the kernel's source.
+    pub fn full_source(self) -> String {
+        format!(
+            "{COMMON}\n// ---- {}.cu ----\n{}",
+            self.name(),
+            self.source()
+        )
+    }
+
+    /// The `extern "C"` entry points this unit defines.
+    pub fn entry_points(self) -> &'static [&'static str] {
+        match self {
+            KernelId::Experts => &[
+                "ft_experts_gate_up",
+                "ft_experts_down",
+                "ft_experts_gate_up_1",
+                "ft_experts_down_1",
+            ],
+            KernelId::Gather => &["ft_gather_zero_copy"],
+            KernelId::Dense => &["ft_dense_read"],
+            KernelId::Elementwise => &["ft_add_f32"],
+        }
+    }
+}
+
+impl std::fmt::Display for KernelId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_point_is_defined_in_its_source() {
+        for k in KernelId::ALL {
+            let src = k.full_source();
+            for e in k.entry_points() {
+                assert!(
+                    src.contains(&format!(" {e}(")) && src.contains("__global__"),
+                    "{k}: entry point {e} not found"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! The GPU backend's micro-bench (experiments/gpu-backend/): how close the gather and the
+//! expert kernel come to the same run's ceilings.
+//!
+//! - device copy bandwidth: one device-to-device copy of `COPY_BYTES`;
+//! - linear pinned H2D of `n` experts' bytes, and the gather of `n` scattered experts of the
+//!   served model (copy engine and zero-copy), `n` in 8..64; target: gather >= 90% of linear;
+//! - the expert kernel for a layer of 10 resident experts at 1 token (f32 and int8 paths),
+//!   rotating through disjoint expert sets so that the weights are not L2-resident; target:
+//!   expert bytes / time >= 50% of the device copy bandwidth, launch included;
+//! - the dense kernel's read bandwidth.
+//!
+//! Usage: `gpu_backend [--device cuda|host] [--out DIR] [--reps N]`. Writes `gpu_backend.json`
+//! and `gpu_backend.csv` under DIR (default `.`) and prints a table; GB/s = 1e9 B/s.
+
+use std::io::Write;
+use std::time::Instant;
+
+use ft_model::cache::SlotId;
+use ft_model::{ExpertFormat, ExpertId, ModelSpec};
+use ft_runtime::bank::HostBank;
+use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
+use ft_runtime::device::{Device, DeviceKind};
+use ft_runtime::gather::{self, GatherMethod};
+use ft_runtime::gpu_experts::{ActPath, ExpertStep, ExpertTask, TokenWeight};
+use ft_runtime::slots::SlotPool;
+use serde::Serialize;
+
+/// Bytes of the device copy that sets the ceiling (1 GiB: far beyond L2).
+const COPY_BYTES: usize = 1 << 30;
+/// Bytes the dense kernel reads per launch (256 MiB).
+const DENSE_BYTES: usize = 256 << 20;
+/// Experts of the kernel's layer (the target's "layer of 10 resident experts").
+const LAYER_EXPERTS: usize = 10;
+/// Disjoint layers of experts rotated through (6 x 27.7 MB, about 3 x the H200's L2).
+const ROTATE_LAYERS: usize = 6;
+/// Gather sizes, experts.
+const GATHER_SIZES: [usize; 4] = [8, 16, 32, 64];
+
+#[derive(Debug, Serialize)]
+struct GatherRow {
+    experts: usize,
+    bytes: u64,
+    linear_h2d_gbs: f64,
+    copy_engine_gbs: f64,
+    zero_copy_gbs: f64,
+    best: String,
+    best_over_linear: f64,
+    target: f64,
+    pass: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct KernelRow {
+    act: String,
+    experts: usize,
+    tokens: usize,
+    bytes: u64,
+    event_us: f64,
+    wall_us: f64,
+    event_gbs: f64,
+    over_copy_rw: f64,
+    over_copy_bytes: f64,
+    target: f64,
+    pass: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    device: ft_runtime::device::DeviceInfo,
+    model: String,
+    expert_bytes: u64,
+    /// Device copy: (bytes read + bytes written) / time, GB/s.
+    copy_rw_gbs: f64,
+    /// Device copy: bytes copied / time, GB/s.
+    copy_gbs: f64,
+    dense_read_gbs: f64,
+    gather: Vec<GatherRow>,
+    kernel: Vec<KernelRow>,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut kind = DeviceKind::Cuda;
+    let mut out = std::path::PathBuf::from(".");
+    let mut reps = 20usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--device" => kind = args.next().ok_or("--device needs a value")?.parse()?,
+            "--out" => out = args.next().ok_or("--out needs a value")?.into(),
+            "--reps" => reps = args.next().ok_or("--reps needs a value")?.parse()?,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let d = Device::open_kind(kind)?;
+    let small = kind == DeviceKind::Host;
+    let spec = ModelSpec::preset("qwen3.8-flash-next")?;
+    let eb = spec.expert_bytes();
+    let s = d.new_stream("compute")?;
+    let c = d.new_stream("copy")?;
+    let (e0, e1) = (d.new_event(true)?, d.new_event(true)?);
+    d.warm_up_kernels()?;
+
+    // Device copy ceiling.
+    let copy_bytes = if small { 64 << 20 } else { COPY_BYTES };
+    let a = d.alloc(copy_bytes, "copy a")?;
+    let b = d.alloc(copy_bytes, "copy b")?;
+    let mut t = Vec::new();
+    for r in 0..=reps.min(10) {
+        s.record(&e0)?;
+        s.copy_d2d(&a, 0, &b, 0, copy_bytes)?;
+        s.record(&e1)?;
+        e1.synchronize()?;
+        if r > 0 {
+            t.push(e0.elapsed_us(&e1)?);
+        }
+    }
+    let copy_us = median(&mut t);
+    let copy_gbs = copy_bytes as f64 / (copy_us * 1e3);
+    let copy_rw_gbs = 2.0 * copy_gbs;
+
+    // Dense read.
+    let dense_bytes = if small { 32 << 20 } else { DENSE_BYTES };
+    let out_buf = d.alloc(DENSE_OUT_BYTES, "dense out")?;
+    let reads = [DenseRead {
+        buffer: &a,
+        offset: 0,
+        bytes: dense_bytes,
+    }];
+    let mut t = Vec::new();
+    for r in 0..=reps.min(10) {
+        s.record(&e0)?;
+        s.launch_dense(&reads, &out_buf)?;
+        s.record(&e1)?;
+        e1.synchronize()?;
+        if r > 0 {
+            t.push(e0.elapsed_us(&e1)?);
+        }
+    }
+    let dense_read_gbs = dense_bytes as f64 / (median(&mut t) * 1e3);
+    drop((a, b));
+
+    // Gather vs linear H2D.
+    let max_n = *GATHER_SIZES.iter().max().unwrap_or(&64);
+    let bank_experts = if small { 2 * max_n } else { 8 * max_n };
+    let g = ft_model::MoeGeometry {
+        experts: bank_experts,
+        moe_layers: 1,
+        ..spec.geometry
+    };
+    let bank = HostBank::from_seed(&d, spec.format, &g, 11)?;
+    let pool = SlotPool::new(&d, eb, max_n.max(LAYER_EXPERTS * ROTATE_LAYERS), 0)?;
+    let lin_dst = d.alloc(max_n * eb as usize, "linear destination")?;
+    let mut grows = Vec::new();
+    let mut first = 0usize;
+    for &n in &GATHER_SIZES {
+        let bytes = n as u64 * eb;
+        let mut lin = Vec::new();
+        for r in 0..=reps {
+            let src = ((first * eb as usize) % (bank.buffer().len() - bytes as usize)) & !4095;
+            first = (first + n) % bank_experts;
+            c.record(&e0)?;
+            c.copy_h2d(bank.buffer(), src, &lin_dst, 0, bytes as usize)?;
+            c.record(&e1)?;
+            e1.synchronize()?;
+            if r > 0 {
+                lin.push(bytes as f64 / (e0.elapsed_us(&e1)? * 1e3));
+            }
+        }
+        let mut per = Vec::new();
+        for m in GatherMethod::ALL {
+            let mut v = Vec::new();
+            for r in 0..=reps {
+                // Scattered sources (every other expert), scattered slots (reversed).
+                let moves: Vec<_> = (0..n)
+                    .map(|i| {
+                        (
+                            ExpertId::new(0, (first + 2 * i) % bank_experts),
+                            SlotId((n - 1 - i) as u32),
+                        )
+                    })
+                    .collect();
+                first = (first + 2 * n) % bank_experts;
+                let us = gather::time_gather(&d, &c, &bank, &pool, &moves, m, 1)?[0];
+                if r > 0 {
+                    v.push(bytes as f64 / (us * 1e3));
+                }
+            }
+            per.push(median(&mut v));
+        }
+        let linear = median(&mut lin);
+        let (best, best_gbs) = if per[1] > per[0] {
+            ("zero-copy", per[1])
+        } else {
+            ("copy-engine", per[0])
+        };
+        grows.push(GatherRow {
+            experts: n,
+            bytes,
+            linear_h2d_gbs: linear,
+            copy_engine_gbs: per[0],
+            zero_copy_gbs: per[1],
+            best: best.into(),
+            best_over_linear: best_gbs / linear,
+            target: 0.9,
+            pass: best_gbs / linear >= 0.9,
+        });
+    }
+    drop(lin_dst);
+
+    // Expert kernel: layers of 10 resident experts, 1 token, rotating through disjoint sets.
+    let x = d.alloc(spec.geometry.hidden * 4, "x")?;
+    let y = d.alloc(spec.geometry.hidden * 4, "y")?;
+    s.upload_f32(&vec![0.25f32; spec.geometry.hidden], &x, 0)?;
+    let moves: Vec<_> = (0..LAYER_EXPERTS * ROTATE_LAYERS)
+        .map(|i| (ExpertId::new(0, i % bank_experts), SlotId(i as u32)))
+        .collect();
+    gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
+    c.synchronize()?;
+    let mut krows = Vec::new();
+    // (act, tokens per expert): 0 tokens runs both kernels with no work (the fixed cost:
+    // table staging, two launches, the ticket).
+    for (act, tokens) in [(ActPath::F32, 1), (ActPath::Int8, 1), (ActPath::Int8, 0)] {
+        let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
+            .map(|l| {
+                let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, act, 1);
+                st.experts = (0..LAYER_EXPERTS)
+                    .map(|e| ExpertTask {
+                        weights_offset: (l * LAYER_EXPERTS + e) * pool.stride(),
+                        tokens: vec![TokenWeight {
+                            token: 0,
+                            weight: 0.1,
+                        }],
+                    })
+                    .collect();
+                st
+            })
+            .collect();
+        let (mut ev, mut wall) = (Vec::new(), Vec::new());
+        for r in 0..=reps * 2 {
+            let st = &steps[r % ROTATE_LAYERS];
+            let t0 = Instant::now();
+            s.record(&e0)?;
+            s.launch_experts(st, pool.buffer(), &x, &y)?;
+            s.record(&e1)?;
+            e1.synchronize()?;
+            let w = t0.elapsed().as_secs_f64() * 1e6;
+            if r > 0 {
+                ev.push(e0.elapsed_us(&e1)?);
+                wall.push(w);
+            }
+        }
+        let (ev, wall) = (median(&mut ev), median(&mut wall));
+        let bytes = LAYER_EXPERTS as u64 * eb;
+        let gbs = bytes as f64 / (ev * 1e3);
+        krows.push(KernelRow {
+            act: act.name().into(),
+            experts: LAYER_EXPERTS,
+            tokens,
+            bytes,
+            event_us: ev,
+            wall_us: wall,
+            event_gbs: gbs,
+            over_copy_rw: gbs / copy_rw_gbs,
+            over_copy_bytes: gbs / copy_gbs,
+            target: 0.5,
+            pass: gbs / copy_rw_gbs >= 0.5,
+        });
+    }
+
+    let report = Report {
+        device: d.info().clone(),
+        model: spec.name.clone(),
+        expert_bytes: eb,
+        copy_rw_gbs,
+        copy_gbs,
+        dense_read_gbs,
+        gather: grows,
+        kernel: krows,
+    };
+    std::fs::create_dir_all(&out)?;
+    std::fs::write(
+        out.join("gpu_backend.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    let mut csv = std::fs::File::create(out.join("gpu_backend.csv"))?;
+    writeln!(csv, "kind,size,a_gbs,b_gbs,c_gbs,ratio,target,pass")?;
+    for r in &report.gather {
+        writeln!(
+            csv,
+            "gather,{},{:.3},{:.3},{:.3},{:.4},{},{}",
+            r.experts,
+            r.linear_h2d_gbs,
+            r.copy_engine_gbs,
+            r.zero_copy_gbs,
+            r.best_over_linear,
+            r.target,
+            r.pass
+        )?;
+    }
+    for r in &report.kernel {
+        writeln!(
+            csv,
+            "kernel-{},{},{:.3},{:.3},{:.3},{:.4},{},{}",
+            r.act, r.experts, r.event_gbs, copy_rw_gbs, copy_gbs, r.over_copy_rw, r.target, r.pass
+        )?;
+    }
+    println!(
+        "device: {} ({:?})",
+        report.device.name, report.device.compute_capability
+    );
+    println!(
+        "device copy: {:.1} GB/s read+write ({:.1} GB/s copied); dense read {:.1} GB/s",
+        copy_rw_gbs, copy_gbs, dense_read_gbs
+    );
+    println!(
+        "{:>8} {:>11} {:>12} {:>10} {:>12} {:>9} {:>5}",
+        "experts", "linear H2D", "copy-engine", "zero-copy", "best/linear", "target", "pass"
+    );
+    for r in &report.gather {
+        println!(
+            "{:>8} {:>11.2} {:>12.2} {:>10.2} {:>12.3} {:>9.2} {:>5}",
+            r.experts,
+            r.linear_h2d_gbs,
+            r.copy_engine_gbs,
+            r.zero_copy_gbs,
+            r.best_over_linear,
+            r.target,
+            r.pass
+        );
+    }
+    println!(
+        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>9} {:>5}",
+        "act", "experts", "event us", "wall us", "GB/s", "/copy (rw)", "target", "pass"
+    );
+    for r in &report.kernel {
+        println!(
+            "{:>6} {:>8} {:>10.2} {:>10.2} {:>10.1} {:>12.3} {:>9.2} {:>5}",
+            r.act, r.experts, r.event_us, r.wall_us, r.event_gbs, r.over_copy_rw, r.target, r.pass
+        );
+    }
+    Ok(())
+}

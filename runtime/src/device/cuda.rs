@@ -1,0 +1,863 @@
+//! The CUDA backend, through cudarc's driver API with dynamic loading.
+//!
+//! A build with feature `cuda` runs on machines without CUDA: [`CudaDevice::new`] checks
+//! that libcuda can be loaded, that the driver initialises and that the ordinal exists
+//! before touching anything else, and says which step failed. Memory is managed with raw
+//! driver calls (cudarc's `CudaSlice` event tracking is turned off: ordering is the
+//! engine's, through [`super::Event`]s, as on real CUDA). Kernel tables (regions, expert
+//! tasks) are staged through a small per-stream ring of pinned buffers copied to the device
+//! on the stream ahead of the launch, so a table can be rewritten as soon as the launch that
+//! reads it is queued.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{self, CUdeviceptr};
+use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use ft_kernels::cuda_sources::KernelId;
+
+use super::{Clock, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer};
+use crate::dense::DenseRead;
+use crate::error::{Result, RuntimeError};
+use crate::gather::CopyRegion;
+use crate::gpu_experts::ExpertStep;
+
+/// `cuMemHostAlloc` flags of every host buffer: PORTABLE (usable from every context) and
+/// DEVICEMAP (mapped, for the zero-copy gather). Deliberately not WRITECOMBINED: the CPU
+/// kernels read banks, and write-combined memory is uncached for CPU reads.
+pub const HOST_ALLOC_FLAGS: u32 = sys::CU_MEMHOSTALLOC_PORTABLE | sys::CU_MEMHOSTALLOC_DEVICEMAP;
+
+/// Bytes one block of the gather and dense kernels works on (64 KiB: enough work per block
+/// to amortise its start, small enough that a 2.77 MB expert spreads over ~43 blocks).
+pub const CHUNK_BYTES: u64 = 64 * 1024;
+
+/// Threads per block of the streaming kernels (gather, dense, add).
+const STREAM_THREADS: u32 = 256;
+
+/// Argument tables in flight per stream before the oldest must have been consumed.
+const ARG_RING: usize = 8;
+
+/// Initial bytes of one argument-table slot (grows on demand).
+const ARG_SLOT_BYTES: usize = 64 * 1024;
+
+fn cu(op: &str) -> impl FnOnce(result::DriverError) -> RuntimeError + '_ {
+    move |e| RuntimeError::cuda(op, e)
+}
+
+/// State shared by the device and its streams.
+pub(crate) struct Shared {
+    pub(crate) ctx: Arc<CudaContext>,
+    pub(crate) cc: (u32, u32),
+    functions: Mutex<HashMap<(KernelId, &'static str), CudaFunction>>,
+    /// Origin of event timelines: an event recorded at open and its host time, us.
+    origin: (sys::CUevent, f64),
+}
+
+// SAFETY: CUevent is a driver handle usable from any thread of the process.
+unsafe impl Send for Shared {}
+// SAFETY: as above; the function map is behind a mutex.
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: created in `CudaDevice::new`, destroyed once.
+        let _ = unsafe { result::event::destroy(self.origin.0) };
+    }
+}
+
+impl Shared {
+    fn bind(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(cu("binding the CUDA context"))
+    }
+
+    /// The function `entry` of `kernel`, compiling and loading the unit at first use.
+    pub(crate) fn function(&self, kernel: KernelId, entry: &'static str) -> Result<CudaFunction> {
+        let mut map = self
+            .functions
+            .lock()
+            .map_err(|_| RuntimeError::cuda("kernel cache", "poisoned lock"))?;
+        if let Some(f) = map.get(&(kernel, entry)) {
+            return Ok(f.clone());
+        }
+        let compiled = crate::nvrtc::compile(kernel, self.cc)?;
+        self.bind()?;
+        let image = cudarc::nvrtc::Ptx::from_binary(compiled.image.clone());
+        let module = self
+            .ctx
+            .load_module(image)
+            .map_err(cu(&format!("loading kernel module '{kernel}'")))?;
+        for e in kernel.entry_points() {
+            let f = module
+                .load_function(e)
+                .map_err(cu(&format!("finding {e} in kernel module '{kernel}'")))?;
+            map.insert((kernel, *e), f);
+        }
+        map.get(&(kernel, entry)).cloned().ok_or_else(|| {
+            RuntimeError::cuda(
+                format!("finding {entry} in kernel module '{kernel}'"),
+                "not an entry point of that unit",
+            )
+        })
+    }
+}
+
+/// An opened CUDA device.
+pub(crate) struct CudaDevice(pub(crate) Arc<Shared>);
+
+/// Why CUDA cannot be used here, or `None` when libcuda loads and a device exists.
+pub fn unavailable_reason() -> Option<String> {
+    // SAFETY: only probes whether the shared library can be loaded.
+    if !unsafe { sys::is_culib_present() } {
+        return Some("libcuda could not be loaded (no NVIDIA driver on this machine?)".into());
+    }
+    if let Err(e) = result::init() {
+        return Some(format!("the CUDA driver failed to initialise: {e}"));
+    }
+    match result::device::get_count() {
+        Ok(0) => Some("the CUDA driver reports no device".into()),
+        Ok(_) => None,
+        Err(e) => Some(format!("cannot count CUDA devices: {e}")),
+    }
+}
+
+impl CudaDevice {
+    pub(crate) fn new(ordinal: usize, clock: Clock) -> Result<(CudaDevice, DeviceInfo)> {
+        if let Some(reason) = unavailable_reason() {
+            return Err(RuntimeError::CudaUnavailable { reason });
+        }
+        let count = result::device::get_count().map_err(cu("counting devices"))? as usize;
+        if ordinal >= count {
+            return Err(RuntimeError::CudaUnavailable {
+                reason: format!("device {ordinal} asked for, but only {count} present"),
+            });
+        }
+        let ctx = CudaContext::new(ordinal).map_err(cu("creating the CUDA context"))?;
+        // SAFETY: no CudaSlice is used by this backend; ordering is explicit (events).
+        unsafe { ctx.disable_event_tracking() };
+        let attr = |a| ctx.attribute(a).map_err(cu("reading device attributes"));
+        let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mapped = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?;
+        if mapped == 0 {
+            return Err(RuntimeError::CudaUnavailable {
+                reason: format!(
+                    "device {ordinal} cannot map host memory (needed for zero-copy gathers)"
+                ),
+            });
+        }
+        let name = ctx.name().map_err(cu("reading the device name"))?;
+        let total = ctx.total_mem().map_err(cu("reading device memory"))? as u64;
+        let mut version = 0i32;
+        // SAFETY: writes one int.
+        let driver_version = if unsafe { sys::cuDriverGetVersion(&mut version) }
+            == sys::cudaError_enum::CUDA_SUCCESS
+        {
+            Some(format!("{}.{}", version / 1000, (version % 1000) / 10))
+        } else {
+            None
+        };
+        // The origin of event timelines.
+        ctx.bind_to_thread()
+            .map_err(cu("binding the CUDA context"))?;
+        let origin_ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+            .map_err(cu("creating the timeline origin event"))?;
+        let t0 = clock.now_us();
+        // SAFETY: a live event on the legacy default stream, which is idle here.
+        unsafe {
+            result::event::record(origin_ev, std::ptr::null_mut())
+                .map_err(cu("recording the origin event"))?;
+            result::event::synchronize(origin_ev).map_err(cu("waiting for the origin event"))?;
+        }
+        let t1 = clock.now_us();
+        let info = DeviceInfo {
+            kind: DeviceKind::Cuda,
+            ordinal,
+            name,
+            compute_capability: Some((major as u32, minor as u32)),
+            multiprocessors: sms as u32,
+            total_mem_bytes: total,
+            driver_version,
+            host_memory: "cuMemHostAlloc portable|devicemap (cached, not write-combined)".into(),
+        };
+        tracing::info!(device = %info.name, cc = ?info.compute_capability, "opened CUDA device");
+        Ok((
+            CudaDevice(Arc::new(Shared {
+                ctx,
+                cc: (major as u32, minor as u32),
+                functions: Mutex::new(HashMap::new()),
+                origin: (origin_ev, 0.5 * (t0 + t1)),
+            })),
+            info,
+        ))
+    }
+
+    pub(crate) fn free_mem_bytes(&self) -> Result<u64> {
+        self.0.bind()?;
+        let (free, _) = self
+            .0
+            .ctx
+            .mem_get_info()
+            .map_err(cu("reading free memory"))?;
+        Ok(free as u64)
+    }
+
+    pub(crate) fn alloc_device(&self, bytes: usize, what: &str) -> Result<CudaMem> {
+        self.0.bind()?;
+        let free = self.free_mem_bytes().unwrap_or(0);
+        // SAFETY: plain allocation; zeroed below before anyone reads it.
+        let ptr = match unsafe { result::malloc_sync(bytes.max(1)) } {
+            Ok(p) => p,
+            Err(e) => {
+                return Err(RuntimeError::OutOfMemory {
+                    what: what.to_string(),
+                    requested: bytes as u64,
+                    available: free,
+                    hint: format!("; cuMemAlloc: {e}"),
+                })
+            }
+        };
+        let mem = CudaMem {
+            ptr,
+            shared: self.0.clone(),
+        };
+        // SAFETY: `ptr` holds at least `bytes`.
+        unsafe { result::memset_d8_sync(ptr, 0, bytes.max(1)) }
+            .map_err(cu("zeroing a new buffer"))?;
+        Ok(mem)
+    }
+
+    pub(crate) fn alloc_pinned(&self, bytes: usize, what: &str) -> Result<PinnedMem> {
+        self.0.bind()?;
+        // SAFETY: page-locked allocation; zeroed below.
+        let host = match unsafe { result::malloc_host(bytes.max(1), HOST_ALLOC_FLAGS) } {
+            Ok(p) => p as *mut u8,
+            Err(e) => {
+                return Err(RuntimeError::OutOfMemory {
+                    what: what.to_string(),
+                    requested: bytes as u64,
+                    available: 0,
+                    hint: format!("; cuMemHostAlloc (page-locked): {e}"),
+                })
+            }
+        };
+        let mut mem = PinnedMem {
+            host,
+            dev: 0,
+            shared: self.0.clone(),
+        };
+        let mut dev: CUdeviceptr = 0;
+        // SAFETY: `host` was allocated with DEVICEMAP.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut dev, host as *mut _, 0) }
+            .result()
+            .map_err(cu("mapping pinned memory into the device"))?;
+        // SAFETY: `host` holds at least `bytes`.
+        unsafe { std::ptr::write_bytes(host, 0, bytes) };
+        mem.dev = dev;
+        Ok(mem)
+    }
+
+    pub(crate) fn new_stream(&self, name: &str) -> Result<CudaStreamH> {
+        self.0.bind()?;
+        let stream = self
+            .0
+            .ctx
+            .new_stream()
+            .map_err(cu(&format!("creating stream '{name}'")))?;
+        Ok(CudaStreamH {
+            shared: self.0.clone(),
+            stream,
+            ring: Mutex::new(ArgRing {
+                slots: Vec::new(),
+                next: 0,
+            }),
+            scratch: Mutex::new(None),
+        })
+    }
+
+    pub(crate) fn new_event(&self, timing: bool) -> Result<CudaEventH> {
+        self.0.bind()?;
+        let flags = if timing {
+            sys::CUevent_flags::CU_EVENT_DEFAULT
+        } else {
+            sys::CUevent_flags::CU_EVENT_DISABLE_TIMING
+        };
+        let ev = result::event::create(flags).map_err(cu("creating an event"))?;
+        Ok(CudaEventH {
+            ev,
+            shared: self.0.clone(),
+        })
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.0.bind()?;
+        self.0
+            .ctx
+            .synchronize()
+            .map_err(cu("synchronizing the device"))
+    }
+
+    pub(crate) fn warm_up_kernels(&self) -> Result<()> {
+        for k in KernelId::ALL {
+            for e in k.entry_points() {
+                self.0.function(k, e)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn event_timeline_us(&self, e: &CudaEventH) -> Result<f64> {
+        self.0.bind()?;
+        // SAFETY: both events are live.
+        let ms = unsafe { result::event::elapsed(self.0.origin.0, e.ev) }.map_err(cu(
+            "reading an event's time (recorded, completed, with timing?)",
+        ))?;
+        Ok(self.0.origin.1 + ms as f64 * 1e3)
+    }
+}
+
+/// Device memory.
+pub(crate) struct CudaMem {
+    ptr: CUdeviceptr,
+    shared: Arc<Shared>,
+}
+
+impl CudaMem {
+    pub(crate) fn ptr(&self) -> u64 {
+        self.ptr
+    }
+}
+
+impl Drop for CudaMem {
+    fn drop(&mut self) {
+        // Wait for the device, so nothing queued still uses the memory; errors cannot be
+        // reported from drop and are logged.
+        if self.shared.bind().is_ok() {
+            if let Err(e) = self.shared.ctx.synchronize() {
+                tracing::warn!("synchronize before freeing device memory failed: {e}");
+            }
+            // SAFETY: allocated by cuMemAlloc, freed once.
+            if let Err(e) = unsafe { result::free_sync(self.ptr) } {
+                tracing::warn!("cuMemFree failed: {e}");
+            }
+        }
+    }
+}
+
+/// Page-locked, mapped host memory.
+pub(crate) struct PinnedMem {
+    host: *mut u8,
+    dev: CUdeviceptr,
+    shared: Arc<Shared>,
+}
+
+// SAFETY: plain host memory; access ordered by the stream contract.
+unsafe impl Send for PinnedMem {}
+// SAFETY: as above.
+unsafe impl Sync for PinnedMem {}
+
+impl PinnedMem {
+    pub(crate) fn ptr(&self) -> *mut u8 {
+        self.host
+    }
+
+    /// The device-side address of the mapping (for zero-copy kernels).
+    pub(crate) fn dev_ptr(&self) -> u64 {
+        self.dev
+    }
+}
+
+impl Drop for PinnedMem {
+    fn drop(&mut self) {
+        if self.shared.bind().is_ok() {
+            if let Err(e) = self.shared.ctx.synchronize() {
+                tracing::warn!("synchronize before freeing pinned memory failed: {e}");
+            }
+            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            if let Err(e) = unsafe { result::free_host(self.host as *mut _) } {
+                tracing::warn!("cuMemFreeHost failed: {e}");
+            }
+        }
+    }
+}
+
+/// An event.
+pub(crate) struct CudaEventH {
+    ev: sys::CUevent,
+    shared: Arc<Shared>,
+}
+
+// SAFETY: driver handle, usable from any thread.
+unsafe impl Send for CudaEventH {}
+// SAFETY: as above.
+unsafe impl Sync for CudaEventH {}
+
+impl Drop for CudaEventH {
+    fn drop(&mut self) {
+        let _ = self.shared.bind();
+        // SAFETY: created by cuEventCreate, destroyed once (the driver defers it if pending).
+        let _ = unsafe { result::event::destroy(self.ev) };
+    }
+}
+
+impl CudaEventH {
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: live event.
+        unsafe { result::event::synchronize(self.ev) }.map_err(cu("waiting for an event"))
+    }
+
+    /// Microseconds from this event to `later` (cuEventElapsedTime, 0.5 us resolution).
+    pub(crate) fn elapsed_us(&self, later: &CudaEventH) -> Result<f64> {
+        self.shared.bind()?;
+        // SAFETY: both events are live.
+        let ms = unsafe { result::event::elapsed(self.ev, later.ev) }.map_err(cu(
+            "reading the time between two events (recorded, completed, with timing?)",
+        ))?;
+        Ok(ms as f64 * 1e3)
+    }
+
+    pub(crate) fn is_complete(&self) -> Result<bool> {
+        self.shared.bind()?;
+        // SAFETY: live event.
+        match unsafe { result::event::query(self.ev) } {
+            Ok(()) => Ok(true),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NOT_READY => Ok(false),
+            Err(e) => Err(RuntimeError::cuda("querying an event", e)),
+        }
+    }
+}
+
+/// One argument-table slot: pinned staging memory, its device copy, and the event after
+/// the launch that reads it.
+struct ArgSlot {
+    host: PinnedMem,
+    dev: CudaMem,
+    cap: usize,
+    done: sys::CUevent,
+    used: bool,
+}
+
+// SAFETY: the event is a driver handle usable from any thread; the slot is behind a mutex.
+unsafe impl Send for ArgSlot {}
+
+impl Drop for ArgSlot {
+    fn drop(&mut self) {
+        let _ = self.host.shared.bind();
+        // SAFETY: created with the slot, destroyed once.
+        let _ = unsafe { result::event::destroy(self.done) };
+    }
+}
+
+struct ArgRing {
+    slots: Vec<ArgSlot>,
+    next: usize,
+}
+
+/// Scratch memory of the expert kernel (grown on demand).
+pub(crate) struct Scratch {
+    pub(crate) mem: CudaMem,
+    pub(crate) bytes: usize,
+}
+
+/// A stream.
+pub(crate) struct CudaStreamH {
+    shared: Arc<Shared>,
+    stream: Arc<CudaStream>,
+    ring: Mutex<ArgRing>,
+    scratch: Mutex<Option<Scratch>>,
+}
+
+fn dptr(b: &DeviceBuffer) -> Result<u64> {
+    match &b.mem {
+        super::BufMem::Cuda(m) => Ok(m.ptr),
+        #[allow(unreachable_patterns)]
+        _ => Err(super::backend_mismatch("CUDA operation")),
+    }
+}
+
+fn pinned(b: &HostBuffer) -> Result<&PinnedMem> {
+    match &b.mem {
+        super::HostMemImpl::Cuda(m) => Ok(m),
+        #[allow(unreachable_patterns)]
+        _ => Err(super::backend_mismatch("CUDA copy")),
+    }
+}
+
+/// View a slice of plain-old-data table entries as bytes.
+pub(crate) fn pod_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    // SAFETY: T is a #[repr(C)] table entry of integers without padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+/// The `Region` entry of `kernels/cuda/common.cuh`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegionEntry {
+    pub(crate) src: u64,
+    pub(crate) dst: u64,
+    pub(crate) bytes: u64,
+    pub(crate) first_block: u64,
+}
+
+/// Region table entries with `first_block` assigned for chunks of `chunk` bytes, and the
+/// total number of blocks.
+pub(crate) fn region_table(
+    regions: impl Iterator<Item = (u64, u64, u64)>,
+    chunk: u64,
+) -> (Vec<RegionEntry>, u64) {
+    let mut blocks = 0u64;
+    let mut out = Vec::new();
+    for (src, dst, bytes) in regions {
+        if bytes == 0 {
+            continue;
+        }
+        out.push(RegionEntry {
+            src,
+            dst,
+            bytes,
+            first_block: blocks,
+        });
+        blocks += bytes.div_ceil(chunk);
+    }
+    (out, blocks)
+}
+
+/// Most blocks one launch's x dimension may have (CUDA's limit is 2^31 - 1).
+const MAX_GRID_X: u64 = (1 << 31) - 1;
+
+impl CudaStreamH {
+    pub(crate) fn raw(&self) -> sys::CUstream {
+        self.stream.cu_stream()
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// A kernel launch builder on this stream.
+    pub(crate) fn launch_builder<'a>(
+        &'a self,
+        f: &'a CudaFunction,
+    ) -> cudarc::driver::LaunchArgs<'a> {
+        self.stream.launch_builder(f)
+    }
+
+    /// Stage `bytes` into a ring slot and queue its copy to the device; returns the slot
+    /// index and the device address. Call [`CudaStreamH::release_table`] after the launch.
+    pub(crate) fn stage_table(&self, bytes: &[u8]) -> Result<(usize, u64)> {
+        let mut ring = self
+            .ring
+            .lock()
+            .map_err(|_| RuntimeError::cuda("argument ring", "poisoned lock"))?;
+        let idx = ring.next;
+        ring.next = (ring.next + 1) % ARG_RING;
+        let need = bytes.len().max(1);
+        // Make sure the slot exists, is large enough and is no longer read.
+        let grow = match ring.slots.get(idx) {
+            None => true,
+            Some(s) => s.cap < need,
+        };
+        if let Some(s) = ring.slots.get(idx) {
+            if s.used {
+                // SAFETY: live event.
+                unsafe { result::event::synchronize(s.done) }
+                    .map_err(cu("waiting for an argument slot"))?;
+            }
+        }
+        if grow {
+            let cap = need.next_power_of_two().max(ARG_SLOT_BYTES);
+            let dev = CudaDevice(self.shared.clone());
+            let slot = ArgSlot {
+                host: dev.alloc_pinned(cap, "kernel argument table")?,
+                dev: dev.alloc_device(cap, "kernel argument table")?,
+                cap,
+                done: {
+                    self.shared.bind()?;
+                    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                        .map_err(cu("creating an argument-slot event"))?
+                },
+                used: false,
+            };
+            if idx < ring.slots.len() {
+                ring.slots[idx] = slot;
+            } else {
+                ring.slots.push(slot);
+            }
+        }
+        let slot = &mut ring.slots[idx];
+        // SAFETY: the slot's previous reader has finished (event above); `cap >= len`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.host.host, bytes.len()) };
+        self.shared.bind()?;
+        // SAFETY: pinned source of `len` bytes, device destination of `cap >= len` bytes.
+        unsafe {
+            sys::cuMemcpyHtoDAsync_v2(
+                slot.dev.ptr,
+                slot.host.host as *const _,
+                bytes.len(),
+                self.raw(),
+            )
+            .result()
+            .map_err(cu("staging a kernel argument table"))?;
+        }
+        slot.used = true;
+        Ok((idx, slot.dev.ptr))
+    }
+
+    /// Mark a staged table's slot as free once the work queued so far has run.
+    pub(crate) fn release_table(&self, idx: usize) -> Result<()> {
+        let ring = self
+            .ring
+            .lock()
+            .map_err(|_| RuntimeError::cuda("argument ring", "poisoned lock"))?;
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(ring.slots[idx].done, self.raw()) }
+            .map_err(cu("recording an argument-slot event"))
+    }
+
+    /// Device scratch of at least `bytes`, growing it (after the stream drains) if needed.
+    pub(crate) fn scratch(&self, bytes: usize) -> Result<u64> {
+        let mut s = self
+            .scratch
+            .lock()
+            .map_err(|_| RuntimeError::cuda("scratch", "poisoned lock"))?;
+        if let Some(sc) = s.as_ref() {
+            if sc.bytes >= bytes {
+                return Ok(sc.mem.ptr);
+            }
+        }
+        self.synchronize()?;
+        *s = None;
+        let bytes = bytes.next_power_of_two().max(1 << 20);
+        let mem = CudaDevice(self.shared.clone()).alloc_device(bytes, "expert kernel scratch")?;
+        let p = mem.ptr;
+        *s = Some(Scratch { mem, bytes });
+        Ok(p)
+    }
+
+    pub(crate) fn copy_h2d_regions(
+        &self,
+        src: &HostBuffer,
+        dst: &DeviceBuffer,
+        regions: &[CopyRegion],
+    ) -> Result<()> {
+        let s = pinned(src)?.host;
+        let d = dptr(dst)?;
+        self.shared.bind()?;
+        for r in regions {
+            // SAFETY: ranges checked by the caller; pinned source, device destination.
+            unsafe {
+                sys::cuMemcpyHtoDAsync_v2(
+                    d + r.dst_offset,
+                    s.add(r.src_offset as usize) as *const _,
+                    r.bytes as usize,
+                    self.raw(),
+                )
+                .result()
+                .map_err(cu("queueing a host-to-device copy"))?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn gather_zero_copy(
+        &self,
+        src: &HostBuffer,
+        dst: &DeviceBuffer,
+        regions: &[CopyRegion],
+    ) -> Result<()> {
+        let s = pinned(src)?.dev_ptr();
+        let d = dptr(dst)?;
+        let (table, blocks) = region_table(
+            regions
+                .iter()
+                .map(|r| (s + r.src_offset, d + r.dst_offset, r.bytes)),
+            CHUNK_BYTES,
+        );
+        if blocks == 0 {
+            return Ok(());
+        }
+        if blocks > MAX_GRID_X {
+            return Err(RuntimeError::invalid(
+                "gather_zero_copy",
+                "too many bytes for one launch",
+            ));
+        }
+        let f = self
+            .shared
+            .function(KernelId::Gather, "ft_gather_zero_copy")?;
+        let (slot, tp) = self.stage_table(pod_bytes(&table))?;
+        let n = table.len() as i32;
+        let chunk = CHUNK_BYTES;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&tp).arg(&n).arg(&chunk);
+        // SAFETY: argument types match `ft_gather_zero_copy(const Region*, int, u64)`.
+        unsafe { b.launch(cfg) }.map_err(cu("launching the zero-copy gather"))?;
+        self.release_table(slot)
+    }
+
+    pub(crate) fn copy_d2h(
+        &self,
+        src: &DeviceBuffer,
+        so: usize,
+        dst: &HostBuffer,
+        dof: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let s = dptr(src)?;
+        let d = pinned(dst)?.host;
+        self.shared.bind()?;
+        // SAFETY: ranges checked by the caller.
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(d.add(dof) as *mut _, s + so as u64, bytes, self.raw())
+                .result()
+                .map_err(cu("queueing a device-to-host copy"))
+        }
+    }
+
+    pub(crate) fn copy_d2d(
+        &self,
+        src: &DeviceBuffer,
+        so: usize,
+        dst: &DeviceBuffer,
+        dof: usize,
+        bytes: usize,
+    ) -> Result<()> {
+        let (s, d) = (dptr(src)?, dptr(dst)?);
+        self.shared.bind()?;
+        // SAFETY: ranges checked by the caller.
+        unsafe { result::memcpy_dtod_async(d + dof as u64, s + so as u64, bytes, self.raw()) }
+            .map_err(cu("queueing a device-to-device copy"))
+    }
+
+    pub(crate) fn upload(&self, src: &[u8], dst: &DeviceBuffer, dof: usize) -> Result<()> {
+        let d = dptr(dst)?;
+        self.shared.bind()?;
+        // A pageable source is staged by the driver before cuMemcpyHtoDAsync returns, so
+        // `src` may be reused at once (CUDA's API synchronization behavior).
+        // SAFETY: range checked by the caller.
+        unsafe { result::memcpy_htod_async(d + dof as u64, src, self.raw()) }
+            .map_err(cu("uploading to the device"))
+    }
+
+    pub(crate) fn download(&self, src: &DeviceBuffer, so: usize, dst: &mut [u8]) -> Result<()> {
+        let s = dptr(src)?;
+        self.shared.bind()?;
+        // SAFETY: range checked by the caller; synchronize before the host reads `dst`.
+        unsafe { result::memcpy_dtoh_async(dst, s + so as u64, self.raw()) }
+            .map_err(cu("downloading from the device"))?;
+        self.synchronize()
+    }
+
+    pub(crate) fn memset_zero(&self, dst: &DeviceBuffer, off: usize, bytes: usize) -> Result<()> {
+        let d = dptr(dst)?;
+        self.shared.bind()?;
+        // SAFETY: range checked by the caller.
+        unsafe { result::memset_d8_async(d + off as u64, 0, bytes, self.raw()) }
+            .map_err(cu("queueing a memset"))
+    }
+
+    pub(crate) fn add_f32(
+        &self,
+        dst: &DeviceBuffer,
+        dof: usize,
+        src: &DeviceBuffer,
+        so: usize,
+        n: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let d = dptr(dst)? + dof as u64;
+        let s = dptr(src)? + so as u64;
+        let f = self.shared.function(KernelId::Elementwise, "ft_add_f32")?;
+        let n64 = n as u64;
+        let blocks = (n64.div_ceil(STREAM_THREADS as u64)).min(4096) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&d).arg(&s).arg(&n64);
+        // SAFETY: argument types match `ft_add_f32(float*, const float*, u64)`.
+        unsafe { b.launch(cfg) }.map_err(cu("launching ft_add_f32"))?;
+        Ok(())
+    }
+
+    pub(crate) fn launch_experts(
+        &self,
+        step: &ExpertStep,
+        w: &DeviceBuffer,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+    ) -> Result<()> {
+        crate::gpu_experts::cuda_launch(self, step, dptr(w)?, dptr(x)?, dptr(y)?)
+    }
+
+    pub(crate) fn launch_dense(&self, reads: &[DenseRead<'_>], out: &DeviceBuffer) -> Result<()> {
+        let o = dptr(out)?;
+        let mut rs = Vec::with_capacity(reads.len());
+        for r in reads {
+            rs.push((dptr(r.buffer)? + r.offset as u64, 0u64, r.bytes as u64));
+        }
+        let (table, blocks) = region_table(rs.into_iter(), CHUNK_BYTES);
+        if blocks == 0 {
+            return Ok(());
+        }
+        if blocks > MAX_GRID_X {
+            return Err(RuntimeError::invalid(
+                "launch_dense",
+                "too many bytes for one launch",
+            ));
+        }
+        let f = self.shared.function(KernelId::Dense, "ft_dense_read")?;
+        let (slot, tp) = self.stage_table(pod_bytes(&table))?;
+        let n = table.len() as i32;
+        let chunk = CHUNK_BYTES;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&tp).arg(&n).arg(&chunk).arg(&o);
+        // SAFETY: argument types match `ft_dense_read(const Region*, int, u64, u32*)`.
+        unsafe { b.launch(cfg) }.map_err(cu("launching the dense kernel"))?;
+        self.release_table(slot)
+    }
+
+    pub(crate) fn record(&self, e: &CudaEventH) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(e.ev, self.raw()) }.map_err(cu("recording an event"))
+    }
+
+    pub(crate) fn wait(&self, e: &CudaEventH) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: live event and stream.
+        unsafe {
+            result::stream::wait_event(
+                self.raw(),
+                e.ev,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(cu("making a stream wait for an event"))
+    }
+
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.shared.bind()?;
+        self.stream
+            .synchronize()
+            .map_err(cu("synchronizing a stream"))
+    }
+}

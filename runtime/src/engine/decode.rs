@@ -1,0 +1,164 @@
+//! A decode run: warm-up steps, then measured steps, with their inputs, contexts, records,
+//! spans and outputs.
+//!
+//! The routing of a run is drawn up front ([`draw_routing`]) so that the same steps can be
+//! replayed on another engine (offload against hybrid, fresh against warmed) with identical
+//! routing and inputs. A run's measured steps are one *request*: step `i`'s input for stream
+//! `s` is [`token_input`]`(seed, s, i)`; warm-up steps are another request (their inputs are
+//! salted with [`INPUT_SALT_WARMUP`]), so a fresh engine and a warmed one see the same
+//! request.
+
+use ft_model::routing::{RoutingSource, StepRouting};
+
+use super::{Engine, StepInput};
+use crate::error::Result;
+use crate::instrument::{RunSummary, Span, StepRecord};
+use crate::numerics::StepOutputs;
+
+/// Mixed into the input seed for warm-up steps (a different request from the measured one).
+pub const INPUT_SALT_WARMUP: u64 = 0x5741_524D_5550; // "WARMUP"
+
+/// splitmix64 (a well-mixed 64-bit hash) for the inputs.
+fn splitmix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The input vector of stream `stream` at step `step` of a request: `hidden` values drawn
+/// uniformly from `seed`, scaled to a root mean square of 1 (the scale of a normalised
+/// token embedding). The same arguments give the same vector everywhere.
+pub fn token_input(seed: u64, stream: usize, step: u64, hidden: usize) -> Vec<f32> {
+    let mut state = splitmix64(seed ^ splitmix64(stream as u64 ^ splitmix64(step)));
+    let mut v: Vec<f32> = (0..hidden)
+        .map(|_| {
+            state = splitmix64(state);
+            // 24 random bits to [-1, 1).
+            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    let rms = (v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>() / hidden.max(1) as f64).sqrt();
+    if rms > 0.0 {
+        let inv = (1.0 / rms) as f32;
+        v.iter_mut().for_each(|x| *x *= inv);
+    }
+    v
+}
+
+/// Draw `steps` steps of `streams` streams from a routing source.
+pub fn draw_routing(
+    source: &mut dyn RoutingSource,
+    streams: usize,
+    steps: usize,
+) -> Result<Vec<StepRouting>> {
+    (0..steps)
+        .map(|_| source.next_step(streams).map_err(Into::into))
+        .collect()
+}
+
+/// How [`decode`] runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeOptions {
+    /// Context length of every stream at the first step, tokens; it grows by one per step.
+    pub context: usize,
+    /// Seed of the inputs ([`token_input`]).
+    pub input_seed: u64,
+    /// Keep every step's spans (for a Chrome trace).
+    pub keep_spans: bool,
+    /// Keep the measured steps' outputs (for numerics).
+    pub keep_outputs: bool,
+}
+
+impl Default for DecodeOptions {
+    fn default() -> Self {
+        DecodeOptions {
+            context: 1024,
+            input_seed: 0,
+            keep_spans: false,
+            keep_outputs: true,
+        }
+    }
+}
+
+/// What a decode run produced.
+#[derive(Debug, Clone)]
+pub struct Decoded {
+    /// Every step, warm-up first.
+    pub records: Vec<StepRecord>,
+    /// Every step's spans, when kept.
+    pub spans: Vec<Span>,
+    /// The measured steps' outputs, when kept.
+    pub outputs: Vec<StepOutputs>,
+    /// The measured steps summarised.
+    pub summary: RunSummary,
+}
+
+/// Run `warmup` steps, then `measured` steps, on `engine`. `progress` is called after each
+/// step with (steps done, steps in all).
+pub fn decode(
+    engine: &mut Engine,
+    warmup: &[StepRouting],
+    measured: &[StepRouting],
+    options: &DecodeOptions,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Decoded> {
+    let hidden = engine.model().geometry.hidden;
+    let total = warmup.len() + measured.len();
+    let mut records = Vec::with_capacity(total);
+    let mut spans = Vec::new();
+    let mut outputs = Vec::new();
+    let phases = [
+        (warmup, true, options.input_seed ^ INPUT_SALT_WARMUP),
+        (measured, false, options.input_seed),
+    ];
+    let mut done = 0;
+    for (steps, is_warmup, seed) in phases {
+        for (i, routing) in steps.iter().enumerate() {
+            let b = routing.streams();
+            let contexts = vec![options.context + done; b];
+            let inputs: Vec<Vec<f32>> = (0..b)
+                .map(|s| token_input(seed, s, i as u64, hidden))
+                .collect();
+            let r = engine.step(&StepInput {
+                routing,
+                contexts: &contexts,
+                inputs: &inputs,
+                warmup: is_warmup,
+            })?;
+            records.push(r.record);
+            if options.keep_spans {
+                spans.extend(r.spans);
+            }
+            if options.keep_outputs && !is_warmup {
+                outputs.push(r.outputs);
+            }
+            done += 1;
+            progress(done, total);
+        }
+    }
+    let summary = RunSummary::of(&records);
+    Ok(Decoded {
+        records,
+        spans,
+        outputs,
+        summary,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_are_deterministic_and_unit_rms() {
+        let a = token_input(3, 1, 7, 256);
+        assert_eq!(a, token_input(3, 1, 7, 256));
+        assert_ne!(a, token_input(3, 2, 7, 256));
+        assert_ne!(a, token_input(3, 1, 8, 256));
+        assert_ne!(a, token_input(INPUT_SALT_WARMUP ^ 3, 1, 7, 256));
+        let rms = (a.iter().map(|x| x * x).sum::<f32>() / 256.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-5, "{rms}");
+        assert!(a.iter().all(|x| x.is_finite() && x.abs() < 2.0));
+    }
+}

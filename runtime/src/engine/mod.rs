@@ -1,0 +1,1044 @@
+//! The decode engine: one decode step of B concurrent streams, per strategy, on a real device.
+//!
+//! # A decode step
+//! A hidden-size f32 vector per stream (its token's input, [`token_input`]) flows through the
+//! MoE layers. For each layer:
+//!
+//! 1. **Dense part** (compute stream): a memory-bound kernel over the layer's dense weights
+//!    and each stream's KV bytes at its context length ([`crate::dense::DenseBuffers`]). It
+//!    is split at the router: the attention-and-router share runs first (the routing is only
+//!    known after it), the shared experts' share after the routed experts' gathers started.
+//! 2. **Plan** (host): [`ft_model::plan::plan_layer`] says which experts hit, which misses
+//!    are gathered into which slot (evicting whom) and which are computed on the CPU; the
+//!    strategy only sets the fetch fraction (offload and resident 1, cpu 0, hybrid `f`).
+//!    Routing comes from a routing source and is known to the host; the engine still orders
+//!    each layer's gathers after that layer's router on the device (a stream wait), as an
+//!    engine that reads the router's output would.
+//! 3. **Gather** (copy stream): one copy-engine transfer per fetched expert, bank to slot,
+//!    overlapping the hits' compute.
+//! 4. **Experts** (compute stream): one expert step over the hits, then (after the gather)
+//!    one over the fetched misses ([`crate::gpu_experts::ExpertStep`]).
+//! 5. **CPU share** (hybrid, cpu): the layer's activations go device-to-host on a third
+//!    stream; the host waits for them (the layer's one host round trip; a layer without CPU
+//!    work has none), runs the CPU experts on the pool ([`crate::cpu_pool::CpuExecutor`])
+//!    from the host bank while the GPU computes the hits, and queues a zero-copy read of the
+//!    CPU's output rows into the GPU's. While the activations travel, the host plans the
+//!    next layer (plans still run in layer order), so planning is off the critical path.
+//! 6. **Combine** (compute stream): the expert outputs are summed per stream in a fixed order
+//!    ([`CombineOrder`]) and added to the residual stream.
+//!
+//! The routed experts' sum is scaled by [`residual_scale`] (`1/sqrt(layers)`) so that the
+//! residual stream stays bounded over any number of layers without a normalisation kernel
+//! (the device API has none yet); outputs are real and comparable between strategies.
+//!
+//! # Strategies
+//! - `offload`: every miss gathered into the cache; all experts on the GPU.
+//! - `hybrid(f)`: `plan_layer` gathers `fetch_count(f, misses)` of each layer's misses, the
+//!   ones serving the most tokens first (then the most recently requested, then the lowest
+//!   id); the rest are computed on the CPU and never enter the cache.
+//! - `resident`: every expert in device memory (refused, with the layers that would fit,
+//!   when it does not).
+//! - `cpu`: every miss on the CPU (the cache holds only what a static hot set puts there).
+
+mod decode;
+pub mod probe;
+mod timeline;
+mod work;
+
+pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
+pub use work::CombineOrder;
+
+use ft_kernels::{ActivationPath, ExpertWork};
+use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
+use ft_model::plan::{fetch_fraction, plan_layer};
+use ft_model::{ModelSpec, Strategy, StrategyKind};
+use serde::{Deserialize, Serialize};
+
+use crate::bank::HostBank;
+use crate::cpu_pool::{CpuExecutor, PoolWait};
+use crate::dense::{DenseBuffers, DenseRead, DENSE_OUT_BYTES};
+use crate::device::{Device, DeviceBuffer, HostBuffer, Stream};
+use crate::error::{Result, RuntimeError};
+use crate::gather::{self, GatherMethod};
+use crate::gpu_experts::{ActPath, ExpertStep};
+use crate::instrument::{ns_of_us, Span, StepRecord, StepTimeline};
+use crate::numerics::StepOutputs;
+use crate::slots::{SlotPool, DEFAULT_RESERVE_BYTES};
+
+use timeline::{LayerEvents, LayerMarks};
+use work::{build_layer, replicate_rounds, tree_rounds, BuildContext, Rows, F32_BYTES};
+
+/// The scale of every router weight: `1 / sqrt(layers)`. Random experts with unit-scale
+/// weights roughly square the norm of their input (SwiGLU is quadratic near 0), so an
+/// unscaled residual stream would grow without bound over many layers; with this scale the
+/// routed experts add a bounded share (about a fifth of the input's norm over the whole
+/// stack) whatever the layer count.
+pub fn residual_scale(layers: usize) -> f32 {
+    1.0 / (layers.max(1) as f32).sqrt()
+}
+
+/// How an engine is built. Everything with a unit says so.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// The strategy; hybrid's fetch fraction must be a number (resolve `auto` first).
+    pub strategy: Strategy,
+    /// Slots of the expert cache (ignored by `resident`, which holds every expert).
+    pub cache_slots: usize,
+    /// Replacement policy of the cache.
+    pub policy: CachePolicy,
+    /// Most streams a step may have.
+    pub max_streams: usize,
+    /// Longest context a stream may have, tokens.
+    pub max_context: usize,
+    /// Worker threads of the CPU pool (the host thread comes on top).
+    pub threads: usize,
+    /// How the CPU pool waits between layers.
+    pub pool_wait: PoolWait,
+    /// Activation path of the GPU expert kernels.
+    pub gpu_path: ActivationPath,
+    /// Activation path of the CPU expert kernels.
+    pub cpu_path: ActivationPath,
+    /// How expert outputs are combined.
+    pub combine: CombineOrder,
+    /// How misses cross the link.
+    pub gather: GatherMethod,
+    /// Seed of the expert weights (the host bank).
+    pub seed: u64,
+    /// Record timing events for per-layer GPU and PCIe busy times (costs about 1 us of host
+    /// time per event on CUDA; off: only host-side times and counts).
+    pub timeline: bool,
+    /// Device memory left free beside everything the engine allocates (slots, dense
+    /// buffers, activations), bytes: the CUDA context, kernel scratch, other processes.
+    pub reserve_bytes: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            strategy: Strategy::Offload,
+            cache_slots: 0,
+            policy: CachePolicy::Lru,
+            max_streams: 1,
+            max_context: 1024,
+            threads: std::thread::available_parallelism()
+                .map_or(1, |n| n.get().saturating_sub(1).max(1)),
+            pool_wait: PoolWait::Spin,
+            gpu_path: ActivationPath::F32,
+            cpu_path: ActivationPath::Int8,
+            combine: CombineOrder::Fixed,
+            gather: GatherMethod::CopyEngine,
+            seed: 0,
+            timeline: true,
+            reserve_bytes: DEFAULT_RESERVE_BYTES,
+        }
+    }
+}
+
+/// Memory an engine needs, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineMemory {
+    /// The host bank (every expert of every layer), host memory.
+    pub bank_bytes: u64,
+    /// Expert cache slots (with staging slots), device memory.
+    pub slot_bytes: u64,
+    /// Dense weights and KV regions, device memory.
+    pub dense_bytes: u64,
+    /// Activation and output buffers, device memory.
+    pub activation_bytes: u64,
+    /// Pinned host staging for activations and CPU outputs.
+    pub host_staging_bytes: u64,
+}
+
+impl EngineMemory {
+    /// Device memory in all.
+    pub fn device_bytes(&self) -> u64 {
+        self.slot_bytes + self.dense_bytes + self.activation_bytes
+    }
+
+    /// Host memory in all (on the host-emulated device add [`EngineMemory::device_bytes`]).
+    pub fn host_bytes(&self) -> u64 {
+        self.bank_bytes + self.host_staging_bytes
+    }
+}
+
+/// Slots of the cache proper and staging slots for a model and config.
+fn slot_counts(model: &ModelSpec, config: &EngineConfig) -> (usize, usize) {
+    let g = &model.geometry;
+    let total = g.experts * g.moe_layers;
+    if config.strategy.kind() == StrategyKind::Resident {
+        return (total, 0);
+    }
+    // Experts one layer can route to at once: the most the plan may stage uncached.
+    let union_max = g.experts.min(g.top_k * config.max_streams.max(1));
+    let uses_link = config
+        .strategy
+        .fixed_fetch_fraction()
+        .is_none_or(|f| f > 0.0);
+    let staging = if uses_link
+        && (matches!(config.policy, CachePolicy::StaticHot { .. })
+            || config.cache_slots < union_max)
+    {
+        union_max
+    } else {
+        0
+    };
+    (config.cache_slots, staging)
+}
+
+/// Rows of the expert steps' inputs and outputs at `streams` streams.
+fn max_rows(model: &ModelSpec, config: &EngineConfig) -> usize {
+    match config.combine {
+        CombineOrder::Fixed => model.geometry.top_k * config.max_streams,
+        CombineOrder::Fast => config.max_streams,
+    }
+}
+
+impl EngineMemory {
+    /// What an engine for `model` with `config` allocates.
+    pub fn of(model: &ModelSpec, config: &EngineConfig) -> EngineMemory {
+        let g = &model.geometry;
+        let stride = SlotPool::stride_for(model.expert_bytes()) as u64;
+        let (cache, staging) = slot_counts(model, config);
+        let row = (g.hidden * F32_BYTES) as u64;
+        let rows = max_rows(model, config) as u64;
+        EngineMemory {
+            bank_bytes: stride * g.total_experts(),
+            slot_bytes: stride * (cache + staging).max(1) as u64,
+            dense_bytes: DenseBuffers::bytes_needed(
+                &model.dense(),
+                g.moe_layers,
+                config.max_streams,
+                config.max_context,
+            ),
+            activation_bytes: 3 * rows * row + config.max_streams as u64 * row,
+            host_staging_bytes: (rows + config.max_streams as u64) * row,
+        }
+    }
+}
+
+/// One step's inputs.
+#[derive(Debug, Clone, Copy)]
+pub struct StepInput<'a> {
+    /// Routing of every layer, `[layer][stream]`.
+    pub routing: &'a ft_model::routing::StepRouting,
+    /// Context length of each stream, tokens.
+    pub contexts: &'a [usize],
+    /// Input vector of each stream (`hidden` f32 each).
+    pub inputs: &'a [Vec<f32>],
+    /// A warm-up step (left out of summaries).
+    pub warmup: bool,
+}
+
+/// What a step produced.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    /// Counts and busy times per layer.
+    pub record: StepRecord,
+    /// The step's spans (for a trace).
+    pub spans: Vec<Span>,
+    /// The final hidden vector of each stream.
+    pub outputs: StepOutputs,
+}
+
+/// The decode engine (see the module docs).
+pub struct Engine {
+    device: Device,
+    model: ModelSpec,
+    config: EngineConfig,
+    fetch: f64,
+    alpha: f32,
+    popularity: Option<Vec<f64>>,
+    bank: HostBank,
+    slots: SlotPool,
+    cache_slots: usize,
+    staging_slots: usize,
+    cache: ExpertCache,
+    dense: DenseBuffers,
+    /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
+    dense_out: DeviceBuffer,
+    /// Bytes of each layer's dense weights read after the router (the shared experts).
+    dense_post_bytes: usize,
+    compute: Stream,
+    copy: Stream,
+    act_stream: Stream,
+    /// Expert inputs `[rows][hidden]`; block 0 (the first `streams` rows) is the residual
+    /// stream itself.
+    act: DeviceBuffer,
+    /// Hits' outputs, `[rows][hidden]`.
+    y_hits: DeviceBuffer,
+    /// Fetched misses' outputs (and, in fixed order, the CPU's rows), `[rows][hidden]`.
+    y_fetched: DeviceBuffer,
+    /// The CPU's outputs in fast order, `[streams][hidden]`.
+    y_cpu: DeviceBuffer,
+    /// The layer's activations, downloaded for the CPU, `[streams][hidden]`.
+    x_host: HostBuffer,
+    /// The CPU's output rows, read by the device, `[rows][hidden]`.
+    y_host: HostBuffer,
+    /// The CPU's input rows in fixed order (one per pair).
+    cpu_x: Vec<f32>,
+    exec: Option<CpuExecutor>,
+    events: Vec<LayerEvents>,
+    template: ExpertStep,
+    steps_run: u64,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("model", &self.model.name)
+            .field("strategy", &self.config.strategy)
+            .field("device", &self.device.info().name)
+            .field("cache_slots", &self.cache_slots)
+            .field("staging_slots", &self.staging_slots)
+            .finish()
+    }
+}
+
+/// The GPU activation path of a kernels' activation path.
+fn act_path(p: ActivationPath) -> ActPath {
+    match p {
+        ActivationPath::F32 => ActPath::F32,
+        ActivationPath::Int8 => ActPath::Int8,
+    }
+}
+
+/// View the first `n` f32 values of a host buffer (page-aligned, so f32-aligned).
+fn host_f32(buf: &HostBuffer, n: usize) -> Result<&[f32]> {
+    let bytes = buf.as_slice().get(..n * F32_BYTES).ok_or_else(|| {
+        RuntimeError::invalid(
+            "host staging",
+            format!("{n} f32 do not fit {} bytes", buf.len()),
+        )
+    })?;
+    // SAFETY: any bit pattern is a valid f32; alignment is checked through the prefix.
+    let (pre, vals, _) = unsafe { bytes.align_to::<f32>() };
+    if !pre.is_empty() {
+        return Err(RuntimeError::invalid("host staging", "not 4-byte aligned"));
+    }
+    Ok(vals)
+}
+
+/// Mutable twin of [`host_f32`].
+fn host_f32_mut(buf: &mut HostBuffer, n: usize) -> Result<&mut [f32]> {
+    let len = buf.len();
+    let bytes = buf.as_mut_slice().get_mut(..n * F32_BYTES).ok_or_else(|| {
+        RuntimeError::invalid("host staging", format!("{n} f32 do not fit {len} bytes"))
+    })?;
+    // SAFETY: as in `host_f32`.
+    let (pre, vals, _) = unsafe { bytes.align_to_mut::<f32>() };
+    if !pre.is_empty() {
+        return Err(RuntimeError::invalid("host staging", "not 4-byte aligned"));
+    }
+    Ok(vals)
+}
+
+/// Split a layer's dense reads at the router: (before, after). The dense weights' last
+/// `post_bytes` (the shared experts) are read after; everything else (attention, router,
+/// KV) before.
+fn split_dense<'a>(
+    reads: Vec<DenseRead<'a>>,
+    post_bytes: usize,
+) -> (Vec<DenseRead<'a>>, Vec<DenseRead<'a>>) {
+    let mut pre = reads;
+    let mut post = Vec::new();
+    if post_bytes > 0 && !pre.is_empty() {
+        let w = pre[0];
+        let cut = post_bytes.min(w.bytes);
+        pre[0].bytes = w.bytes - cut;
+        post.push(DenseRead {
+            buffer: w.buffer,
+            offset: w.offset + w.bytes - cut,
+            bytes: cut,
+        });
+        if pre[0].bytes == 0 {
+            pre.remove(0);
+        }
+    }
+    (pre, post)
+}
+
+impl Engine {
+    /// Build an engine for `model` on `device`: fill the host bank from `config.seed`,
+    /// allocate the cache slots, dense buffers and activations, and load what the strategy
+    /// keeps resident (every expert for `resident`, the hot set for a static-hot cache, which
+    /// needs `popularity` when the policy names no hot set).
+    pub fn new(
+        device: &Device,
+        model: &ModelSpec,
+        config: &EngineConfig,
+        popularity: Option<Vec<f64>>,
+    ) -> Result<Engine> {
+        model.validate()?;
+        let g = model.geometry;
+        if config.max_streams == 0 {
+            return Err(RuntimeError::invalid("--streams", "must be at least 1"));
+        }
+        for (flag, p) in [
+            ("--gpu-act", config.gpu_path),
+            ("--cpu-act", config.cpu_path),
+        ] {
+            if !p.supports(model.format) {
+                return Err(RuntimeError::invalid(
+                    flag,
+                    format!(
+                        "{} experts have no {p} activation path; use f32",
+                        model.format
+                    ),
+                ));
+            }
+        }
+        let fetch = resolve_fetch(&config.strategy)?;
+        let (cache_slots, staging_slots) = slot_counts(model, config);
+        let expert_bytes = model.expert_bytes();
+        let kind = config.strategy.kind();
+
+        // The slots come first; keep room for the engine's other device buffers too.
+        let planned = EngineMemory::of(model, config);
+        let reserve = config.reserve_bytes + planned.dense_bytes + planned.activation_bytes;
+        let slots = match SlotPool::new(
+            device,
+            expert_bytes,
+            (cache_slots + staging_slots).max(1),
+            reserve,
+        ) {
+            Ok(s) => s,
+            Err(RuntimeError::OutOfMemory { available, .. }) if kind == StrategyKind::Resident => {
+                let per_layer = SlotPool::stride_for(expert_bytes) as u64 * g.experts as u64;
+                let fit = available / per_layer.max(1);
+                return Err(RuntimeError::OutOfMemory {
+                    what: format!(
+                        "the resident strategy ({} layers x {} experts of {expert_bytes} bytes)",
+                        g.moe_layers, g.experts
+                    ),
+                    requested: per_layer * g.moe_layers as u64,
+                    available,
+                    hint: format!(
+                        "; {} of the {} layers would fit: run fewer layers of the same geometry \
+                         with --layers {}",
+                        fit,
+                        g.moe_layers,
+                        fit.max(1)
+                    ),
+                });
+            }
+            Err(e) => return Err(e),
+        };
+        let bank = HostBank::from_seed(device, model.format, &g, config.seed)?;
+        let dense = DenseBuffers::new(
+            device,
+            &model.dense(),
+            g.moe_layers,
+            config.max_streams,
+            config.max_context,
+        )?;
+        let dense_post_bytes = (2 * g.shared_experts as u64 * g.expert_params())
+            .min(model.dense().weight_bytes_per_layer) as usize;
+        let dense_out = device.alloc(DENSE_OUT_BYTES, "dense output")?;
+        let row = g.hidden * F32_BYTES;
+        let rows = max_rows(model, config);
+        let act = device.alloc(rows * row, "expert inputs")?;
+        let y_hits = device.alloc(rows * row, "hit experts' outputs")?;
+        let y_fetched = device.alloc(rows * row, "fetched experts' outputs")?;
+        let y_cpu = device.alloc(config.max_streams * row, "CPU experts' outputs")?;
+        let x_host = device.alloc_host(config.max_streams * row, "activations for the CPU")?;
+        let y_host = device.alloc_host(rows * row, "CPU experts' output rows")?;
+        let compute = device.new_stream("compute")?;
+        let copy = device.new_stream("copy")?;
+        let act_stream = device.new_stream("activations")?;
+        let events = (0..g.moe_layers)
+            .map(|_| LayerEvents::new(device, config.timeline))
+            .collect::<Result<Vec<_>>>()?;
+        let template = ExpertStep::new(model.format, &g, act_path(config.gpu_path), 0);
+        device.warm_up_kernels()?;
+        let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
+        let mut engine = Engine {
+            device: device.clone(),
+            model: model.clone(),
+            config: config.clone(),
+            fetch,
+            alpha: residual_scale(g.moe_layers),
+            popularity,
+            bank,
+            slots,
+            cache_slots,
+            staging_slots,
+            cache,
+            dense,
+            dense_out,
+            dense_post_bytes,
+            compute,
+            copy,
+            act_stream,
+            act,
+            y_hits,
+            y_fetched,
+            y_cpu,
+            x_host,
+            y_host,
+            cpu_x: Vec::new(),
+            exec: None,
+            events,
+            template,
+            steps_run: 0,
+        };
+        engine.ensure_executor()?;
+        engine.load_resident()?;
+        Ok(engine)
+    }
+
+    /// Create the CPU executor if the strategy computes anything on the CPU.
+    fn ensure_executor(&mut self) -> Result<()> {
+        if self.exec.is_none() && self.fetch < 1.0 {
+            self.exec = Some(CpuExecutor::new(
+                self.config.threads,
+                self.config.pool_wait,
+            )?);
+        }
+        Ok(())
+    }
+
+    /// Copy every expert the cache holds (resident, a static hot set) into its slot.
+    fn load_resident(&mut self) -> Result<()> {
+        let moves: Vec<_> = self.cache.resident().map(|(slot, id)| (id, slot)).collect();
+        let regions = gather::regions(&self.bank, &self.slots, &moves)?;
+        if !regions.is_empty() {
+            self.copy
+                .copy_h2d_regions(self.bank.buffer(), self.slots.buffer(), &regions)?;
+            self.copy.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Forget the cache's history: an empty cache (or the resident / hot set again), as a
+    /// freshly started engine has, without refilling the bank.
+    pub fn reset_cache(&mut self) -> Result<()> {
+        self.device.synchronize()?;
+        self.cache = build_cache(
+            self.config.strategy.kind(),
+            &self.config.policy,
+            &self.model.geometry,
+            self.cache_slots,
+            self.popularity.as_deref(),
+        )?;
+        self.load_resident()
+    }
+
+    /// Switch to another strategy with the same cache size, starting from an empty cache.
+    /// Switching to or from `resident` (another cache size) is refused.
+    pub fn set_strategy(&mut self, strategy: Strategy) -> Result<()> {
+        let (old, new) = (self.config.strategy.kind(), strategy.kind());
+        if (old == StrategyKind::Resident) != (new == StrategyKind::Resident) {
+            return Err(RuntimeError::invalid(
+                "strategy",
+                format!("cannot switch an engine from {old} to {new}: the cache size differs; build a new engine"),
+            ));
+        }
+        let fetch = resolve_fetch(&strategy)?;
+        if fetch > 0.0 && self.staging_slots == 0 && self.cache_slots < self.union_max() {
+            return Err(RuntimeError::invalid(
+                "strategy",
+                format!(
+                    "{strategy} needs staging slots this engine (built for {}) lacks",
+                    self.config.strategy
+                ),
+            ));
+        }
+        self.config.strategy = strategy;
+        self.fetch = fetch;
+        self.ensure_executor()?;
+        self.reset_cache()
+    }
+
+    fn union_max(&self) -> usize {
+        let g = &self.model.geometry;
+        g.experts.min(g.top_k * self.config.max_streams)
+    }
+
+    /// Measure the link's linear host-to-device bandwidth in this engine's conditions: the
+    /// median over `reps` of one contiguous copy of up to `max_bytes` from the bank into the
+    /// slot memory, GB/s (1e9 B/s). The slots' contents are lost, so the cache is reset (and
+    /// its resident set reloaded) afterwards.
+    pub fn measure_linear_h2d_gbs(&mut self, max_bytes: usize, reps: usize) -> Result<f64> {
+        let bytes = max_bytes
+            .min(self.bank.buffer().len())
+            .min(self.slots.buffer().len());
+        if bytes == 0 || reps == 0 {
+            return Err(RuntimeError::invalid("linear H2D probe", "nothing to copy"));
+        }
+        let (e0, e1) = (self.device.new_event(true)?, self.device.new_event(true)?);
+        let mut us = Vec::with_capacity(reps);
+        // One copy first (page faults, first-touch).
+        self.copy
+            .copy_h2d(self.bank.buffer(), 0, self.slots.buffer(), 0, bytes)?;
+        self.copy.synchronize()?;
+        for _ in 0..reps {
+            self.copy.record(&e0)?;
+            self.copy
+                .copy_h2d(self.bank.buffer(), 0, self.slots.buffer(), 0, bytes)?;
+            self.copy.record(&e1)?;
+            e1.synchronize()?;
+            us.push(e0.elapsed_us(&e1)?);
+        }
+        us.sort_by(f64::total_cmp);
+        let median = us[us.len() / 2];
+        self.reset_cache()?;
+        Ok(bytes as f64 / (median * 1e3))
+    }
+
+    /// The model (its `moe_layers` is the number of layers run).
+    pub fn model(&self) -> &ModelSpec {
+        &self.model
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The strategy.
+    pub fn strategy(&self) -> Strategy {
+        self.config.strategy
+    }
+
+    /// The fetch fraction the plans use.
+    pub fn fetch_fraction(&self) -> f64 {
+        self.fetch
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// The expert cache (its counters and contents).
+    pub fn cache(&self) -> &ExpertCache {
+        &self.cache
+    }
+
+    /// The host bank.
+    pub fn bank(&self) -> &HostBank {
+        &self.bank
+    }
+
+    /// Slots of the cache proper.
+    pub fn cache_slots(&self) -> usize {
+        self.cache_slots
+    }
+
+    /// Staging slots for experts the cache refuses.
+    pub fn staging_slots(&self) -> usize {
+        self.staging_slots
+    }
+
+    /// The CPU executor, if the strategy uses the CPU.
+    pub fn cpu_executor(&mut self) -> Option<&mut CpuExecutor> {
+        self.exec.as_mut()
+    }
+
+    /// Steps run since the engine was built.
+    pub fn steps_run(&self) -> u64 {
+        self.steps_run
+    }
+
+    /// The router-weight scale ([`residual_scale`]).
+    pub fn weight_scale(&self) -> f32 {
+        self.alpha
+    }
+
+    fn check_input(&self, input: &StepInput<'_>) -> Result<usize> {
+        let g = &self.model.geometry;
+        let b = input.routing.streams();
+        if b == 0 || b > self.config.max_streams {
+            return Err(RuntimeError::invalid(
+                "step streams",
+                format!(
+                    "{b} streams; the engine was built for 1 to {}",
+                    self.config.max_streams
+                ),
+            ));
+        }
+        input
+            .routing
+            .validate(g, &format!("step {} routing", input.routing.step))?;
+        if input.contexts.len() != b || input.inputs.len() != b {
+            return Err(RuntimeError::invalid(
+                "step input",
+                format!(
+                    "{b} streams of routing, {} context lengths, {} input vectors",
+                    input.contexts.len(),
+                    input.inputs.len()
+                ),
+            ));
+        }
+        for (s, v) in input.inputs.iter().enumerate() {
+            if v.len() != g.hidden {
+                return Err(RuntimeError::invalid(
+                    "step input",
+                    format!(
+                        "stream {s}'s input has {} values, hidden is {}",
+                        v.len(),
+                        g.hidden
+                    ),
+                ));
+            }
+        }
+        if let Some((s, &c)) = input
+            .contexts
+            .iter()
+            .enumerate()
+            .find(|(_, &c)| c > self.config.max_context)
+        {
+            return Err(RuntimeError::invalid(
+                "--context",
+                format!(
+                    "stream {s} is at {c} tokens; the engine holds KV for {}",
+                    self.config.max_context
+                ),
+            ));
+        }
+        Ok(b)
+    }
+
+    /// Run one decode step (see the module docs) and return its record, spans and outputs.
+    pub fn step(&mut self, input: &StepInput<'_>) -> Result<StepResult> {
+        let b = self.check_input(input)?;
+        let g = self.model.geometry;
+        let (h, k, layers) = (g.hidden, g.top_k, g.moe_layers);
+        let rows = Rows {
+            order: self.config.combine,
+            streams: b,
+            top_k: k,
+        };
+        let block = b * h; // f32 per block of rows
+        let row_bytes = h * F32_BYTES;
+        let clock = self.device.clock();
+        let step_index = self.steps_run;
+        self.steps_run += 1;
+
+        if let Some(e) = self.exec.as_mut() {
+            e.begin_step();
+        }
+        let t0 = clock.now_us();
+        let mut tl = StepTimeline::new(step_index, input.warmup, b, layers, ns_of_us(t0));
+        let mut marks = vec![LayerMarks::default(); layers];
+        let flat: Vec<f32> = input.inputs.concat();
+        self.compute.upload_f32(&flat, &self.act, 0)?;
+
+        // A layer planned ahead, while the host waited for the previous layer's activations.
+        let mut ahead: Option<work::LayerWork> = None;
+        for (l, m) in marks.iter_mut().enumerate() {
+            m.submit_start = clock.now_us();
+            let work = match ahead.take() {
+                Some(w) => w,
+                None => self.plan_work(l, input, rows)?,
+            };
+            tl.set_counts(l, work.counts);
+            m.link = !work.moves.is_empty();
+            m.cpu = !work.cpu.is_empty();
+            m.hit_experts = work.hits.experts.len() as u32;
+            m.link_experts = work.fetched.experts.len() as u32;
+            m.cpu_experts = work.cpu.experts.len() as u32;
+            m.gather_bytes = work.counts.gathered_bytes;
+            m.cpu_rows_bytes = (work.cpu.rows() * row_bytes) as u64;
+            m.down_bytes = (b * row_bytes) as u64;
+            let ev = &self.events[l];
+
+            // 1. Dense part up to the router, then the experts' input rows.
+            let reads = self.dense.reads(l, input.contexts)?;
+            let (pre, post) = split_dense(reads, self.dense_post_bytes);
+            m.post = !post.is_empty();
+            m.dense_submit = clock.now_us();
+            if !pre.is_empty() {
+                self.compute.launch_dense(&pre, self.dense_out())?;
+            }
+            self.compute.record(&ev.router)?;
+            if rows.order == CombineOrder::Fixed {
+                for (src, dst, n) in replicate_rounds(k) {
+                    self.compute.copy_d2d(
+                        &self.act,
+                        src * block * F32_BYTES,
+                        &self.act,
+                        dst * block * F32_BYTES,
+                        n * block * F32_BYTES,
+                    )?;
+                }
+            }
+            self.compute.record(&ev.input)?;
+            // 5a. Activations down for the CPU (their own stream: not behind the gathers).
+            if m.cpu {
+                self.act_stream.wait(&ev.input)?;
+                self.act_stream
+                    .copy_d2h(&self.act, 0, &self.x_host, 0, block * F32_BYTES)?;
+                self.act_stream.record(&ev.down)?;
+            }
+            // 3. Gathers, after the router.
+            if m.link {
+                self.copy.wait(&ev.router)?;
+                gather::gather(
+                    &self.copy,
+                    &self.bank,
+                    &self.slots,
+                    &work.moves,
+                    self.config.gather,
+                )?;
+                self.copy.record(&ev.gathered)?;
+            }
+            // 1b. The rest of the dense part, 4. the experts.
+            if m.post {
+                self.compute.launch_dense(&post, self.dense_out())?;
+            }
+            ev.record_timing(&self.compute, &ev.post)?;
+            self.compute.launch_experts(
+                &work.hits,
+                self.slots.buffer(),
+                &self.act,
+                &self.y_hits,
+            )?;
+            ev.record_timing(&self.compute, &ev.hits)?;
+            let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
+            if m.link {
+                self.compute.wait(&ev.gathered)?;
+            }
+            if need_fetched {
+                self.compute.launch_experts(
+                    &work.fetched,
+                    self.slots.buffer(),
+                    &self.act,
+                    &self.y_fetched,
+                )?;
+            }
+            ev.record_timing(&self.compute, &ev.fetched)?;
+            m.submit_end = clock.now_us();
+
+            // 5b. The CPU share: the layer's one host round trip.
+            if m.cpu {
+                // Plan the next layer while the activations come down (host work off the
+                // critical path; the plans run in layer order all the same).
+                if l + 1 < layers {
+                    ahead = Some(self.plan_work(l + 1, input, rows)?);
+                }
+                m.wait_start = clock.now_us();
+                let ev = &self.events[l];
+                while !ev.down.is_complete()? {
+                    std::hint::spin_loop();
+                }
+                m.wait_end = clock.now_us();
+                run_cpu(
+                    CpuSide {
+                        exec: self.exec.as_mut(),
+                        bank: &self.bank,
+                        model: &self.model,
+                        path: self.config.cpu_path,
+                        x_host: &self.x_host,
+                        y_host: &mut self.y_host,
+                        cpu_x: &mut self.cpu_x,
+                    },
+                    &work,
+                    rows,
+                )?;
+                m.cpu_end = clock.now_us();
+                let dst = match rows.order {
+                    CombineOrder::Fixed => &self.y_fetched,
+                    CombineOrder::Fast => &self.y_cpu,
+                };
+                self.compute
+                    .gather_zero_copy(&self.y_host, dst, &work.cpu.scatter)?;
+                ev.record_timing(&self.compute, &ev.merged)?;
+                m.merge_end = clock.now_us();
+            }
+            let ev = &self.events[l];
+
+            // 6. Combine in a fixed order, add to the residual stream.
+            let n_rows = rows.count();
+            if need_fetched {
+                self.compute
+                    .add_f32(&self.y_hits, 0, &self.y_fetched, 0, n_rows * h)?;
+            }
+            if m.cpu && rows.order == CombineOrder::Fast {
+                self.compute
+                    .add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
+            }
+            if rows.order == CombineOrder::Fixed {
+                for (dst, src, n) in tree_rounds(k) {
+                    self.compute.add_f32(
+                        &self.y_hits,
+                        dst * block * F32_BYTES,
+                        &self.y_hits,
+                        src * block * F32_BYTES,
+                        n * block,
+                    )?;
+                }
+            }
+            self.compute.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
+            ev.record_timing(&self.compute, &ev.done)?;
+            m.layer_end_submit = clock.now_us();
+        }
+
+        let out_wait = clock.now_us();
+        let flat = self.compute.download_f32(&self.act, 0, block)?;
+        let t_end = clock.now_us();
+        if let Some(e) = self.exec.as_mut() {
+            e.end_step();
+        }
+        let outputs: StepOutputs = flat.chunks_exact(h).map(|c| c.to_vec()).collect();
+        timeline::add_spans(
+            &mut tl,
+            &marks,
+            &self.events,
+            self.config.timeline,
+            t0,
+            (out_wait, t_end),
+        )?;
+        let (record, spans) = tl.finish(ns_of_us(t_end));
+        Ok(StepResult {
+            record,
+            spans,
+            outputs,
+        })
+    }
+
+    /// Plan layer `l` (updating the cache) and turn the plan into device work.
+    fn plan_work(
+        &mut self,
+        l: usize,
+        input: &StepInput<'_>,
+        rows: Rows,
+    ) -> Result<work::LayerWork> {
+        let plan = plan_layer(l, &input.routing.layers[l], &mut self.cache, self.fetch);
+        let cx = BuildContext {
+            rows,
+            slots: &self.slots,
+            cache_slots: self.cache_slots,
+            staging_slots: self.staging_slots,
+            weight_scale: self.alpha,
+            template: &self.template,
+            hidden: self.model.geometry.hidden,
+        };
+        build_layer(&plan, &input.routing.layers[l], &cx)
+    }
+
+    /// The dense kernel's output buffer.
+    fn dense_out(&self) -> &DeviceBuffer {
+        &self.dense_out
+    }
+}
+
+/// What the CPU share of a layer borrows from the engine.
+struct CpuSide<'a> {
+    exec: Option<&'a mut CpuExecutor>,
+    bank: &'a HostBank,
+    model: &'a ModelSpec,
+    path: ActivationPath,
+    x_host: &'a HostBuffer,
+    y_host: &'a mut HostBuffer,
+    cpu_x: &'a mut Vec<f32>,
+}
+
+/// Compute a layer's CPU share into the host output rows.
+fn run_cpu(side: CpuSide<'_>, work: &work::LayerWork, rows: Rows) -> Result<()> {
+    let h = side.model.geometry.hidden;
+    let cpu_rows = work.cpu.rows();
+    let x_all = host_f32(side.x_host, rows.streams * h)?;
+    let x: &[f32] = match rows.order {
+        CombineOrder::Fast => x_all,
+        CombineOrder::Fixed => {
+            side.cpu_x.clear();
+            side.cpu_x.reserve(cpu_rows * h);
+            for &s in &work.cpu.x_streams {
+                let s = s as usize;
+                side.cpu_x.extend_from_slice(&x_all[s * h..(s + 1) * h]);
+            }
+            side.cpu_x
+        }
+    };
+    let y = host_f32_mut(side.y_host, cpu_rows * h)?;
+    y.fill(0.0);
+    let experts = work
+        .cpu
+        .experts
+        .iter()
+        .zip(&work.cpu.tokens)
+        .map(|(&id, tokens)| {
+            Ok(ExpertWork {
+                weights: side.bank.expert(id)?,
+                tokens,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let exec = side.exec.ok_or_else(|| {
+        RuntimeError::invalid(
+            "engine",
+            "a CPU share was planned but no CPU executor exists",
+        )
+    })?;
+    exec.run_layer(
+        side.model.format,
+        &side.model.geometry,
+        side.path,
+        &experts,
+        x,
+        y,
+    )?;
+    Ok(())
+}
+
+/// The fetch fraction a strategy plans with; `auto` is an error until the performance model
+/// can resolve it.
+pub fn resolve_fetch(strategy: &Strategy) -> Result<f64> {
+    fetch_fraction(strategy).map_err(|_| {
+        RuntimeError::invalid(
+            "--fetch-fraction",
+            "'auto' must be resolved to a number before the engine plans (ft run does it with \
+             the performance model of --host); give a number between 0 and 1",
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn residual_scale_bounds_the_stack() {
+        assert_eq!(residual_scale(1), 1.0);
+        assert!((residual_scale(48) - 1.0 / 48f32.sqrt()).abs() < 1e-7);
+        assert_eq!(residual_scale(0), 1.0);
+    }
+
+    #[test]
+    fn auto_is_refused_until_the_model_resolves_it() {
+        let s = Strategy::Hybrid {
+            fetch: ft_model::FetchFraction::Auto,
+        };
+        let e = resolve_fetch(&s).unwrap_err().to_string();
+        assert!(e.contains("--fetch-fraction") && e.contains("auto"), "{e}");
+        assert_eq!(resolve_fetch(&Strategy::Cpu).unwrap(), 0.0);
+    }
+
+    #[test]
+    fn dense_reads_split_at_the_router() {
+        let d = Device::host(Default::default()).unwrap();
+        let buf = d.alloc(1000, "w").unwrap();
+        let reads = vec![
+            DenseRead {
+                buffer: &buf,
+                offset: 100,
+                bytes: 600,
+            },
+            DenseRead {
+                buffer: &buf,
+                offset: 800,
+                bytes: 50,
+            },
+        ];
+        let (pre, post) = split_dense(reads.clone(), 200);
+        assert_eq!((pre[0].offset, pre[0].bytes, pre[1].bytes), (100, 400, 50));
+        assert_eq!((post[0].offset, post[0].bytes), (500, 200));
+        let (pre, post) = split_dense(reads.clone(), 0);
+        assert_eq!((pre.len(), post.len()), (2, 0));
+        let (pre, post) = split_dense(reads, 10_000);
+        assert_eq!((pre.len(), post[0].bytes), (1, 600));
+    }
+}

@@ -1,0 +1,250 @@
+//! The events a layer records and how a step's spans are rebuilt from them.
+//!
+//! Each device operation's end is an event; its start is the latest of the previous
+//! operation's end on the same stream, the events it waited for, and the host time it was
+//! queued at (a stream runs in order). So one event per operation gives the whole timeline,
+//! read once per step after the step's outputs are back (every event has completed by then).
+
+use crate::device::{Device, Event, Stream};
+use crate::error::Result;
+use crate::instrument::{ns_of_us, Lane, SpanKind, StepTimeline};
+
+/// The events of one layer, reused every step.
+pub(crate) struct LayerEvents {
+    /// Compute stream, after the dense part up to the router (gathers wait for it).
+    pub router: Event,
+    /// Compute stream, after the experts' input rows are ready (the CPU's download waits).
+    pub input: Event,
+    /// Compute stream, after the dense part's post-router share (timing only).
+    pub post: Event,
+    /// Compute stream, after the hits' expert step (timing only).
+    pub hits: Event,
+    /// Compute stream, after the fetched experts' step (timing only).
+    pub fetched: Event,
+    /// Compute stream, after the CPU rows were read in (timing only).
+    pub merged: Event,
+    /// Compute stream, after the combine (timing only).
+    pub done: Event,
+    /// Copy stream, after the gathers (the fetched step waits for it).
+    pub gathered: Event,
+    /// Activation stream, after the download for the CPU (the host waits for it).
+    pub down: Event,
+    timing: bool,
+}
+
+impl LayerEvents {
+    /// Events of one layer; with `timing`, timing events that also give the timeline.
+    pub fn new(device: &Device, timing: bool) -> Result<Self> {
+        let e = || device.new_event(timing);
+        Ok(LayerEvents {
+            router: e()?,
+            input: e()?,
+            post: e()?,
+            hits: e()?,
+            fetched: e()?,
+            merged: e()?,
+            done: e()?,
+            gathered: e()?,
+            down: e()?,
+            timing,
+        })
+    }
+
+    /// Record a timing-only event (nothing without timing).
+    pub fn record_timing(&self, stream: &Stream, ev: &Event) -> Result<()> {
+        if self.timing {
+            stream.record(ev)?;
+        }
+        Ok(())
+    }
+}
+
+/// Host-side times (us on the device clock) and facts of one layer of one step.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct LayerMarks {
+    pub submit_start: f64,
+    pub dense_submit: f64,
+    pub submit_end: f64,
+    pub wait_start: f64,
+    pub wait_end: f64,
+    pub cpu_end: f64,
+    pub merge_end: f64,
+    pub layer_end_submit: f64,
+    /// The layer gathered experts.
+    pub link: bool,
+    /// The layer had CPU work.
+    pub cpu: bool,
+    /// The dense part had a post-router share.
+    pub post: bool,
+    pub hit_experts: u32,
+    pub link_experts: u32,
+    pub cpu_experts: u32,
+    pub gather_bytes: u64,
+    pub cpu_rows_bytes: u64,
+    pub down_bytes: u64,
+}
+
+/// Add the spans of a finished step to `tl`: host and CPU spans always, device spans when
+/// the events carry timing. `t0` is the step's start and `out` the final download's wait
+/// (start, end), us.
+pub(crate) fn add_spans(
+    tl: &mut StepTimeline,
+    marks: &[LayerMarks],
+    events: &[LayerEvents],
+    timing: bool,
+    t0: f64,
+    out: (f64, f64),
+) -> Result<()> {
+    let mut span = |lane, kind, layer, a: f64, b: f64, bytes, experts| {
+        tl.span(
+            lane,
+            kind,
+            layer,
+            ns_of_us(a),
+            ns_of_us(b.max(a)),
+            bytes,
+            experts,
+        )
+    };
+    let (mut prev_compute, mut prev_copy, mut prev_act) = (t0, t0, t0);
+    for (l, (m, ev)) in marks.iter().zip(events).enumerate() {
+        span(
+            Lane::HostSync,
+            SpanKind::Submit,
+            l,
+            m.submit_start,
+            m.submit_end,
+            0,
+            0,
+        );
+        if m.cpu {
+            span(
+                Lane::HostSync,
+                SpanKind::Wait,
+                l,
+                m.wait_start,
+                m.wait_end,
+                0,
+                0,
+            );
+            span(
+                Lane::CpuPool,
+                SpanKind::CpuExperts,
+                l,
+                m.wait_end,
+                m.cpu_end,
+                0,
+                m.cpu_experts,
+            );
+            span(
+                Lane::HostSync,
+                SpanKind::Submit,
+                l,
+                m.cpu_end,
+                m.layer_end_submit,
+                0,
+                0,
+            );
+        }
+        if !timing {
+            continue;
+        }
+        let t = |e: &Event| e.timeline_us();
+        let router = t(&ev.router)?;
+        let input = t(&ev.input)?;
+        let post = t(&ev.post)?;
+        let hits = t(&ev.hits)?;
+        let fetched = t(&ev.fetched)?;
+        let done = t(&ev.done)?;
+        let dense_start = prev_compute.max(m.dense_submit);
+        span(
+            Lane::GpuCompute,
+            SpanKind::Dense,
+            l,
+            dense_start,
+            router,
+            0,
+            0,
+        );
+        if input > router {
+            span(Lane::GpuCompute, SpanKind::Prepare, l, router, input, 0, 0);
+        }
+        if m.post {
+            span(Lane::GpuCompute, SpanKind::Dense, l, input, post, 0, 0);
+        }
+        span(
+            Lane::GpuCompute,
+            SpanKind::HitExperts,
+            l,
+            post,
+            hits,
+            0,
+            m.hit_experts,
+        );
+        let mut fetched_start = hits;
+        if m.link {
+            let gathered = t(&ev.gathered)?;
+            let start = prev_copy.max(router);
+            span(
+                Lane::Copy,
+                SpanKind::Gather,
+                l,
+                start,
+                gathered,
+                m.gather_bytes,
+                m.link_experts,
+            );
+            prev_copy = gathered;
+            fetched_start = hits.max(gathered);
+        }
+        if fetched > hits {
+            span(
+                Lane::GpuCompute,
+                SpanKind::FetchedExperts,
+                l,
+                fetched_start,
+                fetched,
+                0,
+                m.link_experts,
+            );
+        }
+        let mut combine_start = fetched;
+        if m.cpu {
+            let down = t(&ev.down)?;
+            span(
+                Lane::Copy,
+                SpanKind::ActivationsDown,
+                l,
+                prev_act.max(input),
+                down,
+                m.down_bytes,
+                0,
+            );
+            prev_act = down;
+            let merged = t(&ev.merged)?;
+            span(
+                Lane::Copy,
+                SpanKind::PartialUp,
+                l,
+                fetched.max(m.cpu_end),
+                merged,
+                m.cpu_rows_bytes,
+                m.cpu_experts,
+            );
+            combine_start = merged;
+        }
+        span(
+            Lane::GpuCompute,
+            SpanKind::Combine,
+            l,
+            combine_start,
+            done,
+            0,
+            0,
+        );
+        prev_compute = done;
+    }
+    let last = marks.len().saturating_sub(1);
+    span(Lane::HostSync, SpanKind::Wait, last, out.0, out.1, 0, 0);
+    Ok(())
+}

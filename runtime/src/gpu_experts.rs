@@ -1,0 +1,579 @@
+//! The GPU expert step: one launch computing all of a layer's GPU-side routed experts.
+//!
+//! A decode step's layer has hits (experts resident in cache slots) and fetched misses
+//! (gathered into slots this step); both are computed by one [`ExpertStep`] launch for every
+//! token routed to them. This module fixes the step's semantics, which both backends
+//! implement (CUDA: `kernels/cuda/experts.cu`; host-emulated: the CPU kernels of
+//! `ft-kernels`), and checks a step against the buffers it names.
+//!
+//! Semantics: for every token `t` in `0..tokens`,
+//! `y[t] = sum over tasks e (in order), over e's pairs (t, w): w * FFN_e(x[t])`,
+//! where `FFN_e(x) = down_e(silu(gate_e x) * up_e x)` and a token with no pair gets 0.
+//! The sum runs in task order, so the engine decides the order (and with it the rounding).
+
+use ft_model::{ExpertFormat, MoeGeometry};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Result, RuntimeError};
+
+/// Byte alignment required of an expert's offset in the weights buffer (the slot
+/// alignment): 256 bytes keeps every matrix start aligned for 16-byte vector loads and
+/// matches `cuMemAlloc`'s own alignment.
+pub const WEIGHTS_ALIGN: usize = 256;
+
+/// Activation path of the expert kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ActPath {
+    /// f32 activations, weights decoded to f32, f32 accumulation.
+    F32,
+    /// int8 activations and integer dot products (W4A8 for the 4-bit formats, W8A8 for
+    /// int8), following the exact arithmetic of `ft-kernels`; not available for bf16.
+    Int8,
+}
+
+impl ActPath {
+    /// Name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            ActPath::F32 => "f32",
+            ActPath::Int8 => "int8",
+        }
+    }
+}
+
+/// One token routed to an expert, with its routing weight.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TokenWeight {
+    /// Row of `x` and `y` (the stream's token index in the step).
+    pub token: u32,
+    /// Routing weight (the token's top-k weights sum to 1).
+    pub weight: f32,
+}
+
+/// One expert of the step: where its weights are and which tokens it serves.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertTask {
+    /// Byte offset of the expert (gate, up, down, in the format's byte layout) in the
+    /// weights buffer; a multiple of [`WEIGHTS_ALIGN`].
+    pub weights_offset: usize,
+    /// Tokens routed to it (each token at most once).
+    pub tokens: Vec<TokenWeight>,
+}
+
+/// A layer's GPU-side expert work.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertStep {
+    /// Weight format of every expert.
+    pub format: ExpertFormat,
+    /// Model width, elements.
+    pub hidden: usize,
+    /// Expert FFN width, elements.
+    pub intermediate: usize,
+    /// Activation path.
+    pub act: ActPath,
+    /// Rows of `x` and `y`.
+    pub tokens: usize,
+    /// The experts, in summation order.
+    pub experts: Vec<ExpertTask>,
+}
+
+impl ExpertStep {
+    /// An empty step for a geometry.
+    pub fn new(format: ExpertFormat, geometry: &MoeGeometry, act: ActPath, tokens: usize) -> Self {
+        ExpertStep {
+            format,
+            hidden: geometry.hidden,
+            intermediate: geometry.intermediate,
+            act,
+            tokens,
+            experts: Vec::new(),
+        }
+    }
+
+    /// Bytes of one expert in this step's format and shape.
+    pub fn expert_bytes(&self) -> usize {
+        (2 * self.format.matrix_bytes(self.intermediate, self.hidden)
+            + self.format.matrix_bytes(self.hidden, self.intermediate)) as usize
+    }
+
+    /// Byte offsets of (gate, up, down) within one expert.
+    pub fn matrix_offsets(&self) -> [usize; 3] {
+        let gu = self.format.matrix_bytes(self.intermediate, self.hidden) as usize;
+        [0, gu, 2 * gu]
+    }
+
+    /// Total (expert, token) pairs.
+    pub fn pairs(&self) -> usize {
+        self.experts.iter().map(|e| e.tokens.len()).sum()
+    }
+
+    /// Check the step against buffer sizes (bytes) of weights, x and y.
+    pub fn validate(&self, weights_len: usize, x_len: usize, y_len: usize) -> Result<()> {
+        self.format.check_cols("expert step hidden", self.hidden)?;
+        self.format
+            .check_cols("expert step intermediate", self.intermediate)?;
+        if self.act == ActPath::Int8 && !self.format.has_int8_activation_path() {
+            return Err(RuntimeError::invalid(
+                "expert step act",
+                format!("{} has no int8 activation path", self.format),
+            ));
+        }
+        if self.tokens > u32::MAX as usize {
+            return Err(RuntimeError::invalid(
+                "expert step tokens",
+                "too many tokens",
+            ));
+        }
+        let row = self.hidden * 4;
+        for (name, len) in [("x", x_len), ("y", y_len)] {
+            if len < self.tokens * row {
+                return Err(RuntimeError::invalid(
+                    format!("expert step {name}"),
+                    format!(
+                        "{len} bytes, needs {} ({} tokens x {} f32)",
+                        self.tokens * row,
+                        self.tokens,
+                        self.hidden
+                    ),
+                ));
+            }
+        }
+        let eb = self.expert_bytes();
+        for (i, e) in self.experts.iter().enumerate() {
+            if e.weights_offset % WEIGHTS_ALIGN != 0 {
+                return Err(RuntimeError::invalid(
+                    format!("expert step task {i} weights_offset"),
+                    format!("{} is not a multiple of {WEIGHTS_ALIGN}", e.weights_offset),
+                ));
+            }
+            crate::device::check_range(
+                &format!("expert step task {i} weights"),
+                weights_len,
+                e.weights_offset,
+                eb,
+            )?;
+            let mut seen = std::collections::HashSet::new();
+            for tw in &e.tokens {
+                if tw.token as usize >= self.tokens {
+                    return Err(RuntimeError::invalid(
+                        format!("expert step task {i} token"),
+                        format!("{} is not below {} tokens", tw.token, self.tokens),
+                    ));
+                }
+                if !seen.insert(tw.token) {
+                    return Err(RuntimeError::invalid(
+                        format!("expert step task {i} token"),
+                        format!("token {} appears twice", tw.token),
+                    ));
+                }
+                if !tw.weight.is_finite() {
+                    return Err(RuntimeError::invalid(
+                        format!("expert step task {i} weight"),
+                        format!("{} is not finite", tw.weight),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The host-emulated device's expert kernel: `ft_kernels::step::CpuExperts::run_layer`
+/// (the same code hybrid's CPU share runs) over the step's tasks, in task order, into `y`
+/// zeroed first (`[tokens x hidden]`, overwritten), so it follows the same arithmetic
+/// specification as the CUDA kernel.
+pub(crate) fn host_expert_step(
+    cpu: &mut ft_kernels::step::CpuExperts,
+    step: &ExpertStep,
+    weights: &[u8],
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let eb = step.expert_bytes();
+    let geometry = step_geometry(step);
+    let tokens: Vec<Vec<(u32, f32)>> = step
+        .experts
+        .iter()
+        .map(|e| e.tokens.iter().map(|t| (t.token, t.weight)).collect())
+        .collect();
+    let work: Vec<ft_kernels::step::ExpertWork<'_>> = step
+        .experts
+        .iter()
+        .zip(&tokens)
+        .map(|(e, t)| ft_kernels::step::ExpertWork {
+            weights: &weights[e.weights_offset..e.weights_offset + eb],
+            tokens: t,
+        })
+        .collect();
+    y.fill(0.0);
+    cpu.run_layer(step.format, &geometry, kernel_path(step.act), &work, x, y)
+        .map(|_| ())
+        .map_err(|e| RuntimeError::Kernel(e.to_string()))
+}
+
+/// A geometry carrying the step's shape (the kernels only read hidden and intermediate).
+pub fn step_geometry(step: &ExpertStep) -> MoeGeometry {
+    MoeGeometry {
+        hidden: step.hidden,
+        intermediate: step.intermediate,
+        experts: step.experts.len().max(1),
+        top_k: 1,
+        moe_layers: 1,
+        shared_experts: 0,
+    }
+}
+
+/// The `ft-kernels` activation path of an [`ActPath`].
+pub fn kernel_path(a: ActPath) -> ft_kernels::step::ActivationPath {
+    match a {
+        ActPath::F32 => ft_kernels::step::ActivationPath::F32,
+        ActPath::Int8 => ft_kernels::step::ActivationPath::Int8,
+    }
+}
+
+/// Bytes of dynamic shared memory the CUDA gate/up kernel may use for a pass's
+/// activations (40 KiB: below the 48 KiB every GPU gives without an opt-in, leaving room for
+/// the kernel's static buffers).
+pub const CUDA_SHARED_BUDGET: usize = 40 * 1024;
+
+/// Tokens per pass of the CUDA kernels (`MAXT` in experts.cu).
+pub const CUDA_MAX_TOKENS_PER_PASS: usize = 8;
+
+/// Threads per block of the CUDA expert kernels (16 half-warps).
+#[cfg(feature = "cuda")]
+const CUDA_THREADS: u32 = 256;
+
+/// Rows of down per block (`DOWN_ROWS` in experts.cu).
+#[cfg(feature = "cuda")]
+const CUDA_DOWN_ROWS: usize = 16;
+
+/// Bytes at the start of the scratch reserved for the down kernel's row-tile counters
+/// (zero between launches: the last block of each tile resets its counter).
+const CUDA_COUNTER_BYTES: usize = 64 * 1024;
+
+/// The kernels' format code (`FT_*` in experts.cu).
+pub fn cuda_format_code(f: ExpertFormat) -> i32 {
+    match f {
+        ExpertFormat::Bf16 => 0,
+        ExpertFormat::Int8 => 1,
+        ExpertFormat::Q4_0 => 2,
+        ExpertFormat::Nvfp4 => 3,
+        ExpertFormat::Mxfp4 => 4,
+    }
+}
+
+/// Activation block / weight group of the CUDA kernels per format (16 for nvfp4 and bf16,
+/// else 32, as the W4A8 spec's `G`).
+pub fn cuda_group(f: ExpertFormat) -> usize {
+    match f {
+        ExpertFormat::Nvfp4 | ExpertFormat::Bf16 => 16,
+        _ => 32,
+    }
+}
+
+/// The tables one CUDA launch reads, laid out in one staging buffer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CudaTables {
+    /// The bytes (tasks, pairs, token starts, token pairs; each part 16-byte aligned).
+    pub bytes: Vec<u8>,
+    /// Byte offsets of (tasks, pairs, token starts, token pairs).
+    pub offsets: [usize; 4],
+    /// Total pairs.
+    pub pairs: usize,
+    /// Largest pair count of one task.
+    pub max_task_pairs: usize,
+}
+
+fn push_u32(v: &mut Vec<u8>, x: u32) {
+    v.extend_from_slice(&x.to_le_bytes());
+}
+
+fn align16(v: &mut Vec<u8>) -> usize {
+    while v.len() & 15 != 0 {
+        v.push(0);
+    }
+    v.len()
+}
+
+/// Build the launch tables of `step` for weights at device address `weights`: per task
+/// `{u64 address, u32 pair_begin, u32 pair_count}`, per pair `{u32 token, f32 weight}`,
+/// then per token its pairs in task order (`{u32 pair, f32 weight}`, CSR by token).
+pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
+    let mut b = Vec::new();
+    let mut pairs: Vec<(u32, f32)> = Vec::new();
+    let mut max_task_pairs = 0;
+    for e in &step.experts {
+        b.extend_from_slice(&(weights + e.weights_offset as u64).to_le_bytes());
+        push_u32(&mut b, pairs.len() as u32);
+        push_u32(&mut b, e.tokens.len() as u32);
+        max_task_pairs = max_task_pairs.max(e.tokens.len());
+        for tw in &e.tokens {
+            pairs.push((tw.token, tw.weight));
+        }
+    }
+    let o_pairs = align16(&mut b);
+    for &(t, w) in &pairs {
+        push_u32(&mut b, t);
+        b.extend_from_slice(&w.to_le_bytes());
+    }
+    // Token lists in task order.
+    let mut per_token: Vec<Vec<(u32, f32)>> = vec![Vec::new(); step.tokens];
+    for (p, &(t, w)) in pairs.iter().enumerate() {
+        per_token[t as usize].push((p as u32, w));
+    }
+    let o_begin = align16(&mut b);
+    let mut acc = 0u32;
+    push_u32(&mut b, 0);
+    for l in &per_token {
+        acc += l.len() as u32;
+        push_u32(&mut b, acc);
+    }
+    let o_tok = align16(&mut b);
+    for l in &per_token {
+        for &(p, w) in l {
+            push_u32(&mut b, p);
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+    align16(&mut b);
+    CudaTables {
+        bytes: b,
+        offsets: [0, o_pairs, o_begin, o_tok],
+        pairs: pairs.len(),
+        max_task_pairs,
+    }
+}
+
+/// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
+/// the total.
+pub fn cuda_scratch_layout(step: &ExpertStep, pairs: usize) -> ([usize; 4], usize) {
+    let a = |x: usize| x.next_multiple_of(256);
+    let (h, i) = (step.hidden, step.intermediate);
+    let g = cuda_group(step.format);
+    let o = CUDA_COUNTER_BYTES;
+    let hf = o + a(pairs * h * 4);
+    let hq = hf + a(pairs * i * 4);
+    let hs = hq + a(pairs * i);
+    let end = hs + a(pairs * (i / g) * 4);
+    ([o, hf, hq, hs], end)
+}
+
+/// Tokens per pass of the gate/up kernel and its dynamic shared memory, bytes.
+pub fn cuda_pass_tokens(step: &ExpertStep) -> Result<(usize, usize)> {
+    let g = cuda_group(step.format);
+    let per_token = match step.act {
+        ActPath::Int8 => step.hidden + 4 * (step.hidden / g),
+        ActPath::F32 => 4 * step.hidden,
+    };
+    let tch = (CUDA_SHARED_BUDGET / per_token).min(CUDA_MAX_TOKENS_PER_PASS);
+    if tch == 0 {
+        return Err(RuntimeError::invalid(
+            "expert step hidden",
+            format!(
+                "{} is too wide for the CUDA kernel's {} KiB of shared activations",
+                step.hidden,
+                CUDA_SHARED_BUDGET / 1024
+            ),
+        ));
+    }
+    Ok((tch, tch * per_token))
+}
+
+/// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses).
+#[cfg(feature = "cuda")]
+pub(crate) fn cuda_launch(
+    stream: &crate::device::cuda::CudaStreamH,
+    step: &ExpertStep,
+    weights: u64,
+    x: u64,
+    y: u64,
+) -> Result<()> {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use ft_kernels::cuda_sources::KernelId;
+
+    if (step.hidden | step.intermediate) & 31 != 0 {
+        return Err(RuntimeError::invalid(
+            "expert step",
+            format!(
+                "the CUDA expert kernel needs hidden and intermediate multiples of 32 (got {} and {})",
+                step.hidden, step.intermediate
+            ),
+        ));
+    }
+    if step.experts.len() > 65_535 {
+        return Err(RuntimeError::invalid(
+            "expert step",
+            "more than 65535 experts in one launch",
+        ));
+    }
+    if step.hidden.div_ceil(CUDA_DOWN_ROWS) * 4 > CUDA_COUNTER_BYTES {
+        return Err(RuntimeError::invalid(
+            "expert step hidden",
+            "too wide for the CUDA kernel",
+        ));
+    }
+    let t = cuda_tables(step, weights);
+    let (tch, shm) = cuda_pass_tokens(step)?;
+    let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
+    let scratch = stream.scratch(total)?;
+    let gate_up = stream
+        .shared()
+        .function(KernelId::Experts, "ft_experts_gate_up")?;
+    let down = stream
+        .shared()
+        .function(KernelId::Experts, "ft_experts_down")?;
+    let (slot, base) = stream.stage_table(&t.bytes)?;
+    let tasks = base + t.offsets[0] as u64;
+    let pairs = base + t.offsets[1] as u64;
+    let tok_begin = base + t.offsets[2] as u64;
+    let tok_pairs = base + t.offsets[3] as u64;
+    let (o, hf, hq, hs) = (
+        scratch + o_off as u64,
+        scratch + hf_off as u64,
+        scratch + hq_off as u64,
+        scratch + hs_off as u64,
+    );
+    let counters = scratch;
+    let fmt = cuda_format_code(step.format);
+    let act = match step.act {
+        ActPath::F32 => 0i32,
+        ActPath::Int8 => 1i32,
+    };
+    let (h, i, tokens, tch) = (
+        step.hidden as i32,
+        step.intermediate as i32,
+        step.tokens as i32,
+        tch as i32,
+    );
+    let n_tasks = step.experts.len() as u32;
+    let g = cuda_group(step.format);
+    let map = |e| RuntimeError::cuda("launching the expert kernels", e);
+    {
+        let cfg = LaunchConfig {
+            grid_dim: ((step.intermediate / g) as u32, n_tasks, 1),
+            block_dim: (CUDA_THREADS, 1, 1),
+            shared_mem_bytes: shm as u32,
+        };
+        let mut b = stream.launch_builder(&gate_up);
+        b.arg(&tasks)
+            .arg(&pairs)
+            .arg(&fmt)
+            .arg(&act)
+            .arg(&h)
+            .arg(&i)
+            .arg(&x)
+            .arg(&tch);
+        b.arg(&hf).arg(&hq).arg(&hs);
+        // SAFETY: arguments match ft_experts_gate_up's signature; every address was checked
+        // (validate) or allocated for this launch.
+        unsafe { b.launch(cfg) }.map_err(map)?;
+    }
+    {
+        let cfg = LaunchConfig {
+            grid_dim: (step.hidden.div_ceil(CUDA_DOWN_ROWS) as u32, n_tasks, 1),
+            block_dim: (CUDA_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = stream.launch_builder(&down);
+        b.arg(&tasks).arg(&pairs).arg(&tok_begin).arg(&tok_pairs);
+        b.arg(&fmt).arg(&act).arg(&h).arg(&i).arg(&tokens);
+        b.arg(&o).arg(&hf).arg(&hq).arg(&hs).arg(&counters).arg(&y);
+        // SAFETY: as above, for ft_experts_down.
+        unsafe { b.launch(cfg) }.map_err(map)?;
+    }
+    stream.release_table(slot)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bit patterns of the exp_ft constants in `kernels/cuda/experts.cu`, in order
+    /// LOG2E, C1, C2, P0..P5.
+    const CU_EXP_CONSTANTS: [u32; 9] = [
+        0x3fb8aa3b, 0x3f318000, 0xb95e8083, 0x39506967, 0x3ab743cf, 0x3c088908, 0x3d2aa9c1,
+        0x3e2aaaaa, 0x3f000000,
+    ];
+
+    /// The CUDA exp_ft, operation by operation, with the .cu file's constants.
+    fn cu_exp_ft(v: f32) -> f32 {
+        let k = CU_EXP_CONSTANTS.map(f32::from_bits);
+        let v = v.clamp(-87.0, 88.0);
+        let n = (v * k[0] + 0.5).floor();
+        let r = (v - n * k[1]) - n * k[2];
+        let mut p = k[3];
+        for c in &k[4..] {
+            p = p * r + c;
+        }
+        let e = (p * (r * r) + r) + 1.0;
+        e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    }
+
+    #[test]
+    fn cuda_exp_constants_are_ft_kernels_own() {
+        let src = ft_kernels::cuda_sources::KernelId::Experts.source();
+        for c in CU_EXP_CONSTANTS {
+            assert!(
+                src.contains(&format!("0x{c:08x}")),
+                "experts.cu lacks 0x{c:08x}"
+            );
+        }
+        let mut v = -100.0f32;
+        while v < 100.0 {
+            assert_eq!(
+                cu_exp_ft(v).to_bits(),
+                ft_kernels::w4a8::exp_ft(v).to_bits(),
+                "exp_ft({v})"
+            );
+            v += 0.00731;
+        }
+    }
+
+    #[test]
+    fn tables_list_tokens_in_task_order() {
+        let g = MoeGeometry {
+            hidden: 64,
+            intermediate: 32,
+            experts: 3,
+            top_k: 2,
+            moe_layers: 1,
+            shared_experts: 0,
+        };
+        let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActPath::Int8, 3);
+        let tw = |token, weight| TokenWeight { token, weight };
+        st.experts = vec![
+            ExpertTask {
+                weights_offset: 0,
+                tokens: vec![tw(2, 0.5), tw(0, 0.25)],
+            },
+            ExpertTask {
+                weights_offset: 256,
+                tokens: vec![],
+            },
+            ExpertTask {
+                weights_offset: 512,
+                tokens: vec![tw(0, 0.75)],
+            },
+        ];
+        let t = cuda_tables(&st, 1 << 40);
+        let u32_at = |o: usize| u32::from_le_bytes(t.bytes[o..o + 4].try_into().unwrap());
+        let u64_at = |o: usize| u64::from_le_bytes(t.bytes[o..o + 8].try_into().unwrap());
+        assert_eq!(t.pairs, 3);
+        assert_eq!(t.max_task_pairs, 2);
+        assert_eq!(u64_at(32), (1 << 40) + 512);
+        assert_eq!((u32_at(40), u32_at(44)), (2, 1));
+        // token starts: token 0 has pairs 1 (task 0) then 2 (task 2); token 1 none; token 2 pair 0
+        let b = t.offsets[2];
+        assert_eq!(
+            [u32_at(b), u32_at(b + 4), u32_at(b + 8), u32_at(b + 12)],
+            [0, 2, 2, 3]
+        );
+        let tp = t.offsets[3];
+        assert_eq!([u32_at(tp), u32_at(tp + 8), u32_at(tp + 16)], [1, 2, 0]);
+        assert!(t.offsets.iter().all(|o| o % 16 == 0));
+        let (offs, total) = cuda_scratch_layout(&st, 3);
+        assert!(offs.windows(2).all(|w| w[0] < w[1]) && total > offs[3]);
+        assert_eq!(cuda_pass_tokens(&st).unwrap().0, CUDA_MAX_TOKENS_PER_PASS);
+    }
+}

@@ -1,0 +1,242 @@
+//! The device API on every backend available: the same test bodies run on the
+//! host-emulated device always, and on CUDA (GPU machine) through the `cuda_*` twins.
+
+use ft_runtime::device::{Device, HostDeviceConfig};
+use ft_runtime::gather::CopyRegion;
+use ft_runtime::RuntimeError;
+
+fn host() -> Device {
+    Device::host(HostDeviceConfig {
+        memory_bytes: 256 << 20,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .collect()
+}
+
+/// Copies in both directions, regions, memset, d2d, upload/download.
+fn copies_round_trip(d: &Device) {
+    let s = d.new_stream("copy").unwrap();
+    let n = 1 << 20;
+    let mut h = d.alloc_host(n, "src").unwrap();
+    h.as_mut_slice().copy_from_slice(&pattern(n, 3));
+    let dev = d.alloc(n, "dst").unwrap();
+    s.copy_h2d(&h, 0, &dev, 0, n).unwrap();
+    let back = d.alloc_host(n, "back").unwrap();
+    s.copy_d2h(&dev, 0, &back, 0, n).unwrap();
+    s.synchronize().unwrap();
+    assert_eq!(back.as_slice(), h.as_slice());
+
+    // Scattered regions (the gather's shape), both mechanisms.
+    let regions = [
+        CopyRegion {
+            src_offset: 4096,
+            dst_offset: 0,
+            bytes: 1000,
+        },
+        CopyRegion {
+            src_offset: 0,
+            dst_offset: 8192,
+            bytes: 4096,
+        },
+        CopyRegion {
+            src_offset: 300_000,
+            dst_offset: 20_000,
+            bytes: 70_001,
+        },
+    ];
+    for zero_copy in [false, true] {
+        let dst = d.alloc(1 << 17, "gather").unwrap();
+        if zero_copy {
+            s.gather_zero_copy(&h, &dst, &regions).unwrap();
+        } else {
+            s.copy_h2d_regions(&h, &dst, &regions).unwrap();
+        }
+        let mut got = vec![0u8; 1 << 17];
+        s.download(&dst, 0, &mut got).unwrap();
+        for r in &regions {
+            let (so, dof, b) = (
+                r.src_offset as usize,
+                r.dst_offset as usize,
+                r.bytes as usize,
+            );
+            assert_eq!(
+                &got[dof..dof + b],
+                &h.as_slice()[so..so + b],
+                "zero_copy={zero_copy}"
+            );
+        }
+        assert!(got[1000..8192].iter().all(|&b| b == 0));
+    }
+
+    // upload / download / memset / d2d / add_f32
+    let v: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5).collect();
+    let a = d.alloc(4000, "a").unwrap();
+    let b = d.alloc(8000, "b").unwrap();
+    s.upload_f32(&v, &a, 0).unwrap();
+    s.copy_d2d(&a, 0, &b, 4000, 4000).unwrap();
+    s.add_f32(&b, 4000, &a, 0, 1000).unwrap();
+    s.memset_zero(&b, 4000, 400).unwrap();
+    let got = s.download_f32(&b, 4000, 1000).unwrap();
+    for i in 0..1000 {
+        let want = if i < 100 { 0.0 } else { 2.0 * v[i] };
+        assert_eq!(got[i], want, "{i}");
+    }
+}
+
+/// A long copy on one stream, an event, and a dependent op on another stream.
+fn events_order_streams(d: &Device) {
+    let copy = d.new_stream("copy").unwrap();
+    let compute = d.new_stream("compute").unwrap();
+    let n = 32 << 20;
+    let mut h = d.alloc_host(n, "src").unwrap();
+    h.as_mut_slice().fill(7);
+    let dst = d.alloc(n, "dst").unwrap();
+    let out = d.alloc(n, "out").unwrap();
+    let (e0, e1) = (d.new_event(true).unwrap(), d.new_event(true).unwrap());
+    copy.record(&e0).unwrap();
+    copy.copy_h2d(&h, 0, &dst, 0, n).unwrap();
+    copy.record(&e1).unwrap();
+    compute.wait(&e1).unwrap();
+    compute.copy_d2d(&dst, 0, &out, 0, n).unwrap();
+    let mut tail = vec![0u8; 16];
+    compute.download(&out, n - 16, &mut tail).unwrap();
+    assert_eq!(
+        tail,
+        vec![7u8; 16],
+        "the dependent copy ran before the gather finished"
+    );
+    e1.synchronize().unwrap();
+    assert!(e1.is_complete().unwrap());
+    let us = e0.elapsed_us(&e1).unwrap();
+    assert!(us > 0.0, "{us}");
+    let t1 = e1.timeline_us().unwrap();
+    assert!(t1 > 0.0 && t1 <= d.clock().now_us() + 50.0, "{t1}");
+    // An event without timing refuses timestamps.
+    let nt = d.new_event(false).unwrap();
+    copy.record(&nt).unwrap();
+    nt.synchronize().unwrap();
+    assert!(nt.timeline_us().is_err());
+}
+
+/// Bad arguments are clear errors naming the input.
+fn bad_arguments_are_errors(d: &Device) {
+    let s = d.new_stream("s").unwrap();
+    let h = d.alloc_host(100, "h").unwrap();
+    let b = d.alloc(100, "b").unwrap();
+    let e = s.copy_h2d(&h, 50, &b, 0, 60).unwrap_err();
+    assert!(
+        matches!(e, RuntimeError::Invalid { .. }) && e.to_string().contains("copy_h2d source"),
+        "{e}"
+    );
+    let e = s.upload(&[0u8; 8], &b, 96).unwrap_err().to_string();
+    assert!(e.contains("upload destination"), "{e}");
+    let other = host();
+    let ob = other.alloc(100, "ob").unwrap();
+    let e = s.copy_d2d(&ob, 0, &b, 0, 10).unwrap_err();
+    assert!(matches!(e, RuntimeError::DeviceMismatch { .. }), "{e}");
+    let e = d.alloc(usize::MAX / 2, "huge").unwrap_err();
+    assert!(matches!(e, RuntimeError::OutOfMemory { .. }), "{e}");
+}
+
+#[test]
+fn host_copies_round_trip() {
+    copies_round_trip(&host());
+}
+
+#[test]
+fn host_events_order_streams() {
+    events_order_streams(&host());
+}
+
+#[test]
+fn host_bad_arguments_are_errors() {
+    bad_arguments_are_errors(&host());
+}
+
+#[test]
+fn host_link_emulation_throttles_copies() {
+    let d = Device::host(HostDeviceConfig {
+        memory_bytes: 64 << 20,
+        link_gbps: Some(1.0),
+        ..Default::default()
+    })
+    .unwrap();
+    let s = d.new_stream("copy").unwrap();
+    let h = d.alloc_host(8 << 20, "h").unwrap();
+    let b = d.alloc(8 << 20, "b").unwrap();
+    let t = std::time::Instant::now();
+    s.copy_h2d(&h, 0, &b, 0, 8 << 20).unwrap();
+    s.synchronize().unwrap();
+    // 8 MiB at 1 GB/s is 8.4 ms.
+    assert!(t.elapsed().as_secs_f64() >= 8.0e-3, "{:?}", t.elapsed());
+}
+
+#[test]
+fn host_capacity_is_enforced_and_given_back() {
+    let d = Device::host(HostDeviceConfig {
+        memory_bytes: 1 << 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let a = d.alloc(600 << 10, "a").unwrap();
+    let e = d.alloc(600 << 10, "b").unwrap_err().to_string();
+    assert!(e.contains("b") && e.contains("available"), "{e}");
+    drop(a);
+    assert_eq!(d.free_mem_bytes().unwrap(), 1 << 20);
+    d.alloc(600 << 10, "c").unwrap();
+}
+
+/// Without a GPU (this is CI's case), asking for CUDA is a clear error, never a panic.
+#[test]
+fn cuda_where_absent_is_a_clear_error() {
+    if ft_runtime::cuda_available() {
+        return; // a GPU machine: the cuda_* tests cover it
+    }
+    let e = Device::cuda(0).unwrap_err();
+    match &e {
+        RuntimeError::CudaUnavailable { reason } => assert!(!reason.is_empty()),
+        other => panic!("expected CudaUnavailable, got {other}"),
+    }
+    let e = Device::open_kind("cuda".parse().unwrap()).unwrap_err();
+    assert!(e.to_string().contains("CUDA device unavailable"), "{e}");
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::*;
+
+    fn gpu() -> Device {
+        Device::cuda(0).expect("a CUDA device")
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_copies_round_trip() {
+        copies_round_trip(&gpu());
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_events_order_streams() {
+        events_order_streams(&gpu());
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_bad_arguments_are_errors() {
+        bad_arguments_are_errors(&gpu());
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_out_of_range_ordinal_is_an_error() {
+        let e = Device::cuda(999).unwrap_err();
+        assert!(matches!(e, RuntimeError::CudaUnavailable { .. }), "{e}");
+    }
+}

@@ -1,0 +1,692 @@
+//! The OpenAI wire format: request bodies, responses, stream chunks and errors.
+//!
+//! Requests are parsed strictly (`deny_unknown_fields`): a field the server does not
+//! implement is refused rather than silently ignored, so a client never believes it got
+//! behaviour it did not. The accepted fields are OpenAI's (`model`, `prompt` / `messages`,
+//! `max_tokens` / `max_completion_tokens`, `temperature`, `top_p`, `seed`, `stream`,
+//! `stream_options.include_usage`, `stop`, `n` = 1, `user`) plus vLLM's `ignore_eos`, which
+//! benchmark clients send to get exactly `max_tokens` tokens.
+//!
+//! Status codes: 400 malformed JSON, 422 well-formed JSON that does not fit the schema
+//! (unknown field, wrong type, value out of range, `max_tokens` beyond the context limit),
+//! 413 a body over the size limit or a prompt over the context limit, 429 every stream slot
+//! and queue place taken, 503 shutting down, 500 a backend failure. Every error body is
+//! `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::sampling::SamplingParams;
+use crate::tokenizer::{self, Role};
+
+/// Default `max_tokens` when a request gives none (OpenAI's completions default).
+pub const DEFAULT_MAX_TOKENS: usize = 16;
+/// Highest temperature accepted (OpenAI's range is 0..=2).
+pub const MAX_TEMPERATURE: f64 = 2.0;
+/// Most stop sequences per request (OpenAI's limit).
+pub const MAX_STOPS: usize = 4;
+
+/// An OpenAI-style error with its HTTP status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Human-readable message naming the input.
+    pub message: String,
+    /// OpenAI error type.
+    pub kind: &'static str,
+    /// The request field at fault.
+    pub param: Option<String>,
+    /// A machine-readable code.
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    /// An `invalid_request_error`.
+    pub fn invalid(
+        status: StatusCode,
+        message: impl Into<String>,
+        param: Option<&str>,
+        code: Option<&'static str>,
+    ) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code,
+        }
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message,
+            "type": self.kind,
+            "param": self.param,
+            "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// Parse a JSON body strictly: syntax errors are 400, schema errors 422.
+pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Syntax | Category::Eof | Category::Io => ApiError::invalid(
+                StatusCode::BAD_REQUEST,
+                format!("the request body is not valid JSON: {e}"),
+                None,
+                Some("invalid_json"),
+            ),
+            Category::Data => ApiError::invalid(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                format!("the request body does not match the schema: {e}"),
+                None,
+                Some("invalid_request_body"),
+            ),
+        }
+    })
+}
+
+/// `prompt`: a string, a one-string array, or an array of token ids.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text.
+    Text(String),
+    /// Several texts (only one is served per request).
+    Texts(Vec<String>),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// `stop`: a string or an array of strings.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One sequence.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage before `[DONE]`.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Declares a request struct with its own fields followed by the fields completions and chat
+/// share (serde's `flatten` does not combine with `deny_unknown_fields`, so they are spelled
+/// out in each struct), and a `common()` accessor.
+macro_rules! openai_request {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $f:ident : $t:ty,)* }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct $name {
+            $($(#[$fm])* pub $f: $t,)*
+            /// Model id (must be the served one when given).
+            #[serde(default)]
+            pub model: Option<String>,
+            /// Most tokens to generate.
+            #[serde(default)]
+            pub max_tokens: Option<u64>,
+            /// Sampling temperature, 0 greedy.
+            #[serde(default)]
+            pub temperature: Option<f64>,
+            /// Nucleus.
+            #[serde(default)]
+            pub top_p: Option<f64>,
+            /// Sampling seed.
+            #[serde(default)]
+            pub seed: Option<u64>,
+            /// Server-sent events.
+            #[serde(default)]
+            pub stream: Option<bool>,
+            /// Stream options.
+            #[serde(default)]
+            pub stream_options: Option<StreamOptions>,
+            /// Stop sequences.
+            #[serde(default)]
+            pub stop: Option<Stop>,
+            /// Choices per request (only 1).
+            #[serde(default)]
+            pub n: Option<u32>,
+            /// End-user id (accepted, unused).
+            #[serde(default)]
+            pub user: Option<String>,
+            /// vLLM's extension: never stop at EOS.
+            #[serde(default)]
+            pub ignore_eos: Option<bool>,
+        }
+
+        impl $name {
+            /// The shared fields.
+            pub fn common(&self) -> Common {
+                Common {
+                    model: self.model.clone(),
+                    max_tokens: self.max_tokens,
+                    temperature: self.temperature,
+                    top_p: self.top_p,
+                    seed: self.seed,
+                    stream: self.stream,
+                    stream_options: self.stream_options,
+                    stop: self.stop.clone(),
+                    n: self.n,
+                    ignore_eos: self.ignore_eos,
+                }
+            }
+        }
+    };
+}
+
+/// The fields completions and chat share (see the request structs for their meaning).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Common {
+    /// Model id.
+    pub model: Option<String>,
+    /// Most tokens to generate.
+    pub max_tokens: Option<u64>,
+    /// Temperature.
+    pub temperature: Option<f64>,
+    /// Nucleus.
+    pub top_p: Option<f64>,
+    /// Seed.
+    pub seed: Option<u64>,
+    /// Stream.
+    pub stream: Option<bool>,
+    /// Stream options.
+    pub stream_options: Option<StreamOptions>,
+    /// Stop sequences.
+    pub stop: Option<Stop>,
+    /// Choices.
+    pub n: Option<u32>,
+    /// Never stop at EOS.
+    pub ignore_eos: Option<bool>,
+}
+
+openai_request! {
+    /// `POST /v1/completions`.
+    CompletionRequest {
+        /// The prompt.
+        prompt: Prompt,
+    }
+}
+
+/// Content of a chat message: text or text parts.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Text.
+    Text(String),
+    /// Parts (`{"type": "text", "text": ...}`).
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContentPart {
+    /// Must be `text`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text.
+    pub text: String,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatMessage {
+    /// `system`, `developer`, `user` or `assistant`.
+    pub role: String,
+    /// The content.
+    pub content: Content,
+    /// Participant name (accepted, unused).
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+openai_request! {
+    /// `POST /v1/chat/completions`.
+    ChatRequest {
+        /// The conversation.
+        messages: Vec<ChatMessage>,
+        /// The newer name of `max_tokens`.
+        #[serde(default)]
+        max_completion_tokens: Option<u64>,
+    }
+}
+
+/// A request reduced to what the decode loop needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Validated {
+    /// Prompt tokens.
+    pub prompt: Vec<u32>,
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Sampling.
+    pub sampling: SamplingParams,
+    /// Stop sequences.
+    pub stops: Vec<String>,
+    /// Stream the answer.
+    pub stream: bool,
+    /// Send usage in the stream.
+    pub include_usage: bool,
+}
+
+/// Limits a request is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest context (prompt + max_tokens), tokens.
+    pub context: usize,
+    /// Vocabulary size (token-id prompts must be below it).
+    pub vocab: usize,
+}
+
+fn unprocessable(message: String, param: &str, code: &'static str) -> ApiError {
+    ApiError::invalid(
+        StatusCode::UNPROCESSABLE_ENTITY,
+        message,
+        Some(param),
+        Some(code),
+    )
+}
+
+impl Common {
+    /// Check the shared fields against `served` (model id) and `limits`; `prompt` is the
+    /// already encoded prompt, `seed` the seed to use when none is given.
+    pub fn validate(
+        &self,
+        served: &str,
+        prompt: Vec<u32>,
+        max_tokens: Option<u64>,
+        limits: Limits,
+        seed: u64,
+    ) -> Result<Validated, ApiError> {
+        if let Some(m) = &self.model {
+            if m != served {
+                return Err(ApiError::invalid(
+                    StatusCode::NOT_FOUND,
+                    format!("the model '{m}' does not exist; this server serves '{served}'"),
+                    Some("model"),
+                    Some("model_not_found"),
+                ));
+            }
+        }
+        if let Some(n) = self.n {
+            if n != 1 {
+                return Err(unprocessable(
+                    format!("n = {n}: only one choice per request is served"),
+                    "n",
+                    "invalid_value",
+                ));
+            }
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(0.0..=MAX_TEMPERATURE).contains(&temperature) {
+            return Err(unprocessable(
+                format!("temperature {temperature} is outside [0, {MAX_TEMPERATURE}]"),
+                "temperature",
+                "invalid_value",
+            ));
+        }
+        let top_p = self.top_p.unwrap_or(1.0);
+        if !(top_p > 0.0 && top_p <= 1.0) {
+            return Err(unprocessable(
+                format!("top_p {top_p} is outside (0, 1]"),
+                "top_p",
+                "invalid_value",
+            ));
+        }
+        let stops = match &self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stops.len() > MAX_STOPS {
+            return Err(unprocessable(
+                format!("{} stop sequences; at most {MAX_STOPS}", stops.len()),
+                "stop",
+                "invalid_value",
+            ));
+        }
+        if prompt.is_empty() {
+            return Err(unprocessable(
+                "the prompt is empty".into(),
+                "prompt",
+                "invalid_value",
+            ));
+        }
+        if let Some(t) = prompt.iter().find(|&&t| t as usize >= limits.vocab) {
+            return Err(unprocessable(
+                format!(
+                    "token id {t} is not below the vocabulary size {}",
+                    limits.vocab
+                ),
+                "prompt",
+                "invalid_value",
+            ));
+        }
+        if prompt.len() >= limits.context {
+            return Err(ApiError::invalid(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the prompt is {} tokens; the context limit is {} (prompt and at least one generated token)",
+                    prompt.len(),
+                    limits.context
+                ),
+                Some("prompt"),
+                Some("context_length_exceeded"),
+            ));
+        }
+        let max_tokens = max_tokens.map_or(DEFAULT_MAX_TOKENS as u64, |m| m);
+        if max_tokens == 0 {
+            return Err(unprocessable(
+                "max_tokens must be at least 1".into(),
+                "max_tokens",
+                "invalid_value",
+            ));
+        }
+        let room = (limits.context - prompt.len()) as u64;
+        if max_tokens > room {
+            return Err(unprocessable(
+                format!(
+                    "max_tokens {max_tokens} is over the limit: the prompt is {} tokens, the context limit {}, so at most {room} can be generated",
+                    prompt.len(),
+                    limits.context
+                ),
+                "max_tokens",
+                "max_tokens_exceeded",
+            ));
+        }
+        Ok(Validated {
+            prompt,
+            max_tokens: max_tokens as usize,
+            sampling: SamplingParams {
+                temperature,
+                top_p,
+                seed: self.seed.unwrap_or(seed),
+                ignore_eos: self.ignore_eos.unwrap_or(false),
+            },
+            stops,
+            stream: self.stream.unwrap_or(false),
+            include_usage: self.stream_options.is_some_and(|o| o.include_usage),
+        })
+    }
+}
+
+impl CompletionRequest {
+    /// Encode and validate.
+    pub fn validate(&self, served: &str, limits: Limits, seed: u64) -> Result<Validated, ApiError> {
+        let prompt = match &self.prompt {
+            Prompt::Text(t) => tokenizer::encode_prompt(t),
+            Prompt::Texts(v) if v.len() == 1 => tokenizer::encode_prompt(&v[0]),
+            Prompt::Texts(v) => {
+                return Err(unprocessable(
+                    format!("{} prompts in one request; send one per request", v.len()),
+                    "prompt",
+                    "invalid_value",
+                ))
+            }
+            Prompt::Tokens(t) => t.clone(),
+        };
+        let common = self.common();
+        common.validate(served, prompt, common.max_tokens, limits, seed)
+    }
+}
+
+impl ChatRequest {
+    /// Apply the chat template and validate.
+    pub fn validate(&self, served: &str, limits: Limits, seed: u64) -> Result<Validated, ApiError> {
+        if self.messages.is_empty() {
+            return Err(unprocessable(
+                "messages is empty".into(),
+                "messages",
+                "invalid_value",
+            ));
+        }
+        let mut parts: Vec<(Role, String)> = Vec::with_capacity(self.messages.len());
+        for (i, m) in self.messages.iter().enumerate() {
+            let role = match m.role.as_str() {
+                "system" | "developer" => Role::System,
+                "user" => Role::User,
+                "assistant" => Role::Assistant,
+                other => {
+                    return Err(unprocessable(
+                        format!(
+                        "messages[{i}].role '{other}' is not system, developer, user or assistant"
+                    ),
+                        "messages",
+                        "invalid_value",
+                    ))
+                }
+            };
+            let text = match &m.content {
+                Content::Text(t) => t.clone(),
+                Content::Parts(p) => {
+                    if let Some(bad) = p.iter().find(|p| p.kind != "text") {
+                        return Err(unprocessable(
+                            format!(
+                                "messages[{i}] has a '{}' part; only text is served",
+                                bad.kind
+                            ),
+                            "messages",
+                            "invalid_value",
+                        ));
+                    }
+                    p.iter().map(|p| p.text.as_str()).collect()
+                }
+            };
+            parts.push((role, text));
+        }
+        let prompt = tokenizer::encode_chat(parts.iter().map(|(r, t)| (*r, t.as_str())));
+        let max = self.max_completion_tokens.or(self.max_tokens);
+        self.common().validate(served, prompt, max, limits, seed)
+    }
+}
+
+/// Token usage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+}
+
+impl Usage {
+    /// From the two counts.
+    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Usage {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+/// Which endpoint a response belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `/v1/completions`.
+    Completions,
+    /// `/v1/chat/completions`.
+    Chat,
+}
+
+/// Identity of one response: id, creation time (unix seconds), model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseId {
+    /// `cmpl-...` or `chatcmpl-...`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// Model id.
+    pub model: String,
+    /// Endpoint.
+    pub endpoint: Endpoint,
+}
+
+impl ResponseId {
+    /// The non-streamed response.
+    pub fn full(&self, text: &str, finish: &str, usage: Usage) -> Value {
+        match self.endpoint {
+            Endpoint::Completions => json!({
+                "id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+                "usage": usage,
+            }),
+            Endpoint::Chat => json!({
+                "id": self.id, "object": "chat.completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "logprobs": null, "finish_reason": finish}],
+                "usage": usage,
+            }),
+        }
+    }
+
+    /// A stream chunk with `text` (and, for chat, the role on the first chunk).
+    pub fn chunk(&self, text: &str, first: bool, finish: Option<&str>) -> Value {
+        match self.endpoint {
+            Endpoint::Completions => json!({
+                "id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.model,
+                "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": finish}],
+            }),
+            Endpoint::Chat => {
+                let delta = if first {
+                    json!({"role": "assistant", "content": text})
+                } else if finish.is_some() && text.is_empty() {
+                    json!({})
+                } else {
+                    json!({"content": text})
+                };
+                json!({
+                    "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                    "model": self.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+                })
+            }
+        }
+    }
+
+    /// The usage chunk (`stream_options.include_usage`): no choices.
+    pub fn usage_chunk(&self, usage: Usage) -> Value {
+        let object = match self.endpoint {
+            Endpoint::Completions => "text_completion",
+            Endpoint::Chat => "chat.completion.chunk",
+        };
+        json!({"id": self.id, "object": object, "created": self.created, "model": self.model,
+               "choices": [], "usage": usage})
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LIMITS: Limits = Limits {
+        context: 64,
+        vocab: tokenizer::VOCAB,
+    };
+
+    #[test]
+    fn status_codes_of_bad_requests() {
+        let e = parse_body::<CompletionRequest>(b"{\"prompt\": ").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        let e =
+            parse_body::<CompletionRequest>(br#"{"prompt": "x", "frobnicate": 1}"#).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(e.message.contains("frobnicate"), "{}", e.message);
+        let e = parse_body::<ChatRequest>(
+            br#"{"messages": [{"role": "user", "content": "x", "extra": 1}]}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        let r: CompletionRequest =
+            parse_body(br#"{"prompt": "hello", "max_tokens": 100}"#).unwrap();
+        let e = r.validate("m", LIMITS, 0).unwrap_err();
+        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(e.message.contains("at most 58"), "{}", e.message);
+        let long = format!(r#"{{"prompt": "{}"}}"#, "a".repeat(80));
+        let r: CompletionRequest = parse_body(long.as_bytes()).unwrap();
+        let e = r.validate("m", LIMITS, 0).unwrap_err();
+        assert_eq!(e.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        let r: CompletionRequest = parse_body(br#"{"prompt": "x", "model": "other"}"#).unwrap();
+        assert_eq!(
+            r.validate("m", LIMITS, 0).unwrap_err().status,
+            StatusCode::NOT_FOUND
+        );
+        let r: CompletionRequest = parse_body(br#"{"prompt": "x", "temperature": 3}"#).unwrap();
+        assert_eq!(
+            r.validate("m", LIMITS, 0).unwrap_err().param.as_deref(),
+            Some("temperature")
+        );
+        let body = e.body();
+        assert!(body["error"]["message"].is_string() && body["error"]["type"].is_string());
+    }
+
+    #[test]
+    fn valid_requests() {
+        let r: CompletionRequest = parse_body(
+            br#"{"model": "m", "prompt": ["hi"], "max_tokens": 5, "temperature": 0, "seed": 9,
+                 "stream": true, "stream_options": {"include_usage": true}, "stop": "\n", "ignore_eos": true}"#,
+        )
+        .unwrap();
+        let v = r.validate("m", LIMITS, 1).unwrap();
+        assert_eq!(v.prompt, tokenizer::encode_prompt("hi"));
+        assert_eq!(
+            (v.max_tokens, v.sampling.seed, v.sampling.temperature),
+            (5, 9, 0.0)
+        );
+        assert!(v.stream && v.include_usage && v.sampling.ignore_eos);
+        assert_eq!(v.stops, vec!["\n".to_string()]);
+        let c: ChatRequest = parse_body(
+            br#"{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "u"}]}],
+                 "max_completion_tokens": 3}"#,
+        )
+        .unwrap();
+        let v = c.validate("m", LIMITS, 1).unwrap();
+        assert_eq!(
+            v.prompt,
+            tokenizer::encode_chat([(Role::System, "s"), (Role::User, "u")])
+        );
+        assert_eq!(v.max_tokens, 3);
+        assert_eq!(v.sampling.seed, 1, "the server's seed when none is given");
+        let id = ResponseId {
+            id: "chatcmpl-1".into(),
+            created: 0,
+            model: "m".into(),
+            endpoint: Endpoint::Chat,
+        };
+        assert_eq!(
+            id.chunk("a", true, None)["choices"][0]["delta"]["role"],
+            "assistant"
+        );
+        assert_eq!(
+            id.full("a", "stop", Usage::new(1, 1))["usage"]["total_tokens"],
+            2
+        );
+    }
+}

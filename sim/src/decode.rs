@@ -1,0 +1,553 @@
+//! The decode process: B streams in a closed loop of requests, one batched step after
+//! another, each step the model's MoE layers in order.
+//!
+//! Per step every active stream contributes one token (the runtime batches them so);
+//! routing comes from the shared [`RoutingSource`], each layer is planned by the shared
+//! [`plan_layer`] against the shared [`ExpertCache`] (so the simulator's misses are the
+//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`] on the resources.
+//! Context grows by one token per stream per step; a stream whose request reached its
+//! output length starts a new request (context back to the prompt length). Prompt
+//! processing is modelled as a fixed prefill time per new request, spent before the next
+//! step and excluded from decode time (decode tok/s counts decode steps only).
+
+use rand::Rng;
+use rand_distr::StandardNormal;
+
+use std::sync::Arc;
+
+use ft_model::cache::ExpertCache;
+use ft_model::plan::plan_layer;
+use ft_model::routing::{RoutingSource, StepRouting};
+
+use crate::component::{Component, Control};
+use crate::costs::CostModel;
+use crate::error::{Result, SimError};
+use crate::layer::{CriticalSplit, LayerCosts, LayerEvent, LayerMachine, Resources};
+use crate::scheduler::Scheduler;
+use crate::time::Nanos;
+use ft_model::perf::LayerCounts;
+use ft_model::strategy::StrategyKind;
+
+/// Every layer-step's counts of one planned run (warm-up included), step-major.
+///
+/// Planning does not depend on time or on the host: the same routing, cache and fetch
+/// fraction give the same plans whatever the durations. A sweep over hosts (or jitter)
+/// therefore plans once and replays the counts ([`Planner::Replay`]); a test checks that a
+/// replay times exactly as the live run.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct PlanTrace {
+    /// MoE layers per step.
+    pub layers: usize,
+    /// Streams of every step.
+    pub streams: usize,
+    /// `counts[step * layers + layer]`.
+    pub counts: Vec<LayerCounts>,
+}
+
+impl PlanTrace {
+    /// Steps recorded.
+    pub fn steps(&self) -> usize {
+        self.counts.len() / self.layers.max(1)
+    }
+
+    /// Plan `steps` steps of `streams` streams live and record the counts.
+    pub fn record(
+        routing: &mut dyn RoutingSource,
+        cache: &mut ExpertCache,
+        fetch_fraction: f64,
+        streams: usize,
+        steps: usize,
+    ) -> Result<Self> {
+        let layers = routing.geometry().moe_layers;
+        let mut counts = Vec::with_capacity(steps * layers);
+        let mut routes = StepRouting::default();
+        for _ in 0..steps {
+            routing.next_step_into(streams, &mut routes)?;
+            for (l, r) in routes.layers.iter().enumerate() {
+                counts.push(LayerCounts::of_plan(&plan_layer(
+                    l,
+                    r,
+                    cache,
+                    fetch_fraction,
+                )));
+            }
+        }
+        Ok(PlanTrace {
+            layers,
+            streams,
+            counts,
+        })
+    }
+}
+
+impl PlanTrace {
+    /// Plan recorded routing steps (no copy of the routes) and record the counts.
+    pub fn record_steps(
+        steps: &[StepRouting],
+        layers: usize,
+        cache: &mut ExpertCache,
+        fetch_fraction: f64,
+        streams: usize,
+    ) -> Self {
+        let mut counts = Vec::with_capacity(steps.len() * layers);
+        for step in steps {
+            for (l, r) in step.layers.iter().enumerate() {
+                counts.push(LayerCounts::of_plan(&plan_layer(
+                    l,
+                    r,
+                    cache,
+                    fetch_fraction,
+                )));
+            }
+        }
+        PlanTrace {
+            layers,
+            streams,
+            counts,
+        }
+    }
+}
+
+/// Routing steps drawn once and replayed as a [`RoutingSource`] (a sweep shares them
+/// between every strategy and cache size of the same model, routing, seed and streams).
+#[derive(Debug, Clone)]
+pub struct RecordedRouting {
+    geometry: ft_model::MoeGeometry,
+    steps: Arc<Vec<StepRouting>>,
+    next: usize,
+}
+
+impl RecordedRouting {
+    /// Draw `steps` steps of `streams` streams from `source`.
+    pub fn record(source: &mut dyn RoutingSource, streams: usize, steps: usize) -> Result<Self> {
+        let mut v = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            v.push(source.next_step(streams)?);
+        }
+        Ok(RecordedRouting {
+            geometry: *source.geometry(),
+            steps: Arc::new(v),
+            next: 0,
+        })
+    }
+
+    /// The same recording, from its first step.
+    pub fn rewound(&self) -> Self {
+        RecordedRouting {
+            next: 0,
+            ..self.clone()
+        }
+    }
+
+    /// The steps not yet handed out.
+    pub fn remaining(&self) -> &[StepRouting] {
+        &self.steps[self.next.min(self.steps.len())..]
+    }
+}
+
+impl RoutingSource for RecordedRouting {
+    fn geometry(&self) -> &ft_model::MoeGeometry {
+        &self.geometry
+    }
+
+    fn next_step(&mut self, streams: usize) -> ft_model::error::Result<StepRouting> {
+        let step = self.steps.get(self.next).ok_or_else(|| {
+            ft_model::ModelError::invalid(
+                "recorded routing",
+                format!("only {} steps were recorded", self.steps.len()),
+            )
+        })?;
+        if step.streams() != streams {
+            return Err(ft_model::ModelError::invalid(
+                "recorded routing",
+                format!(
+                    "recorded for {} streams, asked for {streams}",
+                    step.streams()
+                ),
+            ));
+        }
+        self.next += 1;
+        Ok(step.clone())
+    }
+}
+
+/// Where each layer's plan comes from.
+pub enum Planner {
+    /// What the runtime does: routing from the source, each layer planned by `plan_layer`
+    /// against the cache.
+    Live {
+        /// The routing source.
+        routing: Box<dyn RoutingSource>,
+        /// The expert cache (boxed: it is large and the replay variant is not).
+        cache: Box<ExpertCache>,
+        /// Share of misses gathered.
+        fetch_fraction: f64,
+        /// This step's routes.
+        routes: StepRouting,
+    },
+    /// The counts of a recorded [`PlanTrace`], from its start.
+    Replay {
+        /// The trace.
+        trace: Arc<PlanTrace>,
+        /// Next layer-step to hand out.
+        next: usize,
+    },
+}
+
+impl Planner {
+    /// A live planner.
+    pub fn live(routing: Box<dyn RoutingSource>, cache: ExpertCache, fetch_fraction: f64) -> Self {
+        Planner::Live {
+            routing,
+            cache: Box::new(cache),
+            fetch_fraction,
+            routes: StepRouting::default(),
+        }
+    }
+
+    /// A replay of `trace`.
+    pub fn replay(trace: Arc<PlanTrace>) -> Self {
+        Planner::Replay { trace, next: 0 }
+    }
+
+    /// MoE layers per step.
+    pub fn layers(&self) -> usize {
+        match self {
+            Planner::Live { routing, .. } => routing.geometry().moe_layers,
+            Planner::Replay { trace, .. } => trace.layers,
+        }
+    }
+
+    /// Route the next step.
+    fn begin_step(&mut self, streams: usize) -> Result<()> {
+        match self {
+            Planner::Live {
+                routing, routes, ..
+            } => Ok(routing.next_step_into(streams, routes)?),
+            Planner::Replay { trace, next } => {
+                if trace.streams != streams || *next + trace.layers > trace.counts.len() {
+                    return Err(SimError::invalid(
+                        "plan trace",
+                        format!(
+                            "{} steps of {} streams recorded; step {} of {streams} streams asked",
+                            trace.steps(),
+                            trace.streams,
+                            *next / trace.layers.max(1)
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Plan layer `l` of the current step.
+    fn layer(&mut self, l: usize) -> LayerCounts {
+        match self {
+            Planner::Live {
+                cache,
+                fetch_fraction,
+                routes,
+                ..
+            } => LayerCounts::of_plan(&plan_layer(l, &routes.layers[l], cache, *fetch_fraction)),
+            Planner::Replay { trace, next } => {
+                let c = trace.counts[*next];
+                *next += 1;
+                c
+            }
+        }
+    }
+}
+
+/// Requests of the closed loop.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Workload {
+    /// Prompt length of every request, tokens (the field report: about 1.2K).
+    pub prompt_tokens: u64,
+    /// Output length of every request, tokens (the field report: 256).
+    pub output_tokens: u64,
+    /// Fixed prefill time per new request, ns (excluded from decode tok/s).
+    pub prefill_ns: Nanos,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            prompt_tokens: 1200,
+            output_tokens: 256,
+            prefill_ns: 0,
+        }
+    }
+}
+
+/// Counters of the measured steps.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct DecodeCounters {
+    /// Measured decode steps.
+    pub steps: u64,
+    /// Tokens generated in them (sum over streams).
+    pub tokens: u64,
+    /// Decode time of the measured steps, ns (prefill excluded).
+    pub decode_ns: Nanos,
+    /// Layer-steps counted.
+    pub layer_steps: u64,
+    /// Distinct experts over layer-steps.
+    pub unique: u64,
+    /// Misses over layer-steps.
+    pub misses: u64,
+    /// Experts crossing the link.
+    pub link_experts: u64,
+    /// Experts computed on the CPU.
+    pub cpu_experts: u64,
+    /// Layers whose CPU result arrived after the GPU side was done (CPU-side critical).
+    pub cpu_critical_layers: u64,
+    /// Time gathers and CPU weight reads overlapped, ns.
+    pub contended_ns: Nanos,
+    /// GPU stream busy time, ns.
+    pub gpu_busy_ns: Nanos,
+    /// H2D link busy time, ns.
+    pub h2d_busy_ns: Nanos,
+    /// CPU pool busy time, ns.
+    pub cpu_busy_ns: Nanos,
+    /// Critical-path time per resource, ns ([`crate::layer::CRITICAL_NAMES`] order).
+    pub critical: CriticalSplit,
+}
+
+/// The decode process (a [`Component`] of [`LayerEvent`]s).
+pub struct DecodeProcess<'a> {
+    costs: &'a CostModel,
+    kind: StrategyKind,
+    dense_ns: f64,
+    planner: Planner,
+    layers: usize,
+    streams: usize,
+    workload: Workload,
+    jitter: f64,
+    warmup_steps: u64,
+    measured_steps: u64,
+    res: Resources,
+    layer: LayerMachine,
+    /// Tokens generated so far by each stream's current request.
+    generated: Vec<u64>,
+    cur_layer: usize,
+    step: u64,
+    step_start: Nanos,
+    context: u64,
+    measuring: bool,
+    snapshot: (Nanos, Nanos, Nanos),
+    counters: DecodeCounters,
+    error: Option<SimError>,
+}
+
+impl<'a> DecodeProcess<'a> {
+    /// A process that decodes `warmup_steps` unmeasured then `measured_steps` measured
+    /// steps of `streams` streams.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        costs: &'a CostModel,
+        kind: StrategyKind,
+        planner: Planner,
+        streams: usize,
+        workload: Workload,
+        jitter: f64,
+        warmup_steps: u64,
+        measured_steps: u64,
+    ) -> Self {
+        DecodeProcess {
+            res: costs.resources(),
+            costs,
+            kind,
+            dense_ns: 0.0,
+            layers: planner.layers(),
+            planner,
+            streams,
+            workload,
+            jitter,
+            warmup_steps,
+            measured_steps,
+            layer: LayerMachine::new(),
+            generated: vec![0; streams],
+            cur_layer: 0,
+            step: 0,
+            step_start: 0,
+            context: 0,
+            measuring: false,
+            snapshot: (0, 0, 0),
+            counters: DecodeCounters::default(),
+            error: None,
+        }
+    }
+
+    /// Counters of the measured steps.
+    pub fn counters(&self) -> &DecodeCounters {
+        &self.counters
+    }
+
+    /// The planner (after the run: its cache for a live one).
+    pub fn planner(&self) -> &Planner {
+        &self.planner
+    }
+
+    /// The resources (after the run).
+    pub fn resources(&self) -> &Resources {
+        &self.res
+    }
+
+    /// An error raised inside the run (a routing source failing), if any.
+    pub fn take_error(&mut self) -> Option<SimError> {
+        self.error.take()
+    }
+
+    /// Schedule the first step at time 0.
+    pub fn start(&mut self, s: &mut Scheduler<LayerEvent>) {
+        s.schedule_at(0, LayerEvent::StepStart);
+    }
+
+    fn jittered(&self, x: f64, s: &mut Scheduler<LayerEvent>) -> f64 {
+        if self.jitter <= 0.0 || x <= 0.0 {
+            return x;
+        }
+        let z: f64 = s.rng().sample(StandardNormal);
+        x * (self.jitter * z - 0.5 * self.jitter * self.jitter).exp()
+    }
+
+    fn jitter_costs(&self, mut c: LayerCosts, s: &mut Scheduler<LayerEvent>) -> LayerCosts {
+        if self.jitter <= 0.0 {
+            return c;
+        }
+        c.dense_ns = self.jittered(c.dense_ns, s);
+        c.hit_kernel_ns = self.jittered(c.hit_kernel_ns, s);
+        c.fetched_kernel_ns = self.jittered(c.fetched_kernel_ns, s);
+        if let Some(g) = c.gather.as_mut() {
+            g.bytes_each = self.jittered(g.bytes_each, s);
+        }
+        if let Some(mut cpu) = c.cpu {
+            cpu.fixed_ns = self.jittered(cpu.fixed_ns, s);
+            cpu.bytes = self.jittered(cpu.bytes, s);
+            cpu.sync_ns = self.jittered(cpu.sync_ns, s);
+            c.cpu = Some(cpu);
+        }
+        c
+    }
+
+    fn start_layer(&mut self, now: Nanos, s: &mut Scheduler<LayerEvent>) {
+        let l = self.cur_layer;
+        let counts = self.planner.layer(l);
+        if self.measuring {
+            let c = &mut self.counters;
+            c.layer_steps += 1;
+            c.unique += counts.unique() as u64;
+            c.misses += counts.misses() as u64;
+            c.link_experts += counts.fetched as u64;
+            c.cpu_experts += counts.cpu as u64;
+        }
+        let costs = self
+            .costs
+            .layer(self.kind, &counts, self.streams, self.dense_ns);
+        let costs = self.jitter_costs(costs, s);
+        self.layer.start(now, costs, &mut self.res, s);
+    }
+
+    fn busy(&self) -> (Nanos, Nanos, Nanos) {
+        (
+            self.res.gpu.busy_ns(),
+            self.res.h2d.busy_ns(),
+            self.res.cpu.busy_ns(),
+        )
+    }
+
+    /// Begin a step at `now`: routing for every stream, then layer 0.
+    fn begin_step(&mut self, now: Nanos, s: &mut Scheduler<LayerEvent>) -> Control {
+        if self.step == self.warmup_steps {
+            self.measuring = true;
+            self.snapshot = self.busy();
+        }
+        if let Err(e) = self.planner.begin_step(self.streams) {
+            self.error = Some(e);
+            return Control::Stop;
+        }
+        self.context = self
+            .generated
+            .iter()
+            .map(|g| self.workload.prompt_tokens + g)
+            .sum();
+        self.dense_ns = self.costs.dense_ns(self.streams, self.context);
+        self.step_start = now;
+        self.cur_layer = 0;
+        self.start_layer(now, s);
+        Control::Continue
+    }
+
+    fn end_step(&mut self, now: Nanos, s: &mut Scheduler<LayerEvent>) -> Control {
+        if self.measuring {
+            self.counters.steps += 1;
+            self.counters.tokens += self.streams as u64;
+            self.counters.decode_ns += now - self.step_start;
+        }
+        self.step += 1;
+        let mut new_requests = 0;
+        for g in self.generated.iter_mut() {
+            *g += 1;
+            if *g >= self.workload.output_tokens {
+                *g = 0;
+                new_requests += 1;
+            }
+        }
+        if self.step >= self.warmup_steps + self.measured_steps {
+            let (g, h, c) = self.busy();
+            let c0 = &mut self.counters;
+            c0.gpu_busy_ns = g - self.snapshot.0;
+            c0.h2d_busy_ns = h - self.snapshot.1;
+            c0.cpu_busy_ns = c - self.snapshot.2;
+            return Control::Stop;
+        }
+        let prefill = self.workload.prefill_ns * new_requests;
+        if prefill > 0 {
+            s.schedule_at(now + prefill, LayerEvent::StepStart);
+            Control::Continue
+        } else {
+            self.begin_step(now, s)
+        }
+    }
+}
+
+impl Component<LayerEvent> for DecodeProcess<'_> {
+    fn handle(&mut self, now: Nanos, ev: LayerEvent, s: &mut Scheduler<LayerEvent>) -> Control {
+        if ev == LayerEvent::StepStart {
+            return self.begin_step(now, s);
+        }
+        let Some(end) = self.layer.handle(now, ev, &mut self.res, s) else {
+            return Control::Continue;
+        };
+        let t = *self.layer.times();
+        if self.measuring {
+            self.counters.contended_ns += t.contended_ns;
+            if t.cpu_side_end > t.gpu_side_end {
+                self.counters.cpu_critical_layers += 1;
+            }
+            let split = t.critical(self.layer.costs().overhead_ns);
+            for (a, b) in self.counters.critical.iter_mut().zip(split) {
+                *a += b;
+            }
+        }
+        self.cur_layer += 1;
+        if self.cur_layer < self.layers {
+            self.start_layer(end, s);
+            Control::Continue
+        } else {
+            self.end_step(end, s)
+        }
+    }
+}
+
+/// Check a run's shape before it starts.
+pub fn check_run(streams: usize, steps: u64) -> Result<()> {
+    if streams == 0 {
+        return Err(SimError::invalid("--streams", "must be at least 1"));
+    }
+    if steps == 0 {
+        return Err(SimError::invalid("--steps", "must be at least 1"));
+    }
+    Ok(())
+}

@@ -1,0 +1,777 @@
+//! `ft run`: decode on the real runtime with one strategy and print what happened.
+//!
+//! Arguments are validated into a plan before any memory is touched: the model (with
+//! `--layers` applied), the strategy (hybrid's `auto` resolved by the performance model of
+//! `--host`), the cache size, and the memory the run needs on this machine, refused with an
+//! error naming the flag to change when it does not fit. Then the engine is built, the link's
+//! linear H2D bandwidth measured (for the PCIe bound), the warm-up and measured steps run,
+//! and the summary printed (a table, or `--json`), with an optional Chrome trace and the
+//! numerics comparison. `--probe-overhead` instead measures hybrid's fixed cost per layer.
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use std::io::Write;
+use std::path::PathBuf;
+
+use ft_kernels::ActivationPath;
+use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
+use ft_model::{FetchFraction, ModelSpec, Strategy, StrategyKind};
+use ft_runtime::cpu_pool::PoolWait;
+use ft_runtime::device::{Device, DeviceInfo, DeviceKind, HostDeviceConfig};
+use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
+use ft_runtime::engine::{
+    decode, draw_routing, CombineOrder, DecodeOptions, Engine, EngineConfig, EngineMemory,
+};
+use ft_runtime::gather::GatherMethod;
+use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
+use ft_runtime::numerics::{compare_numerics, NumericsReport};
+
+/// Share of the available RAM a run may plan to use (the rest is for the OS and the page
+/// cache).
+const RAM_SHARE: f64 = 0.9;
+/// Extra emulated device memory beyond what the engine plans, bytes (allocator rounding).
+const HOST_DEVICE_SLACK: u64 = 64 << 20;
+/// Largest copy of the linear H2D probe, bytes.
+const LINEAR_PROBE_BYTES: usize = 256 << 20;
+/// Repetitions of the linear H2D probe (median).
+const LINEAR_PROBE_REPS: usize = 5;
+/// Bytes per GB (1e9) and per GiB.
+const GB: f64 = 1e9;
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Arguments of `ft run`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model: a preset name or a model TOML file.
+    #[arg(long, required_unless_present = "probe_overhead")]
+    model: Option<String>,
+    /// offload, hybrid, resident or cpu.
+    #[arg(long, required_unless_present = "probe_overhead")]
+    strategy: Option<String>,
+    /// Hybrid's fetch fraction: a number in [0, 1], or auto (the performance model of
+    /// --host chooses it).
+    #[arg(long)]
+    fetch_fraction: Option<String>,
+    /// Host spec (preset or TOML) whose performance model resolves `--fetch-fraction auto`.
+    #[arg(long)]
+    host: Option<String>,
+    /// Concurrent streams.
+    #[arg(long, default_value_t = 1)]
+    streams: usize,
+    /// Measured decode steps.
+    #[arg(long, default_value_t = 32)]
+    steps: usize,
+    /// Warm-up steps before them (they fill the cache; not measured).
+    #[arg(long, default_value_t = 4)]
+    warmup: usize,
+    /// Expert cache slots (offload, hybrid and cpu).
+    #[arg(long, conflicts_with = "cache_gb")]
+    cache_slots: Option<usize>,
+    /// Expert cache size in GiB (2^30 bytes).
+    #[arg(long)]
+    cache_gb: Option<f64>,
+    /// Cache policy: lru, lfu or static-hot.
+    #[arg(long, default_value = "lru")]
+    policy: String,
+    /// Routing: a preset (uniform, mild, typical, skewed), a process TOML or a trace file.
+    #[arg(long, default_value = "typical")]
+    routing: String,
+    /// Record the routing of every step to this trace file.
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Context length of every stream at the first step, tokens (grows by one per step).
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+    /// CPU pool workers (default: cores - 1 on CUDA, 1 on the host device).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// cuda, host, or auto (CUDA where available, else host).
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Run only the first N MoE layers of the model's geometry (to fit a memory budget).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Seed of the expert weights, the routing process and the inputs.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write a Chrome trace (chrome://tracing, Perfetto) of every step to this file.
+    #[arg(long)]
+    trace_out: Option<PathBuf>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Also run fresh (no warm-up) and as offload, and report the outputs' deviations.
+    #[arg(long)]
+    compare_numerics: bool,
+    /// GPU expert activation path: f32 or int8 (W4A8/W8A8).
+    #[arg(long, default_value = "f32")]
+    gpu_act: String,
+    /// CPU expert activation path: int8 (W4A8/W8A8) or f32.
+    #[arg(long, default_value = "int8")]
+    cpu_act: String,
+    /// Combine order of expert outputs: fixed (placement-independent) or fast.
+    #[arg(long, default_value = "fixed")]
+    combine: String,
+    /// Gather method: copy-engine or zero-copy.
+    #[arg(long, default_value = "copy-engine")]
+    gather: String,
+    /// How the CPU pool waits between layers: spin or park (default: spin on CUDA, park on
+    /// the host device).
+    #[arg(long)]
+    pool_wait: Option<String>,
+    /// Host device only: emulated link bandwidth, GB/s.
+    #[arg(long)]
+    link_gbps: Option<f64>,
+    /// Record no per-operation timing events (only host-side times and counts).
+    #[arg(long)]
+    no_timeline: bool,
+    /// Measure hybrid's fixed cost per layer with tiny work instead of decoding.
+    #[arg(long)]
+    probe_overhead: bool,
+}
+
+/// The link bound of a run that gathers: how close the measured step is to the time its
+/// gathered bytes need at the link's linear bandwidth.
+#[derive(Debug, Clone, Serialize)]
+pub struct PcieBound {
+    /// Linear host-to-device bandwidth measured in this run, GB/s.
+    pub linear_h2d_gbs: f64,
+    /// Mean bytes gathered per step.
+    pub gathered_bytes_per_step: f64,
+    /// Those bytes at the linear bandwidth, us.
+    pub bound_step_us: f64,
+    /// `bound_step_us / mean step time` (1 = at the bound).
+    pub share_of_bound: f64,
+}
+
+/// Everything `ft run` reports (the `--json` document).
+#[derive(Debug, Clone, Serialize)]
+pub struct RunReport {
+    /// Model name.
+    pub model: String,
+    /// Expert format.
+    pub format: String,
+    /// Bytes of one routed expert.
+    pub expert_bytes: u64,
+    /// MoE layers run.
+    pub layers: usize,
+    /// MoE layers of the model.
+    pub model_layers: usize,
+    /// The strategy as run.
+    pub strategy: String,
+    /// Fetch fraction the plans used.
+    pub fetch_fraction: f64,
+    /// Where it came from.
+    pub fetch_source: String,
+    /// The device.
+    pub device: DeviceInfo,
+    /// CPU pool workers.
+    pub threads: usize,
+    /// How the pool waited.
+    pub pool_wait: String,
+    /// GPU / CPU activation paths.
+    pub gpu_act: String,
+    /// CPU activation path.
+    pub cpu_act: String,
+    /// Combine order.
+    pub combine: String,
+    /// Gather method.
+    pub gather: String,
+    /// Streams.
+    pub streams: usize,
+    /// Context at the first step, tokens.
+    pub context: usize,
+    /// Cache slots (and staging slots).
+    pub cache_slots: usize,
+    /// Staging slots for refused admissions.
+    pub staging_slots: usize,
+    /// Cache policy.
+    pub policy: String,
+    /// Routing.
+    pub routing: String,
+    /// Seed.
+    pub seed: u64,
+    /// Memory the engine planned.
+    pub memory: EngineMemory,
+    /// The measured steps summarised.
+    pub summary: RunSummary,
+    /// The link bound (runs that gather).
+    pub pcie: Option<PcieBound>,
+    /// Numerics (with --compare-numerics).
+    pub numerics: Option<NumericsReport>,
+    /// Notes (fewer layers, defaults taken).
+    pub notes: Vec<String>,
+    /// Every step, per layer.
+    pub step_records: Vec<StepRecord>,
+}
+
+/// Bytes of memory available on this machine (Linux `MemAvailable`), if known.
+fn available_ram() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+fn parse_path(flag: &str, s: &str) -> Result<ActivationPath> {
+    s.parse::<ActivationPath>()
+        .with_context(|| flag.to_string())
+}
+
+/// Check the run's memory against this machine; errors name the flag to change.
+fn check_memory(
+    model: &ModelSpec,
+    full_layers: usize,
+    cfg: &EngineConfig,
+    kind: DeviceKind,
+    available: u64,
+) -> Result<EngineMemory> {
+    let mem = EngineMemory::of(model, cfg);
+    let budget = (available as f64 * RAM_SHARE) as u64;
+    let need = match kind {
+        DeviceKind::Host => mem.host_bytes() + mem.device_bytes(),
+        DeviceKind::Cuda => mem.host_bytes(),
+    };
+    if need <= budget {
+        return Ok(mem);
+    }
+    let g = &model.geometry;
+    // What one more layer costs on this machine, and what does not depend on layers.
+    let one = EngineMemory::of(&model.with_layers(1), cfg);
+    let per_layer = match kind {
+        DeviceKind::Host => {
+            one.bank_bytes
+                + one.dense_bytes
+                + if cfg.strategy.kind() == StrategyKind::Resident {
+                    one.slot_bytes
+                } else {
+                    0
+                }
+        }
+        DeviceKind::Cuda => one.bank_bytes,
+    };
+    let fixed = need.saturating_sub(per_layer * g.moe_layers as u64);
+    let fit = budget.saturating_sub(fixed) / per_layer.max(1);
+    let where_ = match kind {
+        DeviceKind::Host => "the host-emulated device keeps the bank and the device memory in RAM",
+        DeviceKind::Cuda => "the host bank is pinned host memory",
+    };
+    bail!(
+        "this run needs {:.1} GB of RAM: the host bank alone is {} layers x {} experts x {:.2} MB = {:.1} GB \
+         (cache {:.2} GB, dense and KV {:.2} GB); {where_}, and this machine has {:.1} GB available. \
+         Run fewer layers of the same geometry with --layers {} (of {full_layers}){}",
+        need as f64 / GB,
+        g.moe_layers,
+        g.experts,
+        model.expert_bytes() as f64 / 1e6,
+        mem.bank_bytes as f64 / GB,
+        mem.slot_bytes as f64 / GB,
+        mem.dense_bytes as f64 / GB,
+        available as f64 / GB,
+        fit.max(1),
+        if fit == 0 {
+            ", and a smaller --cache-slots, --streams or --context"
+        } else {
+            ""
+        }
+    )
+}
+
+/// Resolve `--fetch-fraction auto` with the performance model of `--host`.
+fn resolve_auto(
+    args: &Args,
+    model: &ModelSpec,
+    slots: usize,
+    policy: &CachePolicy,
+) -> Result<(f64, String)> {
+    let Some(host) = &args.host else {
+        bail!(
+            "--fetch-fraction auto needs the performance model's parameters: give --host HOST \
+             (a host preset or TOML), or a number between 0 and 1"
+        );
+    };
+    let spec = ft_sim::hosts::resolve(host).with_context(|| format!("--host {host}"))?;
+    let perf = ft_model::perf::PerfModel::from_host(&spec)?;
+    let config = ft_model::perf::PredictConfig {
+        streams: args.streams,
+        context: args.context,
+        cache: Some(CacheSize::Slots(slots.max(1))),
+        policy: policy.clone(),
+        routing: args.routing.clone(),
+        seed: Some(args.seed),
+        hybrid_fetch: FetchFraction::Auto,
+        ..Default::default()
+    };
+    let pred = ft_model::perf::predict(model, &perf, &config)
+        .context("predicting hybrid's best fetch fraction")?;
+    let f = pred.get(StrategyKind::Hybrid).fetch_fraction;
+    Ok((
+        f,
+        format!(
+            "auto: the performance model of host '{}' ({})",
+            spec.name, perf.source
+        ),
+    ))
+}
+
+/// Run `ft run`.
+pub fn run(args: Args) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let kind = match args.device.to_ascii_lowercase().as_str() {
+        "auto" => {
+            if ft_runtime::cuda_available() {
+                DeviceKind::Cuda
+            } else {
+                tracing::info!("no CUDA device here: using the host-emulated device");
+                DeviceKind::Host
+            }
+        }
+        other => other.parse::<DeviceKind>().context("--device")?,
+    };
+    let threads = args.threads.unwrap_or(match kind {
+        DeviceKind::Cuda => cores.saturating_sub(1).max(1),
+        DeviceKind::Host => 1,
+    });
+    let pool_wait = match &args.pool_wait {
+        Some(s) => s.parse::<PoolWait>()?,
+        None => match kind {
+            DeviceKind::Cuda => PoolWait::Spin,
+            DeviceKind::Host => PoolWait::Park,
+        },
+    };
+    if args.probe_overhead {
+        return run_probe(&args, kind, threads, pool_wait, cores);
+    }
+    if args.streams == 0 {
+        bail!("--streams: must be at least 1");
+    }
+    if args.steps == 0 {
+        bail!("--steps: must be at least 1");
+    }
+    let name = args.model.as_deref().unwrap_or_default();
+    let full = ModelSpec::resolve(name).with_context(|| format!("--model {name}"))?;
+    let mut notes = Vec::new();
+    let model = match args.layers {
+        Some(0) => bail!("--layers: must be at least 1"),
+        Some(n) if n > full.geometry.moe_layers => bail!(
+            "--layers {n}: the model has {} MoE layers",
+            full.geometry.moe_layers
+        ),
+        Some(n) if n < full.geometry.moe_layers => {
+            notes.push(format!(
+                "ran {n} of the model's {} MoE layers (--layers): the same geometry, fewer layers; \
+                 per-layer numbers are the model's, per-step numbers scale with the layer count",
+                full.geometry.moe_layers
+            ));
+            full.with_layers(n)
+        }
+        _ => full.clone(),
+    };
+    let g = model.geometry;
+    let sk: StrategyKind = args
+        .strategy
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .context("--strategy")?;
+    let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let cache_slots = match (sk, args.cache_slots, args.cache_gb) {
+        (StrategyKind::Resident, s, gb) => {
+            if s.is_some() || gb.is_some() {
+                notes.push("resident holds every expert: the cache size flags were ignored".into());
+            }
+            0
+        }
+        (_, Some(n), _) => CacheSize::Slots(n).slots(model.expert_bytes(), g.total_experts())?,
+        (_, None, Some(x)) => CacheSize::GiB(x).slots(model.expert_bytes(), g.total_experts())?,
+        (StrategyKind::Cpu, None, None) => 0,
+        (k, None, None) => bail!("{k} needs a cache size: give --cache-slots N or --cache-gb X"),
+    };
+    let (fetch, fetch_source) = match (sk, args.fetch_fraction.as_deref()) {
+        (StrategyKind::Hybrid, None) => bail!("hybrid needs --fetch-fraction F (0 to 1) or auto"),
+        (StrategyKind::Hybrid, Some(s)) => match FetchFraction::parse("--fetch-fraction", s)? {
+            FetchFraction::Fixed(f) => (f, "given".to_string()),
+            FetchFraction::Auto => resolve_auto(&args, &model, cache_slots, &policy)?,
+        },
+        (k, Some(_)) => {
+            notes.push(format!(
+                "--fetch-fraction ignored: {k} has a fixed fraction"
+            ));
+            (
+                Strategy::from_kind(k, None)
+                    .fixed_fetch_fraction()
+                    .unwrap_or(1.0),
+                "strategy".into(),
+            )
+        }
+        (k, None) => (
+            Strategy::from_kind(k, None)
+                .fixed_fetch_fraction()
+                .unwrap_or(1.0),
+            "strategy".into(),
+        ),
+    };
+    let strategy = match sk {
+        StrategyKind::Hybrid => Strategy::Hybrid {
+            fetch: FetchFraction::fixed("--fetch-fraction", fetch)?,
+        },
+        k => Strategy::from_kind(k, None),
+    };
+    let cfg = EngineConfig {
+        strategy,
+        cache_slots,
+        policy: policy.clone(),
+        max_streams: args.streams,
+        max_context: args.context + args.warmup + args.steps,
+        threads,
+        pool_wait,
+        gpu_path: parse_path("--gpu-act", &args.gpu_act)?,
+        cpu_path: parse_path("--cpu-act", &args.cpu_act)?,
+        combine: args.combine.parse::<CombineOrder>()?,
+        gather: match args.gather.as_str() {
+            "copy-engine" => GatherMethod::CopyEngine,
+            "zero-copy" => GatherMethod::ZeroCopy,
+            other => bail!("--gather: '{other}' is neither copy-engine nor zero-copy"),
+        },
+        seed: args.seed,
+        timeline: !args.no_timeline,
+        // The emulated device is sized to the plan below; a GPU keeps the default reserve.
+        reserve_bytes: match kind {
+            DeviceKind::Host => 0,
+            DeviceKind::Cuda => ft_runtime::slots::DEFAULT_RESERVE_BYTES,
+        },
+    };
+    if kind == DeviceKind::Host && threads + 1 > cores && pool_wait == PoolWait::Spin {
+        notes.push(format!(
+            "{threads} spinning CPU workers plus the host thread exceed this machine's {cores} cores: \
+             expect contention (use --pool-wait park)"
+        ));
+    }
+    let available = available_ram().unwrap_or(u64::MAX);
+    let memory = check_memory(&model, full.geometry.moe_layers, &cfg, kind, available)?;
+
+    // The routing of the whole run, drawn up front (and recorded if asked).
+    let source = routing::resolve(&args.routing, &g, Some(args.seed))
+        .with_context(|| format!("--routing {}", args.routing))?;
+    let routing = match &args.record {
+        Some(path) => {
+            let writer = TraceWriter::create(path, &g)
+                .with_context(|| format!("--record {}", path.display()))?;
+            let mut rec = RecordingSource::new(source, writer)?;
+            let r = draw_routing(&mut rec, args.streams, args.warmup + args.steps)?;
+            rec.finish()?;
+            r
+        }
+        None => {
+            let mut source = source;
+            draw_routing(source.as_mut(), args.streams, args.warmup + args.steps)?
+        }
+    };
+    let (warm, measured) = routing.split_at(args.warmup);
+    let popularity = if matches!(&policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+        && sk != StrategyKind::Resident
+    {
+        let mut src: Box<dyn RoutingSource> = routing::resolve(&args.routing, &g, Some(args.seed))?;
+        Some(ft_model::traffic::measure_popularity(
+            src.as_mut(),
+            args.warmup.max(1),
+            args.streams,
+        )?)
+    } else {
+        None
+    };
+
+    let device = match kind {
+        DeviceKind::Host => Device::host(HostDeviceConfig {
+            memory_bytes: memory.device_bytes() + HOST_DEVICE_SLACK,
+            link_gbps: args.link_gbps,
+            kernel_threads: cores.saturating_sub(threads + 1).max(1),
+        })?,
+        DeviceKind::Cuda => {
+            if args.link_gbps.is_some() {
+                bail!("--link-gbps: only the host device emulates a link bandwidth");
+            }
+            Device::cuda(0)?
+        }
+    };
+    tracing::info!(device = %device.info().name, model = %model.name, %strategy, "building the engine");
+    let mut engine =
+        Engine::new(&device, &model, &cfg, popularity).context("building the engine")?;
+    let linear = if fetch > 0.0 && sk != StrategyKind::Resident {
+        Some(engine.measure_linear_h2d_gbs(LINEAR_PROBE_BYTES, LINEAR_PROBE_REPS)?)
+    } else {
+        None
+    };
+
+    let options = DecodeOptions {
+        context: args.context,
+        input_seed: args.seed,
+        keep_spans: args.trace_out.is_some(),
+        keep_outputs: args.compare_numerics,
+    };
+    let bar = indicatif::ProgressBar::new((args.warmup + args.steps) as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:40}] {pos}/{len} steps {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let decoded = decode(&mut engine, warm, measured, &options, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+
+    if let Some(path) = &args.trace_out {
+        let mut trace = ChromeTrace::new(&format!("ft run {} {strategy}", model.name));
+        trace.add_spans(&decoded.spans);
+        for r in &decoded.records {
+            let start = ft_runtime::instrument::ns_of_us(r.start_us);
+            trace.add_step(
+                r.step,
+                r.warmup,
+                start,
+                start + ft_runtime::instrument::ns_of_us(r.wall_us),
+            );
+        }
+        trace
+            .write(path)
+            .with_context(|| format!("--trace-out {}", path.display()))?;
+    }
+    let numerics = if args.compare_numerics {
+        Some(compare_numerics(
+            &mut engine,
+            warm,
+            measured,
+            &options,
+            &decoded.outputs,
+        )?)
+    } else {
+        None
+    };
+    let summary = decoded.summary.clone();
+    let pcie = linear.map(|gbs| {
+        let bound = summary.gathered_bytes_per_step / (gbs * 1e3);
+        PcieBound {
+            linear_h2d_gbs: gbs,
+            gathered_bytes_per_step: summary.gathered_bytes_per_step,
+            bound_step_us: bound,
+            share_of_bound: if summary.step_us.mean > 0.0 {
+                bound / summary.step_us.mean
+            } else {
+                0.0
+            },
+        }
+    });
+    let report = RunReport {
+        model: model.name.clone(),
+        format: model.format.name().into(),
+        expert_bytes: model.expert_bytes(),
+        layers: g.moe_layers,
+        model_layers: full.geometry.moe_layers,
+        strategy: strategy.to_string(),
+        fetch_fraction: fetch,
+        fetch_source,
+        device: device.info().clone(),
+        threads,
+        pool_wait: pool_wait.name().into(),
+        gpu_act: cfg.gpu_path.name().into(),
+        cpu_act: cfg.cpu_path.name().into(),
+        combine: cfg.combine.name().into(),
+        gather: cfg.gather.name().into(),
+        streams: args.streams,
+        context: args.context,
+        cache_slots: engine.cache_slots(),
+        staging_slots: engine.staging_slots(),
+        policy: policy.to_string(),
+        routing: args.routing.clone(),
+        seed: args.seed,
+        memory,
+        summary,
+        pcie,
+        numerics,
+        notes,
+        step_records: decoded.records,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        print_table(&mut out, &report)?;
+    }
+    if let Some(n) = &report.numerics {
+        if !n.passed() {
+            return Err(crate::CheckFailed(format!(
+                "{}: fresh and warmed outputs differ (first at step {:?}) although placement cannot change them here",
+                n.strategy, n.fresh_vs_warmed.first_differing_step
+            ))
+            .into());
+        }
+    }
+    Ok(())
+}
+
+fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
+    let s = &r.summary;
+    writeln!(
+        out,
+        "ft run: {} ({}, {} B experts), {} of {} layers, {} (fetch fraction {:.3}, {})",
+        r.model,
+        r.format,
+        r.expert_bytes,
+        r.layers,
+        r.model_layers,
+        r.strategy,
+        r.fetch_fraction,
+        r.fetch_source
+    )?;
+    writeln!(
+        out,
+        "device {} ({}), {} CPU workers ({}), act gpu {} / cpu {}, combine {}, gather {}",
+        r.device.name,
+        r.device.kind,
+        r.threads,
+        r.pool_wait,
+        r.gpu_act,
+        r.cpu_act,
+        r.combine,
+        r.gather
+    )?;
+    writeln!(
+        out,
+        "{} stream(s) at context {}, {} steps after {} warm-up, cache {} slots ({:.2} GiB, {}) + {} staging, routing {}",
+        r.streams,
+        r.context,
+        s.steps,
+        s.warmup_steps,
+        r.cache_slots,
+        r.cache_slots as f64 * r.expert_bytes as f64 / GIB,
+        r.policy,
+        r.staging_slots,
+        r.routing
+    )?;
+    for n in &r.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "decode tok/s per stream",
+            format!("{:.2}", s.tok_s_per_stream),
+        ),
+        ("decode tok/s total", format!("{:.2}", s.tok_s_total)),
+        (
+            "step time, us (p50 / mean / p90)",
+            format!(
+                "{:.0} / {:.0} / {:.0}",
+                s.step_us.p50, s.step_us.mean, s.step_us.p90
+            ),
+        ),
+        ("miss rate", format!("{:.1}%", 100.0 * s.miss_rate)),
+        (
+            "per layer: hits / misses / fetched / cpu",
+            format!(
+                "{:.2} / {:.2} / {:.2} / {:.2}",
+                s.hits_per_layer, s.misses_per_layer, s.fetched_per_layer, s.cpu_per_layer
+            ),
+        ),
+        (
+            "gathered per step, MB",
+            format!("{:.2}", s.gathered_bytes_per_step / 1e6),
+        ),
+        (
+            "busy per step, us (gpu / pcie / cpu / host wait)",
+            format!(
+                "{:.0} / {:.0} / {:.0} / {:.0}",
+                s.gpu_busy_us, s.pcie_busy_us, s.cpu_busy_us, s.host_wait_us
+            ),
+        ),
+        (
+            "utilisation (gpu / pcie / cpu / host wait)",
+            format!(
+                "{:.0}% / {:.0}% / {:.0}% / {:.0}%",
+                100.0 * s.utilisation.gpu,
+                100.0 * s.utilisation.pcie,
+                100.0 * s.utilisation.cpu,
+                100.0 * s.utilisation.host_wait
+            ),
+        ),
+    ];
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in &rows {
+        writeln!(out, "  {k:<width$}  {v}")?;
+    }
+    if let Some(p) = &r.pcie {
+        writeln!(
+            out,
+            "  {:<width$}  {:.2} GB/s linear H2D; bound {:.0} us/step; at {:.0}% of the bound",
+            "PCIe bound",
+            p.linear_h2d_gbs,
+            p.bound_step_us,
+            100.0 * p.share_of_bound
+        )?;
+    }
+    if let Some(n) = &r.numerics {
+        if let Some(d) = &n.vs_offload {
+            writeln!(
+                out,
+                "  {:<width$}  max rel. L2 {:.2e}, mean {:.2e}, bit-identical {}",
+                "numerics vs offload", d.max_rel_l2, d.mean_rel_l2, d.bit_identical
+            )?;
+        }
+        let d = &n.fresh_vs_warmed;
+        writeln!(
+            out,
+            "  {:<width$}  max rel. L2 {:.2e}, bit-identical {} (expected {})",
+            "numerics fresh vs warmed", d.max_rel_l2, d.bit_identical, n.expect_bit_identical
+        )?;
+    }
+    Ok(())
+}
+
+/// `ft run --probe-overhead`.
+fn run_probe(
+    args: &Args,
+    kind: DeviceKind,
+    threads: usize,
+    wait: PoolWait,
+    cores: usize,
+) -> Result<()> {
+    let device = match kind {
+        DeviceKind::Host => Device::host(HostDeviceConfig {
+            memory_bytes: 256 << 20,
+            link_gbps: args.link_gbps,
+            kernel_threads: cores.saturating_sub(threads + 1).max(1),
+        })?,
+        DeviceKind::Cuda => Device::cuda(0)?,
+    };
+    let r: OverheadReport = probe_hybrid_overhead(&device, threads, wait)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?;
+    } else {
+        writeln!(
+            out,
+            "hybrid fixed cost per layer on {} ({} CPU workers, {}), {} layers of tiny experts",
+            r.device,
+            r.threads,
+            r.pool_wait.name(),
+            r.layers
+        )?;
+        for (k, v) in [
+            ("resident layer, us", r.resident_layer_us),
+            ("cpu layer (one round trip), us", r.cpu_layer_us),
+            ("CPU busy per layer, us", r.cpu_busy_layer_us),
+            ("host wait per layer, us", r.host_wait_layer_us),
+            ("overhead beyond the work, us", r.overhead_layer_us),
+            ("target, us", r.target_us),
+            ("pool job alone, spinning, us", r.pool_job_spin_us),
+            ("pool job alone, parked, us", r.pool_job_park_us),
+        ] {
+            writeln!(out, "  {k:<32} {v:>8.1}")?;
+        }
+        writeln!(out, "  {:<32} {:>8}", "meets the target", r.meets_target())?;
+    }
+    Ok(())
+}

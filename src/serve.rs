@@ -1,0 +1,396 @@
+//! `ft serve`: the MoE model behind an OpenAI-compatible HTTP API.
+//!
+//! At start the strategy is decided once: with `auto`, the performance model predicts every
+//! strategy at `--expected-streams` (from the cached profile when its key matches this host,
+//! model and version, otherwise from the host spec: `ft probe` is not built yet, and the log
+//! says so) and the fastest feasible one is used; a forced strategy is used as given. Either
+//! way one line gives the legacy ratio, its threshold and verdict, every prediction with its
+//! interval, the choice (or what auto would have chosen) and the margin; it is logged and
+//! printed on stdout beside the address (`--json` prints both as JSON). While serving, the
+//! server checks realised speed and miss rate against the prediction, refits and, under
+//! `auto`, switches between decode steps (see `ft_serve::scheduler`).
+//!
+//! Prefill runs through the same step path as decode, as batched chunks of the prompt
+//! (`--prefill-chunk` tokens of a stream per step, each token one engine row). SIGTERM or
+//! Ctrl-C stops accepting and drains the requests in flight.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use ft_model::cache::CacheSize;
+use ft_model::perf::fit::ProbeSamples;
+use ft_model::perf::predict::default_cache_slots;
+use ft_model::perf::{PerfModel, PredictConfig};
+use ft_model::profile::{self, HostFingerprint, Lookup, Profile, ProfileKey};
+use ft_model::routing::RoutingProcess;
+use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
+use ft_runtime::engine::EngineConfig;
+use ft_runtime::{Device, DeviceKind, DeviceSpec};
+use ft_serve::backend::engine::EngineBackend;
+use ft_serve::backend::reference::{ReferenceConfig, ReferenceMoe};
+use ft_serve::backend::StepBackend;
+use ft_serve::monitor::CheckConfig;
+use ft_serve::perf_adapter::PerfPredictor;
+use ft_serve::predict::{Corrected, Decision, Predictor};
+use ft_serve::scheduler::{SchedulerConfig, SelfCheck};
+use tracing::{info, warn};
+
+/// Context length the start-up prediction is made at, tokens: the field report's protocol
+/// (prompts of about 1.2K tokens, 256 output tokens) sits between 1.2K and 1.45K.
+const PREDICT_CONTEXT_TOKENS: usize = 1280;
+
+/// Tokio worker threads for HTTP (the decode loop has its own thread; the CPU pool its own).
+const HTTP_WORKERS: usize = 2;
+
+/// `--moe-strategy`: auto or a strategy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum StrategyArg {
+    /// The model's choice.
+    Auto,
+    /// Every miss over PCIe.
+    Offload,
+    /// A fetch fraction over PCIe, the rest on the CPU.
+    Hybrid,
+    /// Every expert on the GPU.
+    Resident,
+    /// Every miss on the CPU.
+    Cpu,
+}
+
+/// `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DeviceArg {
+    /// An NVIDIA GPU (needs a build with `--features cuda`).
+    Cuda,
+    /// The host-emulated device.
+    Host,
+}
+
+/// `--backend`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendArg {
+    /// The runtime's decode engine (the served model).
+    Engine,
+    /// The host reference model (`ft-serve`'s tiny f32 MoE; `--model` names only its id).
+    Reference,
+}
+
+/// Arguments of `ft serve`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Model: a preset name or a model TOML file.
+    #[arg(long, default_value = "qwen3.8-flash-next")]
+    pub model: String,
+    /// MoE strategy (`--moe-backend` is the reference engine's name for it).
+    #[arg(long, alias = "moe-backend", value_enum, default_value = "auto")]
+    pub moe_strategy: StrategyArg,
+    /// Hybrid's fetch fraction: a number in [0, 1] or `auto` (the model's optimum).
+    #[arg(long, default_value = "auto")]
+    pub fetch_fraction: String,
+    /// Concurrent streams the start-up decision is made for.
+    #[arg(long, default_value_t = 1)]
+    pub expected_streams: usize,
+    /// GPU expert cache, GiB (2^30 bytes); default: what the GPU holds after dense weights,
+    /// KV and the reserve (the performance model's rule).
+    #[arg(long)]
+    pub cache_gb: Option<f64>,
+    /// Device.
+    #[arg(long, value_enum, default_value = "host")]
+    pub device: DeviceArg,
+    /// Port on 127.0.0.1 (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Address to bind (default 127.0.0.1).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub bind: std::net::IpAddr,
+    /// Run only the first N MoE layers of the model.
+    #[arg(long)]
+    pub layers: Option<usize>,
+    /// Most streams decoded together.
+    #[arg(long, default_value_t = 8)]
+    pub max_streams: usize,
+    /// Most requests waiting for a stream slot (default: --max-streams); more get 429.
+    #[arg(long)]
+    pub max_queue: Option<usize>,
+    /// Longest context (prompt + max_tokens), tokens.
+    #[arg(long, default_value_t = 4096)]
+    pub context_limit: usize,
+    /// Prompt tokens a stream pushes per step.
+    #[arg(long, default_value_t = 128)]
+    pub prefill_chunk: usize,
+    /// Host spec for the prediction when no profile matches: a preset or a TOML file.
+    #[arg(long, default_value = ft_sim::hosts::DEFAULT_HOST)]
+    pub host: String,
+    /// A fitted profile (JSON) to predict from, instead of the cache lookup.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// Routing process preset (the prediction's routing and the served router's popularity).
+    #[arg(long, default_value = "typical")]
+    pub routing: String,
+    /// Seed of the weights (experts, embedding, head).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// CPU pool worker threads (default: the engine's).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Backend.
+    #[arg(long, value_enum, default_value = "engine")]
+    pub backend: BackendArg,
+    /// Decode steps per self-check window.
+    #[arg(long, default_value_t = CheckConfig::default().window_steps)]
+    pub check_window: usize,
+    /// Divergent windows in a row before the server refits.
+    #[arg(long, default_value_t = CheckConfig::default().sustain)]
+    pub check_sustain: usize,
+    /// Do not check realised against predicted speed.
+    #[arg(long)]
+    pub no_check: bool,
+    /// Print the start-up decision and address as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// Print the start-up decision and exit without serving.
+    #[arg(long)]
+    pub predict_only: bool,
+}
+
+/// Where the predictions come from.
+fn perf_model(args: &Args, model: &ModelSpec) -> Result<(PerfModel, ProbeSamples, String)> {
+    let host =
+        ft_sim::hosts::resolve(&args.host).with_context(|| format!("--host {}", args.host))?;
+    let key = ProfileKey::new(HostFingerprint::of_spec(&host), model);
+    if let Some(path) = &args.profile {
+        let p = Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
+        let mism = p.key.mismatches(&key);
+        if mism.iter().any(|m| m.to_string().contains("model")) {
+            warn!(
+                "--profile {}: its key differs from this model ({}); using it as given",
+                path.display(),
+                mism.iter()
+                    .map(|m| m.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        let label = format!("profile {}", path.display());
+        return Ok((p.perf_model(&label), p.samples.clone(), label));
+    }
+    let lookup = profile::profile_dir().and_then(|dir| profile::load(&dir, &key));
+    match lookup {
+        Ok(Lookup::Fresh(p)) => {
+            let label = "cached profile (key matches this host, model and version)".to_string();
+            return Ok((p.perf_model(&label), p.samples.clone(), label));
+        }
+        Ok(Lookup::Stale { path, mismatches }) => warn!(
+            "profile {} is stale ({}); not used",
+            path.display(),
+            mismatches
+                .iter()
+                .map(|m| m.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Ok(Lookup::Corrupt { path, reason }) => {
+            warn!("profile {} is corrupt ({reason}); not used", path.display())
+        }
+        Ok(Lookup::Missing { .. }) => {}
+        Err(e) => warn!("no profile directory: {e}"),
+    }
+    warn!(
+        "no profile matches this host, model and version, and the probe (ft probe) is not built yet: predicting from the perf model with host spec '{}'",
+        host.name
+    );
+    let perf = PerfModel::from_host(&host).with_context(|| format!("--host {}", args.host))?;
+    Ok((
+        perf,
+        ProbeSamples::default(),
+        format!("host spec {}", host.name),
+    ))
+}
+
+fn forced(kind: StrategyKind, fetch: FetchFraction, decision: &Decision) -> Strategy {
+    match (kind, fetch) {
+        (StrategyKind::Hybrid, FetchFraction::Auto) => decision
+            .estimate(StrategyKind::Hybrid)
+            .map(|e| e.strategy)
+            .unwrap_or(Strategy::Hybrid {
+                fetch: FetchFraction::Fixed(0.5),
+            }),
+        (k, f) => Strategy::from_kind(k, Some(f)),
+    }
+}
+
+/// Run `ft serve`.
+pub fn run(args: Args) -> Result<()> {
+    if args.model.ends_with(".safetensors") {
+        bail!(
+            "--model {}: serving expert weights from a safetensors file needs an engine built \
+             over `HostBank::from_safetensors`; `Engine::new` fills its bank from --seed only \
+             (give a preset or a model TOML)",
+            args.model
+        );
+    }
+    let mut model =
+        ModelSpec::resolve(&args.model).with_context(|| format!("--model {}", args.model))?;
+    if let Some(l) = args.layers {
+        if l == 0 || l > model.geometry.moe_layers {
+            bail!(
+                "--layers {l}: the model has 1 to {} MoE layers",
+                model.geometry.moe_layers
+            );
+        }
+        model = model.with_layers(l);
+    }
+    if args.expected_streams == 0 || args.expected_streams > args.max_streams {
+        bail!(
+            "--expected-streams {}: must be in 1..={} (--max-streams)",
+            args.expected_streams,
+            args.max_streams
+        );
+    }
+    let fetch = FetchFraction::parse("--fetch-fraction", &args.fetch_fraction)?;
+    let (perf, samples, source) = perf_model(&args, &model)?;
+    let context = PREDICT_CONTEXT_TOKENS.min(args.context_limit);
+    let cache = args.cache_gb.map(CacheSize::GiB);
+    let predict_config = PredictConfig {
+        streams: args.expected_streams,
+        context,
+        cache,
+        policy: CachePolicy::Lru,
+        routing: args.routing.clone(),
+        hybrid_fetch: match fetch {
+            FetchFraction::Fixed(f) if args.moe_strategy == StrategyArg::Hybrid => {
+                FetchFraction::Fixed(f)
+            }
+            _ => FetchFraction::Auto,
+        },
+        ..PredictConfig::default()
+    };
+    let slots = match cache {
+        Some(c) => c.slots(model.expert_bytes(), model.geometry.total_experts())?,
+        None => default_cache_slots(&model, &perf.params, args.expected_streams, context),
+    };
+    let predictor = PerfPredictor::new(model.clone(), perf, predict_config, samples);
+    let t0 = std::time::Instant::now();
+    let decision = predictor
+        .predict(args.expected_streams)
+        .context("predicting the strategies at start")?;
+    info!(
+        "prediction took {:.2} s ({source})",
+        t0.elapsed().as_secs_f64()
+    );
+    let auto = args.moe_strategy == StrategyArg::Auto;
+    let strategy = match args.moe_strategy {
+        StrategyArg::Auto => decision.choice,
+        StrategyArg::Offload => Strategy::Offload,
+        StrategyArg::Hybrid => forced(StrategyKind::Hybrid, fetch, &decision),
+        StrategyArg::Resident => Strategy::Resident,
+        StrategyArg::Cpu => Strategy::Cpu,
+    };
+    let line = decision.log_line(if auto { None } else { Some(&strategy) });
+    info!("decision: {line}");
+    if args.predict_only {
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "decision": decision})
+            );
+        } else {
+            println!("decision: {line}");
+        }
+        return Ok(());
+    }
+
+    let backend: Box<dyn StepBackend> = match args.backend {
+        BackendArg::Reference => {
+            let mut cfg = ReferenceConfig::tiny(args.seed);
+            cfg.max_context = args.context_limit;
+            cfg.max_streams = args.max_streams;
+            Box::new(ReferenceMoe::new(cfg, strategy)?)
+        }
+        BackendArg::Engine => {
+            let kind = match args.device {
+                DeviceArg::Cuda => DeviceKind::Cuda,
+                DeviceArg::Host => DeviceKind::Host,
+            };
+            let device = Device::open(&DeviceSpec::of_kind(kind)).context("--device")?;
+            let mut cfg = EngineConfig {
+                strategy,
+                cache_slots: slots,
+                policy: CachePolicy::Lru,
+                max_streams: args.max_streams.max(args.prefill_chunk),
+                max_context: args.context_limit,
+                seed: args.seed,
+                // The CPU path quantizes activations to int8 (W4A8 / W8A8) where the format
+                // has that path, as the reference engine does; bf16 experts run in f32.
+                cpu_path: if model.format.has_int8_activation_path() {
+                    ft_kernels::ActivationPath::Int8
+                } else {
+                    ft_kernels::ActivationPath::F32
+                },
+                ..EngineConfig::default()
+            };
+            if let Some(t) = args.threads {
+                cfg.threads = t;
+            }
+            let routing = RoutingProcess::preset(&args.routing)
+                .with_context(|| format!("--routing {}", args.routing))?;
+            info!(
+                "building the engine: {} ({} layers, {slots} cache slots) on {}",
+                model.name,
+                model.geometry.moe_layers,
+                kind.name()
+            );
+            Box::new(
+                EngineBackend::new(&device, &model, &cfg, &routing)
+                    .context("building the engine")?,
+            )
+        }
+    };
+    let info = backend.info();
+    let mut sched = SchedulerConfig::for_backend(&info);
+    sched.max_streams = args.max_streams;
+    sched.max_queue = args.max_queue.unwrap_or(args.max_streams);
+    sched.context_limit = args.context_limit;
+    sched.prefill_chunk = args.prefill_chunk;
+    sched.check = CheckConfig {
+        window_steps: args.check_window,
+        sustain: args.check_sustain,
+        enabled: !args.no_check,
+    };
+    let check = SelfCheck {
+        predictor: Some(Box::new(Corrected::new(predictor))),
+        auto,
+    };
+    let addr = SocketAddr::new(args.bind, args.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(HTTP_WORKERS)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let summary = rt.block_on(async move {
+        let (handle, join) = ft_serve::scheduler::spawn(backend, sched, check)?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let bound = listener.local_addr()?;
+        if args.json {
+            println!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "decision": decision}));
+        } else {
+            println!("decision: {line}");
+            println!("listening on http://{bound} (model {}, strategy {strategy}, {})", info.model, info.device);
+        }
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+        ft_serve::http::serve(listener, handle, args.seed, ft_serve::http::termination_signal()).await?;
+        let summary = tokio::task::spawn_blocking(move || join.join())
+            .await?
+            .map_err(|_| anyhow::anyhow!("the decode thread panicked"))?;
+        anyhow::Ok(summary)
+    })?;
+    info!(
+        "stopped after {} steps, {} strategy switch(es), {} divergence(s)",
+        summary.steps,
+        summary.switches.len(),
+        summary.divergences
+    );
+    Ok(())
+}

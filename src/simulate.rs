@@ -1,0 +1,434 @@
+//! `ft simulate`: the discrete-event simulator on a host and model, every strategy side by
+//! side with the analytic model's prediction and the legacy ratio's verdict.
+//!
+//! With no flags it answers the field report (shared/seeds): the report's host
+//! (`rtx4090-2x-xeon4310`) and model (`qwen3.8-flash-next`) at 1 and 2 streams, with a
+//! cache sized so that offload misses the report's measured 38% at two streams, and the
+//! report's measured figures printed beside the simulated ones. `--sweep` runs a cross
+//! product in parallel and writes CSV.
+
+use anyhow::{bail, Context, Result};
+use std::io::Write;
+
+use ft_model::cache::CachePolicy;
+use ft_model::strategy::{FetchFraction, StrategyKind};
+use ft_sim::compare::{compare, CacheChoice, CompareConfig, Comparison};
+use ft_sim::field_report as fr;
+use ft_sim::sweep::{self, SweepPoint};
+
+/// Arguments of `ft simulate`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Host: a preset (rtx4090-2x-xeon4310, rtxpro4000-gen3-epyc7302, gh200, h200-xeon-emr),
+    /// a host TOML file, or a profile JSON written by `ft probe` (fitted parameters).
+    #[arg(long, default_value = fr::HOST)]
+    host: String,
+    /// Model: a preset or a model TOML file.
+    #[arg(long, default_value = fr::MODEL)]
+    model: String,
+    /// Concurrent streams (repeatable or a comma list); default 1 and 2.
+    #[arg(long, value_delimiter = ',')]
+    streams: Vec<usize>,
+    /// Expert cache slots.
+    #[arg(long, conflicts_with_all = ["cache_gb", "miss_rate"])]
+    cache_slots: Option<usize>,
+    /// Expert cache size in GiB.
+    #[arg(long, conflicts_with = "miss_rate")]
+    cache_gb: Option<f64>,
+    /// Prompt tokens (the context at a request's first decode step; it grows by one per
+    /// generated token).
+    #[arg(long, default_value_t = fr::PROMPT_TOKENS)]
+    context: u64,
+    /// Output tokens per request (a stream then starts a new request).
+    #[arg(long, default_value_t = fr::OUTPUT_TOKENS)]
+    output_tokens: u64,
+    /// Offload's miss rate measured elsewhere (0 to 1): the cache is sized so that offload
+    /// misses this rate at each stream count; the other strategies' rates follow from that
+    /// cache through their own histories.
+    #[arg(long)]
+    miss_rate: Option<f64>,
+    /// offload, hybrid, resident, cpu or all.
+    #[arg(long, default_value = "all")]
+    strategy: String,
+    /// Hybrid's fetch fraction: a number in [0, 1] or auto (the analytic model's optimum).
+    #[arg(long, default_value = "auto")]
+    fetch_fraction: String,
+    /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
+    #[arg(long, default_value = "typical")]
+    routing: String,
+    /// Cache policy: lru, lfu or static-hot.
+    #[arg(long, default_value = "lru")]
+    policy: String,
+    /// Measured decode steps.
+    #[arg(long, default_value_t = ft_sim::compare::DEFAULT_STEPS)]
+    steps: u64,
+    /// Unmeasured warm-up steps before them (they fill the cache).
+    #[arg(long, default_value_t = ft_sim::compare::DEFAULT_WARMUP_STEPS)]
+    warmup: u64,
+    /// Seed of the run (routing and jitter).
+    #[arg(long, default_value_t = ft_sim::compare::DEFAULT_SEED)]
+    seed: u64,
+    /// Relative standard deviation of a multiplicative jitter on every duration (0: none).
+    #[arg(long, default_value_t = 0.0)]
+    jitter: f64,
+    /// Sweep an axis: KEY=V1,V2,... (repeatable; the cross product runs in parallel). Keys:
+    /// host, model, streams, strategy, fetch-fraction, cache-slots, cache-gb, miss-rate,
+    /// context, routing, policy, seed, steps, jitter.
+    #[arg(long)]
+    sweep: Vec<String>,
+    /// With --sweep: also run the analytic model for every point (adds its columns).
+    #[arg(long)]
+    with_model: bool,
+    /// Write the rows as CSV to this file (a sweep's rows, or the comparison's).
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// Print JSON: one object per stream count (a list when there are several), or with
+    /// --sweep the list of rows.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Args {
+    fn strategies(&self) -> Result<Vec<StrategyKind>> {
+        if self.strategy.eq_ignore_ascii_case("all") {
+            return Ok(StrategyKind::ALL.to_vec());
+        }
+        self.strategy
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse::<StrategyKind>()
+                    .map_err(anyhow::Error::from)
+            })
+            .collect::<Result<Vec<_>>>()
+            .context("--strategy")
+    }
+
+    /// True when the run is the field report's (host and model unchanged).
+    fn is_field_report(&self) -> bool {
+        self.host == fr::HOST && self.model == fr::MODEL
+    }
+
+    fn cache(&self) -> Result<CacheChoice> {
+        Ok(match (self.cache_slots, self.cache_gb, self.miss_rate) {
+            (Some(slots), _, _) => CacheChoice::Slots { slots },
+            (_, Some(gib), _) => CacheChoice::Gib { gib },
+            (_, _, Some(rate)) => CacheChoice::MissRate {
+                rate,
+                streams: None,
+            },
+            // The field report's 38% at two streams on its host and model; elsewhere what
+            // the GPU holds.
+            _ if self.is_field_report() => CacheChoice::MissRate {
+                rate: fr::OFFLOAD_MISS_RATE,
+                streams: Some(fr::MISS_RATE_STREAMS),
+            },
+            _ => CacheChoice::GpuMemory,
+        })
+    }
+
+    fn config(&self, streams: usize) -> Result<CompareConfig> {
+        if streams == 0 {
+            bail!("--streams: must be at least 1");
+        }
+        let policy: CachePolicy = self.policy.parse().context("--policy")?;
+        Ok(CompareConfig {
+            streams,
+            strategies: self.strategies()?,
+            fetch: FetchFraction::parse("--fetch-fraction", &self.fetch_fraction)?,
+            cache: self.cache()?,
+            policy,
+            routing: self.routing.clone(),
+            warmup_steps: self.warmup,
+            steps: self.steps,
+            seed: self.seed,
+            jitter: self.jitter,
+            workload: ft_sim::decode::Workload {
+                prompt_tokens: self.context,
+                output_tokens: self.output_tokens,
+                prefill_ns: 0,
+            },
+            threshold: ft_model::perf::legacy::DEFAULT_THRESHOLD,
+        })
+    }
+}
+
+/// Run `ft simulate`.
+pub fn run(args: Args) -> Result<()> {
+    let streams = if args.streams.is_empty() {
+        vec![1, 2]
+    } else {
+        args.streams.clone()
+    };
+    if !args.sweep.is_empty() {
+        return run_sweep(&args, &streams);
+    }
+    let host =
+        ft_sim::hosts::resolve_host(&args.host).with_context(|| format!("--host {}", args.host))?;
+    let model = ft_model::ModelSpec::resolve(&args.model)
+        .with_context(|| format!("--model {}", args.model))?;
+    let mut comparisons = Vec::new();
+    for &b in &streams {
+        let cfg = args.config(b)?;
+        tracing::info!(host = %host.name, model = %model.name, streams = b, "simulating");
+        comparisons.push(compare(&host, &model, &cfg)?);
+    }
+    let field = args.is_field_report()
+        && args.cache_slots.is_none()
+        && args.cache_gb.is_none()
+        && args.miss_rate.is_none();
+    if let Some(path) = &args.out {
+        write_comparison_csv(path, &comparisons)?;
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        let mut values: Vec<serde_json::Value> = comparisons
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<std::result::Result<_, _>>()?;
+        if field {
+            for v in values.iter_mut() {
+                v["field_report"] = field_report_json();
+            }
+        }
+        let doc = if values.len() == 1 {
+            values.remove(0)
+        } else {
+            serde_json::Value::Array(values)
+        };
+        writeln!(out, "{}", serde_json::to_string_pretty(&doc)?)?;
+        return Ok(());
+    }
+    for c in &comparisons {
+        print_table(&mut out, c)?;
+    }
+    if field {
+        print_field_report(&mut out, &comparisons)?;
+    }
+    Ok(())
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+fn print_table(out: &mut impl Write, c: &Comparison) -> Result<()> {
+    writeln!(
+        out,
+        "ft simulate: host {}, model {}, {} stream(s), {} measured steps after {} warm-up, seed {}",
+        c.host, c.model, c.streams, c.config.steps, c.config.warmup_steps, c.config.seed
+    )?;
+    writeln!(
+        out,
+        "cache: {} slots ({:.1} GiB): {}",
+        c.cache.slots, c.cache.gib, c.cache.how
+    )?;
+    writeln!(
+        out,
+        "{:<9} {:>6} {:>7} {:>12} {:>11} {:>6} | {:>12} {:>17} {:>6} {:>8}",
+        "strategy",
+        "fetch",
+        "miss",
+        "tok/s/stream",
+        "tok/s total",
+        "bound",
+        "model tok/s",
+        "interval",
+        "bound",
+        "sim-mod"
+    )?;
+    for r in &c.strategies {
+        let [lo, hi] = r.model.tok_s_per_stream_interval;
+        writeln!(
+            out,
+            "{:<9} {:>6.3} {:>7} {:>12.2} {:>11.2} {:>6} | {:>12.2} {:>17} {:>6} {:>8}{}",
+            r.strategy,
+            r.fetch_fraction,
+            pct(r.miss_rate),
+            r.tok_s_per_stream,
+            r.tok_s_total,
+            r.bound,
+            r.model.tok_s_per_stream,
+            format!("[{lo:.1}, {hi:.1}]"),
+            r.model.bound,
+            format!("{:+.1}%", 100.0 * r.sim_vs_model),
+            if r.feasible {
+                String::new()
+            } else {
+                format!("  (not feasible: {})", r.note.clone().unwrap_or_default())
+            }
+        )?;
+    }
+    let l = &c.legacy;
+    let verdict_note = if l.verdict == c.best {
+        "agrees with the simulated best".to_string()
+    } else {
+        format!("differs from the simulated best ({})", c.best)
+    };
+    writeln!(out, "best (simulated, feasible): {}", c.best)?;
+    writeln!(
+        out,
+        "legacy ratio: cpu_moe {:.2} / pcie_gather {:.2} GB/s = {:.3} (threshold {:.1}) -> {}: {}",
+        l.cpu_moe_gbs, l.pcie_gather_gbs, l.ratio, l.threshold, l.verdict, verdict_note
+    )?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn gain(c: &Comparison) -> Option<f64> {
+    let off = c.row("offload")?;
+    let hyb = c.row("hybrid")?;
+    Some(hyb.tok_s_per_stream / off.tok_s_per_stream - 1.0)
+}
+
+fn field_report_json() -> serde_json::Value {
+    serde_json::json!({
+        "source": "shared/seeds (reference engine issue #664)",
+        "offload_miss_rate_2_streams": fr::OFFLOAD_MISS_RATE,
+        "offload_pcie_bound_tok_s_per_stream_2_streams": fr::OFFLOAD_TOK_S_PER_STREAM_2,
+        "hybrid_gain_1_stream": fr::HYBRID_GAIN_1,
+        "hybrid_gain_per_stream_2_streams": fr::HYBRID_GAIN_2,
+        "hybrid_fetch_fraction": fr::HYBRID_FETCH_FRACTION,
+        "legacy_ratio": fr::BENCH_RATIO,
+    })
+}
+
+fn print_field_report(out: &mut impl Write, cs: &[Comparison]) -> Result<()> {
+    let by = |b: usize| cs.iter().find(|c| c.streams == b);
+    writeln!(
+        out,
+        "field report (shared/seeds, measured) beside the simulation:"
+    )?;
+    writeln!(out, "  {:<44} {:>14} {:>12}", "", "reported", "simulated")?;
+    if let Some(c) = by(2) {
+        if let Some(off) = c.row("offload") {
+            let pcie_share = off.sim.critical.get("pcie").copied().unwrap_or(0.0);
+            writeln!(
+                out,
+                "  {:<44} {:>14} {:>12}",
+                "offload miss rate, 2 streams",
+                pct(fr::OFFLOAD_MISS_RATE),
+                pct(off.miss_rate)
+            )?;
+            writeln!(
+                out,
+                "  {:<44} {:>14} {:>12.1}",
+                "offload PCIe bound, 2 streams, tok/s/stream",
+                format!("~{:.1}", fr::OFFLOAD_TOK_S_PER_STREAM_2),
+                if pcie_share > 0.0 {
+                    off.tok_s_per_stream / pcie_share
+                } else {
+                    f64::NAN
+                }
+            )?;
+            writeln!(
+                out,
+                "  {:<44} {:>14} {:>12.1}",
+                "offload, 2 streams, tok/s/stream", "near the bound", off.tok_s_per_stream
+            )?;
+        }
+    }
+    for (b, reported) in [(1, fr::HYBRID_GAIN_1), (2, fr::HYBRID_GAIN_2)] {
+        if let Some(g) = by(b).and_then(gain) {
+            writeln!(
+                out,
+                "  {:<44} {:>14} {:>12}",
+                format!("hybrid over offload per stream, {b} stream(s)"),
+                format!("+{:.0}%", 100.0 * reported),
+                format!("{:+.0}%", 100.0 * g)
+            )?;
+        }
+    }
+    if let Some(c) = cs.first() {
+        if let Some(h) = c.row("hybrid") {
+            writeln!(
+                out,
+                "  {:<44} {:>14} {:>12}",
+                format!("hybrid fetch fraction, {} stream(s)", c.streams),
+                format!("{} (legacy)", pct(fr::HYBRID_FETCH_FRACTION)),
+                format!("{} (model)", pct(h.fetch_fraction))
+            )?;
+        }
+        writeln!(
+            out,
+            "  {:<44} {:>14} {:>12}",
+            "legacy ratio -> verdict",
+            format!("{:.3} -> offload", fr::BENCH_RATIO),
+            format!("{:.3} -> {}", c.legacy.ratio, c.legacy.verdict)
+        )?;
+    }
+    Ok(())
+}
+
+fn write_comparison_csv(path: &std::path::Path, cs: &[Comparison]) -> Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("--out {}", path.display()))?;
+    ft_sim::compare::write_csv(cs, f)?;
+    Ok(())
+}
+
+fn run_sweep(args: &Args, streams: &[usize]) -> Result<()> {
+    let mut axes = Vec::new();
+    for s in &args.sweep {
+        axes.push(sweep::parse_axis(s)?);
+    }
+    // The stream counts and strategies of the plain flags are axes too, unless swept.
+    if !axes.iter().any(|(k, _)| k == "streams") {
+        axes.insert(
+            0,
+            (
+                "streams".to_string(),
+                streams.iter().map(|s| s.to_string()).collect(),
+            ),
+        );
+    }
+    if !axes.iter().any(|(k, _)| k == "strategy") {
+        let names = args
+            .strategies()?
+            .iter()
+            .map(|k| k.name().to_string())
+            .collect();
+        axes.push(("strategy".to_string(), names));
+    }
+    let base = SweepPoint {
+        host: args.host.clone(),
+        model: args.model.clone(),
+        strategy: StrategyKind::Offload,
+        config: args.config(streams[0])?,
+    };
+    let points = sweep::expand(&base, &axes)?;
+    tracing::info!(points = points.len(), "sweep");
+    let bar = indicatif::ProgressBar::new(points.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let started = std::time::Instant::now();
+    let rows = sweep::run_sweep(&points, args.with_model, &|done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    let events: u64 = rows.iter().map(|r| r.events).sum();
+    tracing::info!(
+        "sweep: {} configurations in {secs:.2} s on {} threads ({events} events, {:.2} M events/s)",
+        rows.len(),
+        rayon::current_num_threads(),
+        events as f64 / secs / 1e6
+    );
+    match &args.out {
+        Some(path) => {
+            let f =
+                std::fs::File::create(path).with_context(|| format!("--out {}", path.display()))?;
+            sweep::write_csv(&rows, f)?;
+        }
+        None if !args.json => sweep::write_csv(&rows, std::io::stdout().lock())?,
+        None => {}
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    Ok(())
+}

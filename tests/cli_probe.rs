@@ -1,0 +1,217 @@
+//! `ft probe` end to end on the host-emulated device with a tiny model: the probe runs, the
+//! fit reports every parameter with its standard error and the residuals, the profile is
+//! cached (and reused, and re-probed when stale or forced), the copy and the reference
+//! engine's benchbw.json are written, and bad input is an error naming the input.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// A tiny model: 16 experts of 64 x 32 in nvfp4, top-2, 2 layers (a few KB of experts).
+const TINY: &str = r#"
+name = "tiny"
+format = "nvfp4"
+[geometry]
+hidden = 64
+intermediate = 32
+experts = 16
+top_k = 2
+moe_layers = 2
+"#;
+
+/// Flags that keep one probe to a couple of seconds on a 2-core machine.
+const FAST: &[&str] = &[
+    "--device",
+    "host",
+    "--threads",
+    "1",
+    "--streams",
+    "1,2",
+    "--context",
+    "16",
+    "--long-context",
+    "256",
+    "--hybrid-fractions",
+    "0.5",
+    "--steps",
+    "4",
+    "--warmup",
+    "2",
+    "--budget-s",
+    "1.5",
+];
+
+fn ft(cache: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ft"))
+        .args(args)
+        .env("FT_CACHE_DIR", cache)
+        .output()
+        .expect("ft runs")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "ft failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn probe_fits_caches_reuses_and_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.toml");
+    std::fs::write(&model, TINY).unwrap();
+    let cache = dir.path().join("cache");
+    let copy = dir.path().join("copy.json");
+    let bb = dir.path().join("benchbw.json");
+    let (m, c, b) = (
+        model.to_str().unwrap(),
+        copy.to_str().unwrap(),
+        bb.to_str().unwrap(),
+    );
+
+    let mut args = vec![
+        "probe",
+        "--model",
+        m,
+        "--json",
+        "--profile-out",
+        c,
+        "--export-freetoken",
+        b,
+    ];
+    args.extend_from_slice(FAST);
+    let r = json(&ft(&cache, &args));
+    assert_eq!(r["reused"], false);
+    let outcome = &r["outcome"];
+    assert!(outcome["wall_s"].as_f64().unwrap() < 20.0);
+    // Every parameter has a value, a standard error and an interval; the fitted ones a
+    // positive standard error.
+    let est = r["estimates"].as_array().unwrap();
+    assert!(est.len() >= 15, "{est:?}");
+    let fitted: Vec<&serde_json::Value> = est.iter().filter(|e| !e["stage"].is_null()).collect();
+    assert!(!fitted.is_empty());
+    for e in &fitted {
+        assert!(e["se"].as_f64().unwrap() >= 0.0, "{e}");
+        let (lo, hi) = (
+            e["interval"][0].as_f64().unwrap(),
+            e["interval"][1].as_f64().unwrap(),
+        );
+        assert!(
+            lo <= e["value"].as_f64().unwrap() && e["value"].as_f64().unwrap() <= hi,
+            "{e}"
+        );
+    }
+    // Residuals per probe, and for the end-to-end validation runs.
+    let probes: Vec<&str> = r["residuals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["probe"].as_str().unwrap())
+        .collect();
+    for p in ["gather", "cpu-step", "gpu-experts", "dense", "round-trip"] {
+        assert!(probes.contains(&p), "{probes:?}");
+    }
+    assert!(
+        probes.iter().any(|p| p.starts_with("step validation")),
+        "{probes:?}"
+    );
+
+    // The cached profile and its copy are the same profile.
+    let cached = Path::new(r["profile_path"].as_str().unwrap());
+    assert!(cached.starts_with(&cache), "{}", cached.display());
+    let a: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cached).unwrap()).unwrap();
+    let b2: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&copy).unwrap()).unwrap();
+    assert_eq!(a, b2);
+    assert_eq!(a["key"]["model"]["geometry"]["moe_layers"], 2);
+
+    // The export is what the reference engine reads, with the model's verdict and fraction.
+    let doc: ferrox_core::qstar::BandwidthProfile =
+        serde_json::from_str(&std::fs::read_to_string(&bb).unwrap()).unwrap();
+    assert_eq!(doc.version, Some(4));
+    let verdict = r["export"]["verdict"].as_str().unwrap();
+    let backend = doc.backend_for("nvfp4").expect("an nvfp4 verdict");
+    assert_eq!(serde_json::to_value(backend).unwrap(), verdict);
+    let q = r["export"]["fetch_fraction_q16"].as_u64().unwrap();
+    assert_eq!(doc.policy_for("nvfp4").fraction_q16(), q);
+    assert!(doc.matches_gpu(Some(r["device"]["name"].as_str().unwrap())));
+
+    // A second run reuses the fresh profile without measuring.
+    let r2 = json(&ft(&cache, &args));
+    assert_eq!(r2["reused"], true);
+    assert!(r2["outcome"].is_null());
+    assert_eq!(r2["estimates"], r["estimates"]);
+
+    // A stale key (another program version) is re-probed, saying why.
+    let mut stale = a.clone();
+    stale["key"]["program_version"] = serde_json::json!("0.0.0-old");
+    std::fs::write(cached, serde_json::to_vec(&stale).unwrap()).unwrap();
+    let r3 = json(&ft(&cache, &args));
+    assert_eq!(r3["reused"], false);
+    let why = r3["reprobe_reasons"].to_string();
+    assert!(why.contains("program version"), "{why}");
+
+    // The human table names the parameters and the residuals.
+    let mut table = vec!["probe", "--model", m, "--force"];
+    table.extend_from_slice(FAST);
+    let out = ft(&cache, &table);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "gather_gbs",
+        "std err",
+        "residuals",
+        "end to end",
+        "cpu-step",
+    ] {
+        assert!(text.contains(needle), "missing {needle}:\n{text}");
+    }
+}
+
+#[test]
+fn bad_input_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ft(
+        dir.path(),
+        &["probe", "--model", "no-such-model", "--device", "host"],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--model") && err.contains("no-such-model"),
+        "{err}"
+    );
+
+    let model = dir.path().join("tiny.toml");
+    std::fs::write(&model, TINY).unwrap();
+    let m = model.to_str().unwrap();
+    let out = ft(
+        dir.path(),
+        &[
+            "probe",
+            "--model",
+            m,
+            "--device",
+            "host",
+            "--cache-residency",
+            "1.5",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--cache-residency"));
+
+    if !cfg!(feature = "cuda") {
+        let out = ft(dir.path(), &["probe", "--model", m, "--device", "cuda"]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("CUDA"), "{err}");
+    }
+}

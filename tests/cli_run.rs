@@ -1,0 +1,276 @@
+//! `ft run` end to end on the host-emulated device with a tiny model TOML.
+
+use std::path::Path;
+use std::process::Command;
+
+const TINY: &str = r#"
+name = "tiny-cli"
+format = "nvfp4"
+
+[geometry]
+hidden = 128
+intermediate = 64
+experts = 16
+top_k = 4
+moe_layers = 4
+shared_experts = 1
+
+[dense]
+weight_bytes_per_layer = 65536
+kv_bytes_per_token = 64
+"#;
+
+fn ft(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ft"))
+        .args(args)
+        .output()
+        .expect("ft runs")
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let trace = dir.path().join("trace.json");
+    let record = dir.path().join("routing.jsonl");
+    let out = ft(&[
+        "run",
+        "--device",
+        "host",
+        "--model",
+        &model,
+        "--strategy",
+        "hybrid",
+        "--fetch-fraction",
+        "0.5",
+        "--streams",
+        "2",
+        "--steps",
+        "4",
+        "--warmup",
+        "2",
+        "--cache-slots",
+        "24",
+        "--context",
+        "16",
+        "--threads",
+        "1",
+        "--gpu-act",
+        "int8",
+        "--compare-numerics",
+        "--json",
+        "--trace-out",
+        trace.to_str().unwrap(),
+        "--record",
+        record.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(v["model"], "tiny-cli");
+    assert_eq!(v["strategy"], "hybrid(f=0.500)");
+    assert_eq!(v["layers"], 4);
+    assert_eq!(v["device"]["kind"], "host");
+    let s = &v["summary"];
+    assert_eq!(s["steps"], 4);
+    assert_eq!(s["warmup_steps"], 2);
+    assert_eq!(s["streams"], 2);
+    let per_stream = s["tok_s_per_stream"].as_f64().unwrap();
+    let total = s["tok_s_total"].as_f64().unwrap();
+    assert!(per_stream > 0.0 && (total - 2.0 * per_stream).abs() < 1e-6 * total);
+    let miss = s["miss_rate"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&miss));
+    // Every step, every layer, with the plan's counts adding up.
+    let steps = v["step_records"].as_array().unwrap();
+    assert_eq!(steps.len(), 6);
+    for st in steps {
+        let layers = st["layers"].as_array().unwrap();
+        assert_eq!(layers.len(), 4);
+        for l in layers {
+            let m = l["misses"].as_u64().unwrap();
+            assert_eq!(
+                m,
+                l["fetched"].as_u64().unwrap() + l["cpu"].as_u64().unwrap()
+            );
+        }
+    }
+    assert!(v["pcie"]["linear_h2d_gbs"].as_f64().unwrap() > 0.0);
+    // W4A8 on both sides and the fixed combine: fresh and warmed are bit-identical.
+    let n = &v["numerics"];
+    assert_eq!(n["expect_bit_identical"], true);
+    assert_eq!(n["fresh_vs_warmed"]["bit_identical"], true);
+    assert!(n["vs_offload"]["max_rel_l2"].as_f64().unwrap().is_finite());
+    // The trace parses and has the four lanes.
+    let t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();
+    let names: Vec<String> = t["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "thread_name")
+        .map(|e| e["args"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        names,
+        ["GPU compute", "copy / PCIe", "CPU pool", "host sync"]
+    );
+    // The routing was recorded: one line per step (JSON lines) at least.
+    assert!(std::fs::metadata(&record).unwrap().len() > 0);
+}
+
+#[test]
+fn the_human_table_names_the_strategy_and_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let out = ft(&[
+        "run",
+        "--device",
+        "host",
+        "--model",
+        &model,
+        "--strategy",
+        "offload",
+        "--streams",
+        "1",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--cache-slots",
+        "16",
+        "--context",
+        "8",
+        "--layers",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("offload") && text.contains("2 of 4 layers"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--layers"),
+        "the note says fewer layers were run: {text}"
+    );
+    assert!(text.contains("decode tok/s per stream"), "{text}");
+}
+
+#[test]
+fn a_model_too_large_for_this_machine_is_refused_naming_layers() {
+    let dir = tempfile::tempdir().unwrap();
+    // qwen3.8-flash-next's experts with 4000 layers: 5.7 TB of bank, more than any host.
+    let huge = TINY
+        .replace("hidden = 128", "hidden = 2560")
+        .replace("intermediate = 64", "intermediate = 640")
+        .replace("experts = 16", "experts = 512")
+        .replace("top_k = 4", "top_k = 10")
+        .replace("moe_layers = 4", "moe_layers = 4000");
+    let model = write(dir.path(), "huge.toml", &huge);
+    let out = ft(&[
+        "run",
+        "--device",
+        "host",
+        "--model",
+        &model,
+        "--strategy",
+        "offload",
+        "--cache-slots",
+        "100",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--layers") && err.contains("4000 layers x 512 experts"),
+        "{err}"
+    );
+}
+
+#[test]
+fn flags_are_checked_before_any_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "--strategy",
+                "hybrid",
+                "--fetch-fraction",
+                "auto",
+                "--cache-slots",
+                "8",
+            ],
+            "--host",
+        ),
+        (
+            &["--strategy", "hybrid", "--cache-slots", "8"],
+            "--fetch-fraction",
+        ),
+        (&["--strategy", "offload"], "--cache-slots"),
+        (&["--strategy", "fused", "--cache-slots", "8"], "--strategy"),
+        (
+            &[
+                "--strategy",
+                "offload",
+                "--cache-slots",
+                "8",
+                "--layers",
+                "9",
+            ],
+            "--layers",
+        ),
+        (
+            &[
+                "--strategy",
+                "hybrid",
+                "--fetch-fraction",
+                "1.5",
+                "--cache-slots",
+                "8",
+            ],
+            "--fetch-fraction",
+        ),
+    ];
+    for (extra, flag) in cases {
+        let mut args = vec!["run", "--device", "host", "--model", &model];
+        args.extend_from_slice(extra);
+        let out = ft(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+}
+
+#[test]
+fn the_overhead_probe_reports_per_layer_costs() {
+    let out = ft(&[
+        "run",
+        "--probe-overhead",
+        "--device",
+        "host",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["cpu_layer_us"].as_f64().unwrap() > v["resident_layer_us"].as_f64().unwrap());
+    assert_eq!(v["target_us"], 15.0);
+}

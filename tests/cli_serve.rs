@@ -1,0 +1,291 @@
+//! `ft serve` and `ft loadgen` as a user runs them: the binary on loopback, the runtime's
+//! engine on the host-emulated device with a tiny model.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TINY: &str = r#"
+name = "tiny-serve"
+format = "bf16"
+
+[geometry]
+hidden = 64
+intermediate = 64
+experts = 16
+top_k = 4
+moe_layers = 2
+"#;
+
+fn ft() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ft"))
+}
+
+/// A running `ft serve` and the URL it printed.
+struct Server {
+    child: Child,
+    addr: String,
+    stdout: Vec<String>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(dir: &std::path::Path, extra: &[&str]) -> Server {
+    let model = dir.join("tiny.toml");
+    std::fs::write(&model, TINY).unwrap();
+    let mut child = ft()
+        .args([
+            "serve",
+            "--device",
+            "host",
+            "--port",
+            "0",
+            "--max-streams",
+            "4",
+            "--context-limit",
+            "512",
+        ])
+        .arg("--model")
+        .arg(&model)
+        .args(extra)
+        .env("FT_CACHE_DIR", dir)
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let err = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
+            panic!("ft serve ended before listening: {lines:?}\n{err}");
+        }
+        lines.push(line.trim_end().to_string());
+        // `listening on http://ADDR ...`, or with --json a JSON object with `listening`.
+        let addr = match serde_json::from_str::<serde_json::Value>(&line) {
+            Ok(v) => v["listening"]
+                .as_str()
+                .map(|u| u.trim_start_matches("http://").to_string()),
+            Err(_) => line
+                .trim_end()
+                .strip_prefix("listening on http://")
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string),
+        };
+        if let Some(addr) = addr {
+            return Server {
+                child,
+                addr,
+                stdout: lines,
+            };
+        }
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns (status, body as received).
+fn request(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let status = raw.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let body = raw
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[test]
+fn serve_answers_decides_and_drains_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut srv = serve(dir.path(), &["--moe-strategy", "offload"]);
+    let decision = srv
+        .stdout
+        .iter()
+        .find(|l| l.starts_with("decision:"))
+        .unwrap();
+    for needle in [
+        "legacy ratio",
+        "threshold",
+        "offload (forced); auto would choose",
+        "tok/s",
+    ] {
+        assert!(decision.contains(needle), "{needle} in {decision}");
+    }
+
+    let (s, body) = request(&srv.addr, "GET", "/health", "");
+    assert_eq!(s, 200, "{body}");
+    let (s, body) = request(
+        &srv.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 12, "temperature": 0, "ignore_eos": true}"#,
+    );
+    assert_eq!(s, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    let (s, again) = request(
+        &srv.addr,
+        "POST",
+        "/v1/completions",
+        r#"{"prompt": "Hello", "max_tokens": 12, "temperature": 0, "ignore_eos": true}"#,
+    );
+    assert_eq!(s, 200);
+    let w: serde_json::Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(
+        v["choices"][0]["text"], w["choices"][0]["text"],
+        "greedy is deterministic"
+    );
+    let (s, body) = request(&srv.addr, "POST", "/v1/completions", "{not json");
+    assert_eq!(s, 400, "{body}");
+    assert!(body.contains("\"error\""));
+    let (s, metrics) = request(&srv.addr, "GET", "/metrics", "");
+    assert_eq!(s, 200);
+    assert!(
+        metrics.contains("ft_strategy{strategy=\"offload\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("ft_predicted_tokens_per_second"),
+        "{metrics}"
+    );
+
+    // A streamed request in flight when SIGTERM arrives completes whole.
+    let addr = srv.addr.clone();
+    let inflight = std::thread::spawn(move || {
+        request(
+            &addr,
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "long"}], "max_tokens": 300, "temperature": 0, "ignore_eos": true, "stream": true}"#,
+        )
+    });
+    // Wait until the request is in flight (bounded), then SIGTERM.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, h) = request(&srv.addr, "GET", "/health", "");
+        let v: serde_json::Value = serde_json::from_str(&h).unwrap();
+        if v["in_flight"].as_u64() == Some(1) || Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kill = Command::new("kill")
+        .args(["-TERM", &srv.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let (s, body) = inflight.join().unwrap();
+    assert_eq!(s, 200);
+    assert!(body.contains("data: [DONE]"), "{body}");
+    assert!(body.contains("\"finish_reason\":\"length\""), "{body}");
+    let status = srv.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        TcpStream::connect(&srv.addr).is_err(),
+        "no longer accepting"
+    );
+}
+
+#[test]
+fn loadgen_replays_the_protocol_against_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve(dir.path(), &["--moe-strategy", "auto", "--json"]);
+    let start: serde_json::Value = serde_json::from_str(&srv.stdout[0]).unwrap();
+    assert_eq!(start["auto"], true);
+    assert!(start["decision"]["estimates"].as_array().unwrap().len() == 4);
+    let out = ft()
+        .args(["loadgen", "--url", &format!("http://{}", srv.addr)])
+        .args([
+            "--streams",
+            "1,2",
+            "--warmup",
+            "1",
+            "--prompt-tokens",
+            "48",
+            "--max-tokens",
+            "16",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1]["concurrency"], 2);
+    for run in runs {
+        assert_eq!(run["errors"], 0);
+        for s in run["streams"].as_array().unwrap() {
+            assert_eq!(s["completion_tokens"], 16);
+            assert!(s["decode_tok_s"].as_f64().unwrap() > 0.0);
+            assert_eq!(s["prompt_tokens"], 49, "BOS + 48 bytes");
+        }
+    }
+    assert_eq!(r["warmup"].as_array().unwrap().len(), 1);
+    let table = ft()
+        .args(["loadgen", "--url", &format!("http://{}", srv.addr)])
+        .args([
+            "--streams",
+            "1",
+            "--warmup",
+            "0",
+            "--prompt-tokens",
+            "16",
+            "--max-tokens",
+            "4",
+        ])
+        .output()
+        .unwrap();
+    let t = String::from_utf8_lossy(&table.stdout);
+    assert!(t.contains("decode tok/s") && t.contains("mean"), "{t}");
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let out = ft()
+        .args(["serve", "--expected-streams", "0", "--backend", "reference"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--expected-streams"));
+    let out = ft()
+        .args(["serve", "--fetch-fraction", "2", "--backend", "reference"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--fetch-fraction"));
+    let out = ft()
+        .args([
+            "loadgen",
+            "--url",
+            "http://10.1.2.3:1",
+            "--stress-clients",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
+}

@@ -1,0 +1,356 @@
+//! `ft validate`: the analysis of a grid runs on a CSV alone (no GPU), and agrees with a
+//! slow reference computed here row by row; `collect` turns a grid's JSON documents into
+//! that CSV; `plan` writes the grid.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn ft(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ft"))
+        .args(args)
+        .output()
+        .expect("ft runs")
+}
+
+const HEADER: &str = "config,geometry,layers,expert_bytes,residency,cache_slots,streams,threads,context,strategy,fetch_fraction,measured_tok_s,measured_miss_rate,predicted_tok_s,predicted_tok_s_lo,predicted_tok_s_hi,predicted_miss_rate,abs_rel_error,bench_cpu_moe_gbs,bench_pcie_gather_gbs,bench_cpu_moe_overlap_gbs,bench_pcie_gather_overlap_gbs,threshold";
+
+/// One synthetic row: measured and predicted tok/s of a strategy.
+struct Row {
+    config: usize,
+    strategy: &'static str,
+    measured: f64,
+    predicted: f64,
+}
+
+/// The bench pair of the field report: the ratio rule (standalone 46.12 / 24.25 = 1.90) says
+/// offload; ferrox-core's entry (contended 33.4 / 12.8 = 2.6) says hybrid.
+const BENCH: (f64, f64, f64, f64) = (46.12, 24.25, 33.4, 12.8);
+
+fn csv(rows: &[Row]) -> String {
+    let mut s = String::from(HEADER);
+    s.push('\n');
+    for r in rows {
+        let f = match r.strategy {
+            "offload" => 1.0,
+            "cpu" => 0.0,
+            "hybrid" => 0.4,
+            _ => 0.27700805664,
+        };
+        s.push_str(&format!(
+            "c{:02},qwen3.8-flash-next,2,2772480,0.15,154,{},15,1024,{},{f},{},0.3,{},{},{},,{},{},{},{},{},2\n",
+            r.config,
+            1 + r.config % 4,
+            r.strategy,
+            r.measured,
+            r.predicted,
+            r.predicted * 0.95,
+            r.predicted * 1.05,
+            (r.predicted - r.measured).abs() / r.measured,
+            BENCH.0,
+            BENCH.1,
+            BENCH.2,
+            BENCH.3
+        ));
+    }
+    s
+}
+
+/// A grid of `n` configurations: measured rates vary by configuration, the predicted ones
+/// are off by a known relative error per row; in half the configurations hybrid is best, in
+/// the other half offload.
+fn grid(n: usize, err: impl Fn(usize) -> f64) -> Vec<Row> {
+    let mut rows = Vec::new();
+    let mut i = 0;
+    for c in 0..n {
+        let base = 20.0 + 3.0 * c as f64;
+        let hybrid_wins = c % 2 == 0;
+        let m = [
+            ("offload", if hybrid_wins { base } else { base * 1.3 }),
+            ("hybrid", if hybrid_wins { base * 1.4 } else { base * 0.9 }),
+            ("hybrid-legacy", base * 1.1),
+            ("cpu", base * 0.5),
+        ];
+        for (strategy, measured) in m {
+            rows.push(Row {
+                config: c,
+                strategy,
+                measured,
+                predicted: measured * (1.0 + err(i)),
+            });
+            i += 1;
+        }
+    }
+    rows
+}
+
+/// The R-8 quantile statrs uses, computed the slow way.
+fn r8(mut v: Vec<f64>, q: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len() as f64;
+    let h = (n + 1.0 / 3.0) * q + 1.0 / 3.0;
+    let hf = h.floor();
+    if hf < 1.0 {
+        return v[0];
+    }
+    if hf >= n {
+        return v[v.len() - 1];
+    }
+    let (a, b) = (v[hf as usize - 1], v[hf as usize]);
+    a + (h - hf) * (b - a)
+}
+
+fn analyze(path: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["validate", "analyze", path.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ft(&args)
+}
+
+#[test]
+fn the_analysis_matches_a_slow_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    // Errors of -3% to +4.5% in a pattern, small enough that the model's picks are right.
+    let err = |i: usize| ((i * 7) % 16) as f64 * 0.005 - 0.03;
+    let rows = grid(12, err);
+    let path = dir.path().join("grid.csv");
+    std::fs::write(&path, csv(&rows)).unwrap();
+    let out = analyze(&path, &["--json", "--check"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    // Errors: median and p90 of |predicted - measured| / measured over every row.
+    let abs: Vec<f64> = rows
+        .iter()
+        .map(|r| (r.predicted - r.measured).abs() / r.measured)
+        .collect();
+    let median = r8(abs.clone(), 0.5);
+    let p90 = r8(abs.clone(), 0.9);
+    assert!((s["errors"]["median"].as_f64().unwrap() - median).abs() < 1e-9);
+    assert!((s["errors"]["p90"].as_f64().unwrap() - p90).abs() < 1e-9);
+    assert_eq!(s["rows"], 48);
+    assert_eq!(s["configs"], 12);
+
+    // Choosers: the model picks the best predicted of offload, hybrid, cpu; the ratio rule
+    // offload (standalone pair); ferrox-core hybrid at the rules' fraction (contended pair).
+    let mut model_loss = 0.0;
+    let mut ratio_loss = 0.0;
+    let mut ferrox_loss = 0.0;
+    let mut wrong = 0;
+    for c in 0..12 {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.config == c).collect();
+        let best = mine.iter().map(|r| r.measured).fold(0.0, f64::max);
+        let pick = mine
+            .iter()
+            .filter(|r| r.strategy != "hybrid-legacy")
+            .max_by(|a, b| a.predicted.total_cmp(&b.predicted))
+            .unwrap();
+        let loss_of =
+            |s: &str| 1.0 - mine.iter().find(|r| r.strategy == s).unwrap().measured / best;
+        let l = 1.0 - pick.measured / best;
+        if l > 0.05 {
+            wrong += 1;
+        }
+        model_loss += l;
+        ratio_loss += loss_of("offload");
+        ferrox_loss += loss_of("hybrid-legacy");
+    }
+    let ch = s["choosers"].as_array().unwrap();
+    let by = |name: &str| ch.iter().find(|c| c["chooser"] == name).unwrap();
+    assert!((by("model")["mean_loss"].as_f64().unwrap() - model_loss / 12.0).abs() < 1e-9);
+    assert!((by("ratio rule")["mean_loss"].as_f64().unwrap() - ratio_loss / 12.0).abs() < 1e-9);
+    assert!((by("ferrox-core")["mean_loss"].as_f64().unwrap() - ferrox_loss / 12.0).abs() < 1e-9);
+    assert_eq!(by("model")["wrong_picks_over_gap"], wrong);
+    assert_eq!(by("ratio rule")["picks"]["offload"], 12);
+    assert_eq!(by("ferrox-core")["picks"]["hybrid-legacy"], 12);
+    assert_eq!(s["ferrox_split_agrees"], true);
+    assert_eq!(s["targets_met"], true, "{}", s["missed"]);
+
+    // The table names the choosers.
+    let out = analyze(&path, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ratio rule") && text.contains("ferrox-core") && text.contains("median"),
+        "{text}"
+    );
+}
+
+#[test]
+fn missed_targets_fail_the_check_and_bad_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    // 20% errors everywhere: the error targets are missed.
+    let rows = grid(4, |i| if i % 2 == 0 { 0.2 } else { -0.2 });
+    let path = dir.path().join("bad.csv");
+    std::fs::write(&path, csv(&rows)).unwrap();
+    let out = analyze(&path, &["--check"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("median error"));
+    // Without --check the same analysis succeeds.
+    assert!(analyze(&path, &[]).status.success());
+
+    let broken = dir.path().join("broken.csv");
+    std::fs::write(
+        &broken,
+        format!("{HEADER}\nc00,qwen,2,1,0.1,1,1,1,1,offload,1,notanumber\n"),
+    )
+    .unwrap();
+    let out = analyze(&broken, &[]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("broken.csv"));
+    let out = analyze(&dir.path().join("none.csv"), &[]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn plan_and_collect_build_the_csv_from_the_grids_documents() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = ft(&["validate", "plan", "--out", d.to_str().unwrap(), "--quick"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12");
+    assert!(d.join("models/deepseek-v4-flash-L1.toml").is_file());
+    let plan = std::fs::read_to_string(d.join("plan.csv")).unwrap();
+    let first: Vec<&str> = plan.lines().nth(1).unwrap().split(',').collect();
+    let (config, geometry, streams) = (first[0], first[1], first[6].parse::<f64>().unwrap());
+
+    // A profile with bench bandwidths for that geometry.
+    use ft_model::host::HostSpec;
+    use ft_model::perf::legacy::BenchBw;
+    use ft_model::perf::PerfModel;
+    use ft_model::profile::{now_unix_s, HostFingerprint, Profile, ProfileKey};
+    let host = HostSpec::field_report();
+    let perf = PerfModel::from_host(&host).unwrap();
+    let model = ft_model::ModelSpec::preset(geometry).unwrap();
+    let profile = Profile {
+        key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
+        created_unix_s: now_unix_s(),
+        params: perf.params,
+        covariance: perf.covariance,
+        dof: None,
+        fit: None,
+        samples: Default::default(),
+        bench_bw: Some(BenchBw {
+            expert_bytes: 7_974_912,
+            experts: 8,
+            cpu_moe_gbs: BENCH.0,
+            pcie_gather_gbs: BENCH.1,
+            cpu_moe_overlap_gbs: Some(BENCH.2),
+            pcie_gather_overlap_gbs: Some(BENCH.3),
+        }),
+    };
+    std::fs::create_dir_all(d.join("profiles")).unwrap();
+    std::fs::write(
+        d.join(format!("profiles/{geometry}.json")),
+        serde_json::to_vec(&profile).unwrap(),
+    )
+    .unwrap();
+    // The rules' fraction, as the script gets it.
+    let out = ft(&[
+        "validate",
+        "peer",
+        "--profile",
+        d.join(format!("profiles/{geometry}.json"))
+            .to_str()
+            .unwrap(),
+        "--field",
+        "fraction",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f_legacy: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert!((f_legacy - 12.8 / (12.8 + 33.4)).abs() < 1e-4);
+
+    // A prediction (the shape `ft predict --json` writes) and four runs (`ft run --json`).
+    let kinds = ["offload", "hybrid", "resident", "cpu"];
+    let strategies: Vec<serde_json::Value> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let t = 10.0 * (i + 1) as f64;
+            serde_json::json!({"kind": k, "tok_s_total": t, "tok_s_total_interval": [t * 0.9, t * 1.1], "miss_rate": 0.2})
+        })
+        .collect();
+    let pred = serde_json::json!({
+        "prediction": {"strategies": strategies, "fetch_search": {"chosen": 0.4}, "legacy_fraction_step_us": 50_000.0},
+        "decision": {}
+    });
+    std::fs::create_dir_all(d.join("predictions")).unwrap();
+    std::fs::write(
+        d.join(format!("predictions/{config}.json")),
+        pred.to_string(),
+    )
+    .unwrap();
+    let out = ft(&[
+        "validate",
+        "get",
+        d.join(format!("predictions/{config}.json"))
+            .to_str()
+            .unwrap(),
+        "prediction.fetch_search.chosen",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0.4");
+    std::fs::create_dir_all(d.join("runs")).unwrap();
+    for (s, measured, f) in [
+        ("offload", 11.0, 1.0),
+        ("hybrid", 19.0, 0.4),
+        ("hybrid-legacy", 15.0, f_legacy),
+        ("cpu", 42.0, 0.0),
+    ] {
+        let run = serde_json::json!({"fetch_fraction": f, "summary": {"tok_s_total": measured, "miss_rate": 0.25}});
+        std::fs::write(d.join(format!("runs/{config}-{s}.json")), run.to_string()).unwrap();
+    }
+    let csv_path = d.join("grid.csv");
+    let out = ft(&[
+        "validate",
+        "collect",
+        "--dir",
+        d.to_str().unwrap(),
+        "--out",
+        csv_path.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&csv_path).unwrap();
+    let mut r = csv::Reader::from_reader(text.as_bytes());
+    let headers = r.headers().unwrap().clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).unwrap();
+    let rows: Vec<csv::StringRecord> = r.records().map(|x| x.unwrap()).collect();
+    assert_eq!(rows.len(), 4, "only the first configuration has documents");
+    for row in &rows {
+        let strategy = &row[col("strategy")];
+        let predicted: f64 = row[col("predicted_tok_s")].parse().unwrap();
+        let want = match strategy {
+            "offload" => 10.0,
+            "hybrid" => 20.0,
+            "cpu" => 40.0,
+            // The legacy fraction's step time over every stream's token.
+            _ => streams * 1e6 / 50_000.0,
+        };
+        assert!(
+            (predicted - want).abs() < 1e-9,
+            "{strategy}: {predicted} vs {want}"
+        );
+        let measured: f64 = row[col("measured_tok_s")].parse().unwrap();
+        let e: f64 = row[col("abs_rel_error")].parse().unwrap();
+        assert!((e - (predicted - measured).abs() / measured).abs() < 1e-12);
+    }
+    // And the CSV it wrote is one the analysis reads.
+    assert!(analyze(&csv_path, &["--json"]).status.success());
+}

@@ -1,0 +1,160 @@
+//! `ft predict` and `ft explain` end to end: JSON twin, host files, profiles, errors.
+
+use std::process::Command;
+
+use ft_model::host::HostSpec;
+use ft_model::perf::fit::ProbeSamples;
+use ft_model::perf::PerfModel;
+use ft_model::profile::{store, HostFingerprint, Profile, ProfileKey};
+use ft_model::ModelSpec;
+
+/// Short traffic runs keep the tests fast.
+const QUICK: [&str; 4] = ["--steps", "60", "--warmup", "40"];
+
+fn ft(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_ft"))
+        .args(args)
+        .output()
+        .expect("ft runs")
+}
+
+#[test]
+fn predict_json_on_the_field_report() {
+    let mut args = vec![
+        "predict",
+        "--streams",
+        "2",
+        "--miss-rate",
+        "0.38",
+        "--context",
+        "1200",
+        "--json",
+    ];
+    args.extend(QUICK);
+    let out = ft(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["decision"]["kind"], "hybrid");
+    assert_eq!(v["decision"]["legacy_verdict"], "offload");
+    assert_eq!(v["prediction"]["legacy"]["verdict"], "offload");
+    let strategies = v["prediction"]["strategies"].as_array().unwrap();
+    assert_eq!(strategies.len(), 4);
+    assert_eq!(strategies[0]["bound"], "pcie");
+}
+
+#[test]
+fn predict_table_and_explain_text() {
+    let mut args = vec!["predict", "--streams", "2"];
+    args.extend(QUICK);
+    let out = ft(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for needle in [
+        "offload",
+        "hybrid(f=",
+        "resident (n/a)",
+        "choice:",
+        "legacy ratio: 46.12 / 24.25 GB/s = 1.90",
+        "threshold 2.00 -> offload",
+    ] {
+        assert!(text.contains(needle), "missing '{needle}' in\n{text}");
+    }
+    let mut args = vec!["explain", "--streams", "2"];
+    args.extend(QUICK);
+    let out = ft(&args);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.contains("Legacy rule: 46.12 / 24.25 GB/s = 1.90 <= 2.00 -> offload."),
+        "{text}"
+    );
+    assert!(text.contains("verdict differs"), "{text}");
+}
+
+#[test]
+fn a_host_file_and_a_profile_file() {
+    let dir = tempfile::tempdir().unwrap();
+    // A host of our own: a fast CPU and a slow link, so hybrid should win and the ratio agree.
+    let mut host = HostSpec::field_report();
+    host.name = "test-host".into();
+    host.cpu.moe_gbs = Some(150.0);
+    host.pcie.gather_gbs = Some(12.0);
+    host.pcie.h2d_gbs = 12.5;
+    host.engine.dram_gbs = Some(400.0);
+    let path = dir.path().join("test-host.toml");
+    std::fs::write(&path, host.to_toml()).unwrap();
+    let mut args = vec!["predict", "--host", path.to_str().unwrap(), "--json"];
+    args.extend(QUICK);
+    let out = ft(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prediction"]["legacy"]["verdict"], "hybrid");
+    assert_eq!(v["decision"]["kind"], "hybrid");
+    assert_eq!(v["decision"]["legacy_agrees"], true);
+
+    // The same parameters through a profile file.
+    let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+    let perf = PerfModel::from_host(&host).unwrap();
+    let profile = Profile {
+        key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
+        created_unix_s: 0,
+        params: perf.params,
+        covariance: perf.covariance,
+        dof: Some(40),
+        fit: None,
+        samples: ProbeSamples::default(),
+        bench_bw: None,
+    };
+    let stored = store(dir.path(), &profile).unwrap();
+    let mut args = vec!["predict", "--profile", stored.to_str().unwrap(), "--json"];
+    args.extend(QUICK);
+    let out = ft(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(w["decision"]["kind"], "hybrid");
+    let a = v["prediction"]["strategies"][0]["step_us"]
+        .as_f64()
+        .unwrap();
+    let b = w["prediction"]["strategies"][0]["step_us"]
+        .as_f64()
+        .unwrap();
+    assert!((a - b).abs() < 1e-6 * a, "{a} vs {b}");
+}
+
+#[test]
+fn bad_input_is_an_error_naming_it() {
+    for (args, needle) in [
+        (vec!["predict", "--streams", "0"], "--streams"),
+        (
+            vec!["predict", "--host", "/nonexistent/host.toml"],
+            "host.toml",
+        ),
+        (vec!["predict", "--model", "llama"], "llama"),
+        (vec!["explain", "--fetch-fraction", "2"], "--fetch-fraction"),
+        (
+            vec!["predict", "--profile", "/nonexistent/p.json"],
+            "p.json",
+        ),
+    ] {
+        let out = ft(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
