@@ -6,24 +6,24 @@
 //! and the split of a layer's misses between the link and the CPU. Because the runtime and
 //! the simulator call the same code for these, their miss rates agree by construction.
 
+pub mod cache;
 pub mod error;
 pub mod format;
 pub mod geometry;
 pub mod host;
 pub mod perf;
+pub mod plan;
 pub mod preset;
 pub mod profile;
-pub mod strategy;
 pub mod routing;
-pub mod cache;
-pub mod plan;
+pub mod strategy;
 pub mod traffic;
 
+pub use cache::{CachePolicy, CacheSize, ExpertCache, SlotId};
 pub use error::ModelError;
 pub use format::ExpertFormat;
 pub use geometry::{ExpertId, MoeGeometry};
-pub use preset::{DenseSpec, ModelSpec};
-pub use strategy::{FetchFraction, Strategy, StrategyKind};
-pub use cache::{CachePolicy, CacheSize, ExpertCache, SlotId};
 pub use plan::{plan_layer, LayerPlan};
+pub use preset::{DenseSpec, ModelSpec};
 pub use routing::{RoutingProcess, RoutingSource, StepRouting, TokenRoute};
+pub use strategy::{FetchFraction, Strategy, StrategyKind};
