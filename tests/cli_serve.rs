@@ -39,7 +39,7 @@ impl Drop for Server {
 fn serve(dir: &std::path::Path, extra: &[&str]) -> Server {
     let model = dir.join("tiny.toml");
     std::fs::write(&model, TINY).unwrap();
-    let mut child = ft()
+    let child = ft()
         .args([
             "serve",
             "--device",
@@ -59,14 +59,18 @@ fn serve(dir: &std::path::Path, extra: &[&str]) -> Server {
         .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
         .spawn()
         .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
+    // The guard kills and reaps the child on every path, a panic included.
+    let mut server = Server {
+        child,
+        addr: String::new(),
+        stdout: Vec::new(),
+    };
+    let mut out = BufReader::new(server.child.stdout.take().unwrap());
     let mut lines = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let mut line = String::new();
-        if out.read_line(&mut line).unwrap() == 0 || Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
+        if out.read_line(&mut line).unwrap_or(0) == 0 || Instant::now() > deadline {
             let err = std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default();
             panic!("ft serve ended before listening: {lines:?}\n{err}");
         }
@@ -83,11 +87,9 @@ fn serve(dir: &std::path::Path, extra: &[&str]) -> Server {
                 .map(str::to_string),
         };
         if let Some(addr) = addr {
-            return Server {
-                child,
-                addr,
-                stdout: lines,
-            };
+            server.addr = addr;
+            server.stdout = lines;
+            return server;
         }
     }
 }
