@@ -42,3 +42,33 @@ impl ModelError {
 
 /// Result alias of this crate.
 pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// Parse a TOML document into `T` (unknown keys are refused by `T`'s serde attributes) and
+/// validate it; every error names `origin` (a file path or a preset name) and, for invalid
+/// values, the key. The one loader behind every TOML input of `ft-model`.
+pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
+    text: &str,
+    origin: &str,
+    validate: impl FnOnce(&T) -> Result<()>,
+) -> Result<T> {
+    let value: T = toml::from_str(text).map_err(|e| ModelError::Toml {
+        path: origin.to_string(),
+        message: e.to_string(),
+    })?;
+    validate(&value).map_err(|e| match e {
+        ModelError::Invalid { field, reason } => ModelError::Invalid {
+            field: format!("{origin}: {field}"),
+            reason,
+        },
+        other => other,
+    })?;
+    Ok(value)
+}
+
+/// Read a text file, with the path in the error.
+pub(crate) fn read_text(path: &std::path::Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })
+}

@@ -271,26 +271,12 @@ impl HostSpec {
     /// Parse a TOML document; unknown keys are refused and invalid values are named with
     /// `origin` (a file path or a preset name) and their key.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
-        let spec: HostSpec = toml::from_str(text).map_err(|e| ModelError::Toml {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })?;
-        spec.validate().map_err(|e| match e {
-            ModelError::Invalid { field, reason } => ModelError::Invalid {
-                field: format!("{origin}: {field}"),
-                reason,
-            },
-            other => other,
-        })?;
-        Ok(spec)
+        crate::error::parse_toml(text, origin, Self::validate)
     }
 
     /// Load a host from a TOML file; an empty `name` becomes the file's stem.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = crate::error::read_text(path)?;
         let mut spec = Self::from_toml_str(&text, &path.display().to_string())?;
         if spec.name.trim().is_empty() {
             spec.name = path

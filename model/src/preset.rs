@@ -186,26 +186,12 @@ impl ModelSpec {
 
     /// Parse a TOML document; unknown keys are refused. `origin` names it in errors.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Self> {
-        let spec: ModelSpec = toml::from_str(text).map_err(|e| ModelError::Toml {
-            path: origin.to_string(),
-            message: e.to_string(),
-        })?;
-        spec.validate().map_err(|e| match e {
-            ModelError::Invalid { field, reason } => ModelError::Invalid {
-                field: format!("{origin}: {field}"),
-                reason,
-            },
-            other => other,
-        })?;
-        Ok(spec)
+        crate::error::parse_toml(text, origin, Self::validate)
     }
 
     /// Load a model from a TOML file.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = crate::error::read_text(path)?;
         Self::from_toml_str(&text, &path.display().to_string())
     }
 
