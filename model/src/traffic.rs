@@ -215,12 +215,13 @@ pub fn run_traffic(
         return Err(ModelError::invalid("streams", "must be at least 1"));
     }
     let mut step = StepRouting::default();
-    for _ in 0..config.warmup_steps {
-        source.next_step_into(config.streams, &mut step)?;
-        for (l, routes) in step.layers.iter().enumerate() {
-            plan_layer(l, routes, cache, fetch_fraction);
-        }
-    }
+    warm_up(
+        source,
+        cache,
+        fetch_fraction,
+        config.warmup_steps,
+        config.streams,
+    )?;
     cache.reset_stats();
     let layers = geometry.moe_layers;
     let mut per_layer = vec![Sums::default(); layers];
@@ -310,28 +311,66 @@ pub fn strategy_traffic(
     config: &TrafficConfig,
 ) -> Result<TrafficStats> {
     let f = fetch_fraction(strategy)?;
-    let geometry: MoeGeometry = *source.geometry();
-    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
-        && strategy.kind() != crate::strategy::StrategyKind::Resident;
-    let (mut cache, cfg) = if needs_popularity {
-        let pop = measure_popularity(source, config.warmup_steps, config.streams)?;
-        let cache = build_cache(strategy.kind(), policy, &geometry, slots, Some(&pop))?;
-        (
-            cache,
-            TrafficConfig {
-                warmup_steps: 0,
-                ..*config
-            },
-        )
-    } else {
-        (
-            build_cache(strategy.kind(), policy, &geometry, slots, None)?,
-            *config,
-        )
+    let (mut cache, warmup_steps) = strategy_cache(
+        source,
+        strategy.kind(),
+        policy,
+        slots,
+        config.warmup_steps,
+        config.streams,
+    )?;
+    let cfg = TrafficConfig {
+        warmup_steps,
+        ..*config
     };
     let mut stats = run_traffic(source, &mut cache, f, &cfg)?;
     stats.config = *config;
     Ok(stats)
+}
+
+/// The cache a strategy starts from, and how many of `warmup_steps` are left to run.
+///
+/// A static hot set given without experts is chosen from the popularity measured over the
+/// warm-up steps, which are then spent (0 left); every other cache is built as
+/// [`build_cache`] builds it and keeps its whole warm-up.
+pub fn strategy_cache(
+    source: &mut dyn RoutingSource,
+    kind: crate::strategy::StrategyKind,
+    policy: &CachePolicy,
+    slots: usize,
+    warmup_steps: usize,
+    streams: usize,
+) -> Result<(ExpertCache, usize)> {
+    let geometry: MoeGeometry = *source.geometry();
+    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+        && kind != crate::strategy::StrategyKind::Resident;
+    if needs_popularity {
+        let pop = measure_popularity(source, warmup_steps, streams)?;
+        Ok((build_cache(kind, policy, &geometry, slots, Some(&pop))?, 0))
+    } else {
+        Ok((
+            build_cache(kind, policy, &geometry, slots, None)?,
+            warmup_steps,
+        ))
+    }
+}
+
+/// Plan `steps` steps of `streams` streams without recording them, to warm `cache`.
+pub fn warm_up(
+    source: &mut dyn RoutingSource,
+    cache: &mut ExpertCache,
+    fetch_fraction: f64,
+    steps: usize,
+    streams: usize,
+) -> Result<()> {
+    let mut step = StepRouting::default();
+    for _ in 0..steps {
+        source.next_step_into(streams, &mut step)?;
+        for (l, routes) in step.layers.iter().enumerate() {
+            plan_layer(l, routes, cache, fetch_fraction);
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -41,13 +41,13 @@ use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 use super::legacy::{BenchBw, LegacyRatio, DEFAULT_THRESHOLD};
 use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
 use super::{ParamId, PerfModel, PerfParams};
-use crate::cache::{build_cache, CachePolicy, CacheSize};
+use crate::cache::{CachePolicy, CacheSize};
 use crate::error::{ModelError, Result};
 use crate::plan::plan_layer;
 use crate::preset::ModelSpec;
 use crate::routing::{self, RoutingSource, StepRouting};
 use crate::strategy::{FetchFraction, Strategy, StrategyKind};
-use crate::traffic::measure_popularity;
+use crate::traffic::{strategy_cache, warm_up};
 
 /// Fetch fractions at which hybrid's traffic is sampled before the continuous search.
 pub const FETCH_GRID: [f64; 21] = [
@@ -225,7 +225,7 @@ impl TrafficSamples {
 /// One counting run: which strategy's cache, at which fetch fraction, for how long.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleRun<'a> {
-    /// Strategy whose cache is built ([`build_cache`]).
+    /// Strategy whose cache is built ([`crate::cache::build_cache`]).
     pub kind: StrategyKind,
     /// Fetch fraction the planner splits misses with.
     pub fetch_fraction: f64,
@@ -257,24 +257,9 @@ pub fn sample_traffic(
         streams,
     } = *run;
     let geometry = *source.geometry();
-    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
-        && kind != StrategyKind::Resident;
-    let (mut cache, warmup) = if needs_popularity {
-        let pop = measure_popularity(source, warmup_steps, streams)?;
-        (build_cache(kind, policy, &geometry, slots, Some(&pop))?, 0)
-    } else {
-        (
-            build_cache(kind, policy, &geometry, slots, None)?,
-            warmup_steps,
-        )
-    };
+    let (mut cache, warmup) = strategy_cache(source, kind, policy, slots, warmup_steps, streams)?;
+    warm_up(source, &mut cache, fetch_fraction, warmup, streams)?;
     let mut step = StepRouting::default();
-    for _ in 0..warmup {
-        source.next_step_into(streams, &mut step)?;
-        for (l, routes) in step.layers.iter().enumerate() {
-            plan_layer(l, routes, &mut cache, fetch_fraction);
-        }
-    }
     let layers = geometry.moe_layers;
     let mut counts = Vec::with_capacity(steps * layers);
     for _ in 0..steps {
