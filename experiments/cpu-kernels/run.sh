@@ -6,13 +6,14 @@
 # Usage: experiments/cpu-kernels/run.sh OUTPUT_DIR [extra `ft bench cpu` flags]
 # Writes into OUTPUT_DIR: results-<machine>.json, results-<machine>.csv, table-<machine>.txt
 # and machine-<machine>.txt (date, lscpu, ft --version). No other steps.
-# Environment: FT_BIN=path uses a prebuilt ft instead of building; FT_MACHINE=name overrides
+# Environment: FT_BIN=path (or FT, as `ft experiment run` sets it) uses a prebuilt ft instead of building; FT_MACHINE=name overrides
 # <machine> (default: <logical CPUs>c-<CPU model>).
 set -euo pipefail
 out="${1:?usage: $0 OUTPUT_DIR [extra ft bench cpu flags]}"
 shift
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 mkdir -p "$out"
+FT_BIN="${FT_BIN:-${FT:-}}"
 if [[ -n "${FT_BIN:-}" ]]; then
     ft="$FT_BIN"
 else
