@@ -413,7 +413,7 @@ impl Stage<'_> {
     fn params(&self, theta: &[f64]) -> PerfParams {
         let mut p = self.base.clone();
         for (id, t) in self.ids.iter().zip(theta) {
-            p.set(*id, t.exp());
+            p.set(*id, t.min(upper_log_bound(self.base.get(*id))).exp());
         }
         p
     }
@@ -674,6 +674,22 @@ fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
             p.dram_gbs = CONTENTION_START * demand;
         }
     }
+}
+
+/// How far above its start a fitted parameter may go: a factor of 100.
+///
+/// Samples that no longer see a parameter (a kernel whose time does not grow with its bytes)
+/// would let least squares drive it to infinity (an "infinitely fast" bandwidth, 1e49 GB/s
+/// was seen). A hundredfold of a prior from the host's specification is past any physical
+/// value and far enough that the bound never binds a parameter the samples do determine; a
+/// parameter that ends at it has no gradient, so it is reported as held, without an error.
+const MAX_FIT_FACTOR: f64 = 100.0;
+
+/// Smallest start value the bound is taken from, so a zero prior does not pin a parameter.
+const MIN_BOUND_BASE: f64 = 1e-3;
+
+fn upper_log_bound(start: f64) -> f64 {
+    (start.max(MIN_BOUND_BASE) * MAX_FIT_FACTOR).ln()
 }
 
 /// Where the contention stage starts when the prior's DRAM bandwidth would not contend:
@@ -1319,6 +1335,30 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("round-trip"), "{e}");
+    }
+
+    #[test]
+    fn a_parameter_the_samples_stop_seeing_stays_bounded() {
+        let t = truth();
+        let mut s = samples(&t, 5);
+        // GPU launches whose time does not grow with their bytes: least squares alone would
+        // send the HBM bandwidth to infinity.
+        for g in &mut s.gpu_experts {
+            g.time_us = 20.0;
+        }
+        let pr = prior(&t);
+        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
+        let hbm = r.params.get(ParamId::GpuHbmGbs);
+        assert!(
+            hbm.is_finite() && hbm <= pr.gpu_hbm_gbs * MAX_FIT_FACTOR * 1.000001,
+            "{hbm}"
+        );
+        let gpu = r.stages.iter().find(|st| st.name == "gpu").unwrap();
+        assert!(
+            gpu.held.contains(&ParamId::GpuHbmGbs),
+            "{gpu:?} hbm {hbm} prior {}",
+            pr.gpu_hbm_gbs
+        );
     }
 
     #[test]
