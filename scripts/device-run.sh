@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One remote call on the GPU machine: run the named steps in order, each under its own time
+# limit, and pack everything they wrote into $OUT/results.tar.gz (what comes back from a
+# remote call is limited in file count and depth, so results travel as one archive).
+#
+# Usage (on the GPU machine, from the repository root, with carry/device/ carried):
+#   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
+# Steps: gpu-check, cpu-kernels, runtime-grid, validate, serve-ab, experiments-gpu.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+: "${OUT:?set OUT}"
+R="$OUT/r"
+mkdir -p "$R"
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
+         /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+    [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+export LD_LIBRARY_PATH
+export FT="$ROOT/carry/device/ft" FT_BIN="$ROOT/carry/device/ft"
+log="$R/steps.txt"
+echo "date: $(date -u +%FT%TZ)" >"$log"
+for spec in "$@"; do
+    name="${spec%%:*}"
+    limit=600
+    [[ "$spec" == *:* ]] && limit="${spec##*:}"
+    t0=$SECONDS
+    case "$name" in
+    gpu-check) timeout "$limit" scripts/gpu-check.sh "$R/gpu-check" ;;
+    cpu-kernels) FT_MACHINE=gpu-host-16c timeout "$limit" experiments/cpu-kernels/run.sh "$R/cpu-kernels" ;;
+    runtime-grid) timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
+    validate) timeout "$limit" experiments/validate-h200/run.sh "$R/validate-h200" ;;
+    serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
+    *) echo "unknown step $name" >&2; false ;;
+    esac >"$R/$name.stdout" 2>"$R/$name.stderr"
+    echo "$name: rc=$? ($((SECONDS - t0)) s, limit $limit)" >>"$log"
+done
+cat "$log"
+tar -czf "$OUT/results.tar.gz" -C "$R" .
+rm -rf "$R"
