@@ -254,20 +254,45 @@ __device__ __forceinline__ float silu_ft(float v) {
 }
 
 // Quantize one block of G activations (spec section 2) into q[0..G), returning the scale.
-__device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
+// GT is the block size (16 or 32) as a constant, so the loads are vectorized and the loops
+// unrolled; the arithmetic per element is the same for every GT (max is order-free).
+template <int GT>
+__device__ __forceinline__ float quantize_block_t(const float* xb, i8* q) {
+    float v[GT];
+#pragma unroll
+    for (int k = 0; k < GT / 4; k++) {
+        float4 f = ((const float4*)xb)[k];
+        v[4 * k] = f.x; v[4 * k + 1] = f.y; v[4 * k + 2] = f.z; v[4 * k + 3] = f.w;
+    }
     float a = 0.0f;
-    for (int i = 0; i < G; i++) a = fmaxf(a, fabsf(xb[i]));
+#pragma unroll
+    for (int i = 0; i < GT; i++) a = fmaxf(a, fabsf(v[i]));
+    u32 packed[GT / 4];
     if (a == 0.0f) {
-        for (int i = 0; i < G; i++) q[i] = 0;
-        return 0.0f;
+#pragma unroll
+        for (int k = 0; k < GT / 4; k++) packed[k] = 0;
+    } else {
+        float inv = __fdiv_rn(127.0f, a);
+#pragma unroll
+        for (int k = 0; k < GT / 4; k++) {
+            u32 w = 0;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float r = roundf(__fmul_rn(v[4 * k + j], inv));
+                int c = (int)fminf(fmaxf(r, -127.0f), 127.0f);
+                w |= ((u32)c & 0xFFu) << (8 * j);
+            }
+            packed[k] = w;
+        }
     }
-    float scale = __fdiv_rn(a, 127.0f);
-    float inv = __fdiv_rn(127.0f, a);
-    for (int i = 0; i < G; i++) {
-        float v = roundf(__fmul_rn(xb[i], inv));
-        q[i] = (i8)fminf(fmaxf(v, -127.0f), 127.0f);
-    }
-    return scale;
+#pragma unroll
+    for (int k = 0; k < GT / 4; k++) ((u32*)q)[k] = packed[k];
+    return a == 0.0f ? 0.0f : __fdiv_rn(a, 127.0f);
+}
+
+// The same for a block size known only at run time (16 or 32); xb and q 16-byte aligned.
+__device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
+    return G == 16 ? quantize_block_t<16>(xb, q) : quantize_block_t<32>(xb, q);
 }
 
 // MT: tokens per pass held in registers (8, or 1 for the batch-1 variant, which keeps few
@@ -278,9 +303,9 @@ __device__ __forceinline__ void gate_up_impl(
     int H, int I, const float* __restrict__ x, int tch,
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs)
 {
-    constexpr int UNROLL = MT == 1 ? 4 : 1;
+    constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
     extern __shared__ __align__(16) u8 smem[];
-    __shared__ float hbuf[MAXT][32];
+    __shared__ __align__(16) float hbuf[MAXT][32];
     const int G = group_of(fmt);
     const Task task = tasks[blockIdx.y];
     const int r0 = blockIdx.x * G;
@@ -387,7 +412,7 @@ __device__ __forceinline__ void down_impl(
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
     u32* counters, float* __restrict__ y)
 {
-    constexpr int UNROLL = MT == 1 ? 4 : 1;
+    constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
     __shared__ u32 ticket;
     const int G = group_of(fmt);
     const Task task = tasks[blockIdx.y];
@@ -476,15 +501,30 @@ __device__ __forceinline__ void down_impl(
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
     u32* counters, float* __restrict__ y
 
+// One instantiation per largest task size (tokens routed to one expert): 1, 2, 4 and 8
+// tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
+// loads in flight, which is what a memory-bound decode step needs.
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
     gate_up_impl<MAXT>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs);
 }
-extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_1(GATE_UP_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_1(GATE_UP_ARGS) {
     gate_up_impl<1>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs);
+}
+extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
+    gate_up_impl<2>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
+    gate_up_impl<4>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
     down_impl<MAXT>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
 }
-extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_1(DOWN_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_down_1(DOWN_ARGS) {
     down_impl<1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
+    down_impl<2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) {
+    down_impl<4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
 }

@@ -25,6 +25,8 @@ use ft_runtime::gpu_experts::{ActPath, ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
 use serde::Serialize;
 
+/// Most tokens per expert of a kernel case (the x and y buffers hold this many).
+const MAX_TOKENS: usize = 8;
 /// Bytes of the device copy that sets the ceiling (1 GiB: far beyond L2).
 const COPY_BYTES: usize = 1 << 30;
 /// Bytes the dense kernel reads per launch (256 MiB).
@@ -54,6 +56,8 @@ struct KernelRow {
     act: String,
     experts: usize,
     tokens: usize,
+    /// Tokens per pass of the kernel instantiation: "auto" (chosen by the launch) or forced.
+    variant: String,
     bytes: u64,
     event_us: f64,
     wall_us: f64,
@@ -218,28 +222,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(lin_dst);
 
     // Expert kernel: layers of 10 resident experts, 1 token, rotating through disjoint sets.
-    let x = d.alloc(spec.geometry.hidden * 4, "x")?;
-    let y = d.alloc(spec.geometry.hidden * 4, "y")?;
-    s.upload_f32(&vec![0.25f32; spec.geometry.hidden], &x, 0)?;
+    let x = d.alloc(MAX_TOKENS * spec.geometry.hidden * 4, "x")?;
+    let y = d.alloc(MAX_TOKENS * spec.geometry.hidden * 4, "y")?;
+    s.upload_f32(&vec![0.25f32; MAX_TOKENS * spec.geometry.hidden], &x, 0)?;
     let moves: Vec<_> = (0..LAYER_EXPERTS * ROTATE_LAYERS)
         .map(|i| (ExpertId::new(0, i % bank_experts), SlotId(i as u32)))
         .collect();
     gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
     c.synchronize()?;
     let mut krows = Vec::new();
-    // (act, tokens per expert): 0 tokens runs both kernels with no work (the fixed cost:
-    // table staging, two launches, the ticket).
-    for (act, tokens) in [(ActPath::F32, 1), (ActPath::Int8, 1), (ActPath::Int8, 0)] {
+    // (act, tokens per expert, forced variant): 0 tokens runs both kernels with no work (the
+    // fixed cost: table staging, two launches, the ticket); the forced rows compare the
+    // instantiations on the same launch (A/B in one run).
+    let cases: [(ActPath, usize, Option<&str>); 8] = [
+        (ActPath::F32, 1, None),
+        (ActPath::Int8, 1, None),
+        (ActPath::Int8, 1, Some("8")),
+        (ActPath::Int8, 0, None),
+        (ActPath::Int8, 4, None),
+        (ActPath::Int8, 4, Some("8")),
+        (ActPath::Int8, 8, None),
+        (ActPath::F32, 8, None),
+    ];
+    for (act, tokens, forced) in cases {
+        match forced {
+            Some(v) => std::env::set_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV, v),
+            None => std::env::remove_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV),
+        }
         let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
             .map(|l| {
-                let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, act, 1);
+                let mut st =
+                    ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, act, tokens.max(1));
                 st.experts = (0..LAYER_EXPERTS)
                     .map(|e| ExpertTask {
                         weights_offset: (l * LAYER_EXPERTS + e) * pool.stride(),
-                        tokens: vec![TokenWeight {
-                            token: 0,
-                            weight: 0.1,
-                        }],
+                        tokens: (0..tokens)
+                            .map(|t| TokenWeight {
+                                token: t as u32,
+                                weight: 0.1,
+                            })
+                            .collect(),
                     })
                     .collect();
                 st
@@ -266,6 +288,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             act: act.name().into(),
             experts: LAYER_EXPERTS,
             tokens,
+            variant: forced.unwrap_or("auto").into(),
             bytes,
             event_us: ev,
             wall_us: wall,
@@ -276,6 +299,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pass: gbs / copy_rw_gbs >= 0.5,
         });
     }
+    std::env::remove_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV);
 
     let report = Report {
         device: d.info().clone(),
@@ -310,8 +334,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for r in &report.kernel {
         writeln!(
             csv,
-            "kernel-{},{},{:.3},{:.3},{:.3},{:.4},{},{}",
-            r.act, r.experts, r.event_gbs, copy_rw_gbs, copy_gbs, r.over_copy_rw, r.target, r.pass
+            "kernel-{}-t{}-v{},{},{:.3},{:.3},{:.3},{:.4},{},{}",
+            r.act,
+            r.tokens,
+            r.variant,
+            r.experts,
+            r.event_gbs,
+            copy_rw_gbs,
+            copy_gbs,
+            r.over_copy_rw,
+            r.target,
+            r.pass
         )?;
     }
     println!(
@@ -339,13 +372,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "{:>6} {:>8} {:>10} {:>10} {:>10} {:>12} {:>9} {:>5}",
-        "act", "experts", "event us", "wall us", "GB/s", "/copy (rw)", "target", "pass"
+        "{:>6} {:>7} {:>7} {:>8} {:>10} {:>10} {:>10} {:>12} {:>9} {:>5}",
+        "act",
+        "tokens",
+        "variant",
+        "experts",
+        "event us",
+        "wall us",
+        "GB/s",
+        "/copy (rw)",
+        "target",
+        "pass"
     );
     for r in &report.kernel {
         println!(
-            "{:>6} {:>8} {:>10.2} {:>10.2} {:>10.1} {:>12.3} {:>9.2} {:>5}",
-            r.act, r.experts, r.event_us, r.wall_us, r.event_gbs, r.over_copy_rw, r.target, r.pass
+            "{:>6} {:>7} {:>7} {:>8} {:>10.2} {:>10.2} {:>10.1} {:>12.3} {:>9.2} {:>5}",
+            r.act,
+            r.tokens,
+            r.variant,
+            r.experts,
+            r.event_us,
+            r.wall_us,
+            r.event_gbs,
+            r.over_copy_rw,
+            r.target,
+            r.pass
         );
     }
     Ok(())

@@ -359,13 +359,79 @@ pub fn cuda_scratch_layout(step: &ExpertStep, pairs: usize) -> ([usize; 4], usiz
     ([o, hf, hq, hs], end)
 }
 
-/// Tokens per pass of the gate/up kernel and its dynamic shared memory, bytes.
-pub fn cuda_pass_tokens(step: &ExpertStep) -> Result<(usize, usize)> {
+/// One instantiation of the expert kernels (`kernels/cuda/experts.cu`): its entry points
+/// and how many tokens of a task it holds in registers per pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaVariant {
+    /// Gate/up entry point.
+    pub gate_up: &'static str,
+    /// Down entry point.
+    pub down: &'static str,
+    /// Tokens of one task per pass.
+    pub tokens_per_pass: usize,
+}
+
+/// The instantiations, smallest first.
+const CUDA_VARIANTS: [CudaVariant; 4] = [
+    CudaVariant {
+        gate_up: "ft_experts_gate_up_1",
+        down: "ft_experts_down_1",
+        tokens_per_pass: 1,
+    },
+    CudaVariant {
+        gate_up: "ft_experts_gate_up_2",
+        down: "ft_experts_down_2",
+        tokens_per_pass: 2,
+    },
+    CudaVariant {
+        gate_up: "ft_experts_gate_up_4",
+        down: "ft_experts_down_4",
+        tokens_per_pass: 4,
+    },
+    CudaVariant {
+        gate_up: "ft_experts_gate_up",
+        down: "ft_experts_down",
+        tokens_per_pass: CUDA_MAX_TOKENS_PER_PASS,
+    },
+];
+
+/// The instantiation for a launch whose largest task has `max_task_pairs` tokens: the
+/// smallest that holds them all in one pass (the widest when none does). Every variant
+/// runs the same arithmetic per token, so the choice never changes an output.
+pub fn cuda_variant(max_task_pairs: usize) -> CudaVariant {
+    CUDA_VARIANTS
+        .iter()
+        .copied()
+        .find(|v| v.tokens_per_pass >= max_task_pairs)
+        .unwrap_or(CUDA_VARIANTS[CUDA_VARIANTS.len() - 1])
+}
+
+/// Environment variable forcing one instantiation by its tokens per pass (1, 2, 4 or 8), for
+/// A/B measurements of the variants in one run (the micro-bench sets it); unset or any
+/// other value: chosen by the launch's largest task.
+pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
+
+#[cfg(feature = "cuda")]
+fn forced_cuda_variant() -> Option<CudaVariant> {
+    let want: usize = std::env::var(CUDA_VARIANT_ENV).ok()?.parse().ok()?;
+    CUDA_VARIANTS
+        .iter()
+        .copied()
+        .find(|v| v.tokens_per_pass == want)
+}
+
+/// Shared memory one token's activations take in the gate/up kernel, bytes.
+fn cuda_token_shared_bytes(step: &ExpertStep) -> usize {
     let g = cuda_group(step.format);
-    let per_token = match step.act {
+    match step.act {
         ActPath::Int8 => step.hidden + 4 * (step.hidden / g),
         ActPath::F32 => 4 * step.hidden,
-    };
+    }
+}
+
+/// Tokens per pass of the gate/up kernel and its dynamic shared memory, bytes.
+pub fn cuda_pass_tokens(step: &ExpertStep) -> Result<(usize, usize)> {
+    let per_token = cuda_token_shared_bytes(step);
     let tch = (CUDA_SHARED_BUDGET / per_token).min(CUDA_MAX_TOKENS_PER_PASS);
     if tch == 0 {
         return Err(RuntimeError::invalid(
@@ -414,15 +480,19 @@ pub(crate) fn cuda_launch(
         ));
     }
     let t = cuda_tables(step, weights);
-    let (tch, shm) = cuda_pass_tokens(step)?;
+    let (tch, _) = cuda_pass_tokens(step)?;
+    let variant = match forced_cuda_variant() {
+        Some(v) => v,
+        None => cuda_variant(t.max_task_pairs),
+    };
+    let tch = tch.min(variant.tokens_per_pass);
+    let shm = tch * cuda_token_shared_bytes(step);
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
     let gate_up = stream
         .shared()
-        .function(KernelId::Experts, "ft_experts_gate_up")?;
-    let down = stream
-        .shared()
-        .function(KernelId::Experts, "ft_experts_down")?;
+        .function(KernelId::Experts, variant.gate_up)?;
+    let down = stream.shared().function(KernelId::Experts, variant.down)?;
     let (slot, base) = stream.stage_table(&t.bytes)?;
     let tasks = base + t.offsets[0] as u64;
     let pairs = base + t.offsets[1] as u64;
@@ -527,6 +597,26 @@ mod tests {
                 "exp_ft({v})"
             );
             v += 0.00731;
+        }
+    }
+
+    #[test]
+    fn the_variant_is_the_smallest_that_holds_the_largest_task() {
+        for pairs in 0..=20usize {
+            let v = cuda_variant(pairs);
+            let naive = if pairs <= 1 {
+                1
+            } else if pairs <= 2 {
+                2
+            } else if pairs <= 4 {
+                4
+            } else {
+                CUDA_MAX_TOKENS_PER_PASS
+            };
+            assert_eq!(v.tokens_per_pass, naive, "{pairs} pairs");
+            let src = ft_kernels::cuda_sources::KernelId::Experts.source();
+            assert!(src.contains(&format!(" {}(", v.gate_up)), "{}", v.gate_up);
+            assert!(src.contains(&format!(" {}(", v.down)), "{}", v.down);
         }
     }
 
