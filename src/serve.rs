@@ -25,7 +25,7 @@ use ft_model::perf::{PerfModel, PredictConfig};
 use ft_model::profile::{self, HostFingerprint, Lookup, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
 use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
-use ft_runtime::engine::EngineConfig;
+use ft_runtime::engine::{BankSource, EngineConfig};
 use ft_runtime::{Device, DeviceKind, DeviceSpec};
 use ft_serve::backend::engine::EngineBackend;
 use ft_serve::backend::reference::{ReferenceConfig, ReferenceMoe};
@@ -128,6 +128,11 @@ pub struct Args {
     /// Routing process preset (the prediction's routing and the served router's popularity).
     #[arg(long, default_value = "typical")]
     pub routing: String,
+    /// Expert weights from a safetensors checkpoint (tensor names as in `ft_runtime::bank`'s
+    /// docs) instead of synthetic ones; `--model` gives the geometry and format the file
+    /// must hold. The embedding and LM head stay synthetic from `--seed`.
+    #[arg(long, value_name = "FILE")]
+    pub expert_weights: Option<std::path::PathBuf>,
     /// Seed of the weights (experts, embedding, head).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -224,11 +229,22 @@ fn forced(kind: StrategyKind, fetch: FetchFraction, decision: &Decision) -> Stra
 pub fn run(args: Args) -> Result<()> {
     if args.model.ends_with(".safetensors") {
         bail!(
-            "--model {}: serving expert weights from a safetensors file needs an engine built \
-             over `HostBank::from_safetensors`; `Engine::new` fills its bank from --seed only \
-             (give a preset or a model TOML)",
+            "--model {}: a safetensors file holds the expert weights, not the geometry: give \
+             the model as a preset or TOML and the file as --expert-weights {}",
+            args.model,
             args.model
         );
+    }
+    if let Some(w) = &args.expert_weights {
+        if args.backend != BackendArg::Engine {
+            bail!(
+                "--expert-weights {}: only the engine backend serves checkpoint experts",
+                w.display()
+            );
+        }
+        if !w.is_file() {
+            bail!("--expert-weights {}: no such file", w.display());
+        }
     }
     let mut model =
         ModelSpec::resolve(&args.model).with_context(|| format!("--model {}", args.model))?;
@@ -341,9 +357,18 @@ pub fn run(args: Args) -> Result<()> {
                 model.geometry.moe_layers,
                 kind.name()
             );
+            let source = match &args.expert_weights {
+                Some(path) => BankSource::Safetensors(path),
+                None => BankSource::Seed(args.seed),
+            };
             Box::new(
-                EngineBackend::new(&device, &model, &cfg, &routing)
-                    .context("building the engine")?,
+                EngineBackend::with_bank_source(&device, &model, &cfg, &routing, source)
+                    .with_context(|| match &args.expert_weights {
+                        Some(p) => {
+                            format!("building the engine from --expert-weights {}", p.display())
+                        }
+                        None => "building the engine".to_string(),
+                    })?,
             )
         }
     };

@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use ft_model::routing::{RoutingProcess, StepRouting, SyntheticRouting, TokenRoute};
 use ft_model::{ModelSpec, Strategy};
-use ft_runtime::engine::{Engine, EngineConfig, StepInput};
+use ft_runtime::engine::{BankSource, Engine, EngineConfig, StepInput};
 use ft_runtime::Device;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -108,7 +108,25 @@ impl EngineBackend {
         config: &EngineConfig,
         routing: &RoutingProcess,
     ) -> Result<Self> {
-        let engine = Engine::new(device, model, config, None)?;
+        Self::with_bank_source(
+            device,
+            model,
+            config,
+            routing,
+            BankSource::Seed(config.seed),
+        )
+    }
+
+    /// [`EngineBackend::new`] with the expert weights from `source` (a safetensors
+    /// checkpoint or a seed); the embedding and LM head stay synthetic from the seed.
+    pub fn with_bank_source(
+        device: &Device,
+        model: &ModelSpec,
+        config: &EngineConfig,
+        routing: &RoutingProcess,
+        source: BankSource<'_>,
+    ) -> Result<Self> {
+        let engine = Engine::with_bank_source(device, model, config, None, source)?;
         let g = model.geometry;
         let popularity = SyntheticRouting::new(routing, g)?.popularity();
         let cdf = (0..g.moe_layers)
