@@ -19,8 +19,10 @@ use ft_sim::sweep::{self, SweepPoint};
 /// Arguments of `ft simulate`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Host: a preset (rtx4090-2x-xeon4310, rtxpro4000-gen3-epyc7302, gh200, h200-xeon-emr),
-    /// a host TOML file, or a profile JSON written by `ft probe` (fitted parameters).
+    /// Host: a preset (rtx4090-2x-xeon4310, rtxpro4000-gen3-epyc7302, gh200, h200-xeon-emr,
+    /// 2x-rtx3090-tp-ryzen7950x), a host TOML file, or a profile JSON written by `ft probe`
+    /// (fitted parameters). A host with `[gpu] count > 1` decodes on that many GPUs, laid
+    /// out by `[gpu] placement`; cache sizes are then each GPU's.
     #[arg(long, default_value = fr::HOST)]
     host: String,
     /// Model: a preset or a model TOML file.
@@ -219,9 +221,11 @@ fn print_table(out: &mut impl Write, c: &Comparison) -> Result<()> {
         "ft simulate: host {}, model {}, {} stream(s), {} measured steps after {} warm-up, seed {}",
         c.host, c.model, c.streams, c.config.steps, c.config.warmup_steps, c.config.seed
     )?;
+    writeln!(out, "gpus: {} ({})", c.gpus, c.placement)?;
+    let per_gpu = if c.gpus > 1 { " per GPU" } else { "" };
     writeln!(
         out,
-        "cache: {} slots ({:.1} GiB): {}",
+        "cache: {} slots ({:.1} GiB){per_gpu}: {}",
         c.cache.slots, c.cache.gib, c.cache.how
     )?;
     writeln!(

@@ -9,6 +9,13 @@
 //! engine of the field report), and the fixed costs that decide small-expert decode
 //! (design mechanism 2) belong to the engine, not to the silicon.
 //!
+//! Several GPUs (issue #9): `[gpu] count` GPUs of one kind decode together, laid out by
+//! `[gpu] placement` (`sharded`, the default, or `tensor-parallel`; see
+//! [`crate::placement`]), and combine their partial outputs at the end of every layer over
+//! the peer link of the optional `[interconnect]` section (through host memory over PCIe
+//! when absent: [`HostSpec::interconnect`]). [`HostSpec::gpu_layout`] is what the model,
+//! the simulator and the runtime read.
+//!
 //! Units: bandwidths in GB/s (1e9 bytes per second), times in microseconds (us), memory in
 //! GiB (2^30 bytes), expert sizes in bytes.
 
@@ -16,11 +23,16 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 use crate::error::{ModelError, Result};
+use crate::placement::{GpuLayout, GpuPlacement};
 use crate::preset::ModelSpec;
 
 /// A machine and the engine that decodes on it.
+///
+/// Read and written through [`HostSpecToml`], the TOML form, which adds `[gpu] placement`
+/// and `[interconnect]` to these fields (stored in [`EngineSpec::multi_gpu`]; read them with
+/// [`HostSpec::gpu_layout`] and [`HostSpec::interconnect`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "HostSpecToml", into = "HostSpecToml")]
 pub struct HostSpec {
     /// Short name shown in tables (a preset's name, or a file's stem when left empty).
     #[serde(default)]
@@ -46,7 +58,8 @@ pub struct HostSpec {
 pub struct GpuSpec {
     /// Device name as the driver reports it (part of the profile fingerprint).
     pub name: String,
-    /// Number of GPUs of this kind; decode uses one (the others only count in the fingerprint).
+    /// Number of GPUs of this kind decoding together (at least 1), laid out by `placement`
+    /// (see [`HostSpec::gpu_layout`]); 1 is the single-GPU case.
     pub count: u32,
     /// Memory of one GPU, in GiB.
     pub memory_gib: f64,
@@ -91,6 +104,143 @@ pub struct CpuSpec {
     /// transfer to smaller experts; the model removes them (see `PerfParams::from_host`).
     #[serde(default)]
     pub moe_gbs: Option<f64>,
+}
+
+/// `[interconnect]`: the GPUs' peer link, over which every layer's partial outputs are
+/// combined (an all-reduce) when `gpu.count > 1`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterconnectSpec {
+    /// Free text naming the link (`NVLink 3 bridge`, `PCIe through host`).
+    #[serde(default)]
+    pub name: String,
+    /// Bandwidth one GPU sends its share of an all-reduce at (the bus bandwidth
+    /// `all_reduce_perf` of nccl-tests reports), in GB/s.
+    pub peer_gbs: f64,
+    /// Fixed cost of one combine (launch, protocol, the peers' synchronisation), in us.
+    pub latency_us: f64,
+}
+
+/// Share of the slower PCIe direction a combine staged through host memory reaches, when
+/// `[interconnect]` is absent. Estimate: without peer-to-peer (GeForce cards such as the
+/// RTX 3090 have none over PCIe) NCCL's shared-memory transport copies each chunk GPU to
+/// host and host to GPU; the two copies pipeline, but each GPU's link carries its sends and
+/// its receives and every byte crosses host DRAM twice, so about half the link rate is what
+/// such a ring sustains. Replace it with a measured `all_reduce_perf -g G` bus bandwidth.
+pub const HOST_STAGED_PEER_SHARE: f64 = 0.5;
+
+/// Fixed cost of one combine staged through host memory, beyond the two PCIe latencies
+/// (GPU to host, host to GPU), in us, when `[interconnect]` is absent. Estimate: a
+/// small-message NCCL all-reduce without peer-to-peer takes tens of us (kernel launch,
+/// host-memory flags polled by both GPUs); 15 us plus the two latencies.
+pub const HOST_STAGED_COMBINE_US: f64 = 15.0;
+
+/// Bandwidth of an RTX 3090 NVLink 3 bridge, one direction, in GB/s: 4 links x 14.0625 GB/s
+/// (NVIDIA's 112.5 GB/s total for both directions). For a `[interconnect]` of NVLinked
+/// 3090 pairs.
+pub const RTX3090_NVLINK_GBS: f64 = 56.25;
+
+/// What several GPUs add to a host spec; read from `[gpu] placement` and `[interconnect]`
+/// and kept in [`EngineSpec::multi_gpu`] (not in [`GpuSpec`], whose struct literals
+/// elsewhere predate it). Use [`HostSpec::gpu_layout`] and [`HostSpec::interconnect`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MultiGpuSpec {
+    /// `[gpu] placement`: how experts are laid out over the GPUs.
+    pub placement: GpuPlacement,
+    /// `[interconnect]`, when given.
+    pub interconnect: Option<InterconnectSpec>,
+}
+
+/// The TOML (and JSON) form of a [`HostSpec`]: its sections, with `placement` in `[gpu]`
+/// and the optional `[interconnect]`. Unknown keys are refused.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSpecToml {
+    /// [`HostSpec::name`].
+    #[serde(default)]
+    pub name: String,
+    /// [`HostSpec::description`].
+    #[serde(default)]
+    pub description: String,
+    /// `[gpu]` with its placement.
+    pub gpu: GpuSection,
+    /// [`HostSpec::pcie`].
+    pub pcie: PcieSpec,
+    /// [`HostSpec::cpu`].
+    pub cpu: CpuSpec,
+    /// [`HostSpec::engine`].
+    #[serde(default)]
+    pub engine: EngineSpec,
+    /// `[interconnect]`: the peer link of several GPUs; through host over PCIe when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interconnect: Option<InterconnectSpec>,
+}
+
+/// `[gpu]` as written: [`GpuSpec`] and the placement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuSection {
+    /// [`GpuSpec::name`].
+    pub name: String,
+    /// [`GpuSpec::count`].
+    pub count: u32,
+    /// [`GpuSpec::memory_gib`].
+    pub memory_gib: f64,
+    /// [`GpuSpec::hbm_gbs`].
+    pub hbm_gbs: f64,
+    /// How experts are laid out over `count` GPUs: `sharded` (default) or
+    /// `tensor-parallel`.
+    #[serde(default, skip_serializing_if = "is_sharded")]
+    pub placement: GpuPlacement,
+}
+
+fn is_sharded(p: &GpuPlacement) -> bool {
+    *p == GpuPlacement::Sharded
+}
+
+impl From<HostSpecToml> for HostSpec {
+    fn from(t: HostSpecToml) -> Self {
+        let mut engine = t.engine;
+        engine.multi_gpu = MultiGpuSpec {
+            placement: t.gpu.placement,
+            interconnect: t.interconnect,
+        };
+        HostSpec {
+            name: t.name,
+            description: t.description,
+            gpu: GpuSpec {
+                name: t.gpu.name,
+                count: t.gpu.count,
+                memory_gib: t.gpu.memory_gib,
+                hbm_gbs: t.gpu.hbm_gbs,
+            },
+            pcie: t.pcie,
+            cpu: t.cpu,
+            engine,
+        }
+    }
+}
+
+impl From<HostSpec> for HostSpecToml {
+    fn from(h: HostSpec) -> Self {
+        let mut engine = h.engine;
+        let multi = std::mem::take(&mut engine.multi_gpu);
+        HostSpecToml {
+            name: h.name,
+            description: h.description,
+            gpu: GpuSection {
+                name: h.gpu.name,
+                count: h.gpu.count,
+                memory_gib: h.gpu.memory_gib,
+                hbm_gbs: h.gpu.hbm_gbs,
+                placement: multi.placement,
+            },
+            pcie: h.pcie,
+            cpu: h.cpu,
+            engine,
+            interconnect: multi.interconnect,
+        }
+    }
 }
 
 /// `[engine]`: what the engine's implementation costs on this host.
@@ -158,6 +308,9 @@ pub struct EngineSpec {
     /// Relative standard deviation of one measured throughput run (run-to-run noise of
     /// the end-to-end measurement), dimensionless.
     pub run_noise_rel: f64,
+    /// `[gpu] placement` and `[interconnect]` (not `[engine]` keys: see [`MultiGpuSpec`]).
+    #[serde(skip)]
+    pub multi_gpu: MultiGpuSpec,
 }
 
 /// CPU read under DMA on the H200 machine: 105 GB/s alone with 16 threads, about 90 GB/s
@@ -199,6 +352,7 @@ impl Default for EngineSpec {
             dense_layer_us: 8.0,
             gpu_reserve_gib: 2.0,
             run_noise_rel: 0.02,
+            multi_gpu: MultiGpuSpec::default(),
         }
     }
 }
@@ -319,6 +473,29 @@ impl HostSpec {
         }
     }
 
+    /// The GPUs decoding together and how experts are laid out over them (`[gpu] count`
+    /// and `placement`). Valid after [`HostSpec::validate`] (`count >= 1`).
+    pub fn gpu_layout(&self) -> GpuLayout {
+        GpuLayout {
+            gpus: self.gpu.count.max(1),
+            placement: self.engine.multi_gpu.placement,
+        }
+    }
+
+    /// The peer link the GPUs combine over: `[interconnect]` when given, else a combine
+    /// staged through host memory over PCIe (no peer-to-peer): `min(h2d, d2h) x`
+    /// [`HOST_STAGED_PEER_SHARE`], and two link latencies plus [`HOST_STAGED_COMBINE_US`].
+    pub fn interconnect(&self) -> InterconnectSpec {
+        match &self.engine.multi_gpu.interconnect {
+            Some(i) => i.clone(),
+            None => InterconnectSpec {
+                name: "PCIe through host memory".to_string(),
+                peer_gbs: self.pcie.h2d_gbs.min(self.pcie.d2h_gbs) * HOST_STAGED_PEER_SHARE,
+                latency_us: 2.0 * self.pcie.latency_us + HOST_STAGED_COMBINE_US,
+            },
+        }
+    }
+
     /// GPU memory one GPU offers, in bytes.
     pub fn gpu_memory_bytes(&self) -> f64 {
         self.gpu.memory_gib * GIB
@@ -398,6 +575,10 @@ impl HostSpec {
         }
         if let Some(d) = e.dram_gbs {
             positive("engine.dram_gbs", d)?;
+        }
+        if let Some(i) = &e.multi_gpu.interconnect {
+            positive("interconnect.peer_gbs", i.peer_gbs)?;
+            nonnegative("interconnect.latency_us", i.latency_us)?;
         }
         if e.gpu_reserve_gib >= self.gpu.memory_gib {
             return Err(ModelError::invalid(
@@ -532,6 +713,58 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("engine.cpu_threads"), "{e}");
+    }
+
+    #[test]
+    fn several_gpus_read_count_placement_and_interconnect() {
+        let one = HostSpec::field_report();
+        assert_eq!(one.gpu_layout(), GpuLayout::single());
+        // A single-GPU spec writes no new keys.
+        let text = one.to_toml();
+        assert!(
+            !text.contains("placement") && !text.contains("interconnect"),
+            "{text}"
+        );
+
+        let two = text.replace("count = 1", "count = 2\nplacement = \"tensor-parallel\"");
+        let h = HostSpec::from_toml_str(&two, "two.toml").unwrap();
+        assert_eq!(
+            h.gpu_layout(),
+            GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap()
+        );
+        // No [interconnect]: staged through host over PCIe.
+        let i = h.interconnect();
+        assert_eq!(i.peer_gbs, 24.26f64.min(26.0) * HOST_STAGED_PEER_SHARE);
+        assert_eq!(i.latency_us, 2.0 * 5.0 + HOST_STAGED_COMBINE_US);
+        assert_eq!(HostSpec::from_toml_str(&h.to_toml(), "rt").unwrap(), h);
+
+        let nvlink = format!(
+            "{two}\n[interconnect]\nname = \"NVLink bridge\"\npeer_gbs = {RTX3090_NVLINK_GBS}\nlatency_us = 8.0\n"
+        );
+        let h = HostSpec::from_toml_str(&nvlink, "nvlink.toml").unwrap();
+        assert_eq!(h.interconnect().peer_gbs, RTX3090_NVLINK_GBS);
+        assert_eq!(HostSpec::from_toml_str(&h.to_toml(), "rt").unwrap(), h);
+
+        for (bad, key) in [
+            (text.replace("count = 1", "count = 0"), "gpu.count"),
+            (
+                text.replace("count = 1", "count = 2\nplacement = \"striped\""),
+                "striped",
+            ),
+            (
+                format!("{two}\n[interconnect]\npeer_gbs = 0.0\nlatency_us = 1.0\n"),
+                "interconnect.peer_gbs",
+            ),
+            (
+                format!("{two}\n[interconnect]\npeer_gbs = 5.0\nlatency_us = 1.0\nspeed = 3\n"),
+                "speed",
+            ),
+        ] {
+            let e = HostSpec::from_toml_str(&bad, "bad.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("bad.toml") && e.contains(key), "{key}: {e}");
+        }
     }
 
     #[test]

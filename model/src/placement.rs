@@ -182,6 +182,99 @@ impl GpuLayout {
         let len = base + usize::from(i < extra);
         start..start + len
     }
+
+    /// Distinct cache plans a layer needs: one per GPU when sharded (each GPU caches and
+    /// plans its own experts), one under tensor parallelism (every GPU holds a slice of the
+    /// same experts, so one plan serves all; GPU `g` then uses plan `0`).
+    pub fn plans(&self) -> usize {
+        match self.placement {
+            GpuPlacement::Sharded => self.count(),
+            GpuPlacement::TensorParallel => 1,
+        }
+    }
+
+    /// The plan GPU `gpu` executes (an index below [`GpuLayout::plans`]).
+    pub fn plan_of(&self, gpu: u32) -> usize {
+        match self.placement {
+            GpuPlacement::Sharded => gpu as usize,
+            GpuPlacement::TensorParallel => 0,
+        }
+    }
+
+    /// Check that `model` can be laid out this way; an error names `gpu.placement`.
+    ///
+    /// Tensor parallelism splits every expert along its intermediate dimension: `gate` and
+    /// `up` lose rows, `down` loses columns, so each GPU's `down` slice has
+    /// `intermediate / G` columns, which must be a whole number and a multiple of the
+    /// format's block (group) length ([`crate::ExpertFormat::check_cols`]). Sharding takes
+    /// any geometry, but more GPUs than experts per layer leave some GPUs without experts.
+    pub fn check_model(&self, model: &crate::preset::ModelSpec) -> Result<()> {
+        let g = self.count();
+        let inter = model.geometry.intermediate;
+        match self.placement {
+            GpuPlacement::Sharded => {
+                if g > model.geometry.experts {
+                    return Err(ModelError::invalid(
+                        "gpu.count",
+                        format!(
+                            "{g} GPUs sharded over {} experts per layer leave GPUs without experts",
+                            model.geometry.experts
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            GpuPlacement::TensorParallel if g == 1 => Ok(()),
+            GpuPlacement::TensorParallel => {
+                if !inter.is_multiple_of(g) {
+                    return Err(ModelError::invalid(
+                        "gpu.placement",
+                        format!(
+                            "tensor-parallel over {g} GPUs needs geometry.intermediate ({inter}) \
+                             divisible by {g}"
+                        ),
+                    ));
+                }
+                model
+                    .format
+                    .check_cols("geometry.intermediate / gpu.count", inter / g)
+                    .map_err(|e| {
+                        ModelError::invalid(
+                            "gpu.placement",
+                            format!(
+                                "tensor-parallel over {g} GPUs gives each GPU a down slice of \
+                                 {} columns, which {} cannot block: {e}",
+                                inter / g,
+                                model.format.name()
+                            ),
+                        )
+                    })
+            }
+        }
+    }
+
+    /// A routing popularity (indexed by [`crate::ExpertId::flat`] over `experts_per_layer`
+    /// experts per layer) with the experts GPU `gpu` does not hold ranked below every held
+    /// one (`-inf`), so a static hot set chosen from it holds only that GPU's experts.
+    pub fn popularity_on(
+        &self,
+        gpu: u32,
+        popularity: &[f64],
+        experts_per_layer: usize,
+    ) -> Vec<f64> {
+        popularity
+            .iter()
+            .enumerate()
+            .map(|(f, &p)| {
+                let expert = (f % experts_per_layer.max(1)) as u32;
+                if self.holds(gpu, expert) {
+                    p
+                } else {
+                    f64::NEG_INFINITY
+                }
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]
@@ -279,6 +372,55 @@ mod tests {
             let got = l.combine_bytes_per_gpu(3, 2048) as f64;
             assert!((got - naive).abs() <= 1.0, "g {g}: {got} vs {naive}");
         }
+    }
+
+    #[test]
+    fn tensor_parallel_needs_a_blockable_slice_and_says_which_field() {
+        let m = crate::preset::ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let inter = m.geometry.intermediate;
+        let block = m.format.block_len().max(1);
+        for g in 1..=8u32 {
+            let l = GpuLayout::new(g, GpuPlacement::TensorParallel).unwrap();
+            let g = g as usize;
+            // Naive reference: whole slice and a multiple of the block (and even for 4 bits).
+            let ok = g == 1
+                || (inter.is_multiple_of(g)
+                    && (inter / g).is_multiple_of(block)
+                    && (!m.format.is_4bit() || (inter / g).is_multiple_of(2)));
+            let r = l.check_model(&m);
+            assert_eq!(r.is_ok(), ok, "g {g}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.to_string().contains("gpu.placement"), "{e}");
+            }
+        }
+        let mut odd = m.clone();
+        odd.geometry.intermediate = 48; // 48 / 2 = 24, not a multiple of nvfp4's 16
+        odd.format = crate::ExpertFormat::Nvfp4;
+        let e = GpuLayout::new(2, GpuPlacement::TensorParallel)
+            .unwrap()
+            .check_model(&odd)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gpu.placement") && e.contains("24"), "{e}");
+        assert!(GpuLayout::new(2, GpuPlacement::Sharded)
+            .unwrap()
+            .check_model(&odd)
+            .is_ok());
+    }
+
+    #[test]
+    fn plans_and_popularity_follow_the_placement() {
+        let s = GpuLayout::new(2, GpuPlacement::Sharded).unwrap();
+        let t = GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap();
+        assert_eq!((s.plans(), s.plan_of(1)), (2, 1));
+        assert_eq!((t.plans(), t.plan_of(1)), (1, 0));
+        let pop = [5.0, 4.0, 3.0, 2.0, 1.0, 0.5];
+        let on1 = s.popularity_on(1, &pop, 3);
+        // Layer 0: experts 0,1,2; layer 1: 0,1,2. GPU 1 holds expert 1 only.
+        assert_eq!(on1[1], 4.0);
+        assert_eq!(on1[4], 1.0);
+        assert!(on1[0].is_infinite() && on1[2].is_infinite() && on1[3].is_infinite());
+        assert_eq!(t.popularity_on(1, &pop, 3), pop.to_vec());
     }
 
     #[test]

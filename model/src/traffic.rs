@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::cache::{build_cache, CachePolicy, CacheStats, ExpertCache};
 use crate::error::{ModelError, Result};
 use crate::geometry::MoeGeometry;
+use crate::placement::GpuLayout;
 use crate::plan::{fetch_fraction, plan_layer, LayerPlan};
-use crate::routing::{RoutingSource, StepRouting};
+use crate::routing::{RoutingSource, StepRouting, TokenRoute};
 use crate::strategy::Strategy;
 
 /// How long to run and with how many streams.
@@ -353,6 +354,87 @@ pub fn strategy_cache(
             warmup_steps,
         ))
     }
+}
+
+/// The caches several GPUs start from ([`crate::GpuLayout::plans`] of them, one per plan),
+/// and how many of `warmup_steps` are left to run: [`strategy_cache`] for each, each of
+/// `slots` slots (slots are per GPU). A static hot set chosen from the warm-up's popularity
+/// holds, on each GPU, only the experts it holds ([`crate::GpuLayout::popularity_on`]). One
+/// GPU gets exactly [`strategy_cache`]'s cache.
+pub fn strategy_caches(
+    source: &mut dyn RoutingSource,
+    kind: crate::strategy::StrategyKind,
+    policy: &CachePolicy,
+    slots: usize,
+    warmup_steps: usize,
+    streams: usize,
+    layout: &GpuLayout,
+) -> Result<(Vec<ExpertCache>, usize)> {
+    if layout.plans() == 1 {
+        let (cache, left) = strategy_cache(source, kind, policy, slots, warmup_steps, streams)?;
+        return Ok((vec![cache], left));
+    }
+    let geometry: MoeGeometry = *source.geometry();
+    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+        && kind != crate::strategy::StrategyKind::Resident;
+    if needs_popularity {
+        let pop = measure_popularity(source, warmup_steps, streams)?;
+        let caches = (0..layout.gpus)
+            .map(|g| {
+                let mine = layout.popularity_on(g, &pop, geometry.experts);
+                build_cache(kind, policy, &geometry, slots, Some(&mine))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok((caches, 0))
+    } else {
+        let caches = (0..layout.plans())
+            .map(|_| build_cache(kind, policy, &geometry, slots, None))
+            .collect::<Result<Vec<_>>>()?;
+        Ok((caches, warmup_steps))
+    }
+}
+
+/// Plan one layer on several GPUs: one [`plan_layer`] per plan, each on its own cache
+/// (`caches[p]`) with the routes of [`GpuLayout::routes_on`] (sharded: GPU `p`'s experts
+/// only; tensor parallel: one plan of every expert, whose slices every GPU holds). The
+/// runtime and the simulator call this, so their per-GPU miss rates are the same.
+pub fn plan_layer_gpus(
+    layer: usize,
+    routes: &[TokenRoute],
+    caches: &mut [ExpertCache],
+    layout: &GpuLayout,
+    fetch_fraction: f64,
+) -> Vec<LayerPlan> {
+    if layout.plans() == 1 {
+        return vec![plan_layer(layer, routes, &mut caches[0], fetch_fraction)];
+    }
+    caches
+        .iter_mut()
+        .enumerate()
+        .map(|(g, cache)| {
+            let mine = layout.routes_on(g as u32, routes);
+            plan_layer(layer, &mine, cache, fetch_fraction)
+        })
+        .collect()
+}
+
+/// [`warm_up`] for several GPUs' caches ([`plan_layer_gpus`]).
+pub fn warm_up_gpus(
+    source: &mut dyn RoutingSource,
+    caches: &mut [ExpertCache],
+    layout: &GpuLayout,
+    fetch_fraction: f64,
+    steps: usize,
+    streams: usize,
+) -> Result<()> {
+    let mut step = StepRouting::default();
+    for _ in 0..steps {
+        source.next_step_into(streams, &mut step)?;
+        for (l, routes) in step.layers.iter().enumerate() {
+            plan_layer_gpus(l, routes, caches, layout, fetch_fraction);
+        }
+    }
+    Ok(())
 }
 
 /// Plan `steps` steps of `streams` streams without recording them, to warm `cache`.

@@ -55,6 +55,7 @@ fn main() {
         seed: 1,
         jitter: 0.0,
         workload: Workload::default(),
+        layout: Default::default(),
     };
     println!("measurement,streams,seconds,events,events_per_s,share");
 

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::perf::predict::{
-    calibrate_cache_slots, default_cache_slots, MissMode, PredictConfig,
+    calibrate_cache_slots_on, default_cache_slots, MissMode, PredictConfig,
 };
 use ft_model::perf::{predict, LegacyRatio, PerfModel, Prediction};
 use ft_model::preset::ModelSpec;
@@ -267,7 +267,11 @@ pub struct Comparison {
     pub model: String,
     /// Streams.
     pub streams: usize,
-    /// The cache.
+    /// GPUs decoding together.
+    pub gpus: u32,
+    /// How experts are laid out over them (`sharded`, `tensor-parallel`).
+    pub placement: String,
+    /// The cache (each GPU's on several).
     pub cache: CacheView,
     /// One row per simulated strategy.
     pub strategies: Vec<StrategyRow>,
@@ -293,7 +297,9 @@ pub fn resolve_cache(
     cfg: &CompareConfig,
 ) -> Result<CacheView> {
     let total = model.geometry.total_experts();
-    let eb = model.expert_bytes();
+    let layout = perf.params.layout;
+    // On several GPUs a size is each GPU's, in slots of its share of an expert.
+    let eb = layout.bytes_per_gpu(model.expert_bytes());
     let (slots, how) = match cfg.cache {
         CacheChoice::Slots { slots } => (
             CacheSize::Slots(slots).slots(eb, total)?,
@@ -311,7 +317,8 @@ pub fn resolve_cache(
                 ));
             }
             let at = streams.unwrap_or(cfg.streams);
-            let (slots, got) = calibrate_cache_slots(model, &cfg.predict_config(at, None), rate)?;
+            let (slots, got) =
+                calibrate_cache_slots_on(model, &cfg.predict_config(at, None), rate, &layout)?;
             (
                 slots,
                 format!(
@@ -386,6 +393,7 @@ pub fn compare_with(
                 seed: cfg.seed,
                 jitter: cfg.jitter,
                 workload: cfg.workload,
+                layout: costs.layout,
             },
         )?;
         let p = prediction.get(kind);
@@ -422,6 +430,8 @@ pub fn compare_with(
         host: host.name.clone(),
         model: model.name.clone(),
         streams: cfg.streams,
+        gpus: costs.layout.gpus,
+        placement: costs.layout.placement.name().to_string(),
         cache,
         strategies: rows,
         best,

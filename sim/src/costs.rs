@@ -17,10 +17,12 @@
 //! | round trip | activations to the host at `activation_link_gbs`, `sync_us`, the partial output back |
 //! | combine | `combine_us` (a launch) |
 //! | overhead | `overhead.get(kind)` after the layer |
+//! | several GPUs | per GPU: `gpu_expert_shape` experts, `gpu_cpu_threads` CPU workers, one link; `peer_combine_us` after all |
 
 use ft_model::host::HostSpec;
 use ft_model::perf::LayerCounts;
 use ft_model::perf::{ExpertShape, PerfParams, ACTIVATION_BYTES_PER_ELEMENT, BYTES_PER_US_PER_GBS};
+use ft_model::placement::GpuLayout;
 use ft_model::preset::{DenseSpec, ModelSpec};
 use ft_model::strategy::StrategyKind;
 
@@ -63,6 +65,10 @@ pub struct CostModel {
     pub cpu_contended_gbs: f64,
     /// Gather rate while the CPU streams, GB/s.
     pub gather_contended_gbs: f64,
+    /// The GPUs and the placement (`params.layout`).
+    pub layout: GpuLayout,
+    /// One GPU's share of an expert (`params.gpu_expert_shape`; `shape` on one GPU).
+    pub lane_shape: ExpertShape,
 }
 
 fn us(x: f64) -> f64 {
@@ -86,20 +92,72 @@ impl CostModel {
     pub fn new(params: PerfParams, model: &ModelSpec, wake_us: f64) -> Result<Self> {
         params.validate()?;
         model.validate()?;
+        params.layout.check_model(model)?;
+        let shape = ExpertShape::of(model);
         let cpu_gbs = params.cpu_rate_gbs(params.cpu_threads as f64);
         let (cpu_contended_gbs, gather_contended_gbs) =
             params.dram_shares(cpu_gbs, params.gather_gbs);
         Ok(CostModel {
             wake_us: wake_us.clamp(0.0, params.cpu_layer_us),
-            shape: ExpertShape::of(model),
+            shape,
             hidden: model.geometry.hidden as f64,
             dense: model.dense(),
             spin_window_ns: SPIN_WINDOW_NS,
             cpu_gbs,
             cpu_contended_gbs,
             gather_contended_gbs,
+            layout: params.layout,
+            lane_shape: params.gpu_expert_shape(shape),
             params,
         })
+    }
+
+    /// The per-layer combine of `streams` streams on several GPUs, ns (0 on one GPU).
+    pub fn combine_ns(&self, streams: usize) -> f64 {
+        us(self.params.peer_combine_us(streams as f64, self.hidden))
+    }
+
+    /// CPU workers of GPU `gpu`'s share (the whole pool on one GPU).
+    fn lane_threads(&self, gpu: u32) -> f64 {
+        if self.layout.is_multi() {
+            self.params.gpu_cpu_threads(gpu)
+        } else {
+            self.params.cpu_threads as f64
+        }
+    }
+
+    /// Fresh resources of every GPU's lane for a run: [`CostModel::resources`] on one GPU;
+    /// on several, each lane with its own link and stream, its CPU workers, and a view of
+    /// the shared DRAM (`Dram::shared`).
+    pub fn lane_resources(&self) -> Vec<Resources> {
+        if !self.layout.is_multi() {
+            return vec![self.resources()];
+        }
+        let p = &self.params;
+        (0..self.layout.gpus)
+            .map(|g| {
+                let threads = self.lane_threads(g);
+                let cpu_gbs = p.cpu_rate_gbs(threads);
+                let (cpu_c, dma_c) = p.dram_shares(cpu_gbs, p.gather_gbs);
+                let mut r = self.resources();
+                r.dram = Dram::shared(
+                    DramParams {
+                        dma_isolated_gbs: p.gather_gbs,
+                        dma_contended_gbs: dma_c,
+                        cpu_isolated_gbs: cpu_gbs,
+                        cpu_contended_gbs: cpu_c,
+                    },
+                    p.dram_gbs,
+                    p.dma_dram_weight,
+                );
+                r.cpu = CpuPool::new(CpuPoolParams {
+                    threads: threads as usize,
+                    wake_ns: us(self.wake_us),
+                    spin_window_ns: self.spin_window_ns,
+                });
+                r
+            })
+            .collect()
     }
 
     /// Bytes of the activations one way for `streams` streams.
@@ -152,9 +210,22 @@ impl CostModel {
         streams: usize,
         dense_ns: f64,
     ) -> LayerCosts {
+        self.layer_on(kind, c, streams, dense_ns, 0)
+    }
+
+    /// [`CostModel::layer`] on GPU `gpu` of several: its share of each expert
+    /// (`lane_shape`) and its CPU workers; the same as `layer` on one GPU.
+    pub fn layer_on(
+        &self,
+        kind: StrategyKind,
+        c: &LayerCounts,
+        streams: usize,
+        dense_ns: f64,
+        gpu: u32,
+    ) -> LayerCosts {
         let p = &self.params;
-        let s = self.shape;
-        let threads = p.cpu_threads as f64;
+        let s = self.lane_shape;
+        let threads = self.lane_threads(gpu);
         let launch = us(p.gpu_launch_us);
         let kernel = |n: f64, t: f64| (us(p.gpu_experts_us(n, t, s)) - launch).max(0.0);
         let gather = (c.fetched > 0.0).then(|| TransferJob {
@@ -222,6 +293,10 @@ mod tests {
     fn isolated_layers_match_the_analytic_layer_time() {
         for host in crate::hosts::preset_names() {
             let (cm, model) = setup(host);
+            if cm.layout.is_multi() {
+                // One lane's runner against the one-GPU closed form: see the GPU-lanes tests.
+                continue;
+            }
             let shape = StepShape::new(&model, 2, 1200);
             for (kind, hits, fetched, cpu) in [
                 (StrategyKind::Offload, 12.0, 8.0, 0.0),

@@ -16,17 +16,22 @@ use rand_distr::StandardNormal;
 use std::sync::Arc;
 
 use ft_model::cache::ExpertCache;
+use ft_model::placement::GpuLayout;
 use ft_model::plan::plan_layer;
 use ft_model::routing::{RoutingSource, StepRouting};
+use ft_model::traffic::plan_layer_gpus;
 
 use crate::component::{Component, Control};
 use crate::costs::CostModel;
 use crate::error::{Result, SimError};
-use crate::layer::{CriticalSplit, LayerCosts, LayerEvent, LayerMachine, Resources};
+use crate::layer::{CriticalSplit, GpuLanes, LaneEvent, LayerCosts, LayerEvent, Resources};
 use crate::scheduler::Scheduler;
 use crate::time::Nanos;
 use ft_model::perf::LayerCounts;
 use ft_model::strategy::StrategyKind;
+
+/// Index of `sync` in a [`CriticalSplit`] (`crate::layer::CRITICAL_NAMES`).
+const SYNC_INDEX: usize = 3;
 
 /// Every layer-step's counts of one planned run (warm-up included), step-major.
 ///
@@ -40,14 +45,16 @@ pub struct PlanTrace {
     pub layers: usize,
     /// Streams of every step.
     pub streams: usize,
-    /// `counts[step * layers + layer]`.
+    /// Plans per layer-step (`GpuLayout::plans`; 1 on one GPU).
+    pub plans: usize,
+    /// `counts[(step * layers + layer) * plans + plan]`.
     pub counts: Vec<LayerCounts>,
 }
 
 impl PlanTrace {
     /// Steps recorded.
     pub fn steps(&self) -> usize {
-        self.counts.len() / self.layers.max(1)
+        self.counts.len() / (self.layers * self.plans).max(1)
     }
 
     /// Plan `steps` steps of `streams` streams live and record the counts.
@@ -75,6 +82,7 @@ impl PlanTrace {
         Ok(PlanTrace {
             layers,
             streams,
+            plans: 1,
             counts,
         })
     }
@@ -103,6 +111,35 @@ impl PlanTrace {
         PlanTrace {
             layers,
             streams,
+            plans: 1,
+            counts,
+        }
+    }
+
+    /// [`PlanTrace::record_steps`] on the GPUs of `layout`, one cache per plan.
+    pub fn record_steps_gpus(
+        steps: &[StepRouting],
+        layers: usize,
+        caches: &mut [ExpertCache],
+        layout: &GpuLayout,
+        fetch_fraction: f64,
+        streams: usize,
+    ) -> Self {
+        if caches.len() == 1 {
+            return Self::record_steps(steps, layers, &mut caches[0], fetch_fraction, streams);
+        }
+        let mut counts = Vec::with_capacity(steps.len() * layers * caches.len());
+        for step in steps {
+            for (l, r) in step.layers.iter().enumerate() {
+                for p in plan_layer_gpus(l, r, caches, layout, fetch_fraction) {
+                    counts.push(LayerCounts::of_plan(&p));
+                }
+            }
+        }
+        PlanTrace {
+            layers,
+            streams,
+            plans: caches.len(),
             counts,
         }
     }
@@ -178,8 +215,10 @@ pub enum Planner {
     Live {
         /// The routing source.
         routing: Box<dyn RoutingSource>,
-        /// The expert cache (boxed: it is large and the replay variant is not).
-        cache: Box<ExpertCache>,
+        /// The expert cache of each plan (one on one GPU: see `GpuLayout::plans`).
+        caches: Vec<ExpertCache>,
+        /// The GPUs the plans are for.
+        layout: GpuLayout,
         /// Share of misses gathered.
         fetch_fraction: f64,
         /// This step's routes.
@@ -197,9 +236,22 @@ pub enum Planner {
 impl Planner {
     /// A live planner.
     pub fn live(routing: Box<dyn RoutingSource>, cache: ExpertCache, fetch_fraction: f64) -> Self {
+        Self::live_gpus(routing, vec![cache], GpuLayout::single(), fetch_fraction)
+    }
+
+    /// A live planner on the GPUs of `layout`, one cache per plan
+    /// (`ft_model::traffic::strategy_caches`), each layer planned by
+    /// `ft_model::traffic::plan_layer_gpus` (what the runtime runs on several GPUs).
+    pub fn live_gpus(
+        routing: Box<dyn RoutingSource>,
+        caches: Vec<ExpertCache>,
+        layout: GpuLayout,
+        fetch_fraction: f64,
+    ) -> Self {
         Planner::Live {
             routing,
-            cache: Box::new(cache),
+            caches,
+            layout,
             fetch_fraction,
             routes: StepRouting::default(),
         }
@@ -225,14 +277,16 @@ impl Planner {
                 routing, routes, ..
             } => Ok(routing.next_step_into(streams, routes)?),
             Planner::Replay { trace, next } => {
-                if trace.streams != streams || *next + trace.layers > trace.counts.len() {
+                if trace.streams != streams
+                    || *next + trace.layers * trace.plans.max(1) > trace.counts.len()
+                {
                     return Err(SimError::invalid(
                         "plan trace",
                         format!(
                             "{} steps of {} streams recorded; step {} of {streams} streams asked",
                             trace.steps(),
                             trace.streams,
-                            *next / trace.layers.max(1)
+                            *next / (trace.layers * trace.plans).max(1)
                         ),
                     ));
                 }
@@ -241,19 +295,35 @@ impl Planner {
         }
     }
 
-    /// Plan layer `l` of the current step.
-    fn layer(&mut self, l: usize) -> LayerCounts {
+    /// Plan layer `l` of the current step: one count per plan into `out`.
+    fn layer(&mut self, l: usize, out: &mut Vec<LayerCounts>) {
+        out.clear();
         match self {
             Planner::Live {
-                cache,
+                caches,
+                layout,
                 fetch_fraction,
                 routes,
                 ..
-            } => LayerCounts::of_plan(&plan_layer(l, &routes.layers[l], cache, *fetch_fraction)),
+            } => {
+                if caches.len() == 1 {
+                    out.push(LayerCounts::of_plan(&plan_layer(
+                        l,
+                        &routes.layers[l],
+                        &mut caches[0],
+                        *fetch_fraction,
+                    )));
+                } else {
+                    for p in plan_layer_gpus(l, &routes.layers[l], caches, layout, *fetch_fraction)
+                    {
+                        out.push(LayerCounts::of_plan(&p));
+                    }
+                }
+            }
             Planner::Replay { trace, next } => {
-                let c = trace.counts[*next];
-                *next += 1;
-                c
+                let n = trace.plans.max(1);
+                out.extend_from_slice(&trace.counts[*next..*next + n]);
+                *next += n;
             }
         }
     }
@@ -326,8 +396,9 @@ pub struct DecodeProcess<'a> {
     jitter: f64,
     warmup_steps: u64,
     measured_steps: u64,
-    res: Resources,
-    layer: LayerMachine,
+    lanes: GpuLanes,
+    /// This layer's counts of each plan (reused).
+    plan_counts: Vec<LayerCounts>,
     /// Tokens generated so far by each stream's current request.
     generated: Vec<u64>,
     cur_layer: usize,
@@ -355,7 +426,8 @@ impl<'a> DecodeProcess<'a> {
         measured_steps: u64,
     ) -> Self {
         DecodeProcess {
-            res: costs.resources(),
+            lanes: GpuLanes::new(costs.lane_resources(), costs.combine_ns(streams)),
+            plan_counts: Vec::new(),
             costs,
             kind,
             dense_ns: 0.0,
@@ -366,7 +438,6 @@ impl<'a> DecodeProcess<'a> {
             jitter,
             warmup_steps,
             measured_steps,
-            layer: LayerMachine::new(),
             generated: vec![0; streams],
             cur_layer: 0,
             step: 0,
@@ -389,9 +460,14 @@ impl<'a> DecodeProcess<'a> {
         &self.planner
     }
 
-    /// The resources (after the run).
+    /// The resources of the first GPU (the only one on one GPU), after the run.
     pub fn resources(&self) -> &Resources {
-        &self.res
+        &self.lanes.res[0]
+    }
+
+    /// Every GPU's lane (after the run).
+    pub fn lanes(&self) -> &GpuLanes {
+        &self.lanes
     }
 
     /// An error raised inside the run (a routing source failing), if any.
@@ -400,11 +476,11 @@ impl<'a> DecodeProcess<'a> {
     }
 
     /// Schedule the first step at time 0.
-    pub fn start(&mut self, s: &mut Scheduler<LayerEvent>) {
-        s.schedule_at(0, LayerEvent::StepStart);
+    pub fn start(&mut self, s: &mut Scheduler<LaneEvent>) {
+        s.schedule_at(0, LaneEvent::from(LayerEvent::StepStart));
     }
 
-    fn jittered(&self, x: f64, s: &mut Scheduler<LayerEvent>) -> f64 {
+    fn jittered(&self, x: f64, s: &mut Scheduler<LaneEvent>) -> f64 {
         if self.jitter <= 0.0 || x <= 0.0 {
             return x;
         }
@@ -412,7 +488,7 @@ impl<'a> DecodeProcess<'a> {
         x * (self.jitter * z - 0.5 * self.jitter * self.jitter).exp()
     }
 
-    fn jitter_costs(&self, mut c: LayerCosts, s: &mut Scheduler<LayerEvent>) -> LayerCosts {
+    fn jitter_costs(&self, mut c: LayerCosts, s: &mut Scheduler<LaneEvent>) -> LayerCosts {
         if self.jitter <= 0.0 {
             return c;
         }
@@ -431,34 +507,46 @@ impl<'a> DecodeProcess<'a> {
         c
     }
 
-    fn start_layer(&mut self, now: Nanos, s: &mut Scheduler<LayerEvent>) {
+    fn start_layer(&mut self, now: Nanos, s: &mut Scheduler<LaneEvent>) {
         let l = self.cur_layer;
-        let counts = self.planner.layer(l);
+        let mut plans = std::mem::take(&mut self.plan_counts);
+        self.planner.layer(l, &mut plans);
         if self.measuring {
             let c = &mut self.counters;
             c.layer_steps += 1;
-            c.unique += counts.unique() as u64;
-            c.misses += counts.misses() as u64;
-            c.link_experts += counts.fetched as u64;
-            c.cpu_experts += counts.cpu as u64;
+            for counts in &plans {
+                c.unique += counts.unique() as u64;
+                c.misses += counts.misses() as u64;
+                c.link_experts += counts.fetched as u64;
+                c.cpu_experts += counts.cpu as u64;
+            }
         }
-        let costs = self
-            .costs
-            .layer(self.kind, &counts, self.streams, self.dense_ns);
-        let costs = self.jitter_costs(costs, s);
-        self.layer.start(now, costs, &mut self.res, s);
+        let layout = self.costs.layout;
+        let mut costs = Vec::with_capacity(self.lanes.gpus());
+        for g in 0..self.lanes.gpus() as u32 {
+            let counts = &plans[layout.plan_of(g).min(plans.len() - 1)];
+            let c = self
+                .costs
+                .layer_on(self.kind, counts, self.streams, self.dense_ns, g);
+            costs.push(self.jitter_costs(c, s));
+        }
+        self.plan_counts = plans;
+        self.lanes.start(now, &costs, s);
     }
 
+    /// Busy time of (GPU stream, H2D link, CPU share) summed over the GPUs, ns.
     fn busy(&self) -> (Nanos, Nanos, Nanos) {
-        (
-            self.res.gpu.busy_ns(),
-            self.res.h2d.busy_ns(),
-            self.res.cpu.busy_ns(),
-        )
+        self.lanes.res.iter().fold((0, 0, 0), |(g, h, c), r| {
+            (
+                g + r.gpu.busy_ns(),
+                h + r.h2d.busy_ns(),
+                c + r.cpu.busy_ns(),
+            )
+        })
     }
 
     /// Begin a step at `now`: routing for every stream, then layer 0.
-    fn begin_step(&mut self, now: Nanos, s: &mut Scheduler<LayerEvent>) -> Control {
+    fn begin_step(&mut self, now: Nanos, s: &mut Scheduler<LaneEvent>) -> Control {
         if self.step == self.warmup_steps {
             self.measuring = true;
             self.snapshot = self.busy();
@@ -479,7 +567,7 @@ impl<'a> DecodeProcess<'a> {
         Control::Continue
     }
 
-    fn end_step(&mut self, now: Nanos, s: &mut Scheduler<LayerEvent>) -> Control {
+    fn end_step(&mut self, now: Nanos, s: &mut Scheduler<LaneEvent>) -> Control {
         if self.measuring {
             self.counters.steps += 1;
             self.counters.tokens += self.streams as u64;
@@ -504,7 +592,7 @@ impl<'a> DecodeProcess<'a> {
         }
         let prefill = self.workload.prefill_ns * new_requests;
         if prefill > 0 {
-            s.schedule_at(now + prefill, LayerEvent::StepStart);
+            s.schedule_at(now + prefill, LaneEvent::from(LayerEvent::StepStart));
             Control::Continue
         } else {
             self.begin_step(now, s)
@@ -512,21 +600,29 @@ impl<'a> DecodeProcess<'a> {
     }
 }
 
-impl Component<LayerEvent> for DecodeProcess<'_> {
-    fn handle(&mut self, now: Nanos, ev: LayerEvent, s: &mut Scheduler<LayerEvent>) -> Control {
-        if ev == LayerEvent::StepStart {
+impl Component<LaneEvent> for DecodeProcess<'_> {
+    fn handle(&mut self, now: Nanos, ev: LaneEvent, s: &mut Scheduler<LaneEvent>) -> Control {
+        if ev.event == LayerEvent::StepStart {
             return self.begin_step(now, s);
         }
-        let Some(end) = self.layer.handle(now, ev, &mut self.res, s) else {
+        let Some(end) = self.lanes.handle(now, ev, s) else {
             return Control::Continue;
         };
-        let t = *self.layer.times();
         if self.measuring {
-            self.counters.contended_ns += t.contended_ns;
+            let slow = self.lanes.machine(self.lanes.slowest());
+            let t = *slow.times();
+            for g in 0..self.lanes.gpus() {
+                self.counters.contended_ns += self.lanes.machine(g).times().contended_ns;
+            }
             if t.cpu_side_end > t.gpu_side_end {
                 self.counters.cpu_critical_layers += 1;
             }
-            let split = t.critical(self.layer.costs().overhead_ns);
+            let mut split = t.critical(slow.costs().overhead_ns);
+            if self.lanes.gpus() > 1 {
+                // The combine after the slowest GPU: traffic between devices (sync), as the
+                // analytic model charges it.
+                split[SYNC_INDEX] += end.saturating_sub(t.end) as f64;
+            }
             for (a, b) in self.counters.critical.iter_mut().zip(split) {
                 *a += b;
             }

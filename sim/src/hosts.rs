@@ -104,7 +104,7 @@ impl SimHost {
 use crate::error::{Result, SimError};
 
 /// (name, TOML text) of every preset, in table order.
-const PRESETS: [(&str, &str); 4] = [
+const PRESETS: [(&str, &str); 5] = [
     (
         "rtx4090-2x-xeon4310",
         include_str!("../hosts/rtx4090-2x-xeon4310.toml"),
@@ -115,6 +115,10 @@ const PRESETS: [(&str, &str); 4] = [
     ),
     ("gh200", include_str!("../hosts/gh200.toml")),
     ("h200-xeon-emr", include_str!("../hosts/h200-xeon-emr.toml")),
+    (
+        "2x-rtx3090-tp-ryzen7950x",
+        include_str!("../hosts/2x-rtx3090-tp-ryzen7950x.toml"),
+    ),
 ];
 
 /// The field report's host, the default of `ft simulate`.
@@ -221,6 +225,23 @@ mod tests {
         let h = preset("h200-xeon-emr").unwrap();
         assert_eq!((h.cpu.cores, h.cpu.stream_read_gbs), (16, 105.0));
         assert_eq!(h.engine.hybrid_round_trip_us, 10.0);
+        let two = preset("2x-rtx3090-tp-ryzen7950x").unwrap();
+        assert_eq!(
+            two.gpu_layout(),
+            ft_model::GpuLayout::new(2, ft_model::GpuPlacement::TensorParallel).unwrap()
+        );
+        assert_eq!((two.gpu.memory_gib, two.gpu.hbm_gbs), (24.0, 936.0));
+        // No NVLink: the combine is staged through host memory.
+        assert!(two.interconnect().peer_gbs < two.pcie.h2d_gbs);
+        // Every other preset is one GPU.
+        for name in preset_names() {
+            if name != "2x-rtx3090-tp-ryzen7950x" {
+                assert_eq!(
+                    preset(name).unwrap().gpu_layout(),
+                    ft_model::GpuLayout::single()
+                );
+            }
+        }
     }
 
     #[test]

@@ -83,6 +83,24 @@ pub enum LayerEvent {
     LayerDone,
     /// The decode process starts its next step (after a prefill); not a layer event.
     StepStart,
+    /// Every GPU finished the layer and their partial outputs are combined (several GPUs
+    /// only); not an event of one GPU's [`LayerMachine`].
+    CombineDone,
+}
+
+/// A [`LayerEvent`] of one GPU's lane (0 on one GPU).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaneEvent {
+    /// The GPU whose layer machine the event is for.
+    pub lane: u16,
+    /// The event.
+    pub event: LayerEvent,
+}
+
+impl From<LayerEvent> for LaneEvent {
+    fn from(event: LayerEvent) -> Self {
+        LaneEvent { lane: 0, event }
+    }
 }
 
 /// The resources a layer runs on (they persist across layers and steps).
@@ -177,6 +195,7 @@ pub struct LayerMachine {
     overlap_since: Option<Nanos>,
     times: LayerTimes,
     running: bool,
+    lane: u16,
 }
 
 impl LayerMachine {
@@ -185,6 +204,49 @@ impl LayerMachine {
         LayerMachine {
             cpu_job: PhasedJob::new(),
             ..Default::default()
+        }
+    }
+
+    /// An idle machine for GPU `lane` (its events carry the lane).
+    pub fn on_lane(lane: u16) -> Self {
+        LayerMachine {
+            lane,
+            ..LayerMachine::new()
+        }
+    }
+
+    fn ev(&self, event: LayerEvent) -> LaneEvent {
+        LaneEvent {
+            lane: self.lane,
+            event,
+        }
+    }
+
+    /// Whether the CPU share is reading weights now.
+    pub fn cpu_reading(&self) -> bool {
+        self.cpu_reading
+    }
+
+    /// Re-rate the running CPU read and link job at `now` to what DRAM gives them now (other
+    /// lanes' readers started or stopped), rescheduling their completions when a rate
+    /// changed.
+    pub fn rerate(&mut self, now: Nanos, r: &mut Resources, s: &mut Scheduler<LaneEvent>) {
+        if self.cpu_reading {
+            let rate = r.dram.rate_gbs(DramUser::Cpu);
+            if rate != self.cpu_job.rate() {
+                let t = self.cpu_job.set_rate(now, rate);
+                self.cpu_gen += 1;
+                s.schedule_at(t, self.ev(LayerEvent::CpuBytesDone(self.cpu_gen)));
+            }
+        }
+        if r.h2d.is_busy() {
+            let rate = r.dram.rate_gbs(DramUser::Dma);
+            if Some(rate) != r.h2d.rate() {
+                if let Some(t) = r.h2d.set_rate(now, rate) {
+                    self.h2d_gen += 1;
+                    s.schedule_at(t, self.ev(LayerEvent::H2dDone(self.h2d_gen)));
+                }
+            }
         }
     }
 
@@ -204,7 +266,7 @@ impl LayerMachine {
         now: Nanos,
         costs: LayerCosts,
         r: &mut Resources,
-        s: &mut Scheduler<LayerEvent>,
+        s: &mut Scheduler<LaneEvent>,
     ) {
         self.costs = costs;
         self.gather_pending = costs.gather.is_some();
@@ -218,7 +280,7 @@ impl LayerMachine {
         };
         self.running = true;
         let end = r.gpu.submit(now, 0.0, costs.dense_ns);
-        s.schedule_at(end, LayerEvent::DenseDone);
+        s.schedule_at(end, self.ev(LayerEvent::DenseDone));
     }
 
     fn overlap_check(&mut self, now: Nanos, r: &Resources) {
@@ -239,12 +301,12 @@ impl LayerMachine {
         now: Nanos,
         active: bool,
         r: &mut Resources,
-        s: &mut Scheduler<LayerEvent>,
+        s: &mut Scheduler<LaneEvent>,
     ) {
         if r.dram.set_active(DramUser::Dma, active) && self.cpu_reading {
             let t = self.cpu_job.set_rate(now, r.dram.rate_gbs(DramUser::Cpu));
             self.cpu_gen += 1;
-            s.schedule_at(t, LayerEvent::CpuBytesDone(self.cpu_gen));
+            s.schedule_at(t, self.ev(LayerEvent::CpuBytesDone(self.cpu_gen)));
         }
         self.overlap_check(now, r);
     }
@@ -255,13 +317,13 @@ impl LayerMachine {
         now: Nanos,
         active: bool,
         r: &mut Resources,
-        s: &mut Scheduler<LayerEvent>,
+        s: &mut Scheduler<LaneEvent>,
     ) {
         self.cpu_reading = active;
         if r.dram.set_active(DramUser::Cpu, active) && r.h2d.is_busy() {
             if let Some(t) = r.h2d.set_rate(now, r.dram.rate_gbs(DramUser::Dma)) {
                 self.h2d_gen += 1;
-                s.schedule_at(t, LayerEvent::H2dDone(self.h2d_gen));
+                s.schedule_at(t, self.ev(LayerEvent::H2dDone(self.h2d_gen)));
             }
         }
         self.overlap_check(now, r);
@@ -272,7 +334,7 @@ impl LayerMachine {
         now: Nanos,
         job: TransferJob,
         r: &mut Resources,
-        s: &mut Scheduler<LayerEvent>,
+        s: &mut Scheduler<LaneEvent>,
     ) {
         let idle = !r.h2d.is_busy();
         if idle {
@@ -281,7 +343,7 @@ impl LayerMachine {
         }
         if let Some(t) = r.h2d.submit(now, job, r.dram.rate_gbs(DramUser::Dma)) {
             self.h2d_gen += 1;
-            s.schedule_at(t, LayerEvent::H2dDone(self.h2d_gen));
+            s.schedule_at(t, self.ev(LayerEvent::H2dDone(self.h2d_gen)));
         }
     }
 
@@ -290,10 +352,10 @@ impl LayerMachine {
         r.gpu.submit(now, self.costs.launch_ns, sum);
     }
 
-    fn maybe_done(&mut self, r: &Resources, s: &mut Scheduler<LayerEvent>) {
+    fn maybe_done(&mut self, r: &Resources, s: &mut Scheduler<LaneEvent>) {
         if !self.gather_pending && !self.result_pending {
             let end = r.gpu.busy_until() + ceil_ns(self.costs.overhead_ns);
-            s.schedule_at(end, LayerEvent::LayerDone);
+            s.schedule_at(end, self.ev(LayerEvent::LayerDone));
         }
     }
 
@@ -303,7 +365,7 @@ impl LayerMachine {
         now: Nanos,
         ev: LayerEvent,
         r: &mut Resources,
-        s: &mut Scheduler<LayerEvent>,
+        s: &mut Scheduler<LaneEvent>,
     ) -> Option<Nanos> {
         debug_assert!(self.running, "event {ev:?} for an idle layer");
         match ev {
@@ -320,7 +382,7 @@ impl LayerMachine {
                 if let Some(c) = self.costs.cpu {
                     let t = r.d2h.submit(now, c.d2h, r.d2h.params().isolated_gbs);
                     let t = t.expect("the D2H stream is idle at a layer's start");
-                    s.schedule_at(t + ceil_ns(c.sync_ns), LayerEvent::CpuStart);
+                    s.schedule_at(t + ceil_ns(c.sync_ns), self.ev(LayerEvent::CpuStart));
                 }
                 self.times.gpu_side_end = r.gpu.busy_until();
                 self.maybe_done(r, s);
@@ -331,7 +393,10 @@ impl LayerMachine {
                 debug_assert!(next.is_none());
                 self.times.cpu_start = now;
                 let wake = r.cpu.begin(now);
-                s.schedule_at(now + ceil_ns(wake + c.fixed_ns), LayerEvent::CpuBytesStart);
+                s.schedule_at(
+                    now + ceil_ns(wake + c.fixed_ns),
+                    self.ev(LayerEvent::CpuBytesStart),
+                );
             }
             LayerEvent::CpuBytesStart => {
                 let c = self.costs.cpu.expect("a CPU share");
@@ -340,7 +405,7 @@ impl LayerMachine {
                 self.cpu_job.push(Phase::Bytes(c.bytes));
                 let t = self.cpu_job.start(now, r.dram.rate_gbs(DramUser::Cpu));
                 self.cpu_gen += 1;
-                s.schedule_at(t, LayerEvent::CpuBytesDone(self.cpu_gen));
+                s.schedule_at(t, self.ev(LayerEvent::CpuBytesDone(self.cpu_gen)));
             }
             LayerEvent::CpuBytesDone(gen) => {
                 if gen != self.cpu_gen {
@@ -361,7 +426,7 @@ impl LayerMachine {
                 match next {
                     Some(t) => {
                         self.h2d_gen += 1;
-                        s.schedule_at(t, LayerEvent::H2dDone(self.h2d_gen));
+                        s.schedule_at(t, self.ev(LayerEvent::H2dDone(self.h2d_gen)));
                     }
                     None => self.dma_active(now, false, r, s),
                 }
@@ -397,9 +462,149 @@ impl LayerMachine {
                 self.times.end = now;
                 return Some(now);
             }
-            LayerEvent::StepStart => {}
+            LayerEvent::StepStart | LayerEvent::CombineDone => {}
         }
         None
+    }
+}
+
+/// The layer machines of G GPUs over their lanes' resources, and the combine after them.
+///
+/// Each GPU runs one [`LayerMachine`] on its own [`Resources`] (GPU stream, links, its CPU
+/// workers) whose [`Dram`] is a view of the one host DRAM: after every event of one lane
+/// the others are told what it now reads ([`Dram::set_others`]) and re-rated
+/// ([`LayerMachine::rerate`]). When every lane's layer is done the partial outputs are
+/// combined (`combine_ns`, the perf model's `peer_combine_us`) and the layer ends. With one
+/// GPU it is exactly the one machine (no combine, no cross-lane work).
+#[derive(Debug, Clone)]
+pub struct GpuLanes {
+    /// Each GPU's resources.
+    pub res: Vec<Resources>,
+    machines: Vec<LayerMachine>,
+    pending: usize,
+    ends: Vec<Nanos>,
+    combine_ns: f64,
+    last: usize,
+}
+
+impl GpuLanes {
+    /// Lanes over `res` (one per GPU) that combine in `combine_ns` after each layer.
+    pub fn new(res: Vec<Resources>, combine_ns: f64) -> Self {
+        let n = res.len();
+        GpuLanes {
+            machines: (0..n).map(|g| LayerMachine::on_lane(g as u16)).collect(),
+            ends: vec![0; n],
+            res,
+            pending: 0,
+            combine_ns,
+            last: 0,
+        }
+    }
+
+    /// Number of GPUs.
+    pub fn gpus(&self) -> usize {
+        self.res.len()
+    }
+
+    /// The machine of GPU `g`.
+    pub fn machine(&self, g: usize) -> &LayerMachine {
+        &self.machines[g]
+    }
+
+    /// The GPU whose layer ended last (its timeline is the layer's critical path).
+    pub fn slowest(&self) -> usize {
+        self.last
+    }
+
+    /// The combine's duration, ns.
+    pub fn combine_ns(&self) -> f64 {
+        self.combine_ns
+    }
+
+    /// Start a layer at `now` on every GPU, `costs[g]` on GPU `g`.
+    pub fn start(&mut self, now: Nanos, costs: &[LayerCosts], s: &mut Scheduler<LaneEvent>) {
+        self.pending = self.machines.len();
+        for (g, m) in self.machines.iter_mut().enumerate() {
+            m.start(now, costs[g], &mut self.res[g], s);
+        }
+    }
+
+    /// Handle an event; returns the end time when the layer is done on every GPU and
+    /// combined.
+    pub fn handle(
+        &mut self,
+        now: Nanos,
+        ev: LaneEvent,
+        s: &mut Scheduler<LaneEvent>,
+    ) -> Option<Nanos> {
+        if ev.event == LayerEvent::CombineDone {
+            return Some(now);
+        }
+        let g = ev.lane as usize;
+        let done = self.machines[g].handle(now, ev.event, &mut self.res[g], s);
+        if self.machines.len() == 1 {
+            return done;
+        }
+        self.share_dram(now, g, s);
+        let end = done?;
+        self.ends[g] = end;
+        self.pending -= 1;
+        if self.pending > 0 {
+            return None;
+        }
+        let (last, latest) = self
+            .ends
+            .iter()
+            .enumerate()
+            .max_by_key(|(i, t)| (**t, std::cmp::Reverse(*i)))
+            .map(|(i, t)| (i, *t))
+            .unwrap_or((0, now));
+        self.last = last;
+        s.schedule_at(
+            latest + ceil_ns(self.combine_ns),
+            LaneEvent {
+                lane: 0,
+                event: LayerEvent::CombineDone,
+            },
+        );
+        None
+    }
+
+    /// Tell every lane what the others read now and re-rate the lanes other than `changed`
+    /// (whose own event already rated its jobs against an unchanged rest).
+    fn share_dram(&mut self, now: Nanos, changed: usize, s: &mut Scheduler<LaneEvent>) {
+        let demand: Vec<(f64, f64)> = self
+            .res
+            .iter()
+            .map(|r| {
+                let d = &r.dram;
+                (
+                    if d.is_active(DramUser::Cpu) {
+                        d.demand_gbs(DramUser::Cpu)
+                    } else {
+                        0.0
+                    },
+                    if d.is_active(DramUser::Dma) {
+                        d.demand_gbs(DramUser::Dma)
+                    } else {
+                        0.0
+                    },
+                )
+            })
+            .collect();
+        for j in 0..self.res.len() {
+            let (mut c, mut d) = (0.0, 0.0);
+            for (k, (ck, dk)) in demand.iter().enumerate() {
+                if k != j {
+                    c += ck;
+                    d += dk;
+                }
+            }
+            self.res[j].dram.set_others(c, d);
+            if j != changed {
+                self.machines[j].rerate(now, &mut self.res[j], s);
+            }
+        }
     }
 }
 
@@ -432,21 +637,22 @@ impl LayerRunner {
     pub fn run(mut self, seed: u64) -> (Vec<Nanos>, u64) {
         let mut s = Scheduler::new(seed);
         if !self.costs.is_empty() {
-            s.schedule_at(0, LayerEvent::StepStart);
+            s.schedule_at(0, LaneEvent::from(LayerEvent::StepStart));
         }
         s.run(&mut self, None);
         (self.ends, s.handled())
     }
 }
 
-impl crate::component::Component<LayerEvent> for LayerRunner {
+impl crate::component::Component<LaneEvent> for LayerRunner {
     fn handle(
         &mut self,
         now: Nanos,
-        ev: LayerEvent,
-        s: &mut Scheduler<LayerEvent>,
+        ev: LaneEvent,
+        s: &mut Scheduler<LaneEvent>,
     ) -> crate::component::Control {
         use crate::component::Control;
+        let ev = ev.event;
         let start = if ev == LayerEvent::StepStart {
             true
         } else if let Some(end) = self.machine.handle(now, ev, &mut self.resources, s) {

@@ -5,18 +5,19 @@ use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
 
 use ft_model::cache::{build_cache, CachePolicy};
+use ft_model::placement::GpuLayout;
 use ft_model::plan::fetch_fraction;
 use ft_model::preset::ModelSpec;
 use ft_model::routing::{self, RoutingSource};
 use ft_model::strategy::{Strategy, StrategyKind};
-use ft_model::traffic::measure_popularity;
+use ft_model::traffic::{measure_popularity, strategy_caches};
 
 use crate::costs::CostModel;
 use std::sync::Arc;
 
 use crate::decode::{check_run, DecodeProcess, PlanTrace, Planner, RecordedRouting, Workload};
 use crate::error::{Result, SimError};
-use crate::layer::{LayerEvent, CRITICAL_NAMES};
+use crate::layer::{LaneEvent, CRITICAL_NAMES};
 use crate::scheduler::Scheduler;
 use crate::time::ns_to_s;
 
@@ -28,7 +29,8 @@ pub struct SimConfig {
     pub streams: usize,
     /// The strategy; hybrid's fetch fraction must be fixed (resolve `auto` first).
     pub strategy: Strategy,
-    /// Expert cache slots (ignored by `resident`, which holds every expert).
+    /// Expert cache slots, of each GPU's cache on several (ignored by `resident`, which
+    /// holds every expert).
     pub cache_slots: usize,
     /// Cache replacement policy.
     pub policy: CachePolicy,
@@ -44,6 +46,10 @@ pub struct SimConfig {
     pub jitter: f64,
     /// The closed loop of requests.
     pub workload: Workload,
+    /// The GPUs decoding together (the host's `gpu_layout`; one GPU when absent). It must
+    /// be the cost model's (`CostModel::layout`); `cache_slots` are then each GPU's.
+    #[serde(default)]
+    pub layout: GpuLayout,
 }
 
 /// Share of measured decode time each resource was busy.
@@ -68,7 +74,11 @@ pub struct SimResult {
     pub fetch_fraction: f64,
     /// Concurrent streams.
     pub streams: usize,
-    /// Cache slots.
+    /// GPUs decoding together.
+    pub gpus: u32,
+    /// How experts are laid out over them (`sharded`, `tensor-parallel`).
+    pub placement: String,
+    /// Cache slots (of each GPU's cache).
     pub cache_slots: usize,
     /// Measured steps.
     pub steps: u64,
@@ -88,7 +98,7 @@ pub struct SimResult {
     pub link_per_layer: f64,
     /// Experts computed on the CPU per layer-step.
     pub cpu_per_layer: f64,
-    /// Busy shares of the resources.
+    /// Busy shares of the resources (averaged over the GPUs' streams, links and CPU shares).
     pub busy: Busy,
     /// Share of decode time in which a gather and CPU weight reads overlapped.
     pub contended: f64,
@@ -124,8 +134,11 @@ pub fn routing_source(model: &ModelSpec, name: &str, seed: u64) -> Result<Box<dy
 pub struct Prepared {
     /// The routing source, positioned after any popularity measurement.
     pub routing: Box<dyn RoutingSource>,
-    /// The strategy's starting cache.
+    /// The strategy's starting cache (the first GPU's on several).
     pub cache: ft_model::cache::ExpertCache,
+    /// Every plan's starting cache (`GpuLayout::plans`; `[cache]` on one GPU). `cache` is a
+    /// copy of the first.
+    pub caches: Vec<ft_model::cache::ExpertCache>,
     /// Share of misses gathered.
     pub fetch_fraction: f64,
     /// Unmeasured steps still to run.
@@ -154,6 +167,25 @@ pub fn prepare_with(
     let f = fetch_fraction(&cfg.strategy)?;
     let g = model.geometry;
     let mut warmup = cfg.warmup_steps;
+    if cfg.layout.plans() > 1 {
+        // ft-model's per-GPU caches (a static hot set per GPU of its own experts).
+        let (caches, left) = strategy_caches(
+            source.as_mut(),
+            cfg.strategy.kind(),
+            &cfg.policy,
+            cfg.cache_slots,
+            warmup as usize,
+            cfg.streams,
+            &cfg.layout,
+        )?;
+        return Ok(Prepared {
+            routing: source,
+            cache: caches[0].clone(),
+            caches,
+            fetch_fraction: f,
+            warmup_steps: left as u64,
+        });
+    }
     let needs_popularity = matches!(&cfg.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
         && cfg.strategy.kind() != StrategyKind::Resident;
     let popularity = if needs_popularity {
@@ -174,6 +206,7 @@ pub fn prepare_with(
     )?;
     Ok(Prepared {
         routing: source,
+        caches: vec![cache.clone()],
         cache,
         fetch_fraction: f,
         warmup_steps: warmup,
@@ -186,13 +219,25 @@ pub fn plan_trace(model: &ModelSpec, cfg: &SimConfig) -> Result<(PlanTrace, u64,
     let mut p = prepare(model, cfg)?;
     let steps = (p.warmup_steps + cfg.steps) as usize;
     let slots = p.cache.capacity();
-    let trace = PlanTrace::record(
-        p.routing.as_mut(),
-        &mut p.cache,
-        p.fetch_fraction,
-        cfg.streams,
-        steps,
-    )?;
+    let trace = if p.caches.len() == 1 {
+        PlanTrace::record(
+            p.routing.as_mut(),
+            &mut p.cache,
+            p.fetch_fraction,
+            cfg.streams,
+            steps,
+        )?
+    } else {
+        let recorded = RecordedRouting::record(p.routing.as_mut(), cfg.streams, steps)?;
+        PlanTrace::record_steps_gpus(
+            recorded.remaining(),
+            model.geometry.moe_layers,
+            &mut p.caches,
+            &cfg.layout,
+            p.fetch_fraction,
+            cfg.streams,
+        )
+    };
     Ok((trace, p.warmup_steps, slots))
 }
 
@@ -216,10 +261,11 @@ pub fn plan_trace_recorded(
             format!("{} steps recorded, {} needed", steps.len(), used + n),
         ));
     }
-    let trace = PlanTrace::record_steps(
+    let trace = PlanTrace::record_steps_gpus(
         &steps[used..used + n],
         model.geometry.moe_layers,
-        &mut p.cache,
+        &mut p.caches,
+        &cfg.layout,
         p.fetch_fraction,
         cfg.streams,
     );
@@ -228,11 +274,33 @@ pub fn plan_trace_recorded(
 
 /// Simulate one configuration (live planning, as the runtime plans).
 pub fn simulate(costs: &CostModel, model: &ModelSpec, cfg: &SimConfig) -> Result<SimResult> {
+    check_layout(costs, cfg)?;
     let p = prepare(model, cfg)?;
     let slots = p.cache.capacity();
     let warmup = p.warmup_steps;
-    let planner = Planner::live(p.routing, p.cache, p.fetch_fraction);
+    let planner = if p.caches.len() == 1 {
+        Planner::live(p.routing, p.cache, p.fetch_fraction)
+    } else {
+        Planner::live_gpus(p.routing, p.caches, cfg.layout, p.fetch_fraction)
+    };
     run_planner(costs, cfg, planner, warmup, slots)
+}
+
+/// The run's layout must be the cost model's (the host's GPUs).
+fn check_layout(costs: &CostModel, cfg: &SimConfig) -> Result<()> {
+    if costs.layout != cfg.layout {
+        return Err(SimError::invalid(
+            "layout",
+            format!(
+                "the run plans for {} GPU(s) ({}) but the host has {} ({})",
+                cfg.layout.gpus,
+                cfg.layout.placement.name(),
+                costs.layout.gpus,
+                costs.layout.placement.name()
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Simulate one configuration from a recorded [`plan_trace`] of it.
@@ -244,6 +312,7 @@ pub fn simulate_replay(
     slots: usize,
 ) -> Result<SimResult> {
     check_run(cfg.streams, cfg.steps)?;
+    check_layout(costs, cfg)?;
     run_planner(costs, cfg, Planner::replay(trace), warmup_steps, slots)
 }
 
@@ -255,7 +324,7 @@ fn run_planner(
     slots: usize,
 ) -> Result<SimResult> {
     let f = fetch_fraction(&cfg.strategy)?;
-    let mut sched: Scheduler<LayerEvent> = Scheduler::new(cfg.seed);
+    let mut sched: Scheduler<LaneEvent> = Scheduler::new(cfg.seed);
     // Keep the generator's stream aligned with `routing_seed`: its first draw is the seed.
     let _: u64 = sched.rng().random();
     let mut proc = DecodeProcess::new(
@@ -277,10 +346,12 @@ fn run_planner(
     let t = ns_to_s(c.decode_ns);
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
     let dn = c.decode_ns as f64;
+    // Busy times and contended time are summed over the GPUs: shares of one GPU's.
+    let lanes = cfg.layout.gpus.max(1) as f64;
     let busy = Busy {
-        gpu: ratio(c.gpu_busy_ns as f64, dn),
-        pcie: ratio(c.h2d_busy_ns as f64, dn),
-        cpu: ratio(c.cpu_busy_ns as f64, dn),
+        gpu: ratio(c.gpu_busy_ns as f64 / lanes, dn),
+        pcie: ratio(c.h2d_busy_ns as f64 / lanes, dn),
+        cpu: ratio(c.cpu_busy_ns as f64 / lanes, dn),
     };
     let total_critical: f64 = c.critical.iter().sum();
     let critical = CRITICAL_NAMES
@@ -303,6 +374,8 @@ fn run_planner(
         kind: cfg.strategy.kind(),
         fetch_fraction: f,
         streams: cfg.streams,
+        gpus: cfg.layout.gpus,
+        placement: cfg.layout.placement.name().to_string(),
         cache_slots: slots,
         steps: c.steps,
         layers: c.layer_steps.checked_div(c.steps).unwrap_or(0) as usize,
@@ -314,7 +387,7 @@ fn run_planner(
         link_per_layer: ratio(c.link_experts as f64, ls),
         cpu_per_layer: ratio(c.cpu_experts as f64, ls),
         busy,
-        contended: ratio(c.contended_ns as f64, dn),
+        contended: ratio(c.contended_ns as f64 / lanes, dn),
         cpu_critical: ratio(c.cpu_critical_layers as f64, ls),
         critical,
         bound: bound.to_string(),

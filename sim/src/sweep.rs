@@ -255,6 +255,7 @@ pub fn run_sweep(
         };
         key(&(
             host,
+            hosts_by[&p.host].perf.params.layout,
             &p.model,
             &p.config.cache,
             p.config.streams,
@@ -352,11 +353,12 @@ pub fn run_sweep(
                 seed: c.seed,
                 jitter: c.jitter,
                 workload: c.workload,
+                layout: hosts_by[&p.host].perf.params.layout,
             }
         })
         .collect();
-    // Planning is host-independent: group the points by what their plans depend on, plan
-    // each group once and replay it for every point of the group.
+    // Planning is host-independent but for the host's GPUs: group the points by what their
+    // plans depend on, plan each group once and replay it for every point of the group.
     let trace_key = |i: usize| {
         let (p, s) = (&points[i], &sims[i]);
         let slots = if p.strategy == StrategyKind::Resident {
@@ -366,6 +368,7 @@ pub fn run_sweep(
         };
         key(&(
             &p.model,
+            s.layout,
             &s.routing,
             s.seed,
             s.streams,

@@ -30,6 +30,7 @@ fn cfg(seed: u64, jitter: f64) -> SimConfig {
         seed,
         jitter,
         workload: Workload::default(),
+        layout: Default::default(),
     }
 }
 

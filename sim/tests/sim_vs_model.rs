@@ -50,7 +50,7 @@ fn simulator_and_model_agree_within_five_percent() {
             }
         }
     }
-    assert_eq!(n, 4 * 2 * 2 * 4);
+    assert_eq!(n, ft_sim::hosts::preset_names().len() * 2 * 2 * 4);
     assert!(
         worst.0 < 0.05,
         "largest unexplained difference {:.2}% at {}",

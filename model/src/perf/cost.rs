@@ -17,6 +17,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::{PerfParams, ACTIVATION_BYTES_PER_ELEMENT};
+use crate::placement::GpuPlacement;
 use crate::preset::{DenseSpec, ModelSpec};
 
 /// Bytes per microsecond in one GB/s (1e9 B/s = 1e3 B/us).
@@ -46,6 +47,47 @@ impl ExpertShape {
             macs: model.geometry.expert_macs_per_token() as f64,
         }
     }
+}
+
+/// [`PerfParams::dram_shares`] with the DRAM bandwidth `dram_gbs` (GB/s) and DMA weight
+/// `dma_weight` given: the one formula of the module docs, for the simulator's shared DRAM.
+pub fn dram_shares_of(
+    dram_gbs: f64,
+    dma_weight: f64,
+    cpu_demand_gbs: f64,
+    dma_demand_gbs: f64,
+) -> (f64, f64) {
+    let (c, g, d) = (cpu_demand_gbs.max(0.0), dma_demand_gbs.max(0.0), dram_gbs);
+    if c + g <= d || c == 0.0 || g == 0.0 {
+        return (c, g);
+    }
+    let w = dma_weight;
+    let cpu = d * c / (c + w * g);
+    let dma = d * w * g / (c + w * g);
+    if cpu > c {
+        (c, d - c)
+    } else if dma > g {
+        (d - g, g)
+    } else {
+        (cpu, dma)
+    }
+}
+
+/// Relative tolerance at which two byte streams of [`PerfParams::overlapped_gpus`] count as
+/// ending together (a rounding error of the fluid's arithmetic).
+const FLUID_END_REL: f64 = 1e-12;
+
+/// One GPU's byte streams in a layer of several GPUs (see [`PerfParams::overlapped_gpus`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct GpuStreams {
+    /// Experts (slices under tensor parallelism) this GPU gathers over its own link.
+    pub gather_experts: f64,
+    /// Experts (slices) of this GPU's CPU share.
+    pub cpu_experts: f64,
+    /// (token, expert) pairs of the CPU share.
+    pub cpu_tokens: f64,
+    /// CPU workers of this GPU's share ([`crate::GpuLayout::cpu_workers`]).
+    pub threads: f64,
 }
 
 /// The two sides of a hybrid layer run at once (see [`PerfParams::overlapped`]).
@@ -153,24 +195,12 @@ impl PerfParams {
     /// The DRAM rates CPU kernels and DMA get when they ask for `cpu_demand_gbs` and
     /// `dma_demand_gbs` at once, in GB/s (see the module docs): `(cpu, dma)`.
     pub fn dram_shares(&self, cpu_demand_gbs: f64, dma_demand_gbs: f64) -> (f64, f64) {
-        let (c, g, d) = (
-            cpu_demand_gbs.max(0.0),
-            dma_demand_gbs.max(0.0),
+        dram_shares_of(
             self.dram_gbs,
-        );
-        if c + g <= d || c == 0.0 || g == 0.0 {
-            return (c, g);
-        }
-        let w = self.dma_dram_weight;
-        let cpu = d * c / (c + w * g);
-        let dma = d * w * g / (c + w * g);
-        if cpu > c {
-            (c, d - c)
-        } else if dma > g {
-            (d - g, g)
-        } else {
-            (cpu, dma)
-        }
+            self.dma_dram_weight,
+            cpu_demand_gbs,
+            dma_demand_gbs,
+        )
     }
 
     /// A gather of `gather_experts` experts and a CPU step of `cpu_experts` experts
@@ -213,6 +243,131 @@ impl PerfParams {
             gather_lost_us: end_g - sg,
             cpu_lost_us: end_c - sc,
         }
+    }
+
+    /// The gathers and CPU shares of several GPUs started together, one [`Overlap`] per
+    /// entry of `gpus`, with experts of `shape` (one GPU's slice under tensor parallelism).
+    ///
+    /// The generalisation of [`PerfParams::overlapped`] to one link per GPU and a CPU pool
+    /// split between them: every byte stream starts at 0; while a set of streams runs, the
+    /// DRAM shares are [`PerfParams::dram_shares`] of the summed demands (each CPU share
+    /// asks for its workers' isolated rate, each link for `gather_gbs`), and each side's
+    /// share is split among its streams in proportion to their demands, so every stream of
+    /// a side slows by the same factor. When a stream ends the others are re-rated. With one
+    /// GPU this is exactly the two-phase [`PerfParams::overlapped`] (a test checks it).
+    pub fn overlapped_gpus(&self, gpus: &[GpuStreams], shape: ExpertShape) -> Vec<Overlap> {
+        // (remaining alone-time in us, demand in GB/s, is_cpu, gpu) of each stream.
+        let mut streams: Vec<(f64, f64, bool, usize)> = Vec::with_capacity(2 * gpus.len());
+        let mut alone = vec![(0.0f64, 0.0f64); gpus.len()];
+        for (i, g) in gpus.iter().enumerate() {
+            let sg = self.gather_stream_us(g.gather_experts, shape.bytes);
+            let sc = self.cpu_stream_us(g.cpu_experts, shape, g.threads);
+            alone[i] = (sg, sc);
+            if sg > 0.0 {
+                streams.push((sg, self.gather_gbs, false, i));
+            }
+            if sc > 0.0 {
+                streams.push((sc, self.cpu_rate_gbs(g.threads), true, i));
+            }
+        }
+        let mut end = vec![(0.0f64, 0.0f64); gpus.len()];
+        let mut now = 0.0;
+        let mut active: Vec<usize> = (0..streams.len()).collect();
+        while !active.is_empty() {
+            let (c, d): (f64, f64) = active.iter().fold((0.0, 0.0), |(c, d), &k| {
+                let s = &streams[k];
+                if s.2 {
+                    (c + s.1, d)
+                } else {
+                    (c, d + s.1)
+                }
+            });
+            let (cs, ds) = self.dram_shares(c, d);
+            let speed = |is_cpu: bool| {
+                if is_cpu {
+                    if c > 0.0 {
+                        cs / c
+                    } else {
+                        1.0
+                    }
+                } else if d > 0.0 {
+                    ds / d
+                } else {
+                    1.0
+                }
+            };
+            let dt = active
+                .iter()
+                .map(|&k| streams[k].0 / speed(streams[k].2))
+                .fold(f64::INFINITY, f64::min);
+            now += dt;
+            let mut left = Vec::with_capacity(active.len());
+            for &k in &active {
+                let v = speed(streams[k].2);
+                let s = &mut streams[k];
+                // The stream that set `dt` ends now (same division, so exactly), and so does
+                // any within a rounding error of it.
+                if s.0 / v <= dt * (1.0 + FLUID_END_REL) {
+                    if s.2 {
+                        end[s.3].1 = now;
+                    } else {
+                        end[s.3].0 = now;
+                    }
+                } else {
+                    s.0 -= dt * v;
+                    left.push(k);
+                }
+            }
+            active = left;
+        }
+        gpus.iter()
+            .enumerate()
+            .map(|(i, g)| {
+                let fg = self.gather_fixed_us(g.gather_experts);
+                let fc = self.cpu_fixed_us(g.cpu_experts, g.cpu_tokens, shape, g.threads);
+                Overlap {
+                    gather_us: fg + end[i].0,
+                    cpu_us: fc + end[i].1,
+                    gather_lost_us: end[i].0 - alone[i].0,
+                    cpu_lost_us: end[i].1 - alone[i].1,
+                }
+            })
+            .collect()
+    }
+
+    /// One GPU's share of an expert of `shape` under the parameters' layout: the whole
+    /// expert when sharded, a slice of [`crate::GpuLayout::bytes_per_gpu`] bytes and `1/G`
+    /// of the MACs under tensor parallelism.
+    pub fn gpu_expert_shape(&self, shape: ExpertShape) -> ExpertShape {
+        match self.layout.placement {
+            GpuPlacement::Sharded => shape,
+            GpuPlacement::TensorParallel if !self.layout.is_multi() => shape,
+            GpuPlacement::TensorParallel => ExpertShape {
+                bytes: self.layout.bytes_per_gpu(shape.bytes.round() as u64) as f64,
+                macs: shape.macs / self.layout.gpus as f64,
+            },
+        }
+    }
+
+    /// CPU workers of GPU `gpu`'s hybrid share: [`crate::GpuLayout::cpu_workers`] of the
+    /// pool's `cpu_threads`.
+    pub fn gpu_cpu_threads(&self, gpu: u32) -> f64 {
+        self.layout
+            .cpu_workers(gpu, self.cpu_threads as usize)
+            .len() as f64
+    }
+
+    /// Time of one layer's combine of the GPUs' partial outputs for `streams` streams of
+    /// `hidden` activations, in us: `peer_latency_us` plus each GPU's ring all-reduce bytes
+    /// ([`crate::GpuLayout::combine_bytes_per_gpu`]) over `peer_gbs`; 0 on one GPU.
+    pub fn peer_combine_us(&self, streams: f64, hidden: f64) -> f64 {
+        if !self.layout.is_multi() {
+            return 0.0;
+        }
+        let bytes = self
+            .layout
+            .combine_bytes_per_gpu(streams.round().max(0.0) as usize, hidden.round() as usize);
+        self.peer_latency_us + bytes as f64 / (self.peer_gbs * BYTES_PER_US_PER_GBS)
     }
 
     // ------------------------------------------------------------------ GPU

@@ -30,6 +30,7 @@ use std::fmt;
 
 use crate::error::{ModelError, Result};
 use crate::host::{HostSpec, GIB};
+use crate::placement::GpuLayout;
 use crate::strategy::StrategyKind;
 
 pub use cost::{ExpertShape, BYTES_PER_US_PER_GBS, MACS_PER_US_PER_GMACS};
@@ -164,6 +165,33 @@ pub struct PerfParams {
     pub gpu_memory_bytes: f64,
     /// GPU memory kept free of expert slots (context, workspace), in bytes.
     pub gpu_reserve_bytes: f64,
+
+    // ---- several GPUs (not fitted; issue #9) ----
+    /// The GPUs decoding together and the placement of experts over them (one GPU in a
+    /// profile written before several were modelled).
+    #[serde(default)]
+    pub layout: GpuLayout,
+    /// Bandwidth of one GPU's share of the per-layer combine (all-reduce bus bandwidth), in
+    /// GB/s (`HostSpec::interconnect`). Unused on one GPU.
+    #[serde(default = "default_peer_gbs")]
+    pub peer_gbs: f64,
+    /// Fixed cost of one per-layer combine, in us (`HostSpec::interconnect`). Unused on one
+    /// GPU.
+    #[serde(default = "default_peer_latency_us")]
+    pub peer_latency_us: f64,
+}
+
+/// The peer bandwidth a profile without one reads as, in GB/s: a PCIe 4.0 x16 combine
+/// staged through host memory ([`crate::host::HOST_STAGED_PEER_SHARE`] of about 24 GB/s).
+/// Such profiles are single-GPU, where it is unused.
+fn default_peer_gbs() -> f64 {
+    24.0 * crate::host::HOST_STAGED_PEER_SHARE
+}
+
+/// The combine latency a profile without one reads as, in us (see [`default_peer_gbs`]):
+/// two 5 us PCIe latencies and [`crate::host::HOST_STAGED_COMBINE_US`].
+fn default_peer_latency_us() -> f64 {
+    2.0 * 5.0 + crate::host::HOST_STAGED_COMBINE_US
 }
 
 /// The parameters that can be fitted and carry an uncertainty, named for covariance rows,
@@ -542,6 +570,9 @@ impl PerfParams {
             bench_experts: host.tuning_experts()?,
             gpu_memory_bytes: host.gpu_memory_bytes(),
             gpu_reserve_bytes: e.gpu_reserve_gib * GIB,
+            layout: host.gpu_layout(),
+            peer_gbs: host.interconnect().peer_gbs,
+            peer_latency_us: host.interconnect().latency_us,
         };
         Ok(p)
     }
@@ -665,6 +696,7 @@ impl PerfParams {
             ("gpu_hbm_gbs", self.gpu_hbm_gbs),
             ("gpu_token_gmacs", self.gpu_token_gmacs),
             ("gpu_memory_bytes", self.gpu_memory_bytes),
+            ("peer_gbs", self.peer_gbs),
         ] {
             if !(v.is_finite() && v > 0.0) {
                 return Err(ModelError::invalid(
@@ -683,6 +715,7 @@ impl PerfParams {
             ("sync_us", self.sync_us),
             ("run_noise_rel", self.run_noise_rel),
             ("gpu_reserve_bytes", self.gpu_reserve_bytes),
+            ("peer_latency_us", self.peer_latency_us),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(ModelError::invalid(
@@ -709,6 +742,22 @@ impl PerfParams {
             return Err(ModelError::invalid(
                 "perf.cpu_threads",
                 "must be at least 1",
+            ));
+        }
+        if self.layout.gpus == 0 {
+            return Err(ModelError::invalid(
+                "perf.layout.gpus",
+                "must be at least 1",
+            ));
+        }
+        if self.layout.gpus > self.cpu_threads {
+            return Err(ModelError::invalid(
+                "engine.cpu_threads",
+                format!(
+                    "{} CPU workers cannot be split between {} GPUs (each GPU's hybrid share \
+                     needs at least one)",
+                    self.cpu_threads, self.layout.gpus
+                ),
             ));
         }
         Ok(())

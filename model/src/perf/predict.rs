@@ -43,11 +43,12 @@ use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
 use super::{ParamId, PerfModel, PerfParams};
 use crate::cache::{CachePolicy, CacheSize};
 use crate::error::{ModelError, Result};
+use crate::placement::GpuLayout;
 use crate::plan::plan_layer;
 use crate::preset::ModelSpec;
 use crate::routing::{self, RoutingSource, StepRouting};
 use crate::strategy::{FetchFraction, Strategy, StrategyKind};
-use crate::traffic::{strategy_cache, warm_up};
+use crate::traffic::{plan_layer_gpus, strategy_cache, strategy_caches, warm_up, warm_up_gpus};
 
 /// Fetch fractions at which hybrid's traffic is sampled before the continuous search.
 pub const FETCH_GRID: [f64; 21] = [
@@ -175,21 +176,25 @@ impl PredictConfig {
 pub struct TrafficSamples {
     /// The fetch fraction planned with.
     pub fetch_fraction: f64,
-    /// Slots of the cache.
+    /// Slots of the cache (of each GPU's).
     pub cache_slots: usize,
     /// MoE layers per step.
     pub layers: usize,
-    /// Counts, step-major: `counts[step * layers + layer]`.
+    /// Plans per layer-step ([`crate::GpuLayout::plans`]: 1 on one GPU and under tensor
+    /// parallelism, G when sharded).
+    pub plans: usize,
+    /// Counts, step-major: `counts[(step * layers + layer) * plans + plan]`.
     pub counts: Vec<LayerCounts>,
 }
 
 impl TrafficSamples {
     /// Counted steps.
     pub fn steps(&self) -> usize {
-        self.counts.len() / self.layers.max(1)
+        self.counts.len() / (self.layers * self.plans).max(1)
     }
 
-    /// Counts summed over layers, averaged over steps (per step).
+    /// Counts summed over layers (and over the GPUs' plans when sharded), averaged over
+    /// steps (per step).
     pub fn mean_per_step(&self) -> LayerCounts {
         let mut s = LayerCounts::default();
         for c in &self.counts {
@@ -273,6 +278,52 @@ pub fn sample_traffic(
         fetch_fraction,
         cache_slots: cache.capacity(),
         layers,
+        plans: 1,
+        counts,
+    })
+}
+
+/// [`sample_traffic`] on the GPUs of `layout`: one cache per plan
+/// ([`crate::traffic::strategy_caches`], `run.slots` slots each) and every layer planned by
+/// [`crate::traffic::plan_layer_gpus`]; one GPU is exactly [`sample_traffic`].
+pub fn sample_traffic_gpus(
+    source: &mut dyn RoutingSource,
+    run: &SampleRun<'_>,
+    layout: &GpuLayout,
+) -> Result<TrafficSamples> {
+    if layout.plans() == 1 && !layout.is_multi() {
+        return sample_traffic(source, run);
+    }
+    let SampleRun {
+        kind,
+        fetch_fraction,
+        policy,
+        slots,
+        warmup_steps,
+        steps,
+        streams,
+    } = *run;
+    let geometry = *source.geometry();
+    let (mut caches, warmup) =
+        strategy_caches(source, kind, policy, slots, warmup_steps, streams, layout)?;
+    warm_up_gpus(source, &mut caches, layout, fetch_fraction, warmup, streams)?;
+    let mut step = StepRouting::default();
+    let layers = geometry.moe_layers;
+    let plans = caches.len();
+    let mut counts = Vec::with_capacity(steps * layers * plans);
+    for _ in 0..steps {
+        source.next_step_into(streams, &mut step)?;
+        for (l, routes) in step.layers.iter().enumerate() {
+            for p in plan_layer_gpus(l, routes, &mut caches, layout, fetch_fraction) {
+                counts.push(LayerCounts::of_plan(&p));
+            }
+        }
+    }
+    Ok(TrafficSamples {
+        fetch_fraction,
+        cache_slots: caches[0].capacity(),
+        layers,
+        plans,
         counts,
     })
 }
@@ -280,6 +331,11 @@ pub fn sample_traffic(
 /// The expert slots a GPU holds for a model: its memory less the reserve, the dense weights
 /// of every layer and the KV cache of `streams` streams at `context` tokens, over the expert
 /// size; at least 1 and at most every routed expert.
+///
+/// On several GPUs ([`PerfParams::layout`]) these are each GPU's slots: every GPU holds the
+/// dense weights and KV cache, and its free bytes hold whole experts when sharded
+/// ([`GpuLayout::slots_per_gpu`]: slices under tensor parallelism), at most the experts it
+/// holds.
 pub fn default_cache_slots(
     model: &ModelSpec,
     p: &PerfParams,
@@ -288,8 +344,25 @@ pub fn default_cache_slots(
 ) -> usize {
     let free =
         p.gpu_memory_bytes - p.gpu_reserve_bytes - dense_and_kv_bytes(model, streams, context);
-    let slots = (free / model.expert_bytes() as f64).floor();
-    (slots.max(1.0) as u64).min(model.geometry.total_experts()) as usize
+    let layout = p.layout;
+    if !layout.is_multi() {
+        let slots = (free / model.expert_bytes() as f64).floor();
+        return (slots.max(1.0) as u64).min(model.geometry.total_experts()) as usize;
+    }
+    let slots = layout.slots_per_gpu(free.max(0.0) as u64, model.expert_bytes());
+    slots.max(1).min(experts_held_per_gpu(model, &layout))
+}
+
+/// The most routed experts one GPU holds (a slice of each under tensor parallelism): every
+/// expert, or when sharded the largest owner's share (`ceil(E / G)` per layer).
+pub fn experts_held_per_gpu(model: &ModelSpec, layout: &GpuLayout) -> usize {
+    let g = model.geometry;
+    match layout.placement {
+        crate::placement::GpuPlacement::TensorParallel => g.total_experts() as usize,
+        crate::placement::GpuPlacement::Sharded => {
+            g.experts.div_ceil(layout.count().max(1)) * g.moe_layers
+        }
+    }
 }
 
 /// Bytes of every layer's dense weights and KV cache on the GPU.
@@ -324,16 +397,17 @@ pub fn evaluate(
     samples: &TrafficSamples,
 ) -> StepEval {
     let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
+    let plans = samples.plans.max(1);
     let layers = samples.layers.max(1);
     let steps = samples.steps().max(1);
     let mut totals = Vec::with_capacity(steps);
     let mut critical = TimeSplit::default();
     let mut busy = TimeSplit::default();
     let mut contention = 0.0;
-    for chunk in samples.counts.chunks(layers) {
+    for chunk in samples.counts.chunks(layers * plans) {
         let mut t = 0.0;
-        for c in chunk {
-            let lt = p.layer_time_with_dense(kind, shape, c, dense);
+        for c in chunk.chunks(plans) {
+            let lt = p.layer_time_gpus(kind, shape, c, dense);
             t += lt.total_us;
             critical = critical.plus(&lt.critical);
             busy = busy.plus(&lt.busy);
@@ -390,7 +464,9 @@ impl RelaxedHybrid<'_> {
         let dense = self
             .p
             .dense_us(&self.shape.dense, self.shape.streams, self.shape.context);
+        let plans = a.plans.max(1);
         let mut total = 0.0;
+        let mut layer = Vec::with_capacity(plans);
         for (x, y) in a.counts.iter().zip(&b.counts) {
             let unique = x.unique();
             let tokens = x.hit_tokens + x.fetched_tokens + x.cpu_tokens;
@@ -405,10 +481,14 @@ impl RelaxedHybrid<'_> {
                 cpu: (1.0 - f) * m,
                 cpu_tokens: (1.0 - f) * mt,
             };
-            total += self
-                .p
-                .layer_time_with_dense(StrategyKind::Hybrid, self.shape, &c, dense)
-                .total_us;
+            layer.push(c);
+            if layer.len() == plans {
+                total += self
+                    .p
+                    .layer_time_gpus(StrategyKind::Hybrid, self.shape, &layer, dense)
+                    .total_us;
+                layer.clear();
+            }
         }
         total / a.steps().max(1) as f64
     }
@@ -528,8 +608,12 @@ pub struct Prediction {
     pub source: String,
     /// The configuration.
     pub config: PredictConfig,
-    /// Cache slots used (given, derived from GPU memory, or calibrated).
+    /// Cache slots used (given, derived from GPU memory, or calibrated); each GPU's on
+    /// several GPUs.
     pub cache_slots: usize,
+    /// The GPUs the prediction is for ([`PerfParams::layout`]).
+    #[serde(default)]
+    pub layout: GpuLayout,
     /// Offload's simulated miss rate (equal to the requested one, within
     /// [`MISS_RATE_TOLERANCE`], in fixed-miss-rate mode when reachable).
     pub offload_miss_rate: f64,
@@ -602,15 +686,16 @@ fn open_routing(model: &ModelSpec, config: &PredictConfig) -> Result<Box<dyn Rou
     routing::resolve(&config.routing, &model.geometry, config.seed)
 }
 
-fn sample(
+fn sample_on(
     model: &ModelSpec,
     config: &PredictConfig,
     kind: StrategyKind,
     f: f64,
     slots: usize,
+    layout: &GpuLayout,
 ) -> Result<TrafficSamples> {
     let mut src = open_routing(model, config)?;
-    sample_traffic(
+    sample_traffic_gpus(
         src.as_mut(),
         &SampleRun {
             kind,
@@ -621,6 +706,7 @@ fn sample(
             steps: config.steps,
             streams: config.streams,
         },
+        layout,
     )
 }
 
@@ -631,9 +717,20 @@ pub fn calibrate_cache_slots(
     config: &PredictConfig,
     target: f64,
 ) -> Result<(usize, f64)> {
-    let total = model.geometry.total_experts() as usize;
+    calibrate_cache_slots_on(model, config, target, &GpuLayout::single())
+}
+
+/// [`calibrate_cache_slots`] on the GPUs of `layout`: the slots of each GPU's cache at
+/// which offload's miss rate over all GPUs is `target`.
+pub fn calibrate_cache_slots_on(
+    model: &ModelSpec,
+    config: &PredictConfig,
+    target: f64,
+    layout: &GpuLayout,
+) -> Result<(usize, f64)> {
+    let total = experts_held_per_gpu(model, layout);
     let rate = |slots: usize| -> Result<f64> {
-        Ok(sample(model, config, StrategyKind::Offload, 1.0, slots)?.miss_rate())
+        Ok(sample_on(model, config, StrategyKind::Offload, 1.0, slots, layout)?.miss_rate())
     };
     let (mut lo, mut hi) = (1usize, total);
     let (mut r_lo, mut r_hi) = (rate(lo)?, rate(hi)?);
@@ -670,12 +767,17 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     model.validate()?;
     perf.params.validate()?;
     let p = &perf.params;
+    p.layout.check_model(model)?;
     let shape = StepShape::new(model, config.streams, config.context);
     let total = model.geometry.total_experts();
+    // On several GPUs a cache size is each GPU's (in slots of its expert slices).
+    let slot_bytes = p.layout.bytes_per_gpu(model.expert_bytes());
     let slots = match config.miss {
-        MissMode::FixedOffload { miss_rate } => calibrate_cache_slots(model, config, miss_rate)?.0,
+        MissMode::FixedOffload { miss_rate } => {
+            calibrate_cache_slots_on(model, config, miss_rate, &p.layout)?.0
+        }
         MissMode::Simulated => match config.cache {
-            Some(size) => size.slots(model.expert_bytes(), total)?,
+            Some(size) => size.slots(slot_bytes, total)?,
             None => default_cache_slots(model, p, config.streams, config.context),
         },
     };
@@ -684,15 +786,15 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     // planner, so the same counts.
     let grid: Vec<TrafficSamples> = FETCH_GRID
         .iter()
-        .map(|&f| sample(model, config, StrategyKind::Hybrid, f, slots))
+        .map(|&f| sample_on(model, config, StrategyKind::Hybrid, f, slots, &p.layout))
         .collect::<Result<_>>()?;
-    let offload = sample(model, config, StrategyKind::Offload, 1.0, slots)?;
-    let cpu = sample(model, config, StrategyKind::Cpu, 0.0, slots)?;
-    let resident = sample(model, config, StrategyKind::Resident, 1.0, slots)?;
+    let offload = sample_on(model, config, StrategyKind::Offload, 1.0, slots, &p.layout)?;
+    let cpu = sample_on(model, config, StrategyKind::Cpu, 0.0, slots, &p.layout)?;
+    let resident = sample_on(model, config, StrategyKind::Resident, 1.0, slots, &p.layout)?;
 
     let (hybrid, search) = match config.hybrid_fetch {
         FetchFraction::Fixed(f) => {
-            let s = sample(model, config, StrategyKind::Hybrid, f, slots)?;
+            let s = sample_on(model, config, StrategyKind::Hybrid, f, slots, &p.layout)?;
             let t = evaluate(p, StrategyKind::Hybrid, &shape, &s).step_us;
             let search = FetchSearch {
                 grid: vec![FetchPoint {
@@ -715,15 +817,20 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     let legacy = legacy_for(p, config);
     let legacy_fraction_step_us = match legacy.fetch_fraction {
         Some(f) => {
-            let s = sample(model, config, StrategyKind::Hybrid, f, slots)?;
+            let s = sample_on(model, config, StrategyKind::Hybrid, f, slots, &p.layout)?;
             Some(evaluate(p, StrategyKind::Hybrid, &shape, &s).step_us)
         }
         None => None,
     };
 
     let q = quantile(config.confidence, perf.dof);
-    let resident_bytes = total as f64 * model.expert_bytes() as f64
+    // What one GPU must hold for resident: its experts (slices) and the dense part.
+    let resident_bytes = experts_held_per_gpu(model, &p.layout) as f64 * slot_bytes as f64
         + dense_and_kv_bytes(model, config.streams, config.context);
+    // Bytes over all links per counted expert: each plan's experts cross their GPU's link
+    // once when sharded; under tensor parallelism a slice of each crosses every link.
+    let link_bytes_per_expert =
+        slot_bytes as f64 * (p.layout.count() / samples_plans(&p.layout)) as f64;
     let resident_room = p.gpu_memory_bytes - p.gpu_reserve_bytes;
     let mut strategies = Vec::new();
     for kind in StrategyKind::ALL {
@@ -800,7 +907,11 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
             contention_us: ev.contention_us,
             counts,
             miss_rate: samples.miss_rate(),
-            link_bytes_per_step: counts.fetched * shape.expert.bytes,
+            link_bytes_per_step: if p.layout.is_multi() {
+                counts.fetched * link_bytes_per_expert
+            } else {
+                counts.fetched * shape.expert.bytes
+            },
         });
     }
     Ok(Prediction {
@@ -810,12 +921,18 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         source: perf.source.clone(),
         config: config.clone(),
         cache_slots: slots,
+        layout: p.layout,
         offload_miss_rate: offload.miss_rate(),
         strategies,
         fetch_search: search,
         legacy,
         legacy_fraction_step_us,
     })
+}
+
+/// Plans per layer-step of `layout` (at least 1).
+fn samples_plans(layout: &GpuLayout) -> usize {
+    layout.plans().max(1)
 }
 
 /// The legacy rule for this prediction: the configured bench measurement, else the model's
@@ -873,7 +990,14 @@ fn search_fetch(
         .unwrap_or(points[best].fetch_fraction);
     let iterations = state.get_iter();
     let termination = state.get_termination_status().to_string();
-    let at_opt = sample(model, config, StrategyKind::Hybrid, relaxed_optimum, slots)?;
+    let at_opt = sample_on(
+        model,
+        config,
+        StrategyKind::Hybrid,
+        relaxed_optimum,
+        slots,
+        &p.layout,
+    )?;
     let t_opt = evaluate(p, StrategyKind::Hybrid, shape, &at_opt).step_us;
     let (chosen, samples) = if t_opt < points[best].step_us {
         (relaxed_optimum, at_opt)

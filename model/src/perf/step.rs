@@ -27,7 +27,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use super::cost::ExpertShape;
+use super::cost::{ExpertShape, GpuStreams};
 use super::PerfParams;
 use crate::plan::LayerPlan;
 use crate::preset::{DenseSpec, ModelSpec};
@@ -325,6 +325,110 @@ impl PerfParams {
         };
         LayerTime {
             total_us: dense + gpu_side.max(cpu_side) + combine + overhead,
+            critical,
+            busy,
+            contention_us: contention,
+        }
+    }
+}
+
+impl PerfParams {
+    /// The duration of one layer on the parameters' GPUs ([`PerfParams::layout`]), in us:
+    /// `counts[p]` is plan `p`'s counts ([`crate::GpuLayout::plan_of`] says which plan each
+    /// GPU runs: its own when sharded, the one shared plan under tensor parallelism, whose
+    /// counts are of expert slices).
+    ///
+    /// On one GPU this is [`PerfParams::layer_time_with_dense`] of `counts[0]`, unchanged.
+    /// On G GPUs every GPU runs the single-GPU graph of the module docs on its own link,
+    /// cache and stream, with experts of [`PerfParams::gpu_expert_shape`] and its CPU share
+    /// on its [`PerfParams::gpu_cpu_threads`] workers; all gathers and CPU shares read the
+    /// one host DRAM at once ([`PerfParams::overlapped_gpus`]: the contention sees the
+    /// summed demand). The dense part is replicated on every GPU (each holds the dense
+    /// weights and KV cache). The layer ends when the slowest GPU (with its CPU share and
+    /// partial sum) is done, plus the combine ([`PerfParams::peer_combine_us`]):
+    /// `dense + max_g(max(max(gather, hits) + fetched, cpu + sync) + sum) + combine +
+    /// overhead`. The critical split is the slowest GPU's, with the combine charged to
+    /// `sync` (traffic between devices, like the hybrid round trip); `busy` is the busiest
+    /// GPU's per resource, the combine in `sync`; `contention_us` sums over all streams.
+    pub fn layer_time_gpus(
+        &self,
+        kind: StrategyKind,
+        shape: &StepShape,
+        counts: &[LayerCounts],
+        dense: f64,
+    ) -> LayerTime {
+        let layout = self.layout;
+        if !layout.is_multi() {
+            return self.layer_time_with_dense(kind, shape, &counts[0], dense);
+        }
+        let s = self.gpu_expert_shape(shape.expert);
+        let gpus = layout.gpus;
+        let of = |g: u32| &counts[layout.plan_of(g).min(counts.len() - 1)];
+        let streams: Vec<GpuStreams> = (0..gpus)
+            .map(|g| {
+                let c = of(g);
+                GpuStreams {
+                    gather_experts: c.fetched,
+                    cpu_experts: c.cpu,
+                    cpu_tokens: c.cpu_tokens,
+                    threads: self.gpu_cpu_threads(g),
+                }
+            })
+            .collect();
+        let over = self.overlapped_gpus(&streams, s);
+        let overhead = self.overhead.get(kind);
+        let sync = self.sync_round_trip_us(shape.streams, shape.hidden);
+        let peer = self.peer_combine_us(shape.streams, shape.hidden);
+        let mut slowest: Option<(f64, TimeSplit)> = None;
+        let mut busy = TimeSplit::default();
+        let mut contention = 0.0;
+        for g in 0..gpus {
+            let c = of(g);
+            let o = over[g as usize];
+            let hits = self.gpu_experts_us(c.hits, c.hit_tokens, s);
+            let fetched = self.gpu_experts_us(c.fetched, c.fetched_tokens, s);
+            let has_cpu = c.cpu > 0.0;
+            let gather = o.gather_us;
+            let cpu = o.cpu_us;
+            contention += o.gather_lost_us + o.cpu_lost_us;
+            let (sync_g, sum) = if has_cpu {
+                (sync, self.combine_us())
+            } else {
+                (0.0, 0.0)
+            };
+            let gpu_side = gather.max(hits) + fetched;
+            let cpu_side = if has_cpu { cpu + sync_g } else { 0.0 };
+            let body = gpu_side.max(cpu_side) + sum;
+            let mut crit = TimeSplit::default();
+            if cpu_side > gpu_side {
+                crit.cpu_us += cpu;
+                crit.sync_us += sync_g;
+            } else {
+                if gather >= hits && c.fetched > 0.0 {
+                    crit.pcie_us += gather;
+                } else {
+                    crit.gpu_us += hits;
+                }
+                crit.gpu_us += fetched;
+            }
+            crit.gpu_us += sum;
+            if slowest.is_none_or(|(b, _)| body > b) {
+                slowest = Some((body, crit));
+            }
+            busy.pcie_us = busy.pcie_us.max(gather);
+            busy.cpu_us = busy.cpu_us.max(cpu);
+            busy.gpu_us = busy.gpu_us.max(hits + fetched + sum);
+            busy.sync_us = busy.sync_us.max(sync_g);
+        }
+        let (body, mut critical) = slowest.unwrap_or_default();
+        critical.dense_us = dense;
+        critical.other_us = overhead;
+        critical.sync_us += peer;
+        busy.sync_us += peer;
+        busy.dense_us = dense;
+        busy.other_us = overhead;
+        LayerTime {
+            total_us: dense + body + peer + overhead,
             critical,
             busy,
             contention_us: contention,

@@ -158,6 +158,11 @@ impl Link {
         self.current.map(|_| self.job.set_rate(now, gbs))
     }
 
+    /// Rate of the job in progress, GB/s (`None` when idle).
+    pub fn rate(&self) -> Option<f64> {
+        self.current.map(|_| self.job.rate())
+    }
+
     /// Finish time of the job in progress at its current rate.
     pub fn finish_at(&self) -> Option<Nanos> {
         self.current.map(|_| self.job.finish_at())
