@@ -16,12 +16,13 @@ use std::path::PathBuf;
 use ft_kernels::ActivationPath;
 use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
-use ft_model::{FetchFraction, ModelSpec, Strategy, StrategyKind};
+use ft_model::{FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::cpu_pool::PoolWait;
-use ft_runtime::device::{Device, DeviceInfo, DeviceKind, HostDeviceConfig};
+use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceConfig};
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
 use ft_runtime::engine::{
-    decode, draw_routing, CombineOrder, DecodeOptions, Engine, EngineConfig, EngineMemory,
+    decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
+    EngineConfig, EngineMemory, GpuCounts, MultiEngine,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
@@ -129,6 +130,14 @@ pub struct Args {
     /// Measure hybrid's fixed cost per layer with tiny work instead of decoding.
     #[arg(long)]
     probe_overhead: bool,
+    /// GPUs decoding together (CUDA devices 0..N, or N host-emulated devices); the cache
+    /// size flags are then per GPU and --threads the CPU workers of all GPUs together.
+    #[arg(long, default_value_t = 1)]
+    gpus: u32,
+    /// How experts are laid out over the GPUs: sharded (each expert on GPU `expert % N`) or
+    /// tensor-parallel (each expert split into N slices along its intermediate dimension).
+    #[arg(long, default_value = "sharded")]
+    placement: String,
 }
 
 /// The link bound of a run that gathers: how close the measured step is to the time its
@@ -343,6 +352,8 @@ pub fn run(args: Args) -> Result<()> {
     if args.probe_overhead {
         return run_probe(&args, kind, threads, pool_wait, cores);
     }
+    let placement: GpuPlacement = args.placement.parse().context("--placement")?;
+    let layout = GpuLayout::new(args.gpus, placement).context("--gpus")?;
     if args.streams == 0 {
         bail!("--streams: must be at least 1");
     }
@@ -384,6 +395,15 @@ pub fn run(args: Args) -> Result<()> {
             0
         }
         (_, Some(n), _) => CacheSize::Slots(n).slots(model.expert_bytes(), g.total_experts())?,
+        // Under tensor parallelism a GPU's budget holds slices (GpuLayout::slots_per_gpu).
+        (_, None, Some(x)) if layout.is_multi() => {
+            if !(x.is_finite() && x >= 0.0) {
+                bail!("--cache-gb {x}: must be a non-negative number of GiB");
+            }
+            layout
+                .slots_per_gpu((x * GIB) as u64, model.expert_bytes())
+                .min(g.total_experts() as usize)
+        }
         (_, None, Some(x)) => CacheSize::GiB(x).slots(model.expert_bytes(), g.total_experts())?,
         (StrategyKind::Cpu, None, None) => 0,
         (k, None, None) => bail!("{k} needs a cache size: give --cache-slots N or --cache-gb X"),
@@ -482,6 +502,21 @@ pub fn run(args: Args) -> Result<()> {
         None
     };
 
+    if layout.is_multi() {
+        return run_multi(MultiRun {
+            args: &args,
+            kind,
+            layout,
+            model: &model,
+            cfg: &cfg,
+            memory,
+            warm,
+            measured,
+            fetch,
+            notes,
+            cores,
+        });
+    }
     let device = match kind {
         DeviceKind::Host => Device::host(HostDeviceConfig {
             memory_bytes: memory.device_bytes() + HOST_DEVICE_SLACK,
@@ -726,6 +761,279 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
             "numerics fresh vs warmed", d.max_rel_l2, d.bit_identical, n.expect_bit_identical
         )?;
     }
+    Ok(())
+}
+
+/// What one GPU of a multi-GPU run did (per measured step where it says so).
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuReport {
+    /// GPU index (rank).
+    pub gpu: usize,
+    /// Its device.
+    pub device: DeviceInfo,
+    /// Its CPU workers: `start..end` of the pool's worker indices.
+    pub cpu_workers: (usize, usize),
+    /// Miss rate of its cache (misses over the distinct experts it looks up).
+    pub miss_rate: f64,
+    /// Bytes of one expert as it stores and gathers it (a slice under tensor parallelism).
+    pub expert_bytes: u64,
+    /// Bytes gathered over its link per step.
+    pub gathered_bytes_per_step: f64,
+    /// Bytes it sends in the combines per step (the ring all-reduce's share).
+    pub combine_bytes_per_step: f64,
+    /// Host time of its CPU shares per step, us.
+    pub cpu_us_per_step: f64,
+    /// Combine time per step, us (a collective: the same for every GPU).
+    pub combine_us_per_step: f64,
+    /// The measured steps' counts summed.
+    pub counts: GpuCounts,
+}
+
+/// Everything a multi-GPU `ft run` reports (the `--json` document).
+#[derive(Debug, Clone, Serialize)]
+pub struct MultiRunReport {
+    /// Model name.
+    pub model: String,
+    /// Expert format.
+    pub format: String,
+    /// MoE layers run.
+    pub layers: usize,
+    /// The strategy as run.
+    pub strategy: String,
+    /// Fetch fraction the plans used.
+    pub fetch_fraction: f64,
+    /// GPUs.
+    pub gpus: u32,
+    /// sharded or tensor-parallel.
+    pub placement: String,
+    /// How partial outputs were combined (NCCL, or through the host).
+    pub combine_method: String,
+    /// CPU workers of all GPUs together.
+    pub threads: usize,
+    /// Streams.
+    pub streams: usize,
+    /// Measured steps.
+    pub steps: usize,
+    /// Cache slots per GPU.
+    pub cache_slots_per_gpu: usize,
+    /// Decode tokens per second over all streams (measured steps).
+    pub tok_s_total: f64,
+    /// Mean step time, us.
+    pub step_us_mean: f64,
+    /// Mean combine time per step, us.
+    pub combine_us_per_step: f64,
+    /// Per GPU.
+    pub per_gpu: Vec<GpuReport>,
+    /// All GPUs' counts summed.
+    pub totals: GpuCounts,
+    /// Miss rate over all GPUs.
+    pub miss_rate: f64,
+    /// Bytes gathered over all links per step.
+    pub gathered_bytes_per_step: f64,
+    /// Memory a single-GPU engine of this config plans (each GPU holds at most about this
+    /// much device memory).
+    pub memory_single_gpu: EngineMemory,
+    /// Notes.
+    pub notes: Vec<String>,
+}
+
+/// What [`run_multi`] needs from [`run`].
+struct MultiRun<'a> {
+    args: &'a Args,
+    kind: DeviceKind,
+    layout: GpuLayout,
+    model: &'a ModelSpec,
+    cfg: &'a EngineConfig,
+    memory: EngineMemory,
+    warm: &'a [ft_model::routing::StepRouting],
+    measured: &'a [ft_model::routing::StepRouting],
+    fetch: f64,
+    notes: Vec<String>,
+    cores: usize,
+}
+
+/// `ft run --gpus N` with N > 1: the multi-GPU engine.
+fn run_multi(r: MultiRun<'_>) -> Result<()> {
+    let MultiRun {
+        args,
+        kind,
+        layout,
+        model,
+        cfg,
+        memory,
+        warm,
+        measured,
+        fetch,
+        mut notes,
+        cores,
+    } = r;
+    if args.compare_numerics || args.trace_out.is_some() {
+        bail!("--compare-numerics and --trace-out are single-GPU only for now (drop --gpus)");
+    }
+    let n = layout.count();
+    let spec = match kind {
+        DeviceKind::Host => DeviceSpec::Host(HostDeviceConfig {
+            memory_bytes: memory.device_bytes() + HOST_DEVICE_SLACK,
+            link_gbps: args.link_gbps,
+            kernel_threads: (cores.saturating_sub(cfg.threads + 1) / n).max(1),
+        }),
+        DeviceKind::Cuda => {
+            if args.link_gbps.is_some() {
+                bail!("--link-gbps: only the host device emulates a link bandwidth");
+            }
+            DeviceSpec::Cuda { ordinal: 0 }
+        }
+    };
+    let devices = Device::open_group(&spec, n).context("--gpus")?;
+    tracing::info!(
+        gpus = n,
+        placement = layout.placement.name(),
+        model = %model.name,
+        "building the multi-GPU engine"
+    );
+    let mut engine =
+        MultiEngine::new(&devices, layout, model, cfg).context("building the multi-GPU engine")?;
+    let options = DecodeOptions {
+        context: args.context,
+        input_seed: args.seed,
+        keep_spans: false,
+        keep_outputs: false,
+    };
+    let bar = indicatif::ProgressBar::new((warm.len() + measured.len()) as u64);
+    let decoded = decode_multi(&mut engine, warm, measured, &options, &mut |done, _| {
+        bar.set_position(done as u64)
+    })?;
+    bar.finish_and_clear();
+    let steps: Vec<_> = decoded.steps.iter().filter(|s| !s.warmup).collect();
+    let ns = steps.len().max(1) as f64;
+    let wall_us: f64 = steps.iter().map(|s| s.wall_us).sum();
+    let combine_us_per_step = steps.iter().map(|s| s.combine_us).sum::<f64>() / ns;
+    let counts = decoded.counts();
+    let mut totals = GpuCounts::default();
+    counts.iter().for_each(|c| totals.add(c));
+    let workers = engine.cpu_workers();
+    let per_gpu = counts
+        .iter()
+        .enumerate()
+        .map(|(i, c)| GpuReport {
+            gpu: i,
+            device: devices[i].info().clone(),
+            cpu_workers: (workers[i].start, workers[i].end),
+            miss_rate: c.miss_rate(),
+            expert_bytes: engine.expert_bytes_per_gpu() as u64,
+            gathered_bytes_per_step: c.gathered_bytes as f64 / ns,
+            combine_bytes_per_step: c.combine_bytes as f64 / ns,
+            cpu_us_per_step: steps.iter().map(|s| s.gpus[i].cpu_us).sum::<f64>() / ns,
+            combine_us_per_step,
+            counts: *c,
+        })
+        .collect();
+    if engine.combine_method() == CombineMethod::Host && kind == DeviceKind::Cuda {
+        notes.push(
+            "NCCL could not be used: the combine ran through the host (D2H + sum + H2D)".into(),
+        );
+    }
+    let report = MultiRunReport {
+        model: model.name.clone(),
+        format: model.format.name().into(),
+        layers: model.geometry.moe_layers,
+        strategy: cfg.strategy.to_string(),
+        fetch_fraction: fetch,
+        gpus: layout.gpus,
+        placement: layout.placement.name().into(),
+        combine_method: engine.combine_method().name().into(),
+        threads: cfg.threads,
+        streams: args.streams,
+        steps: steps.len(),
+        cache_slots_per_gpu: cfg.cache_slots,
+        tok_s_total: if wall_us > 0.0 {
+            (steps.len() * args.streams) as f64 / (wall_us * 1e-6)
+        } else {
+            0.0
+        },
+        step_us_mean: wall_us / ns,
+        combine_us_per_step,
+        per_gpu,
+        miss_rate: totals.miss_rate(),
+        gathered_bytes_per_step: totals.gathered_bytes as f64 / ns,
+        totals,
+        memory_single_gpu: memory,
+        notes,
+    };
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if args.json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        print_multi_table(&mut out, &report)?;
+    }
+    Ok(())
+}
+
+fn print_multi_table(out: &mut impl Write, r: &MultiRunReport) -> Result<()> {
+    writeln!(
+        out,
+        "ft run: {} ({}), {} layers, {} (fetch fraction {:.3}) on {} GPUs, {}, combine {}",
+        r.model,
+        r.format,
+        r.layers,
+        r.strategy,
+        r.fetch_fraction,
+        r.gpus,
+        r.placement,
+        r.combine_method
+    )?;
+    writeln!(
+        out,
+        "{} stream(s), {} steps, {} cache slots per GPU, {} CPU workers in all",
+        r.streams, r.steps, r.cache_slots_per_gpu, r.threads
+    )?;
+    for n in &r.notes {
+        writeln!(out, "note: {n}")?;
+    }
+    writeln!(
+        out,
+        "  {:>4}  {:<28} {:>9} {:>10} {:>12} {:>11} {:>10} {:>11}",
+        "gpu",
+        "device",
+        "workers",
+        "miss rate",
+        "gathered MB",
+        "combine MB",
+        "cpu us",
+        "combine us"
+    )?;
+    for g in &r.per_gpu {
+        writeln!(
+            out,
+            "  {:>4}  {:<28} {:>9} {:>9.1}% {:>12.2} {:>11.3} {:>10.0} {:>11.0}",
+            g.gpu,
+            g.device.name,
+            format!("{}..{}", g.cpu_workers.0, g.cpu_workers.1),
+            100.0 * g.miss_rate,
+            g.gathered_bytes_per_step / 1e6,
+            g.combine_bytes_per_step / 1e6,
+            g.cpu_us_per_step,
+            g.combine_us_per_step
+        )?;
+    }
+    writeln!(
+        out,
+        "  {:>4}  {:<28} {:>9} {:>9.1}% {:>12.2} {:>11.3} {:>10} {:>11.0}",
+        "all",
+        "",
+        "",
+        100.0 * r.miss_rate,
+        r.gathered_bytes_per_step / 1e6,
+        r.totals.combine_bytes as f64 / r.steps.max(1) as f64 / 1e6,
+        "",
+        r.combine_us_per_step
+    )?;
+    writeln!(
+        out,
+        "  decode tok/s total {:.2}, step {:.0} us (mean)",
+        r.tok_s_total, r.step_us_mean
+    )?;
     Ok(())
 }
 

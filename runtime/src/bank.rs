@@ -59,6 +59,15 @@ pub enum BankSource {
         /// Its path.
         path: String,
     },
+    /// Tensor-parallel slice `gpu` of `gpus` of another bank ([`HostBank::tensor_parallel_slice`]).
+    Slice {
+        /// Which slice (the GPU that holds it), from 0.
+        gpu: usize,
+        /// Slices in all (GPUs).
+        gpus: usize,
+        /// Where the whole bank came from.
+        of: Box<BankSource>,
+    },
 }
 
 /// Shape of a bank.
@@ -276,11 +285,144 @@ impl HostBank {
         self.layout.offset(id)
     }
 
+    /// Tensor-parallel slice `gpu` of `gpus` of this bank: every expert cut along its
+    /// intermediate dimension into `gpus` equal, block-aligned parts ([`slice_geometry`]),
+    /// part `gpu` kept: rows `[a, b)` of `gate` and `up`, columns `[a, b)` of `down`, with
+    /// `a = gpu * I / gpus`, `b = a + I / gpus`. The slice is a valid expert of
+    /// `intermediate = I / gpus` in the same format, so every kernel computes it unchanged,
+    /// and summing the `gpus` slices' outputs gives the whole expert's (up to f32 rounding
+    /// of the split sum over the intermediate dimension).
+    ///
+    /// No format needs re-encoding: every format blocks along a row's columns and keeps
+    /// per-row scales per row (`ft_kernels::codec`), so a row slice copies whole rows of
+    /// every plane and a block-aligned column slice copies whole blocks of every row (an
+    /// `int8` row keeps its row scale; an `nvfp4` row its f16 row scale). The slices are
+    /// copied once, here, into a bank of their own so that a gather stays one contiguous
+    /// copy per expert.
+    pub fn tensor_parallel_slice(
+        &self,
+        device: &Device,
+        gpus: usize,
+        gpu: usize,
+    ) -> Result<HostBank> {
+        let whole = self.layout;
+        let part_geometry = slice_geometry(whole.format, &whole.geometry, gpus)?;
+        if gpu >= gpus {
+            return Err(RuntimeError::invalid(
+                "tensor-parallel slice",
+                format!("slice {gpu} of {gpus} does not exist"),
+            ));
+        }
+        let part = BankLayout::new(whole.format, &part_geometry)?;
+        let width = part_geometry.intermediate;
+        let (a, b) = (gpu * width, (gpu + 1) * width);
+        let kernel = |e: ft_kernels::KernelError| RuntimeError::Kernel(e.to_string());
+        let wl = ft_kernels::ExpertLayout::new(whole.format, &whole.geometry).map_err(kernel)?;
+        let pl = ft_kernels::ExpertLayout::new(part.format, &part.geometry).map_err(kernel)?;
+        let h = whole.geometry.hidden;
+        let mut out = Self::alloc(
+            device,
+            part,
+            BankSource::Slice {
+                gpu,
+                gpus,
+                of: Box::new(self.source.clone()),
+            },
+        )?;
+        let src = self.buffer.as_slice();
+        out.buffer
+            .as_mut_slice()
+            .par_chunks_mut(part.stride)
+            .enumerate()
+            .for_each(|(flat, dst)| {
+                let s = &src[flat * whole.stride..flat * whole.stride + whole.expert_bytes];
+                let (sg, su, sd) = (
+                    &s[wl.range(ft_kernels::Matrix::Gate)],
+                    &s[wl.range(ft_kernels::Matrix::Up)],
+                    &s[wl.range(ft_kernels::Matrix::Down)],
+                );
+                let d = &mut dst[..part.expert_bytes];
+                let (dg, rest) = d.split_at_mut(pl.up_offset);
+                let (du, dd) = rest.split_at_mut(pl.gate_up.bytes);
+                slice_matrix(&wl.gate_up, &pl.gate_up, a..b, 0..h, sg, dg);
+                slice_matrix(&wl.gate_up, &pl.gate_up, a..b, 0..h, su, du);
+                slice_matrix(&wl.down, &pl.down, 0..h, a..b, sd, dd);
+            });
+        Ok(out)
+    }
+
     /// One expert's bytes (gate, up, down), for the CPU kernels. Banks are only ever
     /// copied from, never into, by the device, so reading them is always safe.
     pub fn expert(&self, id: ExpertId) -> Result<&[u8]> {
         let o = self.offset(id)?;
         Ok(&self.buffer.as_slice()[o..o + self.layout.expert_bytes])
+    }
+}
+
+/// The geometry of one tensor-parallel slice of `geometry` over `gpus` GPUs: `intermediate`
+/// divided by `gpus`. An error names the geometry when the split is not exact or a slice's
+/// width is not a whole number of `format`'s blocks (its `block_len` columns), since a
+/// slice boundary inside a block would need re-encoding.
+pub fn slice_geometry(
+    format: ExpertFormat,
+    geometry: &MoeGeometry,
+    gpus: usize,
+) -> Result<MoeGeometry> {
+    let i = geometry.intermediate;
+    let block = format.block_len().max(1);
+    if gpus == 0 || !i.is_multiple_of(gpus) || !(i / gpus).is_multiple_of(block) {
+        return Err(RuntimeError::invalid(
+            "--placement tensor-parallel",
+            format!(
+                "intermediate {i} cannot be split into {gpus} equal slices of whole {} blocks \
+                 ({block} columns each); use sharded placement or a GPU count that divides {}",
+                format.name(),
+                i / block
+            ),
+        ));
+    }
+    Ok(MoeGeometry {
+        intermediate: i / gpus,
+        ..*geometry
+    })
+}
+
+/// Copy rows `rows` x columns `cols` of matrix `src` (layout `whole`) into `dst` (layout
+/// `part`, `rows.len() x cols.len()`), plane by plane (see [`HostBank::tensor_parallel_slice`];
+/// `cols` must start and end on block boundaries, which [`slice_geometry`] guarantees).
+fn slice_matrix(
+    whole: &ft_kernels::codec::MatrixLayout,
+    part: &ft_kernels::codec::MatrixLayout,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    src: &[u8],
+    dst: &mut [u8],
+) {
+    let c = whole.cols;
+    // Bytes of a column range in one row of a plane of `row_bytes` per row (exact on block
+    // boundaries: every format's row bytes are a whole number per block).
+    let span = |row_bytes: usize| (cols.start * row_bytes / c, cols.end * row_bytes / c);
+    let row_scale_bytes = if whole.row_scales_offset > 0 {
+        (whole.bytes - whole.row_scales_offset) / whole.rows
+    } else {
+        0
+    };
+    for (i, r) in rows.enumerate() {
+        let (v0, v1) = span(whole.values_row_bytes);
+        let so = r * whole.values_row_bytes;
+        let dof = i * part.values_row_bytes;
+        dst[dof..dof + v1 - v0].copy_from_slice(&src[so + v0..so + v1]);
+        if whole.block_scales_row_bytes > 0 {
+            let (b0, b1) = span(whole.block_scales_row_bytes);
+            let so = whole.block_scales_offset + r * whole.block_scales_row_bytes;
+            let dof = part.block_scales_offset + i * part.block_scales_row_bytes;
+            dst[dof..dof + b1 - b0].copy_from_slice(&src[so + b0..so + b1]);
+        }
+        if row_scale_bytes > 0 {
+            let so = whole.row_scales_offset + r * row_scale_bytes;
+            let dof = part.row_scales_offset + i * row_scale_bytes;
+            dst[dof..dof + row_scale_bytes].copy_from_slice(&src[so..so + row_scale_bytes]);
+        }
     }
 }
 
@@ -398,6 +540,53 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
+    }
+
+    /// Naive reference: decode the whole expert to f32 and cut the sub-matrices there.
+    #[test]
+    fn tensor_parallel_slices_decode_to_the_whole_expert_s_sub_matrices() {
+        use ft_kernels::codec::decode;
+        let d = dev();
+        let g = MoeGeometry {
+            intermediate: 192,
+            ..geo()
+        };
+        for f in ExpertFormat::ALL {
+            let whole = HostBank::from_seed(&d, f, &g, 11).unwrap();
+            for gpus in [2usize, 3] {
+                if slice_geometry(f, &g, gpus).is_err() {
+                    continue; // 192 / 3 = 64 is fine for every format; 96 too.
+                }
+                for gpu in 0..gpus {
+                    let part = whole.tensor_parallel_slice(&d, gpus, gpu).unwrap();
+                    let w = part.layout().geometry.intermediate;
+                    assert_eq!(w, 192 / gpus);
+                    let (h, i) = (g.hidden, g.intermediate);
+                    let id = ExpertId::new(1, 2);
+                    let we = whole.expert(id).unwrap();
+                    let pe = part.expert(id).unwrap();
+                    let gu = f.matrix_bytes(i, h) as usize;
+                    let pgu = f.matrix_bytes(w, h) as usize;
+                    for m in 0..2 {
+                        let full = decode(f, i, h, &we[m * gu..(m + 1) * gu]).unwrap();
+                        let got = decode(f, w, h, &pe[m * pgu..(m + 1) * pgu]).unwrap();
+                        let want = &full[gpu * w * h..(gpu + 1) * w * h];
+                        assert_eq!(got, want, "{f} gate/up {m} slice {gpu}/{gpus}");
+                    }
+                    let full = decode(f, h, i, &we[2 * gu..]).unwrap();
+                    let got = decode(f, h, w, &pe[2 * pgu..]).unwrap();
+                    for r in 0..h {
+                        let want = &full[r * i + gpu * w..r * i + (gpu + 1) * w];
+                        assert_eq!(&got[r * w..(r + 1) * w], want, "{f} down row {r}");
+                    }
+                }
+            }
+        }
+        let e = slice_geometry(ExpertFormat::Q4_0, &g, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("tensor-parallel") && e.contains("192"), "{e}");
+        assert!(slice_geometry(ExpertFormat::Bf16, &g, 5).is_err());
     }
 
     #[test]

@@ -861,3 +861,92 @@ impl CudaStreamH {
             .map_err(cu("synchronizing a stream"))
     }
 }
+
+/// NCCL communicators of a group of devices in one process (`ncclCommInitAll`), for the
+/// multi-GPU engine's combine. NCCL is loaded at run time (cudarc's dynamic loading);
+/// [`NcclComms::new`] says why when it cannot be used, and the engine falls back to a
+/// combine through the host.
+pub(crate) struct NcclComms {
+    comms: Vec<cudarc::nccl::sys::ncclComm_t>,
+}
+
+// SAFETY: NCCL communicators may be used from any thread as long as calls on one are not
+// concurrent; the engine issues every collective from its one host thread.
+unsafe impl Send for NcclComms {}
+// SAFETY: as above (no method takes `&self` concurrently with another on the same comm).
+unsafe impl Sync for NcclComms {}
+
+impl NcclComms {
+    /// Communicators for the devices `ordinals` (rank `i` is `ordinals[i]`); the reason in
+    /// words when libnccl cannot be loaded or initialisation fails.
+    pub(crate) fn new(ordinals: &[usize]) -> std::result::Result<NcclComms, String> {
+        use cudarc::nccl::{result as nr, sys as ns};
+        // SAFETY: only probes whether the shared library can be loaded (calling into a
+        // library that is absent would panic in cudarc's loader).
+        if !unsafe { ns::is_culib_present() } {
+            return Err("libnccl could not be loaded".into());
+        }
+        let devs: Vec<i32> = ordinals.iter().map(|&o| o as i32).collect();
+        let mut comms: Vec<ns::ncclComm_t> = vec![std::ptr::null_mut(); devs.len()];
+        // SAFETY: `comms` has room for one communicator per listed device.
+        unsafe { nr::comm_init_all(comms.as_mut_ptr(), devs.len() as i32, devs.as_ptr()) }
+            .map_err(|e| format!("ncclCommInitAll failed: {:?}", e.0))?;
+        Ok(NcclComms { comms })
+    }
+
+    /// Queue an in-place sum all-reduce of the first `n` f32 of each buffer, rank `i`'s
+    /// on stream `parts[i].0` (one group call, so NCCL sees every rank before it starts).
+    pub(crate) fn all_reduce_sum_f32(
+        &self,
+        parts: &[(&super::Stream, &DeviceBuffer)],
+        n: usize,
+    ) -> Result<()> {
+        use cudarc::nccl::{result as nr, sys as ns};
+        if parts.len() != self.comms.len() {
+            return Err(RuntimeError::invalid(
+                "NCCL all-reduce",
+                format!("{} buffers for {} ranks", parts.len(), self.comms.len()),
+            ));
+        }
+        let nccl = |op: &str| {
+            let op = op.to_string();
+            move |e: nr::NcclError| RuntimeError::cuda(op, format!("NCCL error {:?}", e.0))
+        };
+        nr::group_start().map_err(nccl("ncclGroupStart"))?;
+        for (comm, (stream, buf)) in self.comms.iter().zip(parts) {
+            buf.check_range("NCCL all-reduce", 0, n * 4)?;
+            let ptr = dptr(buf)? as *mut std::ffi::c_void;
+            let raw = match &stream.imp {
+                super::StreamImpl::Cuda(s) => s.raw(),
+                #[allow(unreachable_patterns)]
+                _ => return Err(super::backend_mismatch("NCCL all-reduce")),
+            };
+            // SAFETY: `ptr` is `n` f32 of live device memory on the comm's device (checked
+            // above), the stream belongs to that device, and the buffer outlives the
+            // queued operation (buffers are freed only after a device synchronisation).
+            unsafe {
+                nr::all_reduce(
+                    ptr as *const _,
+                    ptr,
+                    n,
+                    ns::ncclDataType_t::ncclFloat32,
+                    ns::ncclRedOp_t::ncclSum,
+                    *comm,
+                    raw as ns::cudaStream_t,
+                )
+            }
+            .map_err(nccl("ncclAllReduce"))?;
+        }
+        nr::group_end().map_err(nccl("ncclGroupEnd"))?;
+        Ok(())
+    }
+}
+
+impl Drop for NcclComms {
+    fn drop(&mut self) {
+        for c in &self.comms {
+            // SAFETY: each communicator was created once by `ncclCommInitAll`.
+            let _ = unsafe { cudarc::nccl::result::comm_destroy(*c) };
+        }
+    }
+}

@@ -205,6 +205,10 @@ pub(crate) struct DeviceInner {
     pub(crate) clock: Clock,
     /// Unique per opened device (to refuse mixing handles of two devices).
     pub(crate) uid: u64,
+    /// Identity of the host memory this device shares: its own `uid`, or, for the devices
+    /// of one [`Device::open_group`], the first one's (a host buffer of any of them may be
+    /// the source or destination of every one's copies, as CUDA's portable pinned memory is).
+    pub(crate) host_group: u64,
 }
 
 /// An opened device; cheap to clone (a shared handle).
@@ -245,40 +249,99 @@ impl Device {
 
     /// The host-emulated device.
     pub fn host(config: HostDeviceConfig) -> Result<Device> {
+        Self::host_in(config, None, 0)
+    }
+
+    /// A host-emulated device sharing host memory with `group` (see `host_group`).
+    fn host_in(config: HostDeviceConfig, group: Option<u64>, ordinal: usize) -> Result<Device> {
         let clock = Clock::new();
-        let (backend, info) = host::HostDevice::new(config)?;
+        let (backend, mut info) = host::HostDevice::new(config)?;
+        info.ordinal = ordinal;
+        let uid = next_uid();
         Ok(Device {
             inner: Arc::new(DeviceInner {
                 backend: Backend::Host(backend),
                 info,
                 clock,
-                uid: next_uid(),
+                uid,
+                host_group: group.unwrap_or(uid),
             }),
         })
     }
 
     /// CUDA device `ordinal`.
     pub fn cuda(ordinal: usize) -> Result<Device> {
+        Self::cuda_in(ordinal, None)
+    }
+
+    /// CUDA device `ordinal`, sharing host memory with `group` (see `host_group`).
+    fn cuda_in(ordinal: usize, group: Option<u64>) -> Result<Device> {
         #[cfg(feature = "cuda")]
         {
             let clock = Clock::new();
             let (backend, info) = cuda::CudaDevice::new(ordinal, clock)?;
+            let uid = next_uid();
             Ok(Device {
                 inner: Arc::new(DeviceInner {
                     backend: Backend::Cuda(backend),
                     info,
                     clock,
-                    uid: next_uid(),
+                    uid,
+                    host_group: group.unwrap_or(uid),
                 }),
             })
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = ordinal;
+            let _ = (ordinal, group);
             Err(RuntimeError::CudaUnavailable {
                 reason: "this build has no CUDA support (rebuild with --features cuda)".into(),
             })
         }
+    }
+
+    /// `count` devices of one host that decode together (several GPUs): CUDA ordinals
+    /// `ordinal .. ordinal + count` of `spec`, or `count` host-emulated devices of `spec`'s
+    /// config (ordinals `0 .. count`). Host buffers allocated by any of them can be used by
+    /// all of them (one pinned bank serves every GPU; CUDA: `PORTABLE` pinned memory, mapped
+    /// at the same address in every context under unified addressing). Asking for more
+    /// CUDA devices than the machine has is a [`RuntimeError::CudaUnavailable`] saying
+    /// "asked for N GPUs, found M"; zero devices is [`RuntimeError::Invalid`].
+    pub fn open_group(spec: &DeviceSpec, count: usize) -> Result<Vec<Device>> {
+        if count == 0 {
+            return Err(RuntimeError::invalid(
+                "--gpus",
+                "at least one GPU is needed",
+            ));
+        }
+        let mut out: Vec<Device> = Vec::with_capacity(count);
+        match spec {
+            DeviceSpec::Host(cfg) => {
+                for i in 0..count {
+                    let group = out.first().map(|d| d.inner.host_group);
+                    out.push(Self::host_in(cfg.clone(), group, i)?);
+                }
+            }
+            DeviceSpec::Cuda { ordinal } => {
+                let found = cuda_device_count()?;
+                if ordinal + count > found {
+                    return Err(RuntimeError::CudaUnavailable {
+                        reason: if *ordinal == 0 {
+                            format!("asked for {count} GPUs, found {found}")
+                        } else {
+                            format!(
+                                "asked for {count} GPUs from device {ordinal} on, found {found}"
+                            )
+                        },
+                    });
+                }
+                for i in 0..count {
+                    let group = out.first().map(|d| d.inner.host_group);
+                    out.push(Self::cuda_in(ordinal + i, group)?);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// What this device is.
@@ -330,7 +393,7 @@ impl Device {
             Backend::Cuda(c) => HostMemImpl::Cuda(c.alloc_pinned(bytes, what)?),
         };
         Ok(HostBuffer {
-            uid: self.inner.uid,
+            uid: self.inner.host_group,
             len: bytes,
             mem,
         })
@@ -384,6 +447,17 @@ impl Device {
         }
     }
 
+    /// Like [`Device::check_same`] for a host buffer: any device of this one's group.
+    pub(crate) fn check_host(&self, uid: u64, op: &str, what: &str) -> Result<()> {
+        if uid != self.inner.host_group {
+            return Err(RuntimeError::DeviceMismatch {
+                op: op.to_string(),
+                reason: format!("{what} is host memory of a device outside the stream's group"),
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn check_same(&self, uid: u64, op: &str, what: &str) -> Result<()> {
         if uid != self.inner.uid {
             return Err(RuntimeError::DeviceMismatch {
@@ -392,6 +466,26 @@ impl Device {
             });
         }
         Ok(())
+    }
+}
+
+/// CUDA devices the driver reports; a [`RuntimeError::CudaUnavailable`] saying why when
+/// there is no usable driver (or the build has no CUDA).
+pub fn cuda_device_count() -> Result<usize> {
+    #[cfg(feature = "cuda")]
+    {
+        if let Some(reason) = cuda::unavailable_reason() {
+            return Err(RuntimeError::CudaUnavailable { reason });
+        }
+        cudarc::driver::result::device::get_count()
+            .map(|n| n.max(0) as usize)
+            .map_err(|e| RuntimeError::cuda("counting devices", e))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(RuntimeError::CudaUnavailable {
+            reason: "this build has no CUDA support (rebuild with --features cuda)".into(),
+        })
     }
 }
 
@@ -605,7 +699,7 @@ impl Stream {
         self.device
             .check_same(src.uid, "copy_d2h", "source buffer")?;
         self.device
-            .check_same(dst.uid, "copy_d2h", "destination buffer")?;
+            .check_host(dst.uid, "copy_d2h", "destination buffer")?;
         src.check_range("copy_d2h source", src_offset, bytes)?;
         dst.check_range("copy_d2h destination", dst_offset, bytes)?;
         on_stream!(self, s => s.copy_d2h(src, src_offset, dst, dst_offset, bytes))
@@ -799,7 +893,7 @@ impl Stream {
         dst_len: usize,
         regions: &[CopyRegion],
     ) -> Result<()> {
-        self.device.check_same(src_uid, op, "source buffer")?;
+        self.device.check_host(src_uid, op, "source buffer")?;
         self.device.check_same(dst_uid, op, "destination buffer")?;
         for r in regions {
             check_range(

@@ -41,11 +41,15 @@
 //! - `cpu`: every miss on the CPU (the cache holds only what a static hot set puts there).
 
 mod decode;
+pub mod multi;
 pub mod probe;
 mod timeline;
 mod work;
 
 pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
+pub use multi::{
+    decode_multi, CombineMethod, GpuCounts, MultiDecoded, MultiEngine, MultiStepResult,
+};
 pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
@@ -75,6 +79,15 @@ use work::{build_layer, replicate_rounds, tree_rounds, BuildContext, Rows, F32_B
 /// stack) whatever the layer count.
 pub fn residual_scale(layers: usize) -> f32 {
     1.0 / (layers.max(1) as f32).sqrt()
+}
+
+/// Where an engine's expert weights come from.
+#[derive(Debug, Clone, Copy)]
+pub enum BankSource<'a> {
+    /// Deterministic synthetic weights from this seed.
+    Seed(u64),
+    /// A safetensors checkpoint's expert tensors.
+    Safetensors(&'a std::path::Path),
 }
 
 /// How an engine is built. Everything with a unit says so.
@@ -370,6 +383,26 @@ impl Engine {
         config: &EngineConfig,
         popularity: Option<Vec<f64>>,
     ) -> Result<Engine> {
+        Engine::with_bank_source(
+            device,
+            model,
+            config,
+            popularity,
+            BankSource::Seed(config.seed),
+        )
+    }
+
+    /// [`Engine::new`] with the expert weights taken from `source`: synthetic from a seed,
+    /// or a safetensors checkpoint (its accepted tensor names are in [`crate::bank`]'s docs;
+    /// `model` gives the geometry and format the file must hold). The bank is filled after
+    /// the device memory is reserved, so a cache the device cannot hold fails fast.
+    pub fn with_bank_source(
+        device: &Device,
+        model: &ModelSpec,
+        config: &EngineConfig,
+        popularity: Option<Vec<f64>>,
+        source: BankSource<'_>,
+    ) -> Result<Engine> {
         model.validate()?;
         let g = model.geometry;
         if config.max_streams == 0 {
@@ -425,7 +458,12 @@ impl Engine {
             }
             Err(e) => return Err(e),
         };
-        let bank = HostBank::from_seed(device, model.format, &g, config.seed)?;
+        let bank = match source {
+            BankSource::Seed(seed) => HostBank::from_seed(device, model.format, &g, seed)?,
+            BankSource::Safetensors(path) => {
+                HostBank::from_safetensors(device, model.format, &g, path)?
+            }
+        };
         let dense = DenseBuffers::new(
             device,
             &model.dense(),
