@@ -5,7 +5,7 @@
 #
 # Usage (on the GPU machine, from the repository root, with carry/device/ carried):
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
-# Steps: gpu-check, cpu-kernels, runtime-grid, validate, serve-ab, experiments-gpu.
+# Steps: gpu-check, cpu-kernels, runtime-grid, validate, serve-ab, diag.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -31,6 +31,7 @@ for spec in "$@"; do
     runtime-grid) timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
     validate) timeout "$limit" experiments/validate-h200/run.sh "$R/validate-h200" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
+    diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
     *) echo "unknown step $name" >&2; false ;;
     esac >"$R/$name.stdout" 2>"$R/$name.stderr"
     echo "$name: rc=$? ($((SECONDS - t0)) s, limit $limit)" >>"$log"
