@@ -5,7 +5,8 @@
 #
 # Usage (on the GPU machine, from the repository root, with carry/device/ carried):
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
-# Steps: gpu-check, cpu-kernels, runtime-grid, validate, serve-ab, diag.
+# Steps: gpu-check, cpu-kernels, runtime-grid, validate, serve-ab, diag, and exp-NAME for
+# any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -16,7 +17,10 @@ for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
          /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
     [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
 done
-export LD_LIBRARY_PATH
+# jq and its libraries, carried by scripts/gpu-check.sh --build (the GPU machine has none).
+[[ -d "$ROOT/carry/device/bin" ]] && PATH="$ROOT/carry/device/bin:$PATH"
+[[ -d "$ROOT/carry/device/lib" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$ROOT/carry/device/lib"
+export LD_LIBRARY_PATH PATH
 export FT="$ROOT/carry/device/ft" FT_BIN="$ROOT/carry/device/ft"
 log="$R/steps.txt"
 echo "date: $(date -u +%FT%TZ)" >"$log"
@@ -32,6 +36,7 @@ for spec in "$@"; do
     validate) timeout "$limit" experiments/validate-h200/run.sh "$R/validate-h200" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
+    exp-*) timeout "$limit" "experiments/${name#exp-}/run.sh" "$R/${name#exp-}" ;;
     *) echo "unknown step $name" >&2; false ;;
     esac >"$R/$name.stdout" 2>"$R/$name.stderr"
     echo "$name: rc=$? ($((SECONDS - t0)) s, limit $limit)" >>"$log"

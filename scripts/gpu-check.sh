@@ -40,6 +40,11 @@ for line in sys.stdin:
 '
     cargo build --release --features cuda
     cp target/release/ft "$C/ft"
+    # The experiment scripts parse JSON with jq, which the GPU machine lacks: carry this
+    # machine's jq with its two libraries (glibc here is older than there, so it runs).
+    mkdir -p "$C/bin" "$C/lib"
+    cp "$(command -v jq)" "$C/bin/jq"
+    ldd "$(command -v jq)" | awk '/libjq|libonig/ {print $3}' | xargs -r -I{} cp -L {} "$C/lib/"
     # Debug info (line tables) is most of each file; the remote run carries at most 64 MiB.
     for f in "$C/ft" "$C/gpu_backend" "$C"/tests/*; do strip --strip-debug "$f"; done
     ls -la "$C" "$C/tests"
