@@ -5,7 +5,8 @@
 #
 # Usage (on the GPU machine, from the repository root, with carry/device/ carried):
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
-# Steps: gpu-check, cpu-kernels, runtime-grid, validate, serve-ab, diag, and exp-NAME for
+# Steps: gpu-check, bench (gpu_backend alone), cpu-kernels, runtime-grid, validate, serve-ab,
+# diag, ncu, and exp-NAME for
 # any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +37,8 @@ for spec in "$@"; do
     validate) timeout "$limit" experiments/validate-h200/run.sh "$R/validate-h200" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
+    ncu) timeout "$limit" scripts/ncu-experts.sh "$R/ncu" ;;
+    bench) mkdir -p "$R/bench"; timeout "$limit" carry/device/gpu_backend --device cuda --out "$R/bench" ;;
     exp-*) timeout "$limit" "experiments/${name#exp-}/run.sh" "$R/${name#exp-}" ;;
     *) echo "unknown step $name" >&2; false ;;
     esac >"$R/$name.stdout" 2>"$R/$name.stderr"

@@ -29,3 +29,18 @@ __device__ __forceinline__ int region_of_block(const Region* r, int n, u64 block
     }
     return lo;
 }
+
+// A launch's argument table carried in the kernel's own parameter space: the runtime copies
+// a small table (task and pair lists, copy regions) into this parameter, so the launch needs
+// no staging copy to device memory before it; `__grid_constant__` lets the kernel take its
+// address and read it like any array. A table too large for it is staged in device memory
+// and passed as `staged` (non-zero) instead. Its size is the runtime's PARAM_TABLE_BYTES.
+#define FT_PARAM_TABLE_BYTES 3072
+struct __align__(16) ParamTable {
+    u8 bytes[FT_PARAM_TABLE_BYTES];
+};
+
+// The table of a launch: the staged copy when there is one, else the parameter.
+__device__ __forceinline__ const u8* table_base(const ParamTable& t, u64 staged) {
+    return staged ? (const u8*)staged : t.bytes;
+}

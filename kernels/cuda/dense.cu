@@ -6,7 +6,9 @@
 #define DENSE_OUT_WORDS 256
 #define DENSE_UNROLL 4
 
-extern "C" __global__ void ft_dense_read(const Region* regions, int n_regions, u64 chunk, u32* out) {
+extern "C" __global__ void ft_dense_read(const __grid_constant__ ParamTable tab, u64 staged,
+                                         int n_regions, u64 chunk, u32* out) {
+    const Region* regions = (const Region*)table_base(tab, staged);
     int ri = region_of_block(regions, n_regions, blockIdx.x);
     Region r = regions[ri];
     u64 start = (u64)(blockIdx.x - r.first_block) * chunk;

@@ -8,8 +8,9 @@
 //   ft_experts_gate_up: grid (intermediate / G, tasks); a block computes G consecutive rows
 //     of gate and up for every token of its task, h = silu(g) * u, and (int8 path) quantizes
 //     that block of h exactly as the CPU does;
-//   ft_experts_down: grid (ceil(hidden / 16), tasks); a block computes 16 rows of down for
-//     its task's tokens into O[pair][row]; the last block of each row tile (atomic ticket)
+//   ft_experts_down: grid (ceil(hidden / rows), tasks); a block computes a tile of rows of
+//     down (16 per variant's DOWN_R) for its task's tokens into O[pair][row]; the last block
+//     of each row tile (atomic ticket)
 //     sums the tile's rows per token over the token's pairs in task order into y.
 //
 // The int8 path mirrors the specification in ft-kernels' w4a8 module docs operation by
@@ -29,12 +30,32 @@
 #define ACT_F32 0
 #define ACT_INT8 1
 
+// The runtime compiles one module per (format, activation path), with -DFT_FMT and -DFT_ACT:
+// every format and path switch below then folds to one branch, and each format's kernels hold
+// only the registers it needs (a format-generic kernel is sized for the widest, bf16, and
+// spills in the one-token variants). Without them (a plain compile of this source) both stay
+// run-time arguments. The arguments are passed either way.
+#ifdef FT_FMT
+#define FMT_OF(v) FT_FMT
+#else
+#define FMT_OF(v) (v)
+#endif
+#ifdef FT_ACT
+#define ACT_OF(v) FT_ACT
+#else
+#define ACT_OF(v) (v)
+#endif
+
 // Tokens of a task handled per pass (register accumulators per lane).
 #define MAXT 8
 // Lanes per dot product: the spec's 16 accumulators.
 #define HW 16
-// Rows of down per block of ft_experts_down (one per half-warp of 256 threads).
-#define DOWN_ROWS 16
+// Rows of down per half-warp of each variant (by tokens per pass); a block of 256 threads
+// covers 16 times as many. The runtime's CudaVariant::down_rows must match.
+#define DOWN_R_1 4
+#define DOWN_R_2 2
+#define DOWN_R_4 1
+#define DOWN_R_8 1
 
 struct Task {
     u64 weights;      // device address of the expert (gate, up, down)
@@ -299,11 +320,12 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
 // registers and unrolls its block loop instead). The arithmetic is the same for both.
 template <int MT>
 __device__ __forceinline__ void gate_up_impl(
-    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt, int act,
+    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs)
 {
     constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
+    const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
     extern __shared__ __align__(16) u8 smem[];
     __shared__ __align__(16) float hbuf[MAXT][32];
     const int G = group_of(fmt);
@@ -404,39 +426,57 @@ __device__ __forceinline__ void gate_up_impl(
     }
 }
 
-template <int MT>
+// MT: tokens per pass, as in gate_up_impl. R: rows of down per half-warp, interleaved
+// (row hw + 16 k of the block's tile, k < R) and loaded together, so that a one-token lane
+// has R rows' blocks in flight instead of one; the block's tile is 16 R rows. Each row's
+// arithmetic is the same whichever half-warp runs it.
+template <int MT, int R>
 __device__ __forceinline__ void down_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs,
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
-    int fmt, int act, int H, int I, int T,
+    int fmt_arg, int act_arg, int H, int I, int T,
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
     u32* counters, float* __restrict__ y)
 {
-    constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
+    constexpr int UNROLL = MT == 1 ? (R >= 4 ? 2 : 4) : (MT == 2 ? 2 : 1);
+    constexpr int ROWS = (256 / HW) * R;   // the block's row tile (blockDim.x is 256)
+    const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
     __shared__ u32 ticket;
     const int G = group_of(fmt);
     const Task task = tasks[blockIdx.y];
     const int lane = threadIdx.x & (HW - 1);
     const int hw = threadIdx.x / HW;
-    const int j0 = blockIdx.x * DOWN_ROWS;
+    const int j0 = blockIdx.x * ROWS;
     const int nb = I / G;
     const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
     const u64 vrb = values_row_bytes(fmt, I);
-
-    for (int jj = hw; jj < DOWN_ROWS; jj += blockDim.x / HW) {
-        const int j = j0 + jj;
-        if (j >= H) break;   // uniform per half-warp; whole warps leave together (H % 32 == 0)
-        const u8* row = down.base + (u64)j * vrb;
-        const float f = row_factor(fmt, down, j);
-        for (u32 c0 = 0; c0 < task.pair_count; c0 += MT) {
-            const int nt = min((u32)MT, task.pair_count - c0);
-            const u32 p0 = task.pair_begin + c0;
-            float acc[MT];
+    // Row j0 + hw + 16 k exists for every hw of the block or for none (H % 32 == 0 and
+    // j0 + 16 k is a multiple of 16), so `live[k]` is uniform and every lane reaches the
+    // shuffles of reduce16.
+    bool live[R];
+    float f[R];
 #pragma unroll
-            for (int t = 0; t < MT; t++) acc[t] = 0.0f;
-            // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
+    for (int k = 0; k < R; k++) {
+        const int j = j0 + hw + 16 * k;
+        live[k] = j0 + 16 * k < H;
+        f[k] = live[k] ? row_factor(fmt, down, j) : 0.0f;
+    }
+    for (u32 c0 = 0; c0 < task.pair_count; c0 += MT) {
+        const int nt = min((u32)MT, task.pair_count - c0);
+        const u32 p0 = task.pair_begin + c0;
+        float acc[R][MT];
+#pragma unroll
+        for (int k = 0; k < R; k++)
+#pragma unroll
+            for (int t = 0; t < MT; t++) acc[k][t] = 0.0f;
+        // Unrolled (few-token variants) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
-            for (int b = lane; b < nb; b += HW) {
+        for (int b = lane; b < nb; b += HW) {
+#pragma unroll
+            for (int k = 0; k < R; k++) {
+                if (!live[k]) continue;
+                const int j = j0 + hw + 16 * k;
+                const u8* row = down.base + (u64)j * vrb;
                 const float sb = block_scale(fmt, down, j, b);
                 if (act == ACT_INT8) {
                     u32 W[8];
@@ -447,7 +487,7 @@ __device__ __forceinline__ void down_impl(
                             const u64 p = p0 + t;
                             int d = block_dot_i8(W, G, hq + p * I + (u64)b * G);
                             float s = __fmul_rn(sb, hs[p * nb + b]);
-                            acc[t] = __fadd_rn(acc[t], __fmul_rn((float)d, s));
+                            acc[k][t] = __fadd_rn(acc[k][t], __fmul_rn((float)d, s));
                         }
                     }
                 } else {
@@ -455,15 +495,19 @@ __device__ __forceinline__ void down_impl(
                     for (int t = 0; t < MT; t++) {
                         if (t < nt) {
                             const u64 p = p0 + t;
-                            acc[t] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[t]);
+                            acc[k][t] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[k][t]);
                         }
                     }
                 }
             }
+        }
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            if (!live[k]) continue;
 #pragma unroll
             for (int t = 0; t < MT; t++) {
-                float o = __fmul_rn(reduce16(acc[t]), f);
-                if (lane == 0 && t < nt) O[(u64)(p0 + t) * H + j] = o;
+                float o = __fmul_rn(reduce16(acc[k][t]), f[k]);
+                if (lane == 0 && t < nt) O[(u64)(p0 + t) * H + j0 + hw + 16 * k] = o;
             }
         }
     }
@@ -475,9 +519,9 @@ __device__ __forceinline__ void down_impl(
     __syncthreads();
     if (ticket != gridDim.y - 1) return;
     __threadfence();
-    for (int idx = threadIdx.x; idx < T * DOWN_ROWS; idx += blockDim.x) {
-        const int t = idx / DOWN_ROWS;
-        const int j = j0 + idx % DOWN_ROWS;
+    for (int idx = threadIdx.x; idx < T * ROWS; idx += blockDim.x) {
+        const int t = idx / ROWS;
+        const int j = j0 + idx % ROWS;
         if (j >= H) continue;
         float acc = 0.0f;
         for (u32 k = tok_begin[t]; k < tok_begin[t + 1]; k++) {
@@ -490,14 +534,21 @@ __device__ __forceinline__ void down_impl(
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
+// Entry points. The launch's tables (tasks, then pairs at byte o_pairs, token starts at
+// o_begin, token pairs at o_tok) come in `tab` or, when too large for it, staged (common.cuh).
+#define TABLE_ARGS const __grid_constant__ ParamTable tab, u64 staged, u32 o_pairs, u32 o_begin, u32 o_tok
+#define TASK_TABLES \
+    const u8* tb = table_base(tab, staged); \
+    const Task* tasks = (const Task*)tb; \
+    const Pair* pairs = (const Pair*)(tb + o_pairs);
+#define TABLES TASK_TABLES \
+    const u32* tok_begin = (const u32*)(tb + o_begin); \
+    const Pair* tok_pairs = (const Pair*)(tb + o_tok);
 #define GATE_UP_ARGS \
-    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt, int act, \
-    int H, int I, const float* __restrict__ x, int tch, \
+    TABLE_ARGS, int fmt, int act, int H, int I, const float* __restrict__ x, int tch, \
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs
 #define DOWN_ARGS \
-    const Task* __restrict__ tasks, const Pair* __restrict__ pairs, \
-    const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs, \
-    int fmt, int act, int H, int I, int T, \
+    TABLE_ARGS, int fmt, int act, int H, int I, int T, \
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
     u32* counters, float* __restrict__ y
 
@@ -505,26 +556,34 @@ __device__ __forceinline__ void down_impl(
 // tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
 // loads in flight, which is what a memory-bound decode step needs.
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
+    TASK_TABLES (void)o_begin; (void)o_tok;
     gate_up_impl<MAXT>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs);
 }
-extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_1(GATE_UP_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) {
+    TASK_TABLES (void)o_begin; (void)o_tok;
     gate_up_impl<1>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
+    TASK_TABLES (void)o_begin; (void)o_tok;
     gate_up_impl<2>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
+    TASK_TABLES (void)o_begin; (void)o_tok;
     gate_up_impl<4>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
-    down_impl<MAXT>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    TABLES
+    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
 }
-extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_down_1(DOWN_ARGS) {
-    down_impl<1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) {
+    TABLES
+    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
-    down_impl<2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    TABLES
+    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) {
-    down_impl<4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    TABLES
+    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
 }

@@ -1,13 +1,15 @@
 // Zero-copy gather: blocks read mapped, page-locked host memory directly over the link
 // (16-byte loads, many in flight) and write it into device cache slots.
 //
-// Each region is split into chunks of GATHER_CHUNK bytes, one block per chunk; blockDim.x
+// The regions come in the launch's table (common.cuh). Each region is split into chunks of GATHER_CHUNK bytes, one block per chunk; blockDim.x
 // threads each move GATHER_UNROLL uint4 per iteration so that enough loads are outstanding
 // to cover the link's latency.
 
 #define GATHER_UNROLL 4
 
-extern "C" __global__ void ft_gather_zero_copy(const Region* regions, int n_regions, u64 chunk) {
+extern "C" __global__ void ft_gather_zero_copy(const __grid_constant__ ParamTable tab, u64 staged,
+                                               int n_regions, u64 chunk) {
+    const Region* regions = (const Region*)table_base(tab, staged);
     int ri = region_of_block(regions, n_regions, blockIdx.x);
     Region r = regions[ri];
     u64 start = (u64)(blockIdx.x - r.first_block) * chunk;

@@ -80,6 +80,47 @@ impl KernelId {
     }
 }
 
+/// Compile-time constants one module of a unit is built with; a unit is compiled once per
+/// distinct specialization in use. The expert kernels are specialized per weight format and
+/// activation path (`-DFT_FMT`, `-DFT_ACT`, see `cuda/experts.cu`) so that their format
+/// switches fold away and each format's kernels hold only its registers; other units take
+/// [`Specialization::NONE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Specialization {
+    /// Weight format code (the kernels' `FT_BF16` .. `FT_MXFP4`).
+    pub format: Option<i32>,
+    /// Activation path code (`ACT_F32` 0, `ACT_INT8` 1).
+    pub act: Option<i32>,
+}
+
+impl Specialization {
+    /// No compile-time constants: every argument stays a run-time value.
+    pub const NONE: Specialization = Specialization {
+        format: None,
+        act: None,
+    };
+
+    /// The expert kernels for one format and activation path.
+    pub fn experts(format: i32, act: i32) -> Self {
+        Specialization {
+            format: Some(format),
+            act: Some(act),
+        }
+    }
+
+    /// The preprocessor definitions that build it (`-DFT_FMT=3`, ...).
+    pub fn defines(&self) -> Vec<String> {
+        let mut d = Vec::new();
+        if let Some(f) = self.format {
+            d.push(format!("-DFT_FMT={f}"));
+        }
+        if let Some(a) = self.act {
+            d.push(format!("-DFT_ACT={a}"));
+        }
+        d
+    }
+}
+
 impl std::fmt::Display for KernelId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -89,6 +130,17 @@ impl std::fmt::Display for KernelId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn specializations_define_their_constants() {
+        assert!(Specialization::NONE.defines().is_empty());
+        assert_eq!(
+            Specialization::experts(3, 1).defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1"]
+        );
+        let src = KernelId::Experts.source();
+        assert!(src.contains("#ifdef FT_FMT") && src.contains("#ifdef FT_ACT"));
+    }
 
     #[test]
     fn every_entry_point_is_defined_in_its_source() {

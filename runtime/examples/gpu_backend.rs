@@ -61,11 +61,21 @@ struct KernelRow {
     bytes: u64,
     event_us: f64,
     wall_us: f64,
+    /// Host time of the launch call itself (tables, argument packing, two launches).
+    enqueue_us: f64,
     event_gbs: f64,
     over_copy_rw: f64,
     over_copy_bytes: f64,
     target: f64,
     pass: bool,
+}
+
+/// Host time to queue one call, us (median-free: the mean of 200 back-to-back calls).
+#[derive(Debug, Serialize)]
+struct Enqueue {
+    add_kernel_us: f64,
+    event_record_us: f64,
+    expert_launch_us: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -80,6 +90,7 @@ struct Report {
     dense_read_gbs: f64,
     gather: Vec<GatherRow>,
     kernel: Vec<KernelRow>,
+    enqueue: Enqueue,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -112,7 +123,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let s = d.new_stream("compute")?;
     let c = d.new_stream("copy")?;
     let (e0, e1) = (d.new_event(true)?, d.new_event(true)?);
-    d.warm_up_kernels()?;
+    d.warm_up_kernels(&[
+        &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActPath::F32, 0),
+        &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActPath::Int8, 0),
+    ])?;
 
     // Device copy ceiling.
     let copy_bytes = if small { 64 << 20 } else { COPY_BYTES };
@@ -267,21 +281,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 st
             })
             .collect();
-        let (mut ev, mut wall) = (Vec::new(), Vec::new());
+        let (mut ev, mut wall, mut enqueue) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..=reps * 2 {
             let st = &steps[r % ROTATE_LAYERS];
             let t0 = Instant::now();
             s.record(&e0)?;
             s.launch_experts(st, pool.buffer(), &x, &y)?;
+            let enq = t0.elapsed().as_secs_f64() * 1e6;
             s.record(&e1)?;
             e1.synchronize()?;
             let w = t0.elapsed().as_secs_f64() * 1e6;
             if r > 0 {
                 ev.push(e0.elapsed_us(&e1)?);
                 wall.push(w);
+                enqueue.push(enq);
             }
         }
-        let (ev, wall) = (median(&mut ev), median(&mut wall));
+        let (ev, wall, enqueue) = (median(&mut ev), median(&mut wall), median(&mut enqueue));
         let bytes = LAYER_EXPERTS as u64 * eb;
         let gbs = bytes as f64 / (ev * 1e3);
         krows.push(KernelRow {
@@ -292,6 +308,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bytes,
             event_us: ev,
             wall_us: wall,
+            enqueue_us: enqueue,
             event_gbs: gbs,
             over_copy_rw: gbs / copy_rw_gbs,
             over_copy_bytes: gbs / copy_gbs,
@@ -300,6 +317,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
     }
     std::env::remove_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV);
+
+    // Host cost of queueing work, us per call (the GPU kept busy behind them is not
+    // waited for): a one-element add kernel, an event record, and a 1-token expert launch.
+    let enqueue = {
+        let per_call = |f: &mut dyn FnMut() -> Result<(), Box<dyn std::error::Error>>| {
+            let n = 200;
+            let t0 = Instant::now();
+            for _ in 0..n {
+                f()?;
+            }
+            let us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+            s.synchronize()?;
+            Ok::<f64, Box<dyn std::error::Error>>(us)
+        };
+        let add_us = per_call(&mut || Ok(s.add_f32(&y, 0, &x, 0, 1)?))?;
+        let record_us = per_call(&mut || Ok(s.record(&e0)?))?;
+        let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActPath::Int8, 1);
+        st.experts = (0..LAYER_EXPERTS)
+            .map(|e| ExpertTask {
+                weights_offset: e * pool.stride(),
+                tokens: vec![TokenWeight {
+                    token: 0,
+                    weight: 0.1,
+                }],
+            })
+            .collect();
+        let experts_us = per_call(&mut || Ok(s.launch_experts(&st, pool.buffer(), &x, &y)?))?;
+        Enqueue {
+            add_kernel_us: add_us,
+            event_record_us: record_us,
+            expert_launch_us: experts_us,
+        }
+    };
 
     let report = Report {
         device: d.info().clone(),
@@ -310,6 +360,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         dense_read_gbs,
         gather: grows,
         kernel: krows,
+        enqueue,
     };
     std::fs::create_dir_all(&out)?;
     std::fs::write(
@@ -372,32 +423,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "{:>6} {:>7} {:>7} {:>8} {:>10} {:>10} {:>10} {:>12} {:>9} {:>5}",
+        "{:>6} {:>7} {:>7} {:>8} {:>10} {:>10} {:>11} {:>10} {:>12} {:>12} {:>9} {:>5}",
         "act",
         "tokens",
         "variant",
         "experts",
         "event us",
         "wall us",
+        "enqueue us",
         "GB/s",
         "/copy (rw)",
+        "/copy (B)",
         "target",
         "pass"
     );
     for r in &report.kernel {
         println!(
-            "{:>6} {:>7} {:>7} {:>8} {:>10.2} {:>10.2} {:>10.1} {:>12.3} {:>9.2} {:>5}",
+            "{:>6} {:>7} {:>7} {:>8} {:>10.2} {:>10.2} {:>11.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2} {:>5}",
             r.act,
             r.tokens,
             r.variant,
             r.experts,
             r.event_us,
             r.wall_us,
+            r.enqueue_us,
             r.event_gbs,
             r.over_copy_rw,
+            r.over_copy_bytes,
             r.target,
             r.pass
         );
     }
+    println!(
+        "host enqueue per call: add kernel {:.2} us, event record {:.2} us, expert launch (1 token, 10 experts: two kernels) {:.2} us",
+        report.enqueue.add_kernel_us, report.enqueue.event_record_us, report.enqueue.expert_launch_us
+    );
     Ok(())
 }

@@ -244,9 +244,13 @@ pub const CUDA_MAX_TOKENS_PER_PASS: usize = 8;
 #[cfg(feature = "cuda")]
 const CUDA_THREADS: u32 = 256;
 
-/// Rows of down per block (`DOWN_ROWS` in experts.cu).
-#[cfg(feature = "cuda")]
-const CUDA_DOWN_ROWS: usize = 16;
+/// Bytes of a launch table that travels inside the launch itself (the kernels'
+/// `__grid_constant__ ParamTable`, `FT_PARAM_TABLE_BYTES` in `kernels/cuda/common.cuh`): no
+/// staging copy to device memory and no wait for a ring slot before the launch. With the
+/// other arguments it stays under the 4 KiB parameter limit of every driver. A batch-1
+/// layer's expert tables take about 350 bytes, a batch-8 layer's about 2.6 KiB; larger
+/// tables are staged.
+pub const CUDA_PARAM_TABLE_BYTES: usize = 3072;
 
 /// Bytes at the start of the scratch reserved for the down kernel's row-tile counters
 /// (zero between launches: the last block of each tile resets its counter).
@@ -345,6 +349,16 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
     }
 }
 
+/// The module of the expert kernels that runs `step`: specialized for its format and
+/// activation path (`kernels/cuda/experts.cu`).
+pub fn cuda_specialization(step: &ExpertStep) -> ft_kernels::cuda_sources::Specialization {
+    let act = match step.act {
+        ActPath::F32 => 0,
+        ActPath::Int8 => 1,
+    };
+    ft_kernels::cuda_sources::Specialization::experts(cuda_format_code(step.format), act)
+}
+
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
 /// the total.
 pub fn cuda_scratch_layout(step: &ExpertStep, pairs: usize) -> ([usize; 4], usize) {
@@ -369,6 +383,9 @@ pub struct CudaVariant {
     pub down: &'static str,
     /// Tokens of one task per pass.
     pub tokens_per_pass: usize,
+    /// Rows of down per block of the down kernel (16 half-warps times the kernel's
+    /// `DOWN_R_<tokens>`): its grid's x is `hidden / down_rows`.
+    pub down_rows: usize,
 }
 
 /// The instantiations, smallest first.
@@ -377,21 +394,25 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
         gate_up: "ft_experts_gate_up_1",
         down: "ft_experts_down_1",
         tokens_per_pass: 1,
+        down_rows: 64,
     },
     CudaVariant {
         gate_up: "ft_experts_gate_up_2",
         down: "ft_experts_down_2",
         tokens_per_pass: 2,
+        down_rows: 32,
     },
     CudaVariant {
         gate_up: "ft_experts_gate_up_4",
         down: "ft_experts_down_4",
         tokens_per_pass: 4,
+        down_rows: 16,
     },
     CudaVariant {
         gate_up: "ft_experts_gate_up",
         down: "ft_experts_down",
         tokens_per_pass: CUDA_MAX_TOKENS_PER_PASS,
+        down_rows: 16,
     },
 ];
 
@@ -473,31 +494,31 @@ pub(crate) fn cuda_launch(
             "more than 65535 experts in one launch",
         ));
     }
-    if step.hidden.div_ceil(CUDA_DOWN_ROWS) * 4 > CUDA_COUNTER_BYTES {
-        return Err(RuntimeError::invalid(
-            "expert step hidden",
-            "too wide for the CUDA kernel",
-        ));
-    }
     let t = cuda_tables(step, weights);
     let (tch, _) = cuda_pass_tokens(step)?;
     let variant = match forced_cuda_variant() {
         Some(v) => v,
         None => cuda_variant(t.max_task_pairs),
     };
+    if step.hidden.div_ceil(variant.down_rows) * 4 > CUDA_COUNTER_BYTES {
+        return Err(RuntimeError::invalid(
+            "expert step hidden",
+            "too wide for the CUDA kernel",
+        ));
+    }
     let tch = tch.min(variant.tokens_per_pass);
     let shm = tch * cuda_token_shared_bytes(step);
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
+    let spec = cuda_specialization(step);
     let gate_up = stream
         .shared()
-        .function(KernelId::Experts, variant.gate_up)?;
-    let down = stream.shared().function(KernelId::Experts, variant.down)?;
-    let (slot, base) = stream.stage_table(&t.bytes)?;
-    let tasks = base + t.offsets[0] as u64;
-    let pairs = base + t.offsets[1] as u64;
-    let tok_begin = base + t.offsets[2] as u64;
-    let tok_pairs = base + t.offsets[3] as u64;
+        .function_spec(KernelId::Experts, spec, variant.gate_up)?;
+    let down = stream
+        .shared()
+        .function_spec(KernelId::Experts, spec, variant.down)?;
+    let table = stream.table_arg(&t.bytes)?;
+    let [_, o_pairs, o_begin, o_tok] = t.offsets.map(|o| o as u32);
     let (o, hf, hq, hs) = (
         scratch + o_off as u64,
         scratch + hf_off as u64,
@@ -526,8 +547,11 @@ pub(crate) fn cuda_launch(
             shared_mem_bytes: shm as u32,
         };
         let mut b = stream.launch_builder(&gate_up);
-        b.arg(&tasks)
-            .arg(&pairs)
+        b.arg(&*table.param)
+            .arg(&table.staged)
+            .arg(&o_pairs)
+            .arg(&o_begin)
+            .arg(&o_tok)
             .arg(&fmt)
             .arg(&act)
             .arg(&h)
@@ -541,18 +565,22 @@ pub(crate) fn cuda_launch(
     }
     {
         let cfg = LaunchConfig {
-            grid_dim: (step.hidden.div_ceil(CUDA_DOWN_ROWS) as u32, n_tasks, 1),
+            grid_dim: (step.hidden.div_ceil(variant.down_rows) as u32, n_tasks, 1),
             block_dim: (CUDA_THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
         let mut b = stream.launch_builder(&down);
-        b.arg(&tasks).arg(&pairs).arg(&tok_begin).arg(&tok_pairs);
+        b.arg(&*table.param)
+            .arg(&table.staged)
+            .arg(&o_pairs)
+            .arg(&o_begin)
+            .arg(&o_tok);
         b.arg(&fmt).arg(&act).arg(&h).arg(&i).arg(&tokens);
         b.arg(&o).arg(&hf).arg(&hq).arg(&hs).arg(&counters).arg(&y);
         // SAFETY: as above, for ft_experts_down.
         unsafe { b.launch(cfg) }.map_err(map)?;
     }
-    stream.release_table(slot)
+    stream.release_arg(table)
 }
 
 #[cfg(test)]
@@ -597,6 +625,65 @@ mod tests {
                 "exp_ft({v})"
             );
             v += 0.00731;
+        }
+    }
+
+    /// The `#define NAME value` of a kernel source, as a number.
+    fn cu_define(src: &str, name: &str) -> usize {
+        src.lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .unwrap_or_else(|| panic!("no #define {name}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn launch_constants_match_the_kernel_sources() {
+        use ft_kernels::cuda_sources::{KernelId, COMMON};
+        let experts = KernelId::Experts.source();
+        for v in CUDA_VARIANTS {
+            let r = match v.tokens_per_pass {
+                CUDA_MAX_TOKENS_PER_PASS => cu_define(experts, "DOWN_R_8"),
+                n => cu_define(experts, &format!("DOWN_R_{n}")),
+            };
+            assert_eq!(v.down_rows, 16 * r, "{v:?}");
+            assert!(experts.contains(&format!(" {}(", v.gate_up)), "{v:?}");
+        }
+        assert_eq!(cu_define(experts, "MAXT"), CUDA_MAX_TOKENS_PER_PASS);
+        assert_eq!(
+            cu_define(COMMON, "FT_PARAM_TABLE_BYTES"),
+            CUDA_PARAM_TABLE_BYTES
+        );
+    }
+
+    #[test]
+    fn a_batch_1_layer_travels_in_the_launch_parameters() {
+        let g = ft_model::MoeGeometry {
+            hidden: 2560,
+            intermediate: 640,
+            experts: 512,
+            top_k: 10,
+            moe_layers: 1,
+            shared_experts: 0,
+        };
+        for tokens in [1usize, 8] {
+            let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActPath::Int8, tokens);
+            st.experts = (0..10 * tokens)
+                .map(|e| ExpertTask {
+                    weights_offset: e * 4096,
+                    tokens: vec![TokenWeight {
+                        token: (e / 10) as u32,
+                        weight: 0.1,
+                    }],
+                })
+                .collect();
+            let t = cuda_tables(&st, 1 << 40);
+            assert!(
+                t.bytes.len() <= CUDA_PARAM_TABLE_BYTES,
+                "{tokens} tokens: {} bytes",
+                t.bytes.len()
+            );
         }
     }
 

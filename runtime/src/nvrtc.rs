@@ -9,7 +9,7 @@
 //!
 //! [`RuntimeError::Nvrtc`]: crate::error::RuntimeError::Nvrtc
 
-use ft_kernels::cuda_sources::KernelId;
+use ft_kernels::cuda_sources::{KernelId, Specialization};
 
 /// Environment variable with extra NVRTC options, for diagnostics only (e.g.
 /// `--ptxas-options=-v` prints registers and spills into the compile log, which is logged).
@@ -24,17 +24,24 @@ pub const CXX_STD: &str = "--std=c++17";
 ///   for this GPU and no PTX has to be JIT-compiled by the driver;
 /// - `--fmad=false`: no fma contraction (bit-identical W4A8 with the CPU path);
 /// - `--std=c++17`, `-default-device` (functions without qualifiers are device code),
-///   `-lineinfo` (source lines in profiles), `-DFT_KERNEL_<NAME>` (which unit is compiled).
-pub fn compile_options(kernel: KernelId, compute_capability: (u32, u32)) -> Vec<String> {
+///   `-lineinfo` (source lines in profiles), `-DFT_KERNEL_<NAME>` (which unit is compiled);
+/// - the specialization's constants (`-DFT_FMT=..`, `-DFT_ACT=..` for the expert kernels).
+pub fn compile_options(
+    kernel: KernelId,
+    compute_capability: (u32, u32),
+    spec: Specialization,
+) -> Vec<String> {
     let (major, minor) = compute_capability;
-    vec![
+    let mut o = vec![
         format!("--gpu-architecture=sm_{major}{minor}"),
         "--fmad=false".to_string(),
         CXX_STD.to_string(),
         "-default-device".to_string(),
         "-lineinfo".to_string(),
         format!("-DFT_KERNEL_{}", kernel.name().to_ascii_uppercase()),
-    ]
+    ];
+    o.extend(spec.defines());
+    o
 }
 
 /// A compiled kernel unit: machine code (cubin) when NVRTC produced it, else PTX.
@@ -54,9 +61,14 @@ pub struct CompiledKernel {
     pub compile_ms: f64,
 }
 
-/// Compile `kernel` for a device of compute capability `cc` with NVRTC.
+/// Compile `kernel`, specialized by `spec`, for a device of compute capability `cc` with
+/// NVRTC.
 #[cfg(feature = "cuda")]
-pub fn compile(kernel: KernelId, cc: (u32, u32)) -> crate::error::Result<CompiledKernel> {
+pub fn compile(
+    kernel: KernelId,
+    cc: (u32, u32),
+    spec: Specialization,
+) -> crate::error::Result<CompiledKernel> {
     use crate::error::RuntimeError;
     use cudarc::nvrtc::{result, sys};
     use std::ffi::{CStr, CString};
@@ -69,7 +81,7 @@ pub fn compile(kernel: KernelId, cc: (u32, u32)) -> crate::error::Result<Compile
                 .into(),
         });
     }
-    let mut options = compile_options(kernel, cc);
+    let mut options = compile_options(kernel, cc, spec);
     if let Ok(extra) = std::env::var(EXTRA_OPTIONS_ENV) {
         options.extend(extra.split_whitespace().map(str::to_string));
     }
@@ -151,11 +163,13 @@ mod tests {
 
     #[test]
     fn options_target_the_device_and_forbid_fma() {
-        let o = compile_options(KernelId::Experts, (9, 0));
+        let o = compile_options(KernelId::Experts, (9, 0), Specialization::experts(3, 1));
         assert!(o.contains(&"--gpu-architecture=sm_90".to_string()), "{o:?}");
+        assert!(o.contains(&"-DFT_FMT=3".to_string()), "{o:?}");
         assert!(o.contains(&"--fmad=false".to_string()), "{o:?}");
         assert!(o.contains(&"-DFT_KERNEL_EXPERTS".to_string()), "{o:?}");
-        let o = compile_options(KernelId::Gather, (8, 9));
+        let o = compile_options(KernelId::Gather, (8, 9), Specialization::NONE);
+        assert!(!o.iter().any(|s| s.starts_with("-DFT_FMT")), "{o:?}");
         assert!(o.contains(&"--gpu-architecture=sm_89".to_string()), "{o:?}");
         assert!(!o
             .iter()
@@ -166,7 +180,7 @@ mod tests {
     fn compile_error_message_keeps_name_options_and_log() {
         let e = crate::error::RuntimeError::Nvrtc {
             kernel: "experts".into(),
-            options: compile_options(KernelId::Experts, (9, 0)),
+            options: compile_options(KernelId::Experts, (9, 0), Specialization::NONE),
             log: "experts.cu(3): error: identifier \"x\" is undefined".into(),
         };
         let s = e.to_string();

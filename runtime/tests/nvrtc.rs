@@ -2,14 +2,25 @@
 //! GPU): it runs on the GPU machine, or anywhere NVRTC is on LD_LIBRARY_PATH.
 #![cfg(feature = "cuda")]
 
-use ft_kernels::cuda_sources::KernelId;
+use ft_kernels::cuda_sources::{KernelId, Specialization};
 
 #[test]
 #[ignore = "needs NVRTC (libnvrtc on LD_LIBRARY_PATH; present on the GPU machine)"]
 fn every_kernel_compiles_for_hopper_and_ada() {
     for cc in [(9, 0), (8, 9)] {
-        for k in KernelId::ALL {
-            let c = ft_runtime::nvrtc::compile(k, cc).unwrap_or_else(|e| panic!("{e}"));
+        // Every unit as the runtime builds it: the expert kernels once per format and
+        // activation path, the others unspecialized; and the expert source unspecialized too.
+        let mut units: Vec<(KernelId, Specialization)> = KernelId::ALL
+            .iter()
+            .map(|&k| (k, Specialization::NONE))
+            .collect();
+        for f in 0..5 {
+            for a in 0..2 {
+                units.push((KernelId::Experts, Specialization::experts(f, a)));
+            }
+        }
+        for (k, spec) in units {
+            let c = ft_runtime::nvrtc::compile(k, cc, spec).unwrap_or_else(|e| panic!("{e}"));
             assert!(!c.image.is_empty(), "{k}");
             assert!(c.options.contains(&"--fmad=false".to_string()));
             assert!(
@@ -27,7 +38,7 @@ fn every_kernel_compiles_for_hopper_and_ada() {
 #[ignore = "needs NVRTC (libnvrtc on LD_LIBRARY_PATH; present on the GPU machine)"]
 fn a_compile_error_carries_the_log() {
     // The options are right, the source is not: use the error path through a bad arch.
-    let e = ft_runtime::nvrtc::compile(KernelId::Gather, (1, 0)).unwrap_err();
+    let e = ft_runtime::nvrtc::compile(KernelId::Gather, (1, 0), Specialization::NONE).unwrap_err();
     let s = e.to_string();
     assert!(s.contains("gather") && s.contains("sm_10"), "{s}");
 }

@@ -13,14 +13,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{self, CUdeviceptr};
-use cudarc::driver::{result, CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use ft_kernels::cuda_sources::KernelId;
+use cudarc::driver::{
+    result, CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use ft_kernels::cuda_sources::{KernelId, Specialization};
 
 use super::{Clock, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer};
 use crate::dense::DenseRead;
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
-use crate::gpu_experts::ExpertStep;
+use crate::gpu_experts::{ExpertStep, CUDA_PARAM_TABLE_BYTES as PARAM_TABLE_BYTES};
 
 /// `cuMemHostAlloc` flags of every host buffer: PORTABLE (usable from every context) and
 /// DEVICEMAP (mapped, for the zero-copy gather). Deliberately not WRITECOMBINED: the CPU
@@ -40,6 +42,22 @@ const ARG_RING: usize = 8;
 /// Initial bytes of one argument-table slot (grows on demand).
 const ARG_SLOT_BYTES: usize = 64 * 1024;
 
+/// The parameter-space table (`struct ParamTable` of the kernels).
+#[repr(C, align(16))]
+pub(crate) struct ParamTable(pub(crate) [u8; PARAM_TABLE_BYTES]);
+
+// SAFETY: plain bytes with the kernels' layout (16-byte aligned, PARAM_TABLE_BYTES long).
+unsafe impl DeviceRepr for ParamTable {}
+
+/// An argument table as a launch passes it: in the parameter (`staged` 0) or, when larger,
+/// staged in a ring slot whose address is `staged`. Give it back with
+/// [`CudaStreamH::release_arg`] once the launch is queued.
+pub(crate) struct TableArg {
+    pub(crate) param: Box<ParamTable>,
+    pub(crate) staged: u64,
+    slot: Option<usize>,
+}
+
 fn cu(op: &str) -> impl FnOnce(result::DriverError) -> RuntimeError + '_ {
     move |e| RuntimeError::cuda(op, e)
 }
@@ -48,7 +66,7 @@ fn cu(op: &str) -> impl FnOnce(result::DriverError) -> RuntimeError + '_ {
 pub(crate) struct Shared {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) cc: (u32, u32),
-    functions: Mutex<HashMap<(KernelId, &'static str), CudaFunction>>,
+    functions: Mutex<HashMap<(KernelId, Specialization, &'static str), CudaFunction>>,
     /// Origin of event timelines: an event recorded at open and its host time, us.
     origin: (sys::CUevent, f64),
 }
@@ -73,16 +91,27 @@ impl Shared {
             .map_err(cu("binding the CUDA context"))
     }
 
-    /// The function `entry` of `kernel`, compiling and loading the unit at first use.
+    /// The function `entry` of the unspecialized `kernel` (see [`Shared::function_spec`]).
     pub(crate) fn function(&self, kernel: KernelId, entry: &'static str) -> Result<CudaFunction> {
+        self.function_spec(kernel, Specialization::NONE, entry)
+    }
+
+    /// The function `entry` of `kernel` built with `spec`, compiling and loading that module
+    /// at first use (one module per specialization, cached for the device's lifetime).
+    pub(crate) fn function_spec(
+        &self,
+        kernel: KernelId,
+        spec: Specialization,
+        entry: &'static str,
+    ) -> Result<CudaFunction> {
         let mut map = self
             .functions
             .lock()
             .map_err(|_| RuntimeError::cuda("kernel cache", "poisoned lock"))?;
-        if let Some(f) = map.get(&(kernel, entry)) {
+        if let Some(f) = map.get(&(kernel, spec, entry)) {
             return Ok(f.clone());
         }
-        let compiled = crate::nvrtc::compile(kernel, self.cc)?;
+        let compiled = crate::nvrtc::compile(kernel, self.cc, spec)?;
         self.bind()?;
         let image = cudarc::nvrtc::Ptx::from_binary(compiled.image.clone());
         let module = self
@@ -93,9 +122,9 @@ impl Shared {
             let f = module
                 .load_function(e)
                 .map_err(cu(&format!("finding {e} in kernel module '{kernel}'")))?;
-            map.insert((kernel, *e), f);
+            map.insert((kernel, spec, *e), f);
         }
-        map.get(&(kernel, entry)).cloned().ok_or_else(|| {
+        map.get(&(kernel, spec, entry)).cloned().ok_or_else(|| {
             RuntimeError::cuda(
                 format!("finding {entry} in kernel module '{kernel}'"),
                 "not an entry point of that unit",
@@ -300,10 +329,18 @@ impl CudaDevice {
             .map_err(cu("synchronizing the device"))
     }
 
-    pub(crate) fn warm_up_kernels(&self) -> Result<()> {
+    pub(crate) fn warm_up_kernels(&self, experts: &[Specialization]) -> Result<()> {
         for k in KernelId::ALL {
+            if k == KernelId::Experts {
+                continue;
+            }
             for e in k.entry_points() {
                 self.0.function(k, e)?;
+            }
+        }
+        for &spec in experts {
+            for e in KernelId::Experts.entry_points() {
+                self.0.function_spec(KernelId::Experts, spec, e)?;
             }
         }
         Ok(())
@@ -607,6 +644,34 @@ impl CudaStreamH {
         Ok((idx, slot.dev.ptr))
     }
 
+    /// `bytes` as a launch's table argument: copied into the launch's parameter when it fits
+    /// (no device copy), else staged like [`CudaStreamH::stage_table`].
+    pub(crate) fn table_arg(&self, bytes: &[u8]) -> Result<TableArg> {
+        let mut param = Box::new(ParamTable([0u8; PARAM_TABLE_BYTES]));
+        if bytes.len() <= PARAM_TABLE_BYTES {
+            param.0[..bytes.len()].copy_from_slice(bytes);
+            return Ok(TableArg {
+                param,
+                staged: 0,
+                slot: None,
+            });
+        }
+        let (slot, staged) = self.stage_table(bytes)?;
+        Ok(TableArg {
+            param,
+            staged,
+            slot: Some(slot),
+        })
+    }
+
+    /// Release a table argument after its launch was queued.
+    pub(crate) fn release_arg(&self, t: TableArg) -> Result<()> {
+        match t.slot {
+            Some(slot) => self.release_table(slot),
+            None => Ok(()),
+        }
+    }
+
     /// Mark a staged table's slot as free once the work queued so far has run.
     pub(crate) fn release_table(&self, idx: usize) -> Result<()> {
         let ring = self
@@ -689,7 +754,7 @@ impl CudaStreamH {
         let f = self
             .shared
             .function(KernelId::Gather, "ft_gather_zero_copy")?;
-        let (slot, tp) = self.stage_table(pod_bytes(&table))?;
+        let t = self.table_arg(pod_bytes(&table))?;
         let n = table.len() as i32;
         let chunk = CHUNK_BYTES;
         let cfg = LaunchConfig {
@@ -698,10 +763,11 @@ impl CudaStreamH {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&tp).arg(&n).arg(&chunk);
-        // SAFETY: argument types match `ft_gather_zero_copy(const Region*, int, u64)`.
+        b.arg(&*t.param).arg(&t.staged).arg(&n).arg(&chunk);
+        // SAFETY: argument types match
+        // `ft_gather_zero_copy(ParamTable, u64 staged, int, u64)`.
         unsafe { b.launch(cfg) }.map_err(cu("launching the zero-copy gather"))?;
-        self.release_table(slot)
+        self.release_arg(t)
     }
 
     pub(crate) fn copy_d2h(
@@ -820,7 +886,7 @@ impl CudaStreamH {
             ));
         }
         let f = self.shared.function(KernelId::Dense, "ft_dense_read")?;
-        let (slot, tp) = self.stage_table(pod_bytes(&table))?;
+        let t = self.table_arg(pod_bytes(&table))?;
         let n = table.len() as i32;
         let chunk = CHUNK_BYTES;
         let cfg = LaunchConfig {
@@ -829,10 +895,11 @@ impl CudaStreamH {
             shared_mem_bytes: 0,
         };
         let mut b = self.stream.launch_builder(&f);
-        b.arg(&tp).arg(&n).arg(&chunk).arg(&o);
-        // SAFETY: argument types match `ft_dense_read(const Region*, int, u64, u32*)`.
+        b.arg(&*t.param).arg(&t.staged).arg(&n).arg(&chunk).arg(&o);
+        // SAFETY: argument types match
+        // `ft_dense_read(ParamTable, u64 staged, int, u64, u32*)`.
         unsafe { b.launch(cfg) }.map_err(cu("launching the dense kernel"))?;
-        self.release_table(slot)
+        self.release_arg(t)
     }
 
     pub(crate) fn record(&self, e: &CudaEventH) -> Result<()> {

@@ -438,12 +438,22 @@ impl Device {
     }
 
     /// Compile (once per device) every kernel a decode step may use, so that the first step
-    /// pays no NVRTC time. No-op on the host backend.
-    pub fn warm_up_kernels(&self) -> Result<()> {
+    /// pays no NVRTC time: the streaming kernels, and the expert kernels for the format and
+    /// activation path of each of `steps` (one module each). No-op on the host backend.
+    pub fn warm_up_kernels(&self, steps: &[&crate::gpu_experts::ExpertStep]) -> Result<()> {
         match &self.inner.backend {
-            Backend::Host(_) => Ok(()),
+            Backend::Host(_) => {
+                let _ = steps;
+                Ok(())
+            }
             #[cfg(feature = "cuda")]
-            Backend::Cuda(c) => c.warm_up_kernels(),
+            Backend::Cuda(c) => {
+                let specs: Vec<_> = steps
+                    .iter()
+                    .map(|s| crate::gpu_experts::cuda_specialization(s))
+                    .collect();
+                c.warm_up_kernels(&specs)
+            }
         }
     }
 

@@ -489,7 +489,7 @@ impl Engine {
             .map(|_| LayerEvents::new(device, config.timeline))
             .collect::<Result<Vec<_>>>()?;
         let template = ExpertStep::new(model.format, &g, act_path(config.gpu_path), 0);
-        device.warm_up_kernels()?;
+        device.warm_up_kernels(&[&template])?;
         let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
         let mut engine = Engine {
             device: device.clone(),

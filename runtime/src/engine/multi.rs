@@ -367,7 +367,9 @@ impl MultiEngine {
             } else {
                 Vec::new()
             };
-            device.warm_up_kernels()?;
+            let template =
+                ExpertStep::new(model.format, &part_geometry, act_path(config.gpu_path), 0);
+            device.warm_up_kernels(&[&template])?;
             gpus.push(GpuPart {
                 device: device.clone(),
                 slice_bank,
@@ -389,12 +391,7 @@ impl MultiEngine {
                 cpu_x: Vec::new(),
                 exec,
                 workers,
-                template: ExpertStep::new(
-                    model.format,
-                    &part_geometry,
-                    act_path(config.gpu_path),
-                    0,
-                ),
+                template,
                 ev,
                 combine_ev,
             });
