@@ -19,7 +19,7 @@ mod synthetic;
 mod trace;
 
 pub use presets::PRESET_NAMES;
-pub use synthetic::{RoutingProcess, SyntheticRouting};
+pub use synthetic::{RoutingProcess, StreamState, SyntheticRouting};
 pub use trace::{RecordingSource, TraceFormat, TraceReader, TraceWriter, TRACE_FORMAT_NAME};
 
 use serde::{Deserialize, Serialize};

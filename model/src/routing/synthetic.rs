@@ -188,14 +188,33 @@ struct LayerTable {
     reuse: f64,
 }
 
-/// History of one stream.
+/// History of one stream: its generator and the experts of its last `reuse_window` tokens.
+/// The source keeps one per stream index; a caller that routes streams itself (the served
+/// model's router) keeps its own and routes with [`SyntheticRouting::route_token`].
 #[derive(Debug, Clone)]
-struct StreamState {
+pub struct StreamState {
     rng: StdRng,
     /// The last `reuse_window` tokens' experts, a ring of `[token][layer * top_k + slot]`.
     history: Vec<Vec<u32>>,
     /// Ring position of the next token to write.
     next: usize,
+}
+
+impl StreamState {
+    /// A fresh stream whose generator starts from `seed`.
+    pub fn new(seed: u64) -> Self {
+        StreamState {
+            rng: StdRng::seed_from_u64(seed),
+            history: Vec::new(),
+            next: 0,
+        }
+    }
+
+    /// Restart the generator from `seed`, keeping the reuse history (a router whose draws
+    /// are a function of content reseeds before each token).
+    pub fn reseed(&mut self, seed: u64) {
+        self.rng = StdRng::seed_from_u64(seed);
+    }
 }
 
 /// The synthetic process running on a geometry: a [`RoutingSource`].
@@ -298,6 +317,108 @@ impl SyntheticRouting {
         out
     }
 
+    /// The routes of one token of the stream `state`, one per layer: the process's draw
+    /// (reuse of the stream's recent experts, the layer map, Zipf popularity), advancing
+    /// the stream's generator and history exactly as [`RoutingSource::next_step`] does for
+    /// each of its own streams.
+    pub fn route_token(&self, state: &mut StreamState) -> Vec<TokenRoute> {
+        let (k, layers) = (self.geometry.top_k, self.geometry.moe_layers);
+        let mut routes = vec![TokenRoute::default(); layers];
+        let mut current = vec![0u32; layers * k];
+        let mut gammas = vec![0.0f64; k];
+        self.route_into(state, &mut current, &mut gammas, |l, experts, g, sum| {
+            routes[l].experts.extend_from_slice(experts);
+            routes[l].weights.extend(g.iter().map(|g| (g / sum) as f32));
+        });
+        routes
+    }
+
+    /// One token of one stream: `emit(layer, experts, gammas, sum of gammas)` per layer (the
+    /// weights are `gamma / sum`), then the stream's history. `current` holds
+    /// `layers * top_k` entries, `gammas` `top_k`.
+    fn route_into(
+        &self,
+        state: &mut StreamState,
+        current: &mut [u32],
+        gammas: &mut [f64],
+        mut emit: impl FnMut(usize, &[u32], &[f64], f64),
+    ) {
+        let k = self.geometry.top_k;
+        let layers = self.geometry.moe_layers;
+        let rho = self.process.layer_correlation;
+        let window = self.process.reuse_window;
+        let rng = &mut state.rng;
+        for l in 0..layers {
+            let table = &self.layers[l];
+            let (done, rest) = current.split_at_mut(l * k);
+            let route = &mut rest[..k];
+            for j in 0..k {
+                let chosen = &route[..j];
+                let mut pick: Option<u32> = None;
+                if !state.history.is_empty() && rng.random_bool(table.reuse) {
+                    let filled = state.history.len();
+                    let age = if filled == 1 {
+                        0
+                    } else {
+                        rng.random_range(0..filled)
+                    };
+                    // The token `age` tokens before the previous one.
+                    let t = (state.next + filled - 1 - age) % filled;
+                    {
+                        let e = state.history[t][l * k + j];
+                        if !chosen.contains(&e) {
+                            pick = Some(e);
+                        }
+                    }
+                }
+                if pick.is_none() && l > 0 && rho > 0.0 && rng.random_bool(rho) {
+                    let above = done[(l - 1) * k + j];
+                    let rank = self.layers[l - 1].rank_of[above as usize] as usize;
+                    let e = table.by_rank[rank];
+                    if !chosen.contains(&e) {
+                        pick = Some(e);
+                    }
+                }
+                let e = match pick {
+                    Some(e) => e,
+                    None => {
+                        let mut found = None;
+                        for _ in 0..MAX_REJECTIONS {
+                            let e = table.by_rank[draw_rank(&table.cdf, rng)];
+                            if !chosen.contains(&e) {
+                                found = Some(e);
+                                break;
+                            }
+                        }
+                        found.unwrap_or_else(|| {
+                            *table
+                                .by_rank
+                                .iter()
+                                .find(|e| !chosen.contains(e))
+                                .expect("top_k <= experts leaves an expert unchosen")
+                        })
+                    }
+                };
+                route[j] = e;
+            }
+            // Router weights: a sorted Dirichlet draw.
+            let mut sum = 0.0;
+            for g in gammas.iter_mut() {
+                *g = self.weight_gamma.sample(rng).max(f64::MIN_POSITIVE);
+                sum += *g;
+            }
+            gammas.sort_by(|a, b| b.total_cmp(a));
+            emit(l, route, gammas, sum);
+        }
+        if state.history.len() < window {
+            state.history.push(current.to_vec());
+            state.next = state.history.len() % window;
+        } else {
+            state.history[state.next].copy_from_slice(current);
+            state.next = (state.next + 1) % window;
+        }
+    }
+
     /// Adjust the stream list to `streams`: new indices start fresh, dropped ones forget.
     fn set_streams(&mut self, streams: usize) {
         self.streams.truncate(streams);
@@ -309,11 +430,7 @@ impl SyntheticRouting {
             let join = self.joins[i];
             self.joins[i] += 1;
             let seed = mix_seed(mix_seed(self.process.seed, i as u64 + 1), join);
-            self.streams.push(StreamState {
-                rng: StdRng::seed_from_u64(seed),
-                history: Vec::with_capacity(self.process.reuse_window),
-                next: 0,
-            });
+            self.streams.push(StreamState::new(seed));
         }
     }
 }
@@ -339,8 +456,6 @@ impl RoutingSource for SyntheticRouting {
         self.set_streams(streams);
         let k = self.geometry.top_k;
         let layers = self.geometry.moe_layers;
-        let rho = self.process.layer_correlation;
-        let window = self.process.reuse_window;
         out.step = self.step;
         out.layers.resize_with(layers, Vec::new);
         for routes in out.layers.iter_mut() {
@@ -348,83 +463,17 @@ impl RoutingSource for SyntheticRouting {
         }
         let mut current = vec![0u32; layers * k];
         let mut gammas = vec![0.0f64; k];
-        for s in 0..streams {
-            let state = &mut self.streams[s];
-            let rng = &mut state.rng;
-            for l in 0..layers {
-                let table = &self.layers[l];
-                let (done, rest) = current.split_at_mut(l * k);
-                let route = &mut rest[..k];
-                for j in 0..k {
-                    let chosen = &route[..j];
-                    let mut pick: Option<u32> = None;
-                    if !state.history.is_empty() && rng.random_bool(table.reuse) {
-                        let filled = state.history.len();
-                        let age = if filled == 1 {
-                            0
-                        } else {
-                            rng.random_range(0..filled)
-                        };
-                        // The token `age` tokens before the previous one.
-                        let t = (state.next + filled - 1 - age) % filled;
-                        {
-                            let e = state.history[t][l * k + j];
-                            if !chosen.contains(&e) {
-                                pick = Some(e);
-                            }
-                        }
-                    }
-                    if pick.is_none() && l > 0 && rho > 0.0 && rng.random_bool(rho) {
-                        let above = done[(l - 1) * k + j];
-                        let rank = self.layers[l - 1].rank_of[above as usize] as usize;
-                        let e = table.by_rank[rank];
-                        if !chosen.contains(&e) {
-                            pick = Some(e);
-                        }
-                    }
-                    let e = match pick {
-                        Some(e) => e,
-                        None => {
-                            let mut found = None;
-                            for _ in 0..MAX_REJECTIONS {
-                                let e = table.by_rank[draw_rank(&table.cdf, rng)];
-                                if !chosen.contains(&e) {
-                                    found = Some(e);
-                                    break;
-                                }
-                            }
-                            found.unwrap_or_else(|| {
-                                *table
-                                    .by_rank
-                                    .iter()
-                                    .find(|e| !chosen.contains(e))
-                                    .expect("top_k <= experts leaves an expert unchosen")
-                            })
-                        }
-                    };
-                    route[j] = e;
-                }
-                // Router weights: a sorted Dirichlet draw.
-                let mut sum = 0.0;
-                for g in gammas.iter_mut() {
-                    *g = self.weight_gamma.sample(rng).max(f64::MIN_POSITIVE);
-                    sum += *g;
-                }
-                gammas.sort_by(|a, b| b.total_cmp(a));
+        let mut states = std::mem::take(&mut self.streams);
+        for (s, state) in states.iter_mut().enumerate() {
+            self.route_into(state, &mut current, &mut gammas, |l, experts, g, sum| {
                 let tr = &mut out.layers[l][s];
                 tr.experts.clear();
-                tr.experts.extend_from_slice(route);
+                tr.experts.extend_from_slice(experts);
                 tr.weights.clear();
-                tr.weights.extend(gammas.iter().map(|g| (g / sum) as f32));
-            }
-            if state.history.len() < window {
-                state.history.push(current.clone());
-                state.next = state.history.len() % window;
-            } else {
-                state.history[state.next].copy_from_slice(&current);
-                state.next = (state.next + 1) % window;
-            }
+                tr.weights.extend(g.iter().map(|g| (g / sum) as f32));
+            });
         }
+        self.streams = states;
         self.step += 1;
         Ok(())
     }
@@ -443,6 +492,23 @@ mod tests {
             top_k,
             moe_layers: layers,
             shared_experts: 0,
+        }
+    }
+
+    #[test]
+    fn route_token_is_the_sources_own_draw() {
+        // A caller-held stream state routes exactly as the source routes its stream 0.
+        let p = RoutingProcess::preset("typical").unwrap();
+        let g = geo(64, 6, 4);
+        let mut src = SyntheticRouting::new(&p, g).unwrap();
+        let mut state = StreamState::new(mix_seed(mix_seed(p.seed, 1), 0));
+        for _ in 0..20 {
+            let step = src.next_step(1).unwrap();
+            let mine = src.route_token(&mut state);
+            for (l, r) in mine.iter().enumerate() {
+                assert_eq!(r.experts, step.layers[l][0].experts);
+                assert_eq!(r.weights, step.layers[l][0].weights);
+            }
         }
     }
 

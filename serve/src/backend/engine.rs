@@ -13,11 +13,14 @@
 //!   the state before the chunk).
 //! - **Routing**: the engine takes each layer's routes up front (it does not read its own
 //!   router's output), so the adapter's router is a deterministic function of the content:
-//!   for (layer, token, previous token) it draws `top_k` distinct experts from the layer's
-//!   popularity under the routing process (`ft_model::routing`, Zipf skew per layer) with a
-//!   generator seeded by that triple, and decreasing weights. A stream's routes, and with
-//!   them its output, depend only on its own tokens, never on the batch it shares; repeated
-//!   tokens reuse experts, as real routers do.
+//!   each stream keeps a [`StreamState`] of the routing process (`ft_model::routing`, the
+//!   same code the simulator and `ft run` route with: Zipf popularity per layer, reuse of
+//!   the stream's recent experts, the layer map), and before each token its generator is
+//!   reseeded from a hash of the stream's whole history and the token. A stream's routes,
+//!   and with them its output, depend only on its own tokens, never on the batch it shares;
+//!   and they follow the process the performance model predicts with. (Routing by the last
+//!   two tokens alone, as an earlier version did, made a temperature-0 stream that falls
+//!   into a short token cycle reuse a handful of experts forever: no misses at all.)
 //! - **Batching**: every token of the batch is one engine row; prompt chunks are rows too
 //!   (batched prefill). Batches with more rows than the engine holds run as consecutive
 //!   engine steps; their instrumentation is summed.
@@ -25,12 +28,10 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ft_model::routing::{RoutingProcess, StepRouting, SyntheticRouting, TokenRoute};
+use ft_model::routing::{RoutingProcess, StepRouting, StreamState, SyntheticRouting, TokenRoute};
 use ft_model::{ModelSpec, Strategy};
 use ft_runtime::engine::{BankSource, Engine, EngineConfig, StepInput};
 use ft_runtime::Device;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 
 use super::{
     BackendInfo, BusyTimes, ExpertCounts, StepBackend, StepOutput, StepStats, StreamId, StreamStep,
@@ -44,9 +45,8 @@ pub const STATE_MIX: f32 = 0.5;
 const EMBED_SALT: u64 = 0x0045_4D42_4544;
 /// Mixed into the seed of the LM head ("HEAD" in ASCII).
 const HEAD_SALT: u64 = 0x4845_4144;
-/// Draws rejected as duplicates before a route falls back to the most popular expert not
-/// yet chosen.
-const MAX_REJECTIONS: usize = 64;
+/// History hash of a stream before its first token.
+const HISTORY_START: u64 = 0x5EED_0FF7_0000_0001;
 
 fn splitmix64(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -81,7 +81,10 @@ fn rms_norm(x: &[f32]) -> Vec<f32> {
 
 struct StreamCtx {
     position: usize,
-    prev_token: u32,
+    /// Hash of every token the stream has pushed (seeds its routes).
+    history: u64,
+    /// The stream's routing-process state (its recent experts).
+    router: StreamState,
     prev_out: Vec<f32>,
 }
 
@@ -91,8 +94,8 @@ pub struct EngineBackend {
     model: ModelSpec,
     embed: Vec<f32>,
     head: Vec<f32>,
-    /// Cumulative popularity per layer, ascending expert id.
-    cdf: Vec<Vec<f64>>,
+    /// The routing process every stream's routes are drawn from.
+    routing: SyntheticRouting,
     seed: u64,
     streams: HashMap<StreamId, StreamCtx>,
     steps: u64,
@@ -128,24 +131,12 @@ impl EngineBackend {
     ) -> Result<Self> {
         let engine = Engine::with_bank_source(device, model, config, None, source)?;
         let g = model.geometry;
-        let popularity = SyntheticRouting::new(routing, g)?.popularity();
-        let cdf = (0..g.moe_layers)
-            .map(|l| {
-                let mut acc = 0.0;
-                popularity[l * g.experts..(l + 1) * g.experts]
-                    .iter()
-                    .map(|p| {
-                        acc += p;
-                        acc
-                    })
-                    .collect()
-            })
-            .collect();
+        let routing = SyntheticRouting::new(routing, g)?;
         let seed = config.seed;
         Ok(EngineBackend {
             embed: unit_rows(seed ^ EMBED_SALT, VOCAB, g.hidden),
             head: unit_rows(seed ^ HEAD_SALT, VOCAB, g.hidden),
-            cdf,
+            routing,
             seed,
             engine,
             model: model.clone(),
@@ -158,48 +149,6 @@ impl EngineBackend {
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
-    }
-
-    /// The route of a token at a layer (module docs).
-    fn route(&self, layer: usize, token: u32, prev: u32) -> TokenRoute {
-        let g = &self.model.geometry;
-        let cdf = &self.cdf[layer];
-        let mut rng = StdRng::seed_from_u64(splitmix64(
-            self.seed ^ ((layer as u64) << 40) ^ ((token as u64) << 20) ^ prev as u64,
-        ));
-        let total = *cdf.last().unwrap_or(&1.0);
-        let mut experts: Vec<u32> = Vec::with_capacity(g.top_k);
-        let mut rejections = 0;
-        while experts.len() < g.top_k {
-            let u: f64 = rng.random::<f64>() * total;
-            let e = cdf.partition_point(|&c| c <= u).min(g.experts - 1) as u32;
-            if !experts.contains(&e) {
-                experts.push(e);
-            } else {
-                rejections += 1;
-                if rejections > MAX_REJECTIONS {
-                    let e = (0..g.experts as u32)
-                        .filter(|e| !experts.contains(e))
-                        .max_by(|&a, &b| {
-                            let p = |e: u32| {
-                                cdf[e as usize] - if e == 0 { 0.0 } else { cdf[e as usize - 1] }
-                            };
-                            p(a).total_cmp(&p(b)).then(b.cmp(&a))
-                        })
-                        .expect("top_k <= experts");
-                    experts.push(e);
-                }
-            }
-        }
-        let mut w: Vec<f32> = (0..g.top_k)
-            .map(|_| rng.random::<f32>() + f32::EPSILON)
-            .collect();
-        w.sort_by(|a, b| b.total_cmp(a));
-        let sum: f32 = w.iter().sum();
-        TokenRoute {
-            experts,
-            weights: w.iter().map(|x| x / sum).collect(),
-        }
     }
 
     fn check(&self, batch: &[StreamStep<'_>]) -> std::result::Result<(), String> {
@@ -274,9 +223,14 @@ impl StepBackend for EngineBackend {
         let mut inputs: Vec<Vec<f32>> = Vec::new();
         let mut contexts: Vec<usize> = Vec::new();
         let mut routes: Vec<Vec<TokenRoute>> = vec![Vec::new(); layers];
+        // Each stream's history hash and routing state after this step's tokens.
+        let mut advanced: Vec<(u64, StreamState)> = Vec::with_capacity(batch.len());
         for s in batch {
             let ctx = self.streams.get(&s.id);
-            let mut prev = ctx.map_or(crate::tokenizer::BOS, |c| c.prev_token);
+            let (mut history, mut router) = match ctx {
+                Some(c) => (c.history, c.router.clone()),
+                None => (HISTORY_START, StreamState::new(0)),
+            };
             for (j, &t) in s.tokens.iter().enumerate() {
                 let e = &self.embed[t as usize * h..(t as usize + 1) * h];
                 let x: Vec<f32> = match ctx {
@@ -289,11 +243,13 @@ impl StepBackend for EngineBackend {
                 };
                 inputs.push(rms_norm(&x));
                 contexts.push(s.position + j + 1);
-                for (l, r) in routes.iter_mut().enumerate() {
-                    r.push(self.route(l, t, prev));
+                router.reseed(splitmix64(self.seed ^ splitmix64(history ^ t as u64)));
+                for (r, route) in routes.iter_mut().zip(self.routing.route_token(&mut router)) {
+                    r.push(route);
                 }
-                prev = t;
+                history = splitmix64(history ^ (t as u64 + 1));
             }
+            advanced.push((history, router));
         }
         let max_rows = self.engine.config().max_streams.max(1);
         let mut outputs: Vec<Vec<f32>> = Vec::with_capacity(inputs.len());
@@ -326,7 +282,7 @@ impl StepBackend for EngineBackend {
         }
         let mut logits = Vec::with_capacity(batch.len());
         let mut row = 0;
-        for s in batch {
+        for (s, (history, router)) in batch.iter().zip(advanced) {
             row += s.tokens.len();
             let out = &outputs[row - 1];
             let n = rms_norm(out);
@@ -338,11 +294,13 @@ impl StepBackend for EngineBackend {
             logits.push(l);
             let c = self.streams.entry(s.id).or_insert_with(|| StreamCtx {
                 position: 0,
-                prev_token: crate::tokenizer::BOS,
+                history: HISTORY_START,
+                router: StreamState::new(0),
                 prev_out: vec![0.0; h],
             });
             c.position += s.tokens.len();
-            c.prev_token = *s.tokens.last().expect("checked non-empty");
+            c.history = history;
+            c.router = router;
             c.prev_out = out.clone();
         }
         Ok(StepOutput {
@@ -359,5 +317,101 @@ impl StepBackend for EngineBackend {
 
     fn release(&mut self, id: StreamId) {
         self.streams.remove(&id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ft_model::{DenseSpec, ExpertFormat, MoeGeometry};
+    use ft_runtime::device::HostDeviceConfig;
+
+    fn backend(cache_slots: usize) -> EngineBackend {
+        let model = ModelSpec {
+            name: "small".into(),
+            format: ExpertFormat::Nvfp4,
+            geometry: MoeGeometry {
+                hidden: 64,
+                intermediate: 32,
+                experts: 32,
+                top_k: 4,
+                moe_layers: 2,
+                shared_experts: 0,
+            },
+            dense: Some(DenseSpec {
+                weight_bytes_per_layer: 4 << 10,
+                kv_bytes_per_token: 16,
+            }),
+        };
+        let device = Device::host(HostDeviceConfig {
+            memory_bytes: 64 << 20,
+            kernel_threads: 1,
+            ..Default::default()
+        })
+        .unwrap();
+        let config = EngineConfig {
+            strategy: Strategy::Offload,
+            cache_slots,
+            max_streams: 2,
+            max_context: 256,
+            threads: 1,
+            seed: 5,
+            reserve_bytes: 0,
+            ..EngineConfig::default()
+        };
+        let routing = RoutingProcess::preset("typical").unwrap();
+        EngineBackend::new(&device, &model, &config, &routing).unwrap()
+    }
+
+    /// Push `tokens` one by one on stream 1 from context position `start` (alone, or beside
+    /// a second stream pushing `other`), returning the steps' misses and stream 1's logits.
+    fn decode(
+        b: &mut EngineBackend,
+        start: usize,
+        tokens: &[u32],
+        other: Option<&[u32]>,
+    ) -> (u64, Vec<Vec<f32>>) {
+        let (mut misses, mut logits) = (0, Vec::new());
+        for (i, t) in tokens.iter().enumerate() {
+            let mut batch = vec![StreamStep {
+                id: 1,
+                position: start + i,
+                tokens: std::slice::from_ref(t),
+            }];
+            if let Some(o) = other {
+                batch.push(StreamStep {
+                    id: 2,
+                    position: start + i,
+                    tokens: std::slice::from_ref(&o[i]),
+                });
+            }
+            let out = b.step(&batch).unwrap();
+            misses += out.stats.experts.unwrap().misses;
+            logits.push(out.logits[0].clone());
+        }
+        (misses, logits)
+    }
+
+    #[test]
+    fn a_stream_stuck_on_one_token_still_misses() {
+        // A temperature-0 stream that repeats one token: routes follow the process (the
+        // history changes every token), so a cache of a quarter of the experts keeps
+        // missing, as the model predicts; by the last two tokens alone it would not.
+        let mut b = backend(16);
+        let tokens = vec![b'a' as u32; 96];
+        decode(&mut b, 0, &tokens[..32], None);
+        let (misses, _) = decode(&mut b, 32, &tokens[32..], None);
+        let lookups = 64 * 2 * 4;
+        let rate = misses as f64 / lookups as f64;
+        assert!(rate > 0.2, "miss rate {rate} over the repeated token");
+    }
+
+    #[test]
+    fn routes_depend_on_the_stream_alone() {
+        let tokens: Vec<u32> = (0..24).map(|i| (i * 7 % 50) as u32 + 40).collect();
+        let other: Vec<u32> = (0..24).map(|i| (i * 3 % 40) as u32 + 60).collect();
+        let (_, alone) = decode(&mut backend(64), 0, &tokens, None);
+        let (_, shared) = decode(&mut backend(64), 0, &tokens, Some(&other));
+        assert_eq!(alone, shared);
     }
 }
