@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The experiments with a simulator half, each checked by its own test below.
-const SIMULATOR_EXPERIMENTS: [&str; 7] = [
+const SIMULATOR_EXPERIMENTS: [&str; 8] = [
     "ratio-vs-model",
     "expert-size",
     "concurrency",
@@ -30,6 +30,7 @@ const SIMULATOR_EXPERIMENTS: [&str; 7] = [
     "context",
     "cache-history",
     "fetch-fraction",
+    "multi-gpu",
 ];
 
 fn experiments_dir() -> PathBuf {
@@ -190,6 +191,7 @@ reproduces! {
     context_reproduces => "context",
     cache_history_reproduces => "cache-history",
     fetch_fraction_reproduces => "fetch-fraction",
+    multi_gpu_reproduces => "multi-gpu",
 }
 
 #[test]

@@ -2,7 +2,7 @@
 # multi-gpu: on two RTX 3090s (one desktop CPU, host RAM and CPU pool shared), sharded or
 # tensor-parallel, offload or hybrid, and does the legacy ratio rule still pick right?
 #
-# Usage: run.sh OUTDIR (default: this folder). Env: FT = the ft binary (`ft` on PATH by
+# Usage: run.sh OUTDIR (default: results/ here). Env: FT = the ft binary (`ft` on PATH by
 # default), FT_QUICK=1 for fewer steps. Needs bash and jq.
 #
 # Method: `ft simulate` (simulator and analytic model side by side) of every strategy on
@@ -15,7 +15,7 @@
 set -euo pipefail
 export NO_COLOR=1
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${1:-$HERE}"
+OUT="${1:-$HERE/results}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
 STEPS=256 WARMUP=128
@@ -65,6 +65,40 @@ awk -F, 'NR > 1 {
     }
     printf "largest |sim - model|: %.2f%%\n", worst
   }' "$OUT/multi-gpu.csv" | sort | tee "$OUT/summary.txt"
+
+# The conclusions the reproduction test checks (tests/experiments_reproduce.rs), and the
+# summary as markdown.
+python3 - "$OUT" <<'PY'
+import csv, json, sys
+out = sys.argv[1]
+rows = list(csv.DictReader(open(f"{out}/multi-gpu.csv")))
+tok = {(r["host"], int(r["streams"]), r["strategy"]): float(r["sim_tok_s_total"]) for r in rows}
+verdict = {(r["host"], int(r["streams"])): r["legacy_verdict"] for r in rows}
+hosts = sorted({r["host"] for r in rows}); streams = sorted({int(r["streams"]) for r in rows})
+c = {}
+for b in streams:
+    best = max((t, h, s) for (h, bb, s), t in tok.items() if bb == b and s != "resident")
+    c[f"best_{b}_streams"] = f"{best[1]} {best[2]}"
+faster = {(h, b): ("hybrid" if tok[(h, b, "hybrid")] > tok[(h, b, "offload")] else "offload")
+          for h in hosts for b in streams}
+c["hybrid_beats_offload_everywhere"] = all(v == "hybrid" for v in faster.values())
+c["legacy_right_everywhere"] = all(verdict[k] == v for k, v in faster.items())
+gain = lambda a, b, s, n: round(100 * (tok[(a, n, s)] / tok[(b, n, s)] - 1), 2)
+c["offload_two_sharded_over_one_1_stream_pct"] = gain("2x-rtx3090-sharded", "1x-rtx3090", "offload", 1)
+c["hybrid_tp_nvlink_over_tp_host_1_stream_pct"] = gain("2x-rtx3090-tp-nvlink", "2x-rtx3090-tp-ryzen7950x", "hybrid", 1)
+c["hybrid_over_offload_shrinks_with_a_second_gpu"] = all(
+    tok[(h, b, "hybrid")] / tok[(h, b, "offload")]
+    < tok[("1x-rtx3090", b, "hybrid")] / tok[("1x-rtx3090", b, "offload")]
+    for h in hosts if h != "1x-rtx3090" for b in streams)
+worst = max(abs(float(r["sim_vs_model_pct"])) for r in rows if r["sim_vs_model_pct"])
+c["max_sim_vs_model_pct"] = round(worst, 2)
+c["sim_and_model_within_5pct"] = worst <= 5.0
+json.dump(c, open(f"{out}/conclusions.json", "w"), indent=2)
+with open(f"{out}/summary.md", "w") as f:
+    f.write("# multi-gpu: summary\n\n")
+    for line in open(f"{out}/summary.txt"):
+        f.write(f"- {line.strip()}\n")
+PY
 
 for s in offload hybrid; do
     "$FT" plot "$OUT/multi-gpu.csv" -o "$OUT/tok-s-$s.svg" --kind line --x streams \

@@ -12,7 +12,8 @@
 #   FT        binary                             DEVICE   cuda | host (default cuda)
 #   LAYERS    MoE layers to run (default 48)     PORT     first port (default 8000)
 #   CACHE_GB  GPU expert cache in GiB (default: what the host spec's GPU holds, i.e. the
-#             field report's 24 GB card, so that the miss rates are the report's)
+#             field report's 24 GB card, so that the miss rates are the report's; with
+#             LAYERS < 48, that card's share of the experts, scaled to the layers run)
 #   HOST_SPEC host spec for the prediction (default: the field report's host)
 #   OUT       output folder (default: experiments/serve-ab/results/<timestamp>)
 #   PROMPT_TOKENS (1200)  MAX_TOKENS (256)  WARMUP (2)  STARTUP_S (900, per service)
@@ -36,6 +37,15 @@ STARTUP_S="${STARTUP_S:-900}"
 MODEL=qwen3.8-flash-next
 OUT="${OUT:-$here/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
+# With fewer layers than the model's 48, keep the cache's share of the experts what the
+# 24 GB card holds of the whole model (else 12 layers fit entirely and nothing misses): the
+# full model's default cache slots at 2 streams, scaled by LAYERS / 48.
+if [[ -z "${CACHE_GB:-}" && "$LAYERS" != 48 ]]; then
+  slots48=$("$FT" predict --host "${HOST_SPEC:-rtx4090-2x-xeon4310}" --model "$MODEL" --streams 2 --json \
+    | python3 -c 'import json, sys; print(json.load(sys.stdin)["prediction"]["cache_slots"])')
+  CACHE_GB=$(python3 -c "print(round($slots48 * $LAYERS / 48 * 2772480 / 2**30, 3))")
+  echo "serve-ab: $LAYERS of 48 layers: cache $CACHE_GB GiB ($slots48 slots of the full model, scaled)" >&2
+fi
 common=(--model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --max-streams 2 --context-limit 2048)
 [[ -n "${CACHE_GB:-}" ]] && common+=(--cache-gb "$CACHE_GB")
 [[ -n "${HOST_SPEC:-}" ]] && common+=(--host "$HOST_SPEC")
