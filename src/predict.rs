@@ -177,13 +177,24 @@ pub fn header(plan: &Plan, pred: &Prediction) -> String {
         }
         MissMode::Simulated => "cache as given".to_string(),
     };
+    let layout = plan.perf.params.layout;
+    let gpus = if layout.is_multi() {
+        format!(
+            " ({} GPUs, {}; slots per GPU)",
+            layout.count(),
+            layout.placement.name()
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "{} ({}, {:.2} MB experts, {} layers) on {} [{}]: {} stream(s), context {}, {} expert slots ({}; {}), routing {}, offload miss rate {:.1}%",
+        "{} ({}, {:.2} MB experts, {} layers) on {}{} [{}]: {} stream(s), context {}, {} expert slots ({}; {}), routing {}, offload miss rate {:.1}%",
         pred.model,
         plan.model.format,
         pred.expert_bytes as f64 / 1e6,
         pred.layers,
         plan.host_label,
+        gpus,
         plan.perf.source,
         pred.config.streams,
         pred.config.context,

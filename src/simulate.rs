@@ -78,7 +78,8 @@ pub struct Args {
     /// context, routing, policy, seed, steps, jitter.
     #[arg(long)]
     sweep: Vec<String>,
-    /// With --sweep: also run the analytic model for every point (adds its columns).
+    /// With --sweep: also run the analytic model for every point (adds its columns and the
+    /// legacy ratio and verdict beside each row).
     #[arg(long)]
     with_model: bool,
     /// Write the rows as CSV to this file (a sweep's rows, or the comparison's).

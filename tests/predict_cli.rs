@@ -77,6 +77,18 @@ fn predict_table_and_explain_text() {
         "{text}"
     );
     assert!(text.contains("verdict differs"), "{text}");
+    // A host with two GPUs says so, and how its experts are placed.
+    for cmd in ["predict", "explain"] {
+        let mut args = vec![cmd, "--streams", "1", "--host", "2x-rtx3090-tp-ryzen7950x"];
+        args.extend(QUICK);
+        let out = ft(&args);
+        assert!(out.status.success(), "{cmd}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            text.contains("(2 GPUs, tensor-parallel; slots per GPU)"),
+            "{cmd}: {text}"
+        );
+    }
 }
 
 #[test]

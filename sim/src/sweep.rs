@@ -210,6 +210,11 @@ pub struct SweepRow {
     /// as a share of the analytic step (0 when fully explained or when the simulator is
     /// slower; a slower simulator shows in `sim_vs_model`).
     pub unexplained: Option<f64>,
+    /// The legacy rule's CPU-MoE over PCIe-gather ratio for this host and model, when the
+    /// model was run (the bench bandwidths are the model's).
+    pub legacy_ratio: Option<f64>,
+    /// The legacy rule's verdict (`offload` or `hybrid`) beside the simulated row.
+    pub legacy_verdict: Option<String>,
 }
 
 /// Key of work shared between points (its JSON form).
@@ -432,6 +437,9 @@ pub fn run_sweep(
                     .then(|| &predictions[&pred_key(p)])
                     .filter(|_| with_model)
                     .map(|pr| pr.get(p.strategy));
+                let legacy = needs_prediction(p)
+                    .then(|| &predictions[&pred_key(p)].legacy)
+                    .filter(|_| with_model);
                 let c = &p.config;
                 tick();
                 out.push((
@@ -466,6 +474,8 @@ pub fn run_sweep(
                                 m.contention_us + hosts_by[&p.host].wake_us * cpu_layers;
                             ((gain - explained) / m.step_us).max(0.0)
                         }),
+                        legacy_ratio: legacy.map(|l| l.ratio),
+                        legacy_verdict: legacy.map(|l| l.verdict.name().to_string()),
                     },
                 ));
             }
