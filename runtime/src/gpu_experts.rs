@@ -267,6 +267,14 @@ pub fn cuda_format_code(f: ExpertFormat) -> i32 {
     }
 }
 
+/// The kernels' activation path code (`ACT_*` in experts.cu).
+pub fn cuda_act_code(a: ActPath) -> i32 {
+    match a {
+        ActPath::F32 => 0,
+        ActPath::Int8 => 1,
+    }
+}
+
 /// Activation block / weight group of the CUDA kernels per format (16 for nvfp4 and bf16,
 /// else 32, as the W4A8 spec's `G`).
 pub fn cuda_group(f: ExpertFormat) -> usize {
@@ -352,11 +360,10 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 /// The module of the expert kernels that runs `step`: specialized for its format and
 /// activation path (`kernels/cuda/experts.cu`).
 pub fn cuda_specialization(step: &ExpertStep) -> ft_kernels::cuda_sources::Specialization {
-    let act = match step.act {
-        ActPath::F32 => 0,
-        ActPath::Int8 => 1,
-    };
-    ft_kernels::cuda_sources::Specialization::experts(cuda_format_code(step.format), act)
+    ft_kernels::cuda_sources::Specialization::experts(
+        cuda_format_code(step.format),
+        cuda_act_code(step.act),
+    )
 }
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
@@ -527,10 +534,7 @@ pub(crate) fn cuda_launch(
     );
     let counters = scratch;
     let fmt = cuda_format_code(step.format);
-    let act = match step.act {
-        ActPath::F32 => 0i32,
-        ActPath::Int8 => 1i32,
-    };
+    let act = cuda_act_code(step.act);
     let (h, i, tokens, tch) = (
         step.hidden as i32,
         step.intermediate as i32,
@@ -651,6 +655,14 @@ mod tests {
             assert!(experts.contains(&format!(" {}(", v.gate_up)), "{v:?}");
         }
         assert_eq!(cu_define(experts, "MAXT"), CUDA_MAX_TOKENS_PER_PASS);
+        assert_eq!(
+            cu_define(experts, "ACT_F32") as i32,
+            cuda_act_code(ActPath::F32)
+        );
+        assert_eq!(
+            cu_define(experts, "ACT_INT8") as i32,
+            cuda_act_code(ActPath::Int8)
+        );
         assert_eq!(
             cu_define(COMMON, "FT_PARAM_TABLE_BYTES"),
             CUDA_PARAM_TABLE_BYTES
