@@ -5,9 +5,18 @@
 #
 # Usage (on the GPU machine, from the repository root, with carry/device/ carried):
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
-# Steps: gpu-check, bench (gpu_backend alone), cpu-kernels, runtime-grid, validate, serve-ab,
-# diag, ncu, and exp-NAME for
+# Steps: gpu-check, gpu-tests (only the GPU tests: every carried test binary with --ignored),
+# bench (gpu_backend alone), cpu-kernels, runtime-grid, validate, serve-ab, diag, cpu-diag
+# (scripts/cpu-layer-diag.sh), ncu, and exp-NAME for
 # any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
+# An exp-NAME step runs its simulator half at CI's size (FT_QUICK=1 unless FT_QUICK is set:
+# that half runs anywhere) and its GPU half at its bounded default (FT_GPU_QUICK, FT_LAYERS:
+# see each run.sh), and gets FT_GPU_BUDGET_S = LIMIT - LIMIT/10 - 15 unless it is set: no
+# GPU-half measurement starts after that, so the step ends inside its limit with its
+# analysis written instead of being killed. Five of them fit one call, e.g.
+#   FT_QUICK=1 OUT=$OUT scripts/device-run.sh exp-expert-size:110 exp-concurrency:70 \
+#       exp-contention:50 exp-cache-history:80 exp-fetch-fraction:100
+# (410 s of limits; 194 s measured on the H200 machine, 2026-12-04: 45 + 38 + 14 + 42 + 54).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -37,9 +46,20 @@ for spec in "$@"; do
     validate) timeout "$limit" experiments/validate-h200/run.sh "$R/validate-h200" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
+    cpu-diag) timeout "$limit" scripts/cpu-layer-diag.sh "$R/cpu-diag" ;;
+    gpu-tests)
+        gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+        for t in carry/device/tests/*; do
+            skip=()
+            [[ $t == *multi_gpu* && $gpus -lt 2 ]] && skip=(--skip cuda:: --skip cuda_combine_reports_its_method)
+            echo "===== $t"
+            timeout "$limit" "$t" --ignored --test-threads=1 "${skip[@]}" 2>&1
+            echo "===== $t rc=$?"
+        done ;;
     ncu) timeout "$limit" scripts/ncu-experts.sh "$R/ncu" ;;
     bench) mkdir -p "$R/bench"; timeout "$limit" carry/device/gpu_backend --device cuda --out "$R/bench" ;;
-    exp-*) timeout "$limit" "experiments/${name#exp-}/run.sh" "$R/${name#exp-}" ;;
+    exp-*) FT_QUICK="${FT_QUICK:-1}" FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 15 ))}" \
+        timeout "$limit" "experiments/${name#exp-}/run.sh" "$R/${name#exp-}" ;;
     *) echo "unknown step $name" >&2; false ;;
     esac >"$R/$name.stdout" 2>"$R/$name.stderr"
     echo "$name: rc=$? ($((SECONDS - t0)) s, limit $limit)" >>"$log"

@@ -1,9 +1,14 @@
 //! `ft serve`: the MoE model behind an OpenAI-compatible HTTP API.
 //!
 //! At start the strategy is decided once: with `auto`, the performance model predicts every
-//! strategy at `--expected-streams` (from the cached profile when its key matches this host,
-//! model and version, otherwise from the host spec: `ft probe` is not built yet, and the log
-//! says so) and the fastest feasible one is used; a forced strategy is used as given. Either
+//! strategy at `--expected-streams` and the fastest feasible one is used; a forced strategy
+//! is used as given. The model's parameters come from `--profile` when given, from `--host`
+//! (a host spec: a what-if, not this machine) when given, else from the cached profile whose
+//! key matches this machine (GPU, driver, CPU, threads, NUMA), this model and this version,
+//! and on a CUDA device without one from `ft probe`, run here (at most its 20 s budget) and
+//! stored atomically in the profile cache for the next start. On the host-emulated device
+//! (nothing real to probe) a missing profile falls back to the default host spec, and the
+//! log says so. Either
 //! way one line gives the legacy ratio, its threshold and verdict, every prediction with its
 //! interval, the choice (or what auto would have chosen) and the margin; it is logged and
 //! printed on stdout beside the address (`--json` prints both as JSON). While serving, the
@@ -19,13 +24,14 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use ft_model::cache::CacheSize;
-use ft_model::perf::fit::ProbeSamples;
+use ft_model::perf::fit::{FitConfig, ProbeSamples};
 use ft_model::perf::predict::default_cache_slots;
 use ft_model::perf::{PerfModel, PredictConfig};
-use ft_model::profile::{self, HostFingerprint, Lookup, Profile, ProfileKey};
+use ft_model::profile::{self, Lookup, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
 use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{BankSource, EngineConfig};
+use ft_runtime::probe as rprobe;
 use ft_runtime::{Device, DeviceKind, DeviceSpec};
 use ft_serve::backend::engine::EngineBackend;
 use ft_serve::backend::reference::{ReferenceConfig, ReferenceMoe};
@@ -42,6 +48,16 @@ const PREDICT_CONTEXT_TOKENS: usize = 1280;
 
 /// Tokio worker threads for HTTP (the decode loop has its own thread; the CPU pool its own).
 const HTTP_WORKERS: usize = 2;
+
+/// CPU pool workers when `--threads` is not given: the cores less the decode thread and the
+/// HTTP workers. The pool spins between layers; a worker that shares its core with another
+/// busy thread is descheduled mid-layer and the whole layer waits for it (on the H200's 16
+/// cores, 15 workers beside the server's threads made hybrid's tok/s swing by 2x between
+/// identical services).
+fn default_pool_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    cores.saturating_sub(1 + HTTP_WORKERS).max(1)
+}
 
 /// `--moe-strategy`: auto or a strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -119,9 +135,11 @@ pub struct Args {
     /// Prompt tokens a stream pushes per step.
     #[arg(long, default_value_t = 128)]
     pub prefill_chunk: usize,
-    /// Host spec for the prediction when no profile matches: a preset or a TOML file.
-    #[arg(long, default_value = ft_sim::hosts::DEFAULT_HOST)]
-    pub host: String,
+    /// Predict from this host spec (a preset or a TOML file) instead of this machine's
+    /// profile: a what-if (default: the cached profile of this machine, probed on a GPU when
+    /// there is none).
+    #[arg(long)]
+    pub host: Option<String>,
     /// A fitted profile (JSON) to predict from, instead of the cache lookup.
     #[arg(long)]
     pub profile: Option<PathBuf>,
@@ -136,7 +154,8 @@ pub struct Args {
     /// Seed of the weights (experts, embedding, head).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// CPU pool worker threads (default: the engine's).
+    /// CPU pool worker threads (default: the cores less the decode thread and the HTTP
+    /// workers).
     #[arg(long)]
     pub threads: Option<usize>,
     /// Backend.
@@ -159,15 +178,33 @@ pub struct Args {
     pub predict_only: bool,
 }
 
-/// Where the predictions come from.
-fn perf_model(args: &Args, model: &ModelSpec) -> Result<(PerfModel, ProbeSamples, String)> {
-    let host =
-        ft_sim::hosts::resolve(&args.host).with_context(|| format!("--host {}", args.host))?;
-    let key = ProfileKey::new(HostFingerprint::of_spec(&host), model);
+/// Where the predictions come from (see the module docs); `device` is the engine's device,
+/// opened before the prediction (`None` for the reference backend).
+fn perf_model(
+    args: &Args,
+    model: &ModelSpec,
+    device: Option<&Device>,
+) -> Result<(PerfModel, ProbeSamples, String)> {
+    let spec_model = |name: &str, why: &str| -> Result<(PerfModel, ProbeSamples, String)> {
+        let host = ft_sim::hosts::resolve(name).with_context(|| format!("--host {name}"))?;
+        if !why.is_empty() {
+            warn!(
+                "{why}: predicting from the perf model with host spec '{}'",
+                host.name
+            );
+        }
+        let perf = PerfModel::from_host(&host).with_context(|| format!("--host {name}"))?;
+        Ok((
+            perf,
+            ProbeSamples::default(),
+            format!("host spec {}", host.name),
+        ))
+    };
     if let Some(path) = &args.profile {
         let p = Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
-        let mism = p.key.mismatches(&key);
-        if mism.iter().any(|m| m.to_string().contains("model")) {
+        let want = ProfileKey::new(p.key.host.clone(), model);
+        let mism = p.key.mismatches(&want);
+        if !mism.is_empty() {
             warn!(
                 "--profile {}: its key differs from this model ({}); using it as given",
                 path.display(),
@@ -180,14 +217,30 @@ fn perf_model(args: &Args, model: &ModelSpec) -> Result<(PerfModel, ProbeSamples
         let label = format!("profile {}", path.display());
         return Ok((p.perf_model(&label), p.samples.clone(), label));
     }
-    let lookup = profile::profile_dir().and_then(|dir| profile::load(&dir, &key));
-    match lookup {
+    if let Some(name) = &args.host {
+        return spec_model(name, "");
+    }
+    let Some(device) = device else {
+        return spec_model(
+            ft_sim::hosts::DEFAULT_HOST,
+            "the reference backend has no device to probe",
+        );
+    };
+    let key = ProfileKey::new(
+        rprobe::host_fingerprint(device, &rprobe::CpuTopology::detect()),
+        model,
+    );
+    let dir = profile::profile_dir()?;
+    let why = match profile::load(&dir, &key) {
         Ok(Lookup::Fresh(p)) => {
-            let label = "cached profile (key matches this host, model and version)".to_string();
+            let label = format!(
+                "cached profile {} (key matches this host, model and version)",
+                dir.join(key.file_name()).display()
+            );
             return Ok((p.perf_model(&label), p.samples.clone(), label));
         }
-        Ok(Lookup::Stale { path, mismatches }) => warn!(
-            "profile {} is stale ({}); not used",
+        Ok(Lookup::Stale { path, mismatches }) => format!(
+            "profile {} is stale ({})",
             path.display(),
             mismatches
                 .iter()
@@ -196,21 +249,45 @@ fn perf_model(args: &Args, model: &ModelSpec) -> Result<(PerfModel, ProbeSamples
                 .join(", ")
         ),
         Ok(Lookup::Corrupt { path, reason }) => {
-            warn!("profile {} is corrupt ({reason}); not used", path.display())
+            format!("profile {} is corrupt ({reason})", path.display())
         }
-        Ok(Lookup::Missing { .. }) => {}
-        Err(e) => warn!("no profile directory: {e}"),
+        Ok(Lookup::Missing { .. }) => "no profile matches this host, model and version".into(),
+        Err(e) => format!("the profile cache cannot be read ({e})"),
+    };
+    if device.kind() != DeviceKind::Cuda {
+        return spec_model(
+            ft_sim::hosts::DEFAULT_HOST,
+            &format!("{why}, and the host-emulated device has nothing real to probe"),
+        );
     }
-    warn!(
-        "no profile matches this host, model and version, and the probe (ft probe) is not built yet: predicting from the perf model with host spec '{}'",
-        host.name
+    info!(
+        "{why}: probing this machine (ft probe, at most {:.0} s)",
+        rprobe::ProbeConfig::default().budget_s
     );
-    let perf = PerfModel::from_host(&host).with_context(|| format!("--host {}", args.host))?;
-    Ok((
-        perf,
-        ProbeSamples::default(),
-        format!("host spec {}", host.name),
-    ))
+    let config = rprobe::ProbeConfig {
+        threads: args.threads.unwrap_or_else(default_pool_threads),
+        ..rprobe::ProbeConfig::default()
+    };
+    let t0 = std::time::Instant::now();
+    let probed = rprobe::run(device, model, &config, &mut |_, _| {}).and_then(|outcome| {
+        rprobe::fit_profile(device, &outcome, key.host.clone(), &FitConfig::default())
+    });
+    match probed {
+        Ok((profile, _, _)) => {
+            let path = profile::store(&dir, &profile)?;
+            let label = format!(
+                "profile probed at start in {:.1} s (stored as {})",
+                t0.elapsed().as_secs_f64(),
+                path.display()
+            );
+            info!("{label}");
+            Ok((profile.perf_model(&label), profile.samples.clone(), label))
+        }
+        Err(e) => spec_model(
+            ft_sim::hosts::DEFAULT_HOST,
+            &format!("{why}, and probing failed ({e})"),
+        ),
+    }
 }
 
 fn forced(kind: StrategyKind, fetch: FetchFraction, decision: &Decision) -> Strategy {
@@ -265,7 +342,18 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let fetch = FetchFraction::parse("--fetch-fraction", &args.fetch_fraction)?;
-    let (perf, samples, source) = perf_model(&args, &model)?;
+    // The engine's device, opened first: the prediction may probe it.
+    let device = match args.backend {
+        BackendArg::Engine => {
+            let kind = match args.device {
+                DeviceArg::Cuda => DeviceKind::Cuda,
+                DeviceArg::Host => DeviceKind::Host,
+            };
+            Some(Device::open(&DeviceSpec::of_kind(kind)).context("--device")?)
+        }
+        BackendArg::Reference => None,
+    };
+    let (perf, samples, source) = perf_model(&args, &model, device.as_ref())?;
     let context = PREDICT_CONTEXT_TOKENS.min(args.context_limit);
     let cache = args.cache_gb.map(CacheSize::GiB);
     let predict_config = PredictConfig {
@@ -325,11 +413,10 @@ pub fn run(args: Args) -> Result<()> {
             Box::new(ReferenceMoe::new(cfg, strategy)?)
         }
         BackendArg::Engine => {
-            let kind = match args.device {
-                DeviceArg::Cuda => DeviceKind::Cuda,
-                DeviceArg::Host => DeviceKind::Host,
-            };
-            let device = Device::open(&DeviceSpec::of_kind(kind)).context("--device")?;
+            let device = device
+                .as_ref()
+                .context("the engine backend opened no device")?;
+            let kind = device.kind();
             let mut cfg = EngineConfig {
                 strategy,
                 cache_slots: slots,
@@ -346,9 +433,7 @@ pub fn run(args: Args) -> Result<()> {
                 },
                 ..EngineConfig::default()
             };
-            if let Some(t) = args.threads {
-                cfg.threads = t;
-            }
+            cfg.threads = args.threads.unwrap_or_else(default_pool_threads);
             let routing = RoutingProcess::preset(&args.routing)
                 .with_context(|| format!("--routing {}", args.routing))?;
             info!(
@@ -362,7 +447,7 @@ pub fn run(args: Args) -> Result<()> {
                 None => BankSource::Seed(args.seed),
             };
             Box::new(
-                EngineBackend::with_bank_source(&device, &model, &cfg, &routing, source)
+                EngineBackend::with_bank_source(device, &model, &cfg, &routing, source)
                     .with_context(|| match &args.expert_weights {
                         Some(p) => {
                             format!("building the engine from --expert-weights {}", p.display())

@@ -55,12 +55,15 @@ for name in ("field", "gpu"):
     warm = cumulative(read(raw / f"warm.{name}.csv"))
     # Runtime half: per-step records of one cold run per (strategy, streams), summed into
     # the same windows as the simulator's.
-    measured = {}
+    measured, whole = {}, []
     if name == "gpu" and (raw / "runtime.csv").exists():
         for r in read(raw / "runtime.csv"):
+            doc = json.loads((raw / r["json"]).read_text())
+            summ = doc.get("summary", {})
+            whole.append((r["phase"], r["strategy"], int(r["streams"]), doc.get("layers"), doc.get("cache_slots"),
+                          summ.get("steps"), summ.get("tok_s_per_stream"), summ.get("miss_rate")))
             if r["phase"] != "cold":
                 continue
-            doc = json.loads((raw / r["json"]).read_text())
             steps = [s for s in doc.get("step_records", []) if not s.get("warmup")]
             measured[(r["strategy"], int(r["streams"]))] = steps
     rows = []
@@ -130,6 +133,17 @@ for name in ("field", "gpu"):
                 return n
         return None
 
+    if whole:
+        md.append(f"Runtime (GPU machine, `ft run`, {whole[0][3]} layers, {whole[0][4]} cache slots) over its whole "
+                  f"run of {whole[0][5]} steps, beside the simulator of the same configuration:")
+        md.append("")
+        md.append("| phase | strategy | streams | measured tok/s per stream | simulator | measured miss rate | simulator |")
+        md.append("|---|---|---:|---:|---:|---:|---:|")
+        for phase, s, b, _, _, n, tok, miss in sorted(whole):
+            sim = at(s, b, longest, cold if phase == "cold" else warm)
+            fmt = lambda v, spec: "" if v is None else format(v, spec)
+            md.append(f"| {phase} | {s} | {b} | {fmt(tok, '.1f')} | {sim[3]:.1f} | {fmt(miss, '.3f')} | {sim[2]:.3f} |")
+        md.append("")
     md.append("| streams | steady miss rate: offload / hybrid | cold window within 2 points of it by step: offload / hybrid |")
     md.append("|---:|---:|---:|")
     for b in (1, 2):

@@ -5,7 +5,8 @@
 # Usage: run.sh OUTDIR. Env: FT_PLOT_ONLY=1 redraws the plots from OUTDIR's tables alone;
 # FT = the ft binary (built with `cargo build --release` when
 # unset), FT_QUICK=1 for the reduced size CI runs, FT_GPU=0 to skip the runtime half even
-# where a GPU is usable. Needs bash, jq and python3 (standard library only).
+# where a GPU is usable, FT_GPU=1 to run it even without one (with FT_DEVICE=host: the
+# host-emulated device). Needs bash, jq and python3 (standard library only).
 #
 # Simulator half: the field report's host, model and cache (offload misses 38% at 2 streams
 # when warm), offload and hybrid at the report's automatic fetch fraction (27.7%), 1 and 2
@@ -16,9 +17,21 @@
 # exactly, and its miss rate (N2 m2 - N1 m1) / (N2 - N1), exact at 1 stream (every step
 # looks up top-k distinct experts per layer) and weighted by steps, not lookups, at 2.
 # Warm: the same runs after 4x the longest cold run of warm-up steps.
-# Runtime half (GPU machine): `ft run` from a cold cache and after the warm-up, on
-# h200-xeon-emr's 16 GiB cache (its per-step records give the trajectory), with the
-# simulator of that host beside it.
+# Runtime half (GPU machine): `ft run` from a cold cache and after the warm-up (its per-step
+# records give the trajectory), with the simulator of h200-xeon-emr beside it; bounded to fit
+# one remote call beside the other experiments (scripts/device-run.sh): `ft run --layers L`
+# runs the same geometry with L of its 48 layers (per-layer numbers, and the trajectory in
+# steps, do not depend on L: a step's lookups and the cache both scale with L) on
+# h200-xeon-emr's 16 GiB cache scaled to the same share of L layers' experts; the simulator
+# runs that same L-layer model, cache and context (no request resets). Env:
+#   FT_DEVICE        ft run's device (default cuda; host: the host-emulated device)
+#   FT_LAYERS        MoE layers of the runtime half (default 2)
+#   FT_GPU_QUICK     1 (default): cold runs of 512 steps, warm ones after 2048 warm-up steps
+#                    (8 runs, about 35 s on the H200 machine); 0: 1024 and 4096 (about 55 s)
+#   FT_GPU_LONGEST   override the runtime half's longest run (steps; the windows are the
+#                    powers of two up to it, the warm-up 4x it)
+#   FT_GPU_BUDGET_S  no runtime run starts later than this many seconds after the script
+#                    started (default 150); a cut is logged in env.txt
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: run.sh OUTDIR}"
@@ -44,8 +57,22 @@ else
 fi
 LONGEST="${STEPS##*,}"
 WARM=$((4 * LONGEST))
+# The runtime half's bounds (see the header).
+DEVICE="${FT_DEVICE:-cuda}"
+GPU_LAYERS="${FT_LAYERS:-2}"
+GPU_BUDGET_S="${FT_GPU_BUDGET_S:-150}"
+if [[ "${FT_GPU_QUICK:-1}" == 1 ]]; then GPU_LONGEST="${FT_GPU_LONGEST:-512}"; else GPU_LONGEST="${FT_GPU_LONGEST:-1024}"; fi
+GPU_STEPS=1 n=2
+while (( n <= GPU_LONGEST )); do GPU_STEPS="$GPU_STEPS,$n" n=$(( 2 * n )); done
+[[ "${GPU_STEPS##*,}" == "$GPU_LONGEST" ]] || GPU_STEPS="$GPU_STEPS,$GPU_LONGEST"
+GPU_WARM=$(( 4 * GPU_LONGEST ))
+GPU_CONTEXT=1024   # ft run's default, given to the simulator beside it too
 gpu_usable() {
-    [[ "${FT_GPU:-auto}" != 0 ]] && "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'
+    case "${FT_GPU:-auto}" in
+    0) return 1 ;;
+    1) return 0 ;;
+    *) "$FT" --version | grep -Eq '^cuda driver: found \([1-9]' ;;
+    esac
 }
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
 {
@@ -54,46 +81,85 @@ if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
     "$FT" --version
     echo "host: $HOST; model: $MODEL; hybrid fetch fraction $FETCH; cold runs of $STEPS steps; warm-up $WARM steps"
+    if gpu_usable; then
+        echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers; windows ending at $GPU_STEPS; warm-up $GPU_WARM steps; context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s"
+    fi
 } > "$OUT/env.txt"
 
-sim_half() { # HOST NAME CACHE_FLAGS...
-    local host="$1" name="$2"
-    shift 2
-    "$FT" simulate --host "$host" --model "$MODEL" "$@" --sweep streams=1,2 --sweep "steps=$STEPS" \
+sim_half() { # HOST NAME MODEL STEPS WARM FLAGS...
+    local host="$1" name="$2" model="$3" steps="$4" warm="$5"
+    shift 5
+    "$FT" simulate --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
         --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup 0 --out "$OUT/raw/cold.$name.csv"
-    "$FT" simulate --host "$host" --model "$MODEL" "$@" --sweep streams=1,2 --sweep "steps=$STEPS" \
-        --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup "$WARM" --out "$OUT/raw/warm.$name.csv"
+    "$FT" simulate --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
+        --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup "$warm" --out "$OUT/raw/warm.$name.csv"
 }
 # The field report's cache, sized once (offload misses 38% at 2 streams after the default
 # warm-up).
 slots=$("$FT" simulate --host "$HOST" --model "$MODEL" --streams 2 --strategy offload \
     --steps "$CAL_STEPS" --warmup "$CAL_WARMUP" --json | jq -r '.cache.slots')
 echo "cache-history: simulating $HOST ($slots slots)" >&2
-sim_half "$HOST" field --cache-slots "$slots"
+sim_half "$HOST" field "$MODEL" "$STEPS" "$WARM" --cache-slots "$slots"
 
-rm -f "$OUT/raw/runtime.csv"
+rm -f "$OUT/raw/runtime.csv" "$OUT"/raw/*.gpu.csv "$OUT"/raw/run.*.json "$OUT"/raw/run.*.log \
+    "$OUT/trajectory.gpu.csv" "$OUT"/*-gpu-*.svg "$OUT"/measured-*.svg "$OUT/runtime-skipped.txt"
 if gpu_usable; then
     if "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction'; then
-        sim_half "$GPU_HOST" gpu --cache-gb "$GPU_CACHE_GB"
+        # The 16 GiB cache of 48 layers as the same share of GPU_LAYERS layers' experts.
+        slots48=$("$FT" simulate --host "$GPU_HOST" --model "$MODEL" --cache-gb "$GPU_CACHE_GB" \
+            --streams 1 --strategy offload --steps 1 --warmup 0 --json | jq -r '.cache.slots')
+        GPU_SLOTS=$(( (slots48 * GPU_LAYERS + 24) / 48 ))
+        mkdir -p "$OUT/models"
+        cat > "$OUT/models/runtime.toml" <<TOML
+# qwen3.8-flash-next (model/src/preset.rs) with $GPU_LAYERS of its 48 MoE layers: what
+# \`ft run --layers $GPU_LAYERS\` decodes.
+name = "qwen3.8-flash-next-${GPU_LAYERS}-layers"
+format = "nvfp4"
+
+[geometry]
+hidden = 2560
+intermediate = 640
+experts = 512
+top_k = 10
+moe_layers = $GPU_LAYERS
+shared_experts = 1
+TOML
+        echo "runtime half: cache $GPU_SLOTS slots of $(( GPU_LAYERS * 512 )) experts ($slots48 of 48 layers' at $GPU_CACHE_GB GiB)" >> "$OUT/env.txt"
+        echo "cache-history: simulating $GPU_HOST for the runtime half" >&2
+        sim_half "$GPU_HOST" gpu "$OUT/models/runtime.toml" "$GPU_STEPS" "$GPU_WARM" --cache-slots "$GPU_SLOTS" \
+            --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARM + GPU_LONGEST ))"
         # `ft run` records every step (its hits and misses, its wall time), so one cold run
         # per strategy gives the runtime's trajectory directly; the warm run measures the
         # steady state after the same warm-up as the simulator's.
+        # Cold runs first (the trajectory), then the warm ones, so a budget cut keeps the former.
         echo "phase,strategy,streams,json" > "$OUT/raw/runtime.csv"
-        for s in offload hybrid; do
-            fetch=()
-            [[ "$s" == hybrid ]] && fetch=(--fetch-fraction "$FETCH")
+        done_runs=0
+        for phase in cold warm; do
+            w=0
+            [[ "$phase" == warm ]] && w="$GPU_WARM"
             for b in 1 2; do
-                for phase in cold warm; do
-                    w=0
-                    [[ "$phase" == warm ]] && w="$WARM"
+                for s in offload hybrid; do
+                    if (( SECONDS > GPU_BUDGET_S )); then
+                        echo "runtime half: budget (${GPU_BUDGET_S} s) spent after $done_runs of 8 runs; stopped before $phase $s at $b stream(s)" | tee -a "$OUT/env.txt" >&2
+                        break 3
+                    fi
+                    fetch=()
+                    [[ "$s" == hybrid ]] && fetch=(--fetch-fraction "$FETCH")
                     echo "cache-history: ft run $s, $b stream(s), $phase" >&2
-                    "$FT" run --model "$MODEL" --strategy "$s" "${fetch[@]}" --streams "$b" \
-                        --cache-gb "$GPU_CACHE_GB" --steps "$LONGEST" --warmup "$w" --json \
-                        > "$OUT/raw/run.$phase.$s.$b.json"
-                    echo "$phase,$s,$b,run.$phase.$s.$b.json" >> "$OUT/raw/runtime.csv"
+                    if "$FT" run --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
+                        --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
+                        --steps "$GPU_LONGEST" --warmup "$w" --json \
+                        > "$OUT/raw/run.$phase.$s.$b.json" 2> "$OUT/raw/run.$phase.$s.$b.log"; then
+                        echo "$phase,$s,$b,run.$phase.$s.$b.json" >> "$OUT/raw/runtime.csv"
+                    else
+                        echo "cache-history: ft run $s $b $phase failed (raw/run.$phase.$s.$b.log)" >&2
+                        rm -f "$OUT/raw/run.$phase.$s.$b.json"
+                    fi
+                    done_runs=$(( done_runs + 1 ))
                 done
             done
         done
+        echo "runtime half: $done_runs runs done at ${SECONDS} s" >> "$OUT/env.txt"
     else
         echo "runtime half skipped: this ft has no 'ft run --fetch-fraction'" | tee "$OUT/runtime-skipped.txt" >&2
     fi
@@ -118,4 +184,13 @@ for name in field gpu; do
             --xlabel "decode step (end of the window)" --ylabel "tok/s per stream in the window" > /dev/null
     done
 done
+if [[ -f "$OUT/trajectory.gpu.csv" ]] && head -1 "$OUT/trajectory.gpu.csv" | grep -q measured_cold_window_miss_rate; then
+    for b in 1 2; do
+        "$FT" plot "$OUT/trajectory.gpu.csv" -o "$OUT/measured-miss-rate-$b-streams.svg" --kind line \
+            --x step --log-x --y measured_cold_window_miss_rate,cold_window_miss_rate --series strategy \
+            --where "streams=$b" --legend upper-right --title "Miss rate from a cold cache, $b stream(s), GPU machine (solid: ft run, dashed: simulator)" \
+            --xlabel "decode step (end of the window)" --ylabel "share of distinct experts missed" > /dev/null \
+            || echo "cache-history: ft plot of the measured trajectory failed; the CSV is complete" >&2
+    done
+fi
 echo "cache-history: results in $OUT" >&2

@@ -2,8 +2,8 @@
 """concurrency analysis: tidy the sweeps into one table, write the README's summary and the
 conclusions the CI test checks.
 
-Reads OUTDIR/raw/sim.<host>.csv (and raw/runtime.csv with its JSON files, where the runtime
-half ran); writes OUTDIR/concurrency.csv, runtime.csv (runtime half only), summary.md and
+Reads OUTDIR/raw/sim.<host>.csv (and raw/runtime.csv with its JSON files and
+raw/runtime-sim.csv, the simulator on the runtime's configuration, where the runtime half ran); writes OUTDIR/concurrency.csv, runtime.csv (runtime half only), summary.md and
 conclusions.json.
 """
 import csv
@@ -75,49 +75,56 @@ for host in sorted({r["host"] for r in rows}):
                   f"{winner(host, b)} | {winner(host, b, 'model_tok_s_total')} | {dev:.1f}% |")
     md.append("")
 
-# Runtime half, where it ran: the measured numbers beside the simulation of the GPU host.
+# Runtime half, where it ran: the measured numbers beside the simulation (and the model) of
+# the GPU host on the same L-layer model, cache, context and steps (raw/runtime-sim.csv).
 runtime = []
 if (raw / "runtime.csv").exists():
-    def find(doc, key):
-        if isinstance(doc, dict):
-            if key in doc and isinstance(doc[key], (int, float)):
-                return doc[key]
-            for v in doc.values():
-                x = find(v, key)
-                if x is not None:
-                    return x
-        elif isinstance(doc, list):
-            for v in doc:
-                x = find(v, key)
-                if x is not None:
-                    return x
-        return None
-    gpu_host = "h200-xeon-emr"
+    rt_sim = {}
+    if (raw / "runtime-sim.csv").exists():
+        with open(raw / "runtime-sim.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                rt_sim[(r["strategy"], int(r["streams"]))] = r
+
+    def num(r, key, digits=3):
+        v = r.get(key)
+        return round(float(v), digits) if v not in (None, "") else None
+
     with open(raw / "runtime.csv", newline="") as f:
         for r in csv.DictReader(f):
             doc = json.loads((raw / r["json"]).read_text())
+            s = doc.get("summary", doc)
             b = int(r["streams"])
-            sim = by.get((gpu_host, b), {}).get(r["strategy"], {})
+            sim = rt_sim.get((r["strategy"], b), {})
+            measured = s.get("tok_s_total")
+            sim_tok = num(sim, "tok_s_total")
             runtime.append({
                 "strategy": r["strategy"],
                 "streams": b,
-                "measured_tok_s_total": find(doc, "tok_s_total"),
-                "measured_miss_rate": find(doc, "miss_rate"),
-                "sim_tok_s_total": sim.get("sim_tok_s_total"),
-                "model_tok_s_total": sim.get("model_tok_s_total"),
+                "layers": doc.get("layers"),
+                "cache_slots": doc.get("cache_slots"),
+                "fetch_fraction": doc.get("fetch_fraction"),
+                "measured_tok_s_total": round(measured, 3) if measured is not None else None,
+                "measured_miss_rate": round(s["miss_rate"], 4) if s.get("miss_rate") is not None else None,
+                "sim_tok_s_total": sim_tok,
+                "sim_miss_rate": num(sim, "miss_rate", 4),
+                "model_tok_s_total": num(sim, "model_tok_s_total"),
+                "measured_vs_sim_pct": round(100 * (measured / sim_tok - 1), 1) if measured and sim_tok else None,
             })
     if runtime:
         with open(out / "runtime.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(runtime[0]))
             w.writeheader()
             w.writerows(runtime)
-        md.append("**Runtime (GPU machine)**: measured total tok/s beside the simulator and the model")
+        md.append(f"**Runtime (GPU machine)**: measured total tok/s ({runtime[0]['layers']} layers, "
+                  f"{runtime[0]['cache_slots']} cache slots) beside the simulator and the model of the same configuration")
         md.append("")
-        md.append("| strategy | streams | measured | simulator | model | measured miss rate |")
-        md.append("|---|---:|---:|---:|---:|---:|")
-        for r in runtime:
-            md.append(f"| {r['strategy']} | {r['streams']} | {r['measured_tok_s_total']} | {r['sim_tok_s_total']} | "
-                      f"{r['model_tok_s_total']} | {r['measured_miss_rate']} |")
+        md.append("| strategy | streams | f | measured | simulator | model | measured vs sim | measured miss rate | sim miss rate |")
+        md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+        fmt = lambda v, spec="": "" if v is None else format(v, spec)
+        for r in sorted(runtime, key=lambda r: (r["strategy"], r["streams"])):
+            md.append(f"| {r['strategy']} | {r['streams']} | {fmt(r['fetch_fraction'], '.3f')} | {fmt(r['measured_tok_s_total'], '.1f')} | "
+                      f"{fmt(r['sim_tok_s_total'], '.1f')} | {fmt(r['model_tok_s_total'], '.1f')} | {fmt(r['measured_vs_sim_pct'], '+.1f')}% | "
+                      f"{fmt(r['measured_miss_rate'], '.3f')} | {fmt(r['sim_miss_rate'], '.3f')} |")
         md.append("")
 (out / "summary.md").write_text("\n".join(md))
 

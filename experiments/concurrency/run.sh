@@ -5,17 +5,31 @@
 # Usage: run.sh OUTDIR. Env: FT_PLOT_ONLY=1 redraws the plots from OUTDIR's tables alone;
 # FT = the ft binary (built with `cargo build --release` when
 # unset), FT_QUICK=1 for the reduced size CI runs, FT_GPU=0 to skip the runtime half even
-# where a GPU is usable (it runs by default where `ft --version` finds a CUDA device).
+# where a GPU is usable (it runs by default where `ft --version` finds a CUDA device),
+# FT_GPU=1 to run it even without one (with FT_DEVICE=host: the host-emulated device).
 # Needs bash, jq and python3 (standard library only).
 #
 # Simulator half: the field report's host and model (rtx4090-2x-xeon4310, qwen3.8-flash-next)
 # with the report's cache (sized so that offload misses 38% at 2 streams, then fixed for all
 # stream counts), and in the full run also this project's GPU machine (h200-xeon-emr) with a
-# 16 GiB expert cache (what the runtime half uses there). `ft simulate --sweep` runs every
-# strategy with `--with-model`: the model columns are the same prediction `ft predict` prints
-# (its routing seed aligned with the simulation's).
-# Runtime half (GPU machine): `ft run` of each strategy at each stream count on the same
-# model with the same 16 GiB cache.
+# 16 GiB expert cache. `ft simulate --sweep` runs every strategy with `--with-model`: the
+# model columns are the same prediction `ft predict` prints (its routing seed aligned with
+# the simulation's).
+# Runtime half (GPU machine), bounded to fit one remote call beside the other experiments
+# (scripts/device-run.sh): `ft run --layers L` of each strategy at each stream count on the
+# same geometry with L of its 48 MoE layers (per-layer numbers do not depend on L; all 48
+# need 68 GB of pinned RAM and ~30 s of set-up per run) and the 16 GiB cache scaled to L
+# layers (the same share of the experts, so the same miss rate), beside `ft simulate` and
+# the model of h200-xeon-emr on that same L-layer model, cache, context and steps. Env:
+#   FT_DEVICE        ft run's device (default cuda; host: the host-emulated device)
+#   FT_LAYERS        MoE layers of the runtime half (default 2)
+#   FT_GPU_QUICK     1 (default): streams 1,2,4,16, 32 steps after 64 warm-up (12 runs,
+#                    about 35 s on the H200 machine); 0: streams 1,2,3,4,6,8,12,16, 64 after
+#                    128 (24 runs, about 75 s)
+#   FT_GPU_STEPS, FT_GPU_WARMUP  override the runtime half's steps
+#   FT_GPU_BUDGET_S  no runtime run starts later than this many seconds after the script
+#                    started (default 150); a cut is logged in env.txt and the runs done are
+#                    analysed
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: run.sh OUTDIR}"
@@ -38,13 +52,27 @@ else
     HOSTS=(rtx4090-2x-xeon4310 "$GPU_HOST")
 fi
 
-gpu_usable() {
-    [[ "${FT_GPU:-auto}" != 0 ]] && "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'
-}
-# The runtime half is compared with the simulator of the GPU machine's host: simulate it too.
-if gpu_usable && [[ " ${HOSTS[*]} " != *" $GPU_HOST "* ]]; then
-    HOSTS+=("$GPU_HOST")
+# The runtime half's bounds (see the header).
+DEVICE="${FT_DEVICE:-cuda}"
+GPU_LAYERS="${FT_LAYERS:-2}"
+GPU_QUICK="${FT_GPU_QUICK:-1}"
+GPU_BUDGET_S="${FT_GPU_BUDGET_S:-150}"
+if [[ "$GPU_QUICK" == 1 ]]; then
+    GPU_STREAMS=1,2,4,16 GPU_STEPS="${FT_GPU_STEPS:-32}" GPU_WARMUP="${FT_GPU_WARMUP:-64}"
+else
+    GPU_STREAMS=1,2,3,4,6,8,12,16 GPU_STEPS="${FT_GPU_STEPS:-64}" GPU_WARMUP="${FT_GPU_WARMUP:-128}"
 fi
+# ft run's default context, given to the simulator too, with requests as long as the
+# warm-up and measured steps: its context grows over them without a reset, as ft run's does.
+GPU_CONTEXT=1024
+
+gpu_usable() {
+    case "${FT_GPU:-auto}" in
+    0) return 1 ;;
+    1) return 0 ;;
+    *) "$FT" --version | grep -Eq '^cuda driver: found \([1-9]' ;;
+    esac
+}
 
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
 {
@@ -53,6 +81,9 @@ if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
     "$FT" --version
     echo "model: $MODEL; hosts: ${HOSTS[*]}; streams: $STREAMS; steps $STEPS after $WARMUP warm-up"
+    if gpu_usable; then
+        echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers, streams $GPU_STREAMS, $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s"
+    fi
 } > "$OUT/env.txt"
 
 rm -f "$OUT"/raw/sim.*.csv
@@ -71,23 +102,60 @@ if [[ "$QUICK" != 1 ]]; then
         --context 1327 --json | jq -r '.decision.log_line' > "$OUT/predict-2-streams.txt"
 fi
 
-# Runtime half: only where a GPU is usable and `ft run` has the flags it needs.
-rm -f "$OUT/raw/runtime.csv"
+# Runtime half: only where a GPU is usable (or FT_GPU=1) and `ft run` has the flags it needs.
+rm -f "$OUT/raw/runtime.csv" "$OUT/raw/runtime-sim.csv" "$OUT"/raw/run.*.json "$OUT"/raw/run.*.log "$OUT/runtime.csv" "$OUT/runtime-skipped.txt"
 if gpu_usable; then
     if "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction'; then
+        # The 16 GiB cache of 48 layers as the same share of GPU_LAYERS layers' experts.
+        slots48=$("$FT" simulate --host "$GPU_HOST" --model "$MODEL" --cache-gb "$GPU_CACHE_GB" \
+            --streams 1 --strategy offload --steps 1 --warmup 0 --json | jq -r '.cache.slots')
+        GPU_SLOTS=$(( (slots48 * GPU_LAYERS + 24) / 48 ))
+        mkdir -p "$OUT/models"
+        cat > "$OUT/models/runtime.toml" <<TOML
+# qwen3.8-flash-next (model/src/preset.rs) with $GPU_LAYERS of its 48 MoE layers: what
+# \`ft run --layers $GPU_LAYERS\` decodes.
+name = "qwen3.8-flash-next-${GPU_LAYERS}-layers"
+format = "nvfp4"
+
+[geometry]
+hidden = 2560
+intermediate = 640
+experts = 512
+top_k = 10
+moe_layers = $GPU_LAYERS
+shared_experts = 1
+TOML
+        echo "runtime half: cache $GPU_SLOTS slots of $(( GPU_LAYERS * 512 )) experts ($slots48 of 48 layers' at $GPU_CACHE_GB GiB)" >> "$OUT/env.txt"
+        echo "concurrency: simulating $GPU_HOST for the runtime half" >&2
+        "$FT" simulate --host "$GPU_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
+            --sweep "streams=$GPU_STREAMS" --strategy offload,hybrid,cpu --with-model \
+            --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))" \
+            --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --out "$OUT/raw/runtime-sim.csv"
         echo "strategy,streams,json" > "$OUT/raw/runtime.csv"
-        IFS=, read -ra bs <<< "$STREAMS"
-        for s in offload hybrid cpu; do
-            for b in "${bs[@]}"; do
+        IFS=, read -ra bs <<< "$GPU_STREAMS"
+        n_runs=$(( ${#bs[@]} * 3 )) done_runs=0
+        for b in "${bs[@]}"; do
+            for s in offload hybrid cpu; do
+                if (( SECONDS > GPU_BUDGET_S )); then
+                    echo "runtime half: budget (${GPU_BUDGET_S} s) spent after $done_runs of $n_runs runs; stopped before $s at $b stream(s)" | tee -a "$OUT/env.txt" >&2
+                    break 2
+                fi
                 echo "concurrency: ft run $s at $b stream(s)" >&2
                 fetch=()
                 [[ "$s" == hybrid ]] && fetch=(--fetch-fraction auto --host "$GPU_HOST")
-                "$FT" run --model "$MODEL" --strategy "$s" "${fetch[@]}" --streams "$b" \
-                    --cache-gb "$GPU_CACHE_GB" --steps "$STEPS" --warmup "$WARMUP" --json \
-                    > "$OUT/raw/run.$s.$b.json"
-                echo "$s,$b,run.$s.$b.json" >> "$OUT/raw/runtime.csv"
+                if "$FT" run --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
+                    --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
+                    --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --json \
+                    > "$OUT/raw/run.$s.$b.json" 2> "$OUT/raw/run.$s.$b.log"; then
+                    echo "$s,$b,run.$s.$b.json" >> "$OUT/raw/runtime.csv"
+                else
+                    echo "concurrency: ft run $s at $b stream(s) failed (raw/run.$s.$b.log)" >&2
+                    rm -f "$OUT/raw/run.$s.$b.json"
+                fi
+                done_runs=$(( done_runs + 1 ))
             done
         done
+        echo "runtime half: $done_runs runs done at ${SECONDS} s" >> "$OUT/env.txt"
     else
         echo "runtime half skipped: this ft has no 'ft run --fetch-fraction'" | tee "$OUT/runtime-skipped.txt" >&2
     fi

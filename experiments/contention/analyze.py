@@ -73,11 +73,11 @@ for p in sorted(raw.glob("bench-bw.*.json"), key=lambda p: int(p.name.split(".")
         threads.append({
             "source": "measured", "geometry": "tuning" if r.get("model") == "bench-nvfp4" else "served",
             "threads": t,
-            "cpu_moe_gbs": r["cpu_moe_gbs"], "cpu_moe_contended_gbs": r["cpu_moe_contended_gbs"],
-            "pcie_gather_gbs": r["pcie_gather_gbs"], "pcie_gather_contended_gbs": r["pcie_gather_contended_gbs"],
+            "cpu_moe_gbs": round(r["cpu_moe_gbs"], 2), "cpu_moe_contended_gbs": round(r["cpu_moe_contended_gbs"], 2),
+            "pcie_gather_gbs": round(r["pcie_gather_gbs"], 2), "pcie_gather_contended_gbs": round(r["pcie_gather_contended_gbs"], 2),
             "cpu_loss_pct": loss(r["cpu_moe_gbs"], r["cpu_moe_contended_gbs"]),
             "gather_loss_pct": loss(r["pcie_gather_gbs"], r["pcie_gather_contended_gbs"]),
-            "stream_read_gbs": r.get("stream_read_gbs", ""),
+            "stream_read_gbs": round(r["stream_read_gbs"], 2) if r.get("stream_read_gbs") is not None else "",
         })
 threads.sort(key=lambda r: (r["source"], r["geometry"], r["threads"]))
 with open(out / "threads.csv", "w", newline="") as f:

@@ -5,12 +5,23 @@
 # Usage: run.sh OUTDIR. Env: FT_PLOT_ONLY=1 redraws the plots from OUTDIR's tables alone;
 # FT = the ft binary (built with `cargo build --release`, with
 # `--features cuda` where nvidia-smi exists, when unset), FT_QUICK=1 for the reduced size
-# CI runs, FT_GPU=0 to skip the measurement even where a GPU is usable. Needs bash, jq and
-# python3 (standard library only; tomllib reads the host presets).
+# CI runs, FT_GPU=0 to skip the measurement even where a GPU is usable, FT_GPU=1 to run it
+# even without one (with FT_DEVICE=host: the host-emulated device, the gather a memcpy).
+# Needs bash, jq and python3 (standard library only; tomllib reads the host presets).
 #
 # Measured half (GPU machine): `ft bench bw --threads T` measures both bandwidths alone and
 # during the same window together (the CPU expert kernel and the gather loop running at
 # once), at the tuning geometry (bench-nvfp4) and the served one (qwen3.8-flash-next).
+# Bounded to fit one remote call beside the other experiments (scripts/device-run.sh); the
+# thread counts run extremes first (1 and 16, then those between), so a budget cut still
+# leaves the span. Env:
+#   FT_DEVICE        ft bench bw's device (default cuda; host: host-emulated)
+#   FT_GPU_QUICK     1 (default): threads 1, 16, 4, 8 (about 20 s on the H200 machine);
+#                    0: 1, 16, 4, 8, 2, 12, 6 (about 35 s)
+#   FT_BENCH_BW_ARGS extra `ft bench bw` flags (default none: a 1 GiB bank, 20 repetitions,
+#                    a 500 ms contended window; e.g. "--bank-mib 64 --reps 2" for a smoke test)
+#   FT_GPU_BUDGET_S  no measurement starts later than this many seconds after the script
+#                    started (default 120); a cut is logged in env.txt
 # Model half (runs anywhere): the model's contended parameters (the DRAM bandwidth CPU reads
 # and DMA share, and DMA's weight in that sharing) from each host preset, and the bench
 # pair `ft explain` says those parameters imply, alone and contended, for every preset at
@@ -37,8 +48,16 @@ if [[ "$QUICK" == 1 ]]; then
 else
     THREADS=(1 2 4 6 8 12 16)
 fi
+# The measured half's bounds (see the header).
+DEVICE="${FT_DEVICE:-cuda}"
+GPU_BUDGET_S="${FT_GPU_BUDGET_S:-120}"
+if [[ "${FT_GPU_QUICK:-1}" == 1 ]]; then GPU_THREADS=(1 16 4 8); else GPU_THREADS=(1 16 4 8 2 12 6); fi
 gpu_usable() {
-    [[ "${FT_GPU:-auto}" != 0 ]] && "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'
+    case "${FT_GPU:-auto}" in
+    0) return 1 ;;
+    1) return 0 ;;
+    *) "$FT" --version | grep -Eq '^cuda driver: found \([1-9]' ;;
+    esac
 }
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
 {
@@ -47,6 +66,9 @@ if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
     echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
     "$FT" --version
     echo "threads: ${THREADS[*]}; served model: $MODEL"
+    if gpu_usable; then
+        echo "measured half: device $DEVICE, ft bench bw at threads ${GPU_THREADS[*]}${FT_BENCH_BW_ARGS:+ with $FT_BENCH_BW_ARGS}; no measurement starts after ${GPU_BUDGET_S} s"
+    fi
 } > "$OUT/env.txt"
 
 rm -f "$OUT"/raw/*
@@ -67,11 +89,22 @@ for t in "${THREADS[@]}"; do
     explain "$f" "$GPU_HOST" "$t"
 done
 
+rm -f "$OUT/measured-skipped.txt"
 if gpu_usable; then
-    for t in "${THREADS[@]}"; do
+    done_meas=0
+    for t in "${GPU_THREADS[@]}"; do
+        if (( SECONDS > GPU_BUDGET_S )); then
+            echo "measured half: budget (${GPU_BUDGET_S} s) spent after $done_meas of ${#GPU_THREADS[@]} thread counts; stopped before $t" | tee -a "$OUT/env.txt" >&2
+            break
+        fi
         echo "contention: ft bench bw --threads $t" >&2
-        "$FT" bench bw --model "$MODEL" --threads "$t" --json > "$OUT/raw/bench-bw.$t.json"
+        # shellcheck disable=SC2086 # FT_BENCH_BW_ARGS is a list of flags
+        "$FT" bench bw --device "$DEVICE" --model "$MODEL" --threads "$t" ${FT_BENCH_BW_ARGS:-} --json \
+            > "$OUT/raw/bench-bw.$t.json" 2> "$OUT/raw/bench-bw.$t.log" \
+            || { echo "contention: ft bench bw --threads $t failed (raw/bench-bw.$t.log)" >&2; rm -f "$OUT/raw/bench-bw.$t.json"; }
+        done_meas=$(( done_meas + 1 ))
     done
+    echo "measured half: $done_meas thread counts done at ${SECONDS} s" >> "$OUT/env.txt"
 else
     echo "measured half skipped: no usable CUDA device (or FT_GPU=0)" > "$OUT/measured-skipped.txt"
 fi

@@ -4,11 +4,13 @@ simulated winner, the legacy rule's verdict measured either way, and the conclus
 test checks.
 
 Reads OUTDIR/raw/bench-model.<host>.jsonl and raw/sim.<host>.csv (and raw/bench-bw.*.json,
-raw/run.*.json where the GPU-machine half ran); writes OUTDIR/expert-size.csv, winners.csv,
-measured-bandwidth.csv (GPU half only), summary.md and conclusions.json.
+raw/run.*.json and raw/runtime-sim.csv where the GPU-machine half ran); writes
+OUTDIR/expert-size.csv, winners.csv, measured-bandwidth.csv and runtime.csv (GPU half only),
+summary.md and conclusions.json.
 """
 import csv
 import json
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -115,12 +117,39 @@ if measured:
         w = csv.DictWriter(f, fieldnames=list(measured[0]))
         w.writeheader()
         w.writerows(measured)
+# ft run's rows, beside the simulator of h200-xeon-emr on the same L-layer models, cache,
+# context and steps (raw/runtime-sim.csv). A label may hold a dot (expert-1.5mb).
+rt_sim = {}
+if (raw / "runtime-sim.csv").exists():
+    for r in read(raw / "runtime-sim.csv"):
+        rt_sim[(r["model"], r["strategy"], int(r["streams"]))] = r
 runs = []
 for p in sorted(raw.glob("run.*.json")):
-    _, label, s, n, _ = p.name.split(".", 4) if p.name.count(".") >= 4 else (None,) * 5
-    if label is None:
+    m = re.fullmatch(r"run\.(.+)\.(offload|hybrid|cpu)\.(\d+)\.json", p.name)
+    if not m:
         continue
-    runs.append((label, s, n, find(json.loads(p.read_text()), "tok_s_total")))
+    label, s, n = m.group(1), m.group(2), int(m.group(3))
+    doc = json.loads(p.read_text())
+    summ = doc.get("summary", {})
+    sim = rt_sim.get((label, s, n), {})
+    tok = summ.get("tok_s_total", find(doc, "tok_s_total"))
+    sim_tok = float(sim["tok_s_total"]) if sim.get("tok_s_total") else None
+    runs.append({
+        "model": label, "expert_mb": round(doc.get("expert_bytes", 0) / MB, 3), "strategy": s, "streams": n,
+        "layers": doc.get("layers"), "cache_slots": doc.get("cache_slots"),
+        "fetch_fraction": doc.get("fetch_fraction"),
+        "measured_tok_s_total": round(tok, 3) if tok is not None else None,
+        "measured_miss_rate": round(summ["miss_rate"], 4) if summ.get("miss_rate") is not None else None,
+        "sim_tok_s_total": round(sim_tok, 3) if sim_tok else None,
+        "model_tok_s_total": round(float(sim["model_tok_s_total"]), 3) if sim.get("model_tok_s_total") else None,
+        "measured_vs_sim_pct": round(100 * (tok / sim_tok - 1), 1) if tok and sim_tok else None,
+    })
+runs.sort(key=lambda r: (-r["expert_mb"], r["streams"], r["strategy"]))
+if runs:
+    with open(out / "runtime.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(runs[0]))
+        w.writeheader()
+        w.writerows(runs)
 
 md = []
 for host in sorted({r["host"] for r in rows}):
@@ -152,12 +181,16 @@ if measured:
                   f"{m['cpu_moe_contended_gbs']} / {m['pcie_gather_contended_gbs']} | {m['ratio']} -> {m['verdict']} |")
     md.append("")
 if runs:
-    md.append("**GPU machine, `ft run`** (total tok/s)")
+    fmt = lambda v, spec="": "" if v is None else format(v, spec)
+    md.append(f"**GPU machine, `ft run`** (total tok/s, {runs[0]['layers']} layers, {runs[0]['cache_slots']} cache slots; "
+              "the simulator and the model of h200-xeon-emr on the same configuration)")
     md.append("")
-    md.append("| model | strategy | streams | tok/s |")
-    md.append("|---|---|---:|---:|")
-    for label, s, n, t in runs:
-        md.append(f"| {label} | {s} | {n} | {t} |")
+    md.append("| model | strategy | f | streams | measured | simulator | model | measured vs sim | measured miss rate |")
+    md.append("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        md.append(f"| {r['model']} | {r['strategy']} | {fmt(r['fetch_fraction'], '.3f')} | {r['streams']} | "
+                  f"{fmt(r['measured_tok_s_total'], '.1f')} | {fmt(r['sim_tok_s_total'], '.1f')} | {fmt(r['model_tok_s_total'], '.1f')} | "
+                  f"{fmt(r['measured_vs_sim_pct'], '+.1f')}% | {fmt(r['measured_miss_rate'], '.3f')} |")
     md.append("")
 (out / "summary.md").write_text("\n".join(md))
 

@@ -104,6 +104,25 @@ for name in ("field", "gpu"):
                   f"{p['model_f']:.3f} ({p['sim_at_model_f']:.1f}) | {f_contended:.3f} ({p['sim_at_contended']:.1f}) | "
                   f"{f_standalone:.3f} ({p['sim_at_standalone']:.1f}) | {100 * (p['sim_at_model_f'] / p['sim_at_contended'] - 1):+.1f}% |")
     md.append("")
+    if measured:
+        # The runtime's grid (ft run, total tok/s) beside the simulator's at the same points.
+        bss = sorted({b for b, _ in measured})
+        sim_at = {(r["n_streams"], round(r["fetch_fraction"], 4)): r["sim_tok_s_total"] for r in rows}
+        md.append("Runtime (GPU machine, `ft run`): total tok/s measured / simulated at each fetch fraction")
+        md.append("")
+        md.append("| f | " + " | ".join(f"{b} stream{'s' if b > 1 else ''}" for b in bss) + " |")
+        md.append("|---:|" + "---:|" * len(bss))
+        for f in sorted({f for _, f in measured}):
+            cells = []
+            for b in bss:
+                m, sm = measured.get((b, f)), sim_at.get((b, f))
+                cells.append(("" if m is None else f"{m:.1f}") + " / " + ("" if sm is None else f"{sm:.1f}"))
+            md.append(f"| {f:g} | " + " | ".join(cells) + " |")
+        best = {b: max((f for bb, f in measured if bb == b and measured[(bb, f)] is not None), key=lambda f: measured[(b, f)]) for b in bss}
+        md.append("")
+        md.append("Measured best f: " + ", ".join(f"{best[b]:g} at {b} stream{'s' if b > 1 else ''}" for b in bss)
+                  + f" (the model's optimum: " + ", ".join(f"{per[b]['model_f']:.3f}" for b in bss if b in per) + ")")
+        md.append("")
 (out / "summary.md").write_text("\n".join(md))
 
 per, f_contended, f_standalone = results["field"]

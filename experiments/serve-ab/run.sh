@@ -14,7 +14,9 @@
 #   CACHE_GB  GPU expert cache in GiB (default: what the host spec's GPU holds, i.e. the
 #             field report's 24 GB card, so that the miss rates are the report's; with
 #             LAYERS < 48, that card's share of the experts, scaled to the layers run)
-#   HOST_SPEC host spec for the prediction (default: the field report's host)
+#   HOST_SPEC host spec to predict from instead of this machine's probed profile (a
+#             what-if; default: none, `ft serve` probes the GPU machine at its first start;
+#             the cache size above still follows the field report's host)
 #   OUT       output folder (default: experiments/serve-ab/results/<timestamp>)
 #   PROMPT_TOKENS (1200)  MAX_TOKENS (256)  WARMUP (2)  STARTUP_S (900, per service)
 set -euo pipefail
@@ -37,6 +39,9 @@ STARTUP_S="${STARTUP_S:-900}"
 MODEL=qwen3.8-flash-next
 OUT="${OUT:-$here/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$OUT"
+# The profile `ft serve` probes at its first start (no cached profile matches a fresh
+# machine) lands beside the results, not in the user's cache; later services reuse it.
+export FT_CACHE_DIR="${FT_CACHE_DIR:-$OUT/cache}"
 # With fewer layers than the model's 48, keep the cache's share of the experts what the
 # 24 GB card holds of the whole model (else 12 layers fit entirely and nothing misses): the
 # full model's default cache slots at 2 streams, scaled by LAYERS / 48.

@@ -6,8 +6,9 @@
 #    CPU threads x context), each predicted by the model (`ft predict --profile ... --json`)
 #    and each strategy run end to end (`ft run --json`): offload, hybrid at the model's fetch
 #    fraction, hybrid at the ratio rule's (ferrox-core's) fraction, cpu;
-# 3. `ft validate collect` (grid.csv), `ft validate analyze` (summary.txt / summary.json),
-#    `ft plot` (predicted against measured).
+# 3. `ft validate collect` (grid.csv), `ft validate simulate` (the discrete-event simulator
+#    on the same profiles, grid.csv's simulated_tok_s), `ft validate analyze` (summary.txt /
+#    summary.json), `ft plot` (predicted against measured).
 #
 # Usage: run.sh OUTDIR. Env:
 #   FT               the ft binary (default: carry/ft of the repository, built here with
@@ -112,6 +113,8 @@ echo "grid: $done_configs configurations in $(( SECONDS - t0 )) s" >> "$OUT/env.
 
 # 3. Analysis (runs anywhere on the CSV: `ft validate analyze grid.csv`).
 "$FT" validate collect --dir "$OUT" --out "$OUT/grid.csv"
+# The simulator given the same fitted profiles (issue #6), into grid.csv's simulated_tok_s.
+"$FT" validate simulate --dir "$OUT" --steps "$STEPS" --warmup "$WARMUP"
 "$FT" validate analyze "$OUT/grid.csv" --out "$OUT/summary.json" | tee "$OUT/summary.txt"
 "$FT" plot "$OUT/grid.csv" --x measured_tok_s --y predicted_tok_s --series strategy --diagonal \
     --log-x --log-y --title "validate-h200: predicted against measured decode tok/s" \

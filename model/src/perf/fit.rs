@@ -413,7 +413,7 @@ impl Stage<'_> {
     fn params(&self, theta: &[f64]) -> PerfParams {
         let mut p = self.base.clone();
         for (id, t) in self.ids.iter().zip(theta) {
-            p.set(*id, t.min(upper_log_bound(self.base.get(*id))).exp());
+            p.set(*id, t.min(upper_log_bound(*id, self.base.get(*id))).exp());
         }
         p
     }
@@ -688,13 +688,33 @@ const MAX_FIT_FACTOR: f64 = 100.0;
 /// Smallest start value the bound is taken from, so a zero prior does not pin a parameter.
 const MIN_BOUND_BASE: f64 = 1e-3;
 
-fn upper_log_bound(start: f64) -> f64 {
+/// The log of the largest value the fit may give `id` from the start value `start`:
+/// [`MAX_FIT_FACTOR`] times it, except the thread exponent, whose valid range ends at 1
+/// (linear scaling; [`PerfParams::validate`] refuses more). On the H200 a noisy probe once
+/// fitted 1.007, and the whole probe failed; at the bound the exponent has no gradient and
+/// is reported as held, like any parameter at its bound.
+fn upper_log_bound(id: ParamId, start: f64) -> f64 {
+    if id == ParamId::CpuThreadExponent {
+        return 0.0;
+    }
     (start.max(MIN_BOUND_BASE) * MAX_FIT_FACTOR).ln()
 }
 
 /// Where the contention stage starts when the prior's DRAM bandwidth would not contend:
 /// this share of the two sides' summed demand.
 const CONTENTION_START: f64 = 0.8;
+
+/// The median of `v` (the mean of the middle two for an even count); `v` is not empty.
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    if n % 2 == 1 {
+        s[n / 2]
+    } else {
+        (s[n / 2 - 1] + s[n / 2]) / 2.0
+    }
+}
 
 fn t_quantile(confidence: f64, dof: usize) -> f64 {
     let p = 0.5 + confidence / 2.0;
@@ -817,7 +837,8 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         }
     }
 
-    // Stage 6: per-strategy overheads from the calibration steps (exact least squares).
+    // Stage 6: per-strategy overheads from the calibration steps (the median per-layer
+    // residual of the blocks: robust to one slow block).
     let calibration: Vec<&StepSample> = samples
         .step
         .iter()
@@ -846,13 +867,15 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         }
         let mut base = params.clone();
         base.overhead.set(kind, 0.0);
-        let (mut num, mut den) = (0.0, 0.0);
-        for s in &mine {
-            let l = s.layers.len() as f64;
-            num += (s.time_us - s.predict_us(&base)) * l;
-            den += l * l;
-        }
-        let o = num / den;
+        // The median of the per-layer residual of each block, not the least-squares mean:
+        // one slow block (the first after a strategy switch ran 65% over the others on the
+        // H200, 2026-12-04) must not set the overhead of every layer of every prediction.
+        let den: f64 = mine.iter().map(|s| (s.layers.len() as f64).powi(2)).sum();
+        let per_layer: Vec<f64> = mine
+            .iter()
+            .map(|s| (s.time_us - s.predict_us(&base)) / s.layers.len() as f64)
+            .collect();
+        let o = median(&per_layer);
         base.overhead.set(kind, o);
         let n = mine.len();
         let rss: f64 = mine
@@ -1312,6 +1335,49 @@ mod tests {
         let b = fit(&moved, &prior(&t), &FitConfig::default()).unwrap();
         assert_eq!(a.params, b.params);
         assert!(b.validation.iter().all(|r| r.rel < -0.5));
+    }
+
+    #[test]
+    fn one_slow_calibration_block_does_not_set_the_overhead() {
+        let t = truth();
+        let clean = fit(&samples(&t, 3), &prior(&t), &FitConfig::default()).unwrap();
+        let mut s = samples(&t, 3);
+        let slow = s
+            .step
+            .iter_mut()
+            .find(|x| x.strategy == StrategyKind::Hybrid && x.role == SampleRole::Calibration)
+            .unwrap();
+        let layers = slow.layers.len() as f64;
+        slow.time_us *= 1.65;
+        let r = fit(&s, &prior(&t), &FitConfig::default()).unwrap();
+        let (a, b) = (clean.params.overhead.hybrid_us, r.params.overhead.hybrid_us);
+        // The mean would move by 0.65 of a block over the blocks' layers; the median far less.
+        let mean_shift = 0.65 * s.step[0].time_us
+            / layers
+            / s.step
+                .iter()
+                .filter(|x| x.strategy == StrategyKind::Hybrid && x.role == SampleRole::Calibration)
+                .count() as f64;
+        assert!(
+            (b - a).abs() < 0.25 * mean_shift,
+            "{a} -> {b} (mean would move {mean_shift})"
+        );
+    }
+
+    #[test]
+    fn a_superlinear_thread_scaling_stops_at_linear_instead_of_failing_the_fit() {
+        // Linear scaling, then the samples below the serving threads 10% slower: the best
+        // unconstrained exponent is above 1, which `PerfParams::validate` refuses.
+        let mut t = truth();
+        t.cpu_thread_exponent = 1.0;
+        let mut s = samples(&t, 11);
+        let serving = t.cpu_threads;
+        for c in s.cpu_step.iter_mut().filter(|c| c.threads < serving) {
+            c.time_us *= 1.1;
+        }
+        let r = fit(&s, &prior(&t), &FitConfig::default()).unwrap();
+        let e = r.params.cpu_thread_exponent;
+        assert!(e <= 1.0 && e > 0.9, "{e}");
     }
 
     #[test]

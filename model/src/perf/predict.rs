@@ -869,6 +869,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         let lo = (ev.step_us - q * sd).max(ev.step_us * 1e-3);
         let hi = ev.step_us + q * sd;
         let b = shape.streams;
+        let held = experts_held_per_gpu(model, &p.layout);
         let (feasible, note) = if kind == StrategyKind::Resident && resident_bytes > resident_room {
             (
                 false,
@@ -876,6 +877,17 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
                     "needs {:.1} GiB of GPU memory for all experts, dense weights and KV; {:.1} GiB are free of the reserve",
                     resident_bytes / crate::host::GIB,
                     resident_room / crate::host::GIB
+                )),
+            )
+        } else if kind == StrategyKind::Resident && config.cache.is_some() && slots < held {
+            // A cache size the caller gave is the experts' memory budget: resident would
+            // exceed it even where the GPU has the room.
+            (
+                false,
+                Some(format!(
+                    "needs {held} expert slots ({:.1} GiB) for all experts; the given cache holds {slots} ({:.1} GiB)",
+                    held as f64 * slot_bytes as f64 / crate::host::GIB,
+                    slots as f64 * slot_bytes as f64 / crate::host::GIB
                 )),
             )
         } else {
@@ -1140,6 +1152,29 @@ mod tests {
             (long - 1.0).abs() < (short - 1.0).abs(),
             "{short} -> {long}"
         );
+    }
+
+    #[test]
+    fn a_given_cache_smaller_than_the_experts_rules_resident_out() {
+        // The GPU holds every expert, but the caller capped the expert cache at half of them.
+        let mut m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        m.geometry.moe_layers = 4;
+        let perf = PerfModel::from_host(&big_gpu()).unwrap();
+        let half = (m.geometry.total_experts() / 2) as usize;
+        let mut c = quick(1);
+        c.cache = Some(CacheSize::Slots(half));
+        let p = predict(&m, &perf, &c).unwrap();
+        let r = p.get(StrategyKind::Resident);
+        assert!(!r.feasible);
+        assert!(
+            r.note.as_deref().unwrap_or("").contains("given cache"),
+            "{:?}",
+            r.note
+        );
+        assert_ne!(decide(&p).choice.kind(), StrategyKind::Resident);
+        // Without the cap the same GPU runs it.
+        let p = predict(&m, &perf, &quick(1)).unwrap();
+        assert!(p.get(StrategyKind::Resident).feasible);
     }
 
     #[test]
