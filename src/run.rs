@@ -127,6 +127,11 @@ pub struct Args {
     /// Record no per-operation timing events (only host-side times and counts).
     #[arg(long)]
     no_timeline: bool,
+    /// Decode the same steps this many times in this process (the cache emptied before
+    /// each) and report the repetition with the median total tok/s, every repetition's
+    /// tok/s beside it: one slow stretch of a shared machine then does not make the run.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Measure hybrid's fixed cost per layer with tiny work instead of decoding.
     #[arg(long)]
     probe_overhead: bool,
@@ -211,8 +216,18 @@ pub struct RunReport {
     pub numerics: Option<NumericsReport>,
     /// Notes (fewer layers, defaults taken).
     pub notes: Vec<String>,
-    /// Every step, per layer.
+    /// Every step, per layer (of the reported repetition).
     pub step_records: Vec<StepRecord>,
+    /// Total decode tok/s of every repetition, in run order (`--repeat`); the summary is of
+    /// the one with the median.
+    pub repeats: Vec<f64>,
+}
+
+/// The index of the median of `v` (the lower middle for an even count); `v` is not empty.
+fn median_index(v: &[f64]) -> usize {
+    let mut order: Vec<usize> = (0..v.len()).collect();
+    order.sort_by(|&a, &b| v[a].total_cmp(&v[b]));
+    order[(v.len() - 1) / 2]
 }
 
 /// Bytes of memory available on this machine (Linux `MemAvailable`), if known.
@@ -503,6 +518,13 @@ pub fn run(args: Args) -> Result<()> {
     };
 
     if layout.is_multi() {
+        if args.repeat > 1 {
+            bail!(
+                "--repeat {}: only a run on one GPU repeats (--gpus {})",
+                args.repeat,
+                layout.gpus
+            );
+        }
         return run_multi(MultiRun {
             args: &args,
             kind,
@@ -545,17 +567,34 @@ pub fn run(args: Args) -> Result<()> {
         keep_spans: args.trace_out.is_some(),
         keep_outputs: args.compare_numerics,
     };
-    let bar = indicatif::ProgressBar::new((args.warmup + args.steps) as u64);
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let per_rep = (args.warmup + args.steps) as u64;
+    let bar = indicatif::ProgressBar::new(per_rep * args.repeat as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{elapsed_precise} [{bar:40}] {pos}/{len} steps {msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let decoded = decode(&mut engine, warm, measured, &options, &mut |done, _| {
-        bar.set_position(done as u64)
-    })?;
+    let mut runs = Vec::with_capacity(args.repeat);
+    for rep in 0..args.repeat {
+        if rep > 0 {
+            engine.reset_cache()?;
+        }
+        let done_before = per_rep * rep as u64;
+        runs.push(decode(
+            &mut engine,
+            warm,
+            measured,
+            &options,
+            &mut |done, _| bar.set_position(done_before + done as u64),
+        )?);
+    }
     bar.finish_and_clear();
+    let repeats: Vec<f64> = runs.iter().map(|d| d.summary.tok_s_total).collect();
+    let decoded = runs.swap_remove(median_index(&repeats));
 
     if let Some(path) = &args.trace_out {
         let mut trace = ChromeTrace::new(&format!("ft run {} {strategy}", model.name));
@@ -627,6 +666,7 @@ pub fn run(args: Args) -> Result<()> {
         numerics,
         notes,
         step_records: decoded.records,
+        repeats,
     };
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
@@ -1082,4 +1122,21 @@ fn run_probe(
         writeln!(out, "  {:<32} {:>8}", "meets the target", r.meets_target())?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median_index;
+
+    #[test]
+    fn the_median_repetition_is_the_middle_one_by_value() {
+        assert_eq!(median_index(&[5.0]), 0);
+        assert_eq!(median_index(&[9.0, 1.0, 5.0]), 2);
+        // Even counts take the lower middle: the slower of the two middle repetitions.
+        assert_eq!(median_index(&[4.0, 8.0, 1.0, 6.0]), 0);
+        // A naive reference: the element with as many below as it can have.
+        let v = [3.0, 7.0, 2.0, 9.0, 4.0];
+        let i = median_index(&v);
+        assert_eq!(v.iter().filter(|&&x| x < v[i]).count(), 2);
+    }
 }

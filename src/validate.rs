@@ -5,6 +5,8 @@
 //! - `plan`: the grid of configurations (expert geometry x cache residency x streams x CPU
 //!   threads x context), the layer-reduced model files and the order to run them in.
 //! - `get`: one value of a JSON document by a dotted path (the script has no `jq`).
+//! - `model-file`: a preset's geometry with fewer layers as a model TOML (the experiments'
+//!   runtime halves describe their `ft run --layers N` to the simulator with it).
 //! - `peer`: ferrox-core's verdict and fetch fraction (the reference engine's rule as the
 //!   ferrox-core crate ports it) fed a profile's bench bandwidths.
 //! - `retarget`: a profile re-expressed at another serving thread count (`ft predict` predicts
@@ -89,6 +91,19 @@ enum Command {
         /// One configuration per (geometry, streams) instead of four.
         #[arg(long)]
         quick: bool,
+    },
+    /// Write a model TOML of a preset's geometry with fewer MoE layers (what `ft run --layers
+    /// N` decodes), for the simulator and the model to describe the same run.
+    ModelFile {
+        /// Model preset or TOML file.
+        #[arg(long)]
+        model: String,
+        /// MoE layers.
+        #[arg(long)]
+        layers: usize,
+        /// The file to write.
+        #[arg(long)]
+        out: PathBuf,
     },
     /// Print the value at a dotted path of a JSON file (`a.b.0.c`); strings unquoted.
     Get {
@@ -180,6 +195,22 @@ enum Command {
 pub fn run(args: Args) -> Result<()> {
     match args.command {
         Command::Plan { out, quick } => plan(&out, quick),
+        Command::ModelFile { model, layers, out } => {
+            let m = ModelSpec::resolve(&model).with_context(|| format!("--model {model}"))?;
+            if layers == 0 || layers > m.geometry.moe_layers {
+                bail!(
+                    "--layers {layers}: {} has 1 to {} MoE layers",
+                    m.name,
+                    m.geometry.moe_layers
+                );
+            }
+            let full = m.geometry.moe_layers;
+            let mut m = m.with_layers(layers);
+            if layers < full {
+                m.name = format!("{}-{layers}-layers", m.name);
+            }
+            crate::probe::write_atomic(&out, m.to_toml().as_bytes())
+        }
         Command::Get { file, path } => {
             let v = json_at(&file, &path)?;
             match v {
@@ -1346,6 +1377,77 @@ mod tests {
         assert_eq!(b.verdict, "offload");
         assert!((b.fraction - (24.25f64 / 46.12).min(1.0)).abs() < 1e-4);
         assert!(peer(-1.0, 2.0, None, None, 2.0).is_err());
+    }
+
+    #[test]
+    fn the_simulator_leg_fills_the_rows_whose_profile_exists() {
+        use ft_model::host::HostSpec;
+        use ft_model::perf::PerfModel;
+        use ft_model::profile::{now_unix_s, HostFingerprint, ProfileKey};
+        let host = HostSpec::field_report();
+        let perf = PerfModel::from_host(&host).unwrap();
+        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let p = Profile {
+            key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
+            created_unix_s: now_unix_s(),
+            params: perf.params.clone(),
+            covariance: perf.covariance.clone(),
+            dof: None,
+            fit: None,
+            samples: Default::default(),
+            bench_bw: None,
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let t = p.params.cpu_threads;
+        std::fs::write(
+            dir.path().join(format!("qwen3.8-flash-next-t{t}.json")),
+            serde_json::to_vec(&p).unwrap(),
+        )
+        .unwrap();
+        let row = |strategy: &str, f: f64, threads: u32| GridRow {
+            config: "c00".into(),
+            geometry: "qwen3.8-flash-next".into(),
+            layers: 2,
+            expert_bytes: model.expert_bytes(),
+            residency: 0.15,
+            cache_slots: 154,
+            streams: 2,
+            threads: threads as usize,
+            context: 1024,
+            strategy: strategy.into(),
+            fetch_fraction: f,
+            measured_tok_s: 100.0,
+            measured_miss_rate: 0.5,
+            predicted_tok_s: 100.0,
+            predicted_tok_s_lo: None,
+            predicted_tok_s_hi: None,
+            predicted_miss_rate: None,
+            abs_rel_error: 0.0,
+            bench_cpu_moe_gbs: 46.12,
+            bench_pcie_gather_gbs: 24.25,
+            bench_cpu_moe_overlap_gbs: None,
+            bench_pcie_gather_overlap_gbs: None,
+            threshold: 2.0,
+            simulated_tok_s: None,
+        };
+        let mut rows = vec![
+            row("offload", 1.0, t),
+            row("hybrid", 0.4, t),
+            row("cpu", 0.0, t),
+            row("offload", 1.0, t + 1), // no profile at this thread count
+        ];
+        let n = simulate_rows(dir.path(), &mut rows, 4, 2, 0).unwrap();
+        assert_eq!(n, 3);
+        for r in &rows[..3] {
+            let v = r.simulated_tok_s.expect("simulated");
+            assert!(v.is_finite() && v > 0.0, "{}: {v}", r.strategy);
+        }
+        assert!(rows[3].simulated_tok_s.is_none());
+        // On the field report's host hybrid at 0.4 beats offload, as the simulator says
+        // elsewhere; and the analysis reports the simulator's errors.
+        assert!(rows[1].simulated_tok_s > rows[0].simulated_tok_s);
+        let s = analyze(&rows).unwrap();
+        assert_eq!(s.sim_errors.as_ref().unwrap().n, 3);
     }
 
     #[test]

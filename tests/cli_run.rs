@@ -274,3 +274,55 @@ fn the_overhead_probe_reports_per_layer_costs() {
     assert!(v["cpu_layer_us"].as_f64().unwrap() > v["resident_layer_us"].as_f64().unwrap());
     assert_eq!(v["target_us"], 15.0);
 }
+
+#[test]
+fn repeat_reports_the_median_repetition_and_every_repetitions_speed() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let out = ft(&[
+        "run",
+        "--device",
+        "host",
+        "--model",
+        &model,
+        "--strategy",
+        "offload",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--cache-slots",
+        "24",
+        "--context",
+        "16",
+        "--threads",
+        "1",
+        "--repeat",
+        "3",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let reps: Vec<f64> = v["repeats"]
+        .as_array()
+        .expect("repeats")
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(reps.len(), 3);
+    let mut sorted = reps.clone();
+    sorted.sort_by(f64::total_cmp);
+    assert_eq!(v["summary"]["tok_s_total"].as_f64().unwrap(), sorted[1]);
+    // The records are the reported repetition's: one decode's warm-up and measured steps.
+    assert_eq!(v["step_records"].as_array().unwrap().len(), 4);
+
+    let bad = ft(&[
+        "run", "--device", "host", "--model", &model, "--repeat", "0",
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--repeat"));
+}

@@ -354,3 +354,49 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
     // And the CSV it wrote is one the analysis reads.
     assert!(analyze(&csv_path, &["--json"]).status.success());
 }
+
+#[test]
+fn model_file_writes_the_geometry_with_fewer_layers_and_refuses_impossible_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.toml");
+    let o = ft(&[
+        "validate",
+        "model-file",
+        "--model",
+        "qwen3.8-flash-next",
+        "--layers",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("moe_layers = 2"), "{text}");
+    assert!(
+        text.contains("hidden = 2560") && text.contains("experts = 512"),
+        "{text}"
+    );
+    assert!(text.contains("qwen3.8-flash-next-2-layers"), "{text}");
+    // The file is a model the other commands read.
+    let p = ft(&[
+        "predict",
+        "--model",
+        out.to_str().unwrap(),
+        "--streams",
+        "1",
+        "--json",
+    ]);
+    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    let bad = ft(&[
+        "validate",
+        "model-file",
+        "--model",
+        "qwen3.8-flash-next",
+        "--layers",
+        "49",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("--layers 49"));
+}

@@ -31,6 +31,8 @@
 #                    started (default 150); a cut is logged in env.txt
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/runtime-half.sh
+source "$HERE/../lib/runtime-half.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 if [[ -z "${FT:-}" ]]; then
@@ -106,26 +108,8 @@ rm -f "$OUT/raw/runtime.csv" "$OUT"/raw/*.gpu.csv "$OUT/raw/auto.gpu.json" "$OUT
     "$OUT/fetch-fraction.gpu.csv" "$OUT/marks.gpu.txt" "$OUT/host.gpu.txt" "$OUT"/tok-s-gpu-*.svg "$OUT/runtime-skipped.txt"
 if gpu_usable; then
     if "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction'; then
-        # The 16 GiB cache of 48 layers as the same share of GPU_LAYERS layers' experts.
-        slots48=$("$FT" simulate --host "$GPU_HOST" --model "$MODEL" --cache-gb "$GPU_CACHE_GB" \
-            --streams 1 --strategy offload --steps 1 --warmup 0 --json | jq -r '.cache.slots')
-        GPU_SLOTS=$(( (slots48 * GPU_LAYERS + 24) / 48 ))
-        mkdir -p "$OUT/models"
-        cat > "$OUT/models/runtime.toml" <<TOML
-# qwen3.8-flash-next (model/src/preset.rs) with $GPU_LAYERS of its 48 MoE layers: what
-# \`ft run --layers $GPU_LAYERS\` decodes.
-name = "qwen3.8-flash-next-${GPU_LAYERS}-layers"
-format = "nvfp4"
-
-[geometry]
-hidden = 2560
-intermediate = 640
-experts = 512
-top_k = 10
-moe_layers = $GPU_LAYERS
-shared_experts = 1
-TOML
-        echo "runtime half: cache $GPU_SLOTS slots of $(( GPU_LAYERS * 512 )) experts ($slots48 of 48 layers' at $GPU_CACHE_GB GiB)" >> "$OUT/env.txt"
+        # The 16 GiB cache of the whole model as the same share of GPU_LAYERS layers' experts.
+        runtime_model_and_cache "$FT" "$OUT" "$MODEL" "$GPU_LAYERS" "$GPU_HOST" "$GPU_CACHE_GB"
         echo "fetch-fraction: simulating $GPU_HOST for the runtime half" >&2
         sim_half "$GPU_HOST" gpu "$OUT/models/runtime.toml" "$GPU_GRID" "$GPU_STEPS" "$GPU_WARMUP" --with-model \
             --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))"

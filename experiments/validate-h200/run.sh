@@ -19,6 +19,7 @@
 #                    round by round, so a budget cut still covers every geometry and stream
 #                    count; the cut is logged in env.txt)
 #   FT_STEPS, FT_WARMUP   measured and warm-up steps of each run (default 16 and 8)
+#   FT_REPEAT        repetitions of each run in its process, the median reported (default 3)
 # Only bash and ft are needed. Skips cleanly without a CUDA device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +45,9 @@ QUICK="${FT_QUICK:-0}"
 GRID_BUDGET_S="${FT_GRID_BUDGET_S:-480}"
 if [[ "$QUICK" == 1 ]]; then STEPS="${FT_STEPS:-8}" WARMUP="${FT_WARMUP:-4}"; else STEPS="${FT_STEPS:-16}" WARMUP="${FT_WARMUP:-8}"; fi
 PROBE_THREADS=15   # the serving threads: 16 cores, one left for the host thread
+# Each run decodes its steps this many times in its process and reports the median
+# repetition: single 16-step runs on the shared VM swung by 10% and more (2026-12-04).
+REPEAT="${FT_REPEAT:-3}"
 
 {
     echo "experiment: validate-h200 ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
@@ -52,7 +56,7 @@ PROBE_THREADS=15   # the serving threads: 16 cores, one left for the host thread
     echo "ram: $(awk '/MemTotal/ {printf "%.1f GB", $2 / 1e6}' /proc/meminfo)"
     nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader 2>/dev/null || true
     "$FT" --version
-    echo "steps: $STEPS measured after $WARMUP warm-up per run; grid budget ${GRID_BUDGET_S} s"
+    echo "steps: $STEPS measured after $WARMUP warm-up per run, $REPEAT repetitions (the median); grid budget ${GRID_BUDGET_S} s"
     echo "layers: qwen3.8-flash-next 2 of 48, bench-nvfp4 2 of 48, deepseek-v4-flash 1 of 43 (same geometry, fewer layers: banks that fill in about a second; deepseek's 43 layers (156 GB) exceed the 128 GB host)"
 } > "$OUT/env.txt"
 cat "$OUT/env.txt" >&2
@@ -102,7 +106,8 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     f_model=$("$FT" validate get "$OUT/predictions/$config.json" prediction.fetch_search.chosen)
     f_legacy=$(cat "$OUT/profiles/$geometry.legacy-fraction")
     common=(--device cuda --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
-            --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP" --json)
+            --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP"
+            --repeat "$REPEAT" --json)
     run "$config-offload" "${common[@]}" --strategy offload
     run "$config-hybrid" "${common[@]}" --strategy hybrid --fetch-fraction "$f_model"
     run "$config-hybrid-legacy" "${common[@]}" --strategy hybrid --fetch-fraction "$f_legacy"
