@@ -1379,8 +1379,9 @@ mod tests {
         assert!(peer(-1.0, 2.0, None, None, 2.0).is_err());
     }
 
-    #[test]
-    fn the_simulator_leg_fills_the_rows_whose_profile_exists() {
+    /// A profile of the field report's host spec (its prior, no samples) for
+    /// qwen3.8-flash-next, and that model.
+    fn field_profile() -> (Profile, ModelSpec) {
         use ft_model::host::HostSpec;
         use ft_model::perf::PerfModel;
         use ft_model::profile::{now_unix_s, HostFingerprint, ProfileKey};
@@ -1397,6 +1398,12 @@ mod tests {
             samples: Default::default(),
             bench_bw: None,
         };
+        (p, model)
+    }
+
+    #[test]
+    fn the_simulator_leg_fills_the_rows_whose_profile_exists() {
+        let (p, model) = field_profile();
         let dir = tempfile::tempdir().unwrap();
         let t = p.params.cpu_threads;
         std::fs::write(
@@ -1452,22 +1459,7 @@ mod tests {
 
     #[test]
     fn retargeting_moves_the_cpu_rates_along_the_models_own_scaling() {
-        use ft_model::host::HostSpec;
-        use ft_model::perf::PerfModel;
-        use ft_model::profile::{now_unix_s, HostFingerprint, ProfileKey};
-        let host = HostSpec::field_report();
-        let perf = PerfModel::from_host(&host).unwrap();
-        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
-        let p = Profile {
-            key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
-            created_unix_s: now_unix_s(),
-            params: perf.params.clone(),
-            covariance: perf.covariance.clone(),
-            dof: None,
-            fit: None,
-            samples: Default::default(),
-            bench_bw: None,
-        };
+        let (p, _) = field_profile();
         let q = retarget(&p, 6).unwrap();
         let (a, b) = (&p.params, &q.params);
         // Same rates at every thread count: only the reference point moved.
