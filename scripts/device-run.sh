@@ -14,9 +14,11 @@
 # see each run.sh), and gets FT_GPU_BUDGET_S = LIMIT - LIMIT/10 - 15 unless it is set: no
 # GPU-half measurement starts after that, so the step ends inside its limit with its
 # analysis written instead of being killed. Five of them fit one call, e.g.
-#   FT_QUICK=1 OUT=$OUT scripts/device-run.sh exp-expert-size:110 exp-concurrency:70 \
-#       exp-contention:50 exp-cache-history:80 exp-fetch-fraction:100
-# (410 s of limits; 194 s measured on the H200 machine, 2026-12-04: 45 + 38 + 14 + 42 + 54).
+#   FT_QUICK=1 OUT=$OUT scripts/device-run.sh exp-expert-size:110 exp-concurrency:95 \
+#       exp-contention:50 exp-cache-history:105 exp-fetch-fraction:125
+# (485 s of limits; 194 s measured on the H200 machine, 2026-12-04: 45 + 38 + 14 + 42 + 54,
+# before concurrency, cache-history and fetch-fraction probed the machine first: about 20 s
+# each more). A runtime-grid step needs about 150 s with FT_QUICK=1 (90 s cut it).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD

@@ -54,7 +54,8 @@ pub struct Args {
     /// --host chooses it).
     #[arg(long)]
     fetch_fraction: Option<String>,
-    /// Host spec (preset or TOML) whose performance model resolves `--fetch-fraction auto`.
+    /// Host whose performance model resolves `--fetch-fraction auto`: a preset, a host TOML
+    /// or a profile JSON of `ft probe` (this machine as fitted).
     #[arg(long)]
     host: Option<String>,
     /// Concurrent streams.
@@ -312,11 +313,11 @@ fn resolve_auto(
     let Some(host) = &args.host else {
         bail!(
             "--fetch-fraction auto needs the performance model's parameters: give --host HOST \
-             (a host preset or TOML), or a number between 0 and 1"
+             (a host preset, a host TOML or a profile JSON), or a number between 0 and 1"
         );
     };
-    let spec = ft_sim::hosts::resolve(host).with_context(|| format!("--host {host}"))?;
-    let perf = ft_model::perf::PerfModel::from_host(&spec)?;
+    let sim_host = ft_sim::hosts::resolve_host(host).with_context(|| format!("--host {host}"))?;
+    let perf = sim_host.perf;
     let config = ft_model::perf::PredictConfig {
         streams: args.streams,
         context: args.context,
@@ -334,7 +335,7 @@ fn resolve_auto(
         f,
         format!(
             "auto: the performance model of host '{}' ({})",
-            spec.name, perf.source
+            sim_host.name, perf.source
         ),
     ))
 }

@@ -174,6 +174,43 @@ fn probe_fits_caches_reuses_and_exports() {
     ] {
         assert!(text.contains(needle), "missing {needle}:\n{text}");
     }
+
+    // `ft run --fetch-fraction auto` takes the probed profile as its host.
+    let run = ft(
+        &cache,
+        &[
+            "run",
+            "--device",
+            "host",
+            "--model",
+            m,
+            "--strategy",
+            "hybrid",
+            "--fetch-fraction",
+            "auto",
+            "--host",
+            c,
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--cache-slots",
+            "8",
+            "--context",
+            "16",
+            "--threads",
+            "1",
+            "--json",
+        ],
+    );
+    let v = json(&run);
+    let f = v["fetch_fraction"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&f), "{f}");
+    assert!(
+        v["fetch_source"].as_str().unwrap().contains("auto"),
+        "{}",
+        v["fetch_source"]
+    );
 }
 
 #[test]

@@ -18,7 +18,8 @@
 # looks up top-k distinct experts per layer) and weighted by steps, not lookups, at 2.
 # Warm: the same runs after 4x the longest cold run of warm-up steps.
 # Runtime half (GPU machine): `ft run` from a cold cache and after the warm-up (its per-step
-# records give the trajectory), with the simulator of h200-xeon-emr beside it; bounded to fit
+# records give the trajectory), with the simulator of this machine's profile (`ft probe` of
+# the L-layer model; the h200-xeon-emr preset where it fails) beside it; bounded to fit
 # one remote call beside the other experiments (scripts/device-run.sh): `ft run --layers L`
 # runs the same geometry with L of its 48 layers (per-layer numbers, and the trajectory in
 # steps, do not depend on L: a step's lookups and the cache both scale with L) on
@@ -109,8 +110,9 @@ if gpu_usable; then
     if "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction'; then
         # The 16 GiB cache of the whole model as the same share of GPU_LAYERS layers' experts.
         runtime_model_and_cache "$FT" "$OUT" "$MODEL" "$GPU_LAYERS" "$GPU_HOST" "$GPU_CACHE_GB"
-        echo "cache-history: simulating $GPU_HOST for the runtime half" >&2
-        sim_half "$GPU_HOST" gpu "$OUT/models/runtime.toml" "$GPU_STEPS" "$GPU_WARM" --cache-slots "$GPU_SLOTS" \
+        runtime_host "$FT" "$OUT" "$DEVICE" "$GPU_HOST" "${FT_PROBE_BUDGET_S:-20}"
+        echo "cache-history: simulating $SIM_HOST for the runtime half" >&2
+        sim_half "$SIM_HOST" gpu "$OUT/models/runtime.toml" "$GPU_STEPS" "$GPU_WARM" --cache-slots "$GPU_SLOTS" \
             --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARM + GPU_LONGEST ))"
         # `ft run` records every step (its hits and misses, its wall time), so one cold run
         # per strategy gives the runtime's trajectory directly; the warm run measures the

@@ -20,7 +20,8 @@
 # same geometry with L of its 48 MoE layers (per-layer numbers do not depend on L; all 48
 # need 68 GB of pinned RAM and ~30 s of set-up per run) and the 16 GiB cache scaled to L
 # layers (the same share of the experts, so the same miss rate), beside `ft simulate` and
-# the model of h200-xeon-emr on that same L-layer model, cache, context and steps. Env:
+# the model of this machine's profile (`ft probe` of that L-layer model, about 20 s; the
+# h200-xeon-emr preset where the probe fails) on the same cache, context and steps. Env:
 #   FT_DEVICE        ft run's device (default cuda; host: the host-emulated device)
 #   FT_LAYERS        MoE layers of the runtime half (default 2)
 #   FT_GPU_QUICK     1 (default): streams 1,2,4,16, 32 steps after 64 warm-up (12 runs,
@@ -110,8 +111,9 @@ if gpu_usable; then
     if "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction'; then
         # The 16 GiB cache of the whole model as the same share of GPU_LAYERS layers' experts.
         runtime_model_and_cache "$FT" "$OUT" "$MODEL" "$GPU_LAYERS" "$GPU_HOST" "$GPU_CACHE_GB"
-        echo "concurrency: simulating $GPU_HOST for the runtime half" >&2
-        "$FT" simulate --host "$GPU_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
+        runtime_host "$FT" "$OUT" "$DEVICE" "$GPU_HOST" "${FT_PROBE_BUDGET_S:-20}"
+        echo "concurrency: simulating $SIM_HOST for the runtime half" >&2
+        "$FT" simulate --host "$SIM_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
             --sweep "streams=$GPU_STREAMS" --strategy offload,hybrid,cpu --with-model \
             --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))" \
             --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --out "$OUT/raw/runtime-sim.csv"
@@ -126,7 +128,7 @@ if gpu_usable; then
                 fi
                 echo "concurrency: ft run $s at $b stream(s)" >&2
                 fetch=()
-                [[ "$s" == hybrid ]] && fetch=(--fetch-fraction auto --host "$GPU_HOST")
+                [[ "$s" == hybrid ]] && fetch=(--fetch-fraction auto --host "$SIM_HOST")
                 if "$FT" run --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
                     --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
                     --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --json \

@@ -15,7 +15,8 @@
 # come from the same run's legacy view: the reference engine's p/(p+c) on the contended
 # bench pair (the field report's 27.7%), and p/(p+c) on the standalone pair.
 # Runtime half (GPU machine): `ft run --strategy hybrid --fetch-fraction F` over a grid at
-# 1, 2 and 8 streams, and the simulator of h200-xeon-emr beside it (its grid, its optimum
+# 1, 2 and 8 streams, and the simulator of this machine's profile (`ft probe` of the L-layer
+# model; the h200-xeon-emr preset where it fails) beside it (its grid, its optimum
 # and the split rules); bounded to fit one remote call beside the other experiments
 # (scripts/device-run.sh): `ft run --layers L` runs the same geometry with L of its 48
 # layers (per-layer numbers do not depend on L) on h200-xeon-emr's 16 GiB cache scaled to
@@ -110,8 +111,9 @@ if gpu_usable; then
     if "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction'; then
         # The 16 GiB cache of the whole model as the same share of GPU_LAYERS layers' experts.
         runtime_model_and_cache "$FT" "$OUT" "$MODEL" "$GPU_LAYERS" "$GPU_HOST" "$GPU_CACHE_GB"
-        echo "fetch-fraction: simulating $GPU_HOST for the runtime half" >&2
-        sim_half "$GPU_HOST" gpu "$OUT/models/runtime.toml" "$GPU_GRID" "$GPU_STEPS" "$GPU_WARMUP" --with-model \
+        runtime_host "$FT" "$OUT" "$DEVICE" "$GPU_HOST" "${FT_PROBE_BUDGET_S:-20}"
+        echo "fetch-fraction: simulating $SIM_HOST for the runtime half" >&2
+        sim_half "$SIM_HOST" gpu "$OUT/models/runtime.toml" "$GPU_GRID" "$GPU_STEPS" "$GPU_WARMUP" --with-model \
             --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))"
         echo "streams,fetch_fraction,json" > "$OUT/raw/runtime.csv"
         IFS=, read -ra bs <<< "$STREAMS"

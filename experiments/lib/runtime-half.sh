@@ -21,3 +21,23 @@ runtime_model_and_cache() {
     GPU_SLOTS=$(( (SLOTS_FULL * layers + model_layers / 2) / model_layers ))
     echo "runtime half: cache $GPU_SLOTS slots of $(( layers * experts )) experts ($SLOTS_FULL of $model_layers layers' at $cache_gb GiB)" >> "$out/env.txt"
 }
+
+# runtime_host FT OUT DEVICE PRESET BUDGET_S
+#   sets SIM_HOST: a profile of this machine for OUT/models/runtime.toml (`ft probe`, at most
+#   BUDGET_S seconds, written to OUT/profile.json), so that the simulator and the model
+#   beside the runtime describe this host as fitted, not as a preset describes it (the
+#   h200-xeon-emr preset's CPU side ran 20 to 60% fast for the runs of 2026-12-04); PRESET
+#   where the probe fails (said in env.txt).
+runtime_host() {
+    local ft="$1" out="$2" device="$3" preset="$4" budget="$5"
+    SIM_HOST="$preset"
+    mkdir -p "$out/raw"
+    if FT_CACHE_DIR="$out/cache" "$ft" probe --device "$device" --model "$out/models/runtime.toml" \
+        --force --budget-s "$budget" --profile-out "$out/profile.json" --json \
+        > "$out/raw/probe.json" 2> "$out/raw/probe.log"; then
+        SIM_HOST="$out/profile.json"
+        echo "runtime half: simulator and model on this machine's profile (ft probe: profile.json)" >> "$out/env.txt"
+    else
+        echo "runtime half: ft probe failed (raw/probe.log): simulator and model on the $preset preset" >> "$out/env.txt"
+    fi
+}
