@@ -35,6 +35,16 @@ done
 export LD_LIBRARY_PATH PATH
 export FT="$ROOT/carry/device/ft" FT_BIN="$ROOT/carry/device/ft"
 log="$R/steps.txt"
+# The validation grid into FT_VALIDATE_OUT when set (a folder of the working tree: it travels
+# with it, so FT_RESUME=1 can continue a run cut by its budget in an earlier call), else a
+# fresh folder; either way the results come back as validate-h200/.
+validate_step() { # limit
+    local out="${FT_VALIDATE_OUT:-$R/validate-h200}" rc
+    timeout "$1" experiments/validate-h200/run.sh "$out"
+    rc=$?
+    [[ "$out" != "$R/validate-h200" ]] && cp -r "$out" "$R/validate-h200"
+    return "$rc"
+}
 echo "date: $(date -u +%FT%TZ)" >"$log"
 for spec in "$@"; do
     name="${spec%%:*}"
@@ -45,7 +55,7 @@ for spec in "$@"; do
     gpu-check) timeout "$limit" scripts/gpu-check.sh "$R/gpu-check" ;;
     cpu-kernels) FT_MACHINE=gpu-host-16c timeout "$limit" experiments/cpu-kernels/run.sh "$R/cpu-kernels" ;;
     runtime-grid) timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
-    validate) timeout "$limit" experiments/validate-h200/run.sh "$R/validate-h200" ;;
+    validate) validate_step "$limit" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
     cpu-diag) timeout "$limit" scripts/cpu-layer-diag.sh "$R/cpu-diag" ;;

@@ -20,6 +20,7 @@
 #                    count; the cut is logged in env.txt)
 #   FT_STEPS, FT_WARMUP   measured and warm-up steps of each run (default 16 and 8)
 #   FT_REPEAT        repetitions of each run in its process, the median reported (default 3)
+#   FT_RESUME=1      continue a run cut by its budget in the same OUTDIR (see below)
 # Only bash and ft are needed. Skips cleanly without a CUDA device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -48,6 +49,10 @@ PROBE_THREADS=15   # the serving threads: 16 cores, one left for the host thread
 # Each run decodes its steps this many times in its process and reports the median
 # repetition: single 16-step runs on the shared VM swung by 10% and more (2026-12-04).
 REPEAT="${FT_REPEAT:-3}"
+# FT_RESUME=1 continues a run cut by its budget in the same OUTDIR (carried back to the GPU
+# machine): its profiles are kept (the predictions of the runs already made used them) and
+# configurations with all four runs are skipped.
+RESUME="${FT_RESUME:-0}"
 
 {
     echo "experiment: validate-h200 ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
@@ -58,7 +63,13 @@ REPEAT="${FT_REPEAT:-3}"
     "$FT" --version
     echo "steps: $STEPS measured after $WARMUP warm-up per run, $REPEAT repetitions (the median); grid budget ${GRID_BUDGET_S} s"
     echo "layers: qwen3.8-flash-next 2 of 48, bench-nvfp4 2 of 48, deepseek-v4-flash 1 of 43 (same geometry, fewer layers: banks that fill in about a second; deepseek's 43 layers (156 GB) exceed the 128 GB host)"
-} > "$OUT/env.txt"
+} > "$OUT/env.txt.new"
+if [[ "$RESUME" == 1 && -f "$OUT/env.txt" ]]; then
+    { echo; echo "--- resumed"; cat "$OUT/env.txt.new"; } >> "$OUT/env.txt"
+else
+    mv "$OUT/env.txt.new" "$OUT/env.txt"
+fi
+rm -f "$OUT/env.txt.new"
 cat "$OUT/env.txt" >&2
 
 quick=(); [[ "$QUICK" == 1 ]] && quick=(--quick)
@@ -69,6 +80,10 @@ echo "validate-h200: $n_configs configurations" >&2
 #    count; the rules' hybrid fraction (ferrox-core on the profile's bench bandwidths).
 t0=$SECONDS
 for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
+    if [[ "$RESUME" == 1 && -f "$OUT/profiles/$g.json" ]]; then
+        echo "probe $g: kept from the run being resumed" >> "$OUT/env.txt"
+        continue
+    fi
     echo "validate-h200: probe $g" >&2
     "$FT" probe --device cuda --model "$g" --force --threads "$PROBE_THREADS" \
         --profile-out "$OUT/profiles/$g.json" --json > "$OUT/probes/$g.json" 2> "$OUT/logs/probe-$g.log"
@@ -79,6 +94,13 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     "$FT" validate peer --profile "$OUT/profiles/$g.json" --field fraction > "$OUT/profiles/$g.legacy-fraction"
     echo "probe $g: $(( SECONDS - t0 )) s cumulative; $(cat "$OUT/profiles/$g.peer.txt")" >> "$OUT/env.txt"
 done
+
+all_runs_exist() { # config: true when every strategy of it has its run document
+    local s
+    for s in offload hybrid hybrid-legacy cpu; do
+        [[ -s "$OUT/runs/$1-$s.json" ]] || return 1
+    done
+}
 
 run() { # name, then ft run arguments
     local name="$1"; shift
@@ -95,6 +117,10 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     if (( SECONDS - t0 > GRID_BUDGET_S )); then
         echo "grid budget (${GRID_BUDGET_S} s) spent after $done_configs of $n_configs configurations; stopped before $config" | tee -a "$OUT/env.txt" >&2
         break
+    fi
+    if [[ "$RESUME" == 1 ]] && all_runs_exist "$config"; then
+        done_configs=$(( done_configs + 1 ))
+        continue
     fi
     echo "validate-h200: $config $geometry x$layers residency $residency ($cache_slots slots) $streams streams $threads threads context $context" >&2
     if ! "$FT" predict --profile "$OUT/profiles/$geometry-t$threads.json" --model "$OUT/$model_toml" \
