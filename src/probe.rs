@@ -299,6 +299,30 @@ impl Args {
     }
 }
 
+/// The cached profile of `key` in `dir` when its key matches (`Ok`), else why it cannot be
+/// used, one phrase per reason (`stale: ...` per mismatch, `no cached profile`,
+/// `corrupt: ...`), each also logged. The one lookup `ft probe` and `ft serve` share.
+pub fn cached_profile(
+    dir: &Path,
+    key: &ProfileKey,
+) -> Result<std::result::Result<Profile, Vec<String>>> {
+    Ok(match profile::load(dir, key)? {
+        Lookup::Fresh(p) => Ok(*p),
+        Lookup::Stale { path, mismatches } => Err(mismatches
+            .iter()
+            .map(|m| {
+                tracing::info!(path = %path.display(), "stale profile: {m}");
+                format!("stale: {m}")
+            })
+            .collect()),
+        Lookup::Missing { .. } => Err(vec!["no cached profile".to_string()]),
+        Lookup::Corrupt { path, reason } => {
+            tracing::warn!(path = %path.display(), "corrupt profile, re-probing: {reason}");
+            Err(vec![format!("corrupt: {reason}")])
+        }
+    })
+}
+
 /// Write `bytes` to `path` atomically: a temporary file beside it, synced, renamed over it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
@@ -341,22 +365,10 @@ pub fn run(args: Args) -> Result<()> {
         reasons.push("--force".to_string());
         None
     } else {
-        match profile::load(&dir, &key)? {
-            Lookup::Fresh(p) => Some(*p),
-            Lookup::Stale { path, mismatches } => {
-                for m in &mismatches {
-                    tracing::info!(path = %path.display(), "stale profile: {m}");
-                    reasons.push(format!("stale: {m}"));
-                }
-                None
-            }
-            Lookup::Missing { .. } => {
-                reasons.push("no cached profile".to_string());
-                None
-            }
-            Lookup::Corrupt { path, reason } => {
-                tracing::warn!(path = %path.display(), "corrupt profile, re-probing: {reason}");
-                reasons.push(format!("corrupt: {reason}"));
+        match cached_profile(&dir, &key)? {
+            Ok(p) => Some(p),
+            Err(why) => {
+                reasons = why;
                 None
             }
         }

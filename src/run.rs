@@ -342,6 +342,9 @@ fn resolve_auto(
 
 /// Run `ft run`.
 pub fn run(args: Args) -> Result<()> {
+    if args.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let kind = match args.device.to_ascii_lowercase().as_str() {
         "auto" => {
@@ -568,9 +571,6 @@ pub fn run(args: Args) -> Result<()> {
         keep_spans: args.trace_out.is_some(),
         keep_outputs: args.compare_numerics,
     };
-    if args.repeat == 0 {
-        bail!("--repeat must be at least 1");
-    }
     let per_rep = (args.warmup + args.steps) as u64;
     let bar = indicatif::ProgressBar::new(per_rep * args.repeat as u64);
     bar.set_style(

@@ -27,7 +27,7 @@ use ft_model::cache::CacheSize;
 use ft_model::perf::fit::{FitConfig, ProbeSamples};
 use ft_model::perf::predict::default_cache_slots;
 use ft_model::perf::{PerfModel, PredictConfig};
-use ft_model::profile::{self, Lookup, Profile, ProfileKey};
+use ft_model::profile::{self, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
 use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{BankSource, EngineConfig};
@@ -231,28 +231,19 @@ fn perf_model(
         model,
     );
     let dir = profile::profile_dir()?;
-    let why = match profile::load(&dir, &key) {
-        Ok(Lookup::Fresh(p)) => {
+    let why = match crate::probe::cached_profile(&dir, &key) {
+        Ok(Ok(p)) => {
             let label = format!(
                 "cached profile {} (key matches this host, model and version)",
                 dir.join(key.file_name()).display()
             );
             return Ok((p.perf_model(&label), p.samples.clone(), label));
         }
-        Ok(Lookup::Stale { path, mismatches }) => format!(
-            "profile {} is stale ({})",
-            path.display(),
-            mismatches
-                .iter()
-                .map(|m| m.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+        Ok(Err(reasons)) => format!(
+            "no usable cached profile for this host, model and version ({})",
+            reasons.join("; ")
         ),
-        Ok(Lookup::Corrupt { path, reason }) => {
-            format!("profile {} is corrupt ({reason})", path.display())
-        }
-        Ok(Lookup::Missing { .. }) => "no profile matches this host, model and version".into(),
-        Err(e) => format!("the profile cache cannot be read ({e})"),
+        Err(e) => format!("the profile cache cannot be read ({e:#})"),
     };
     if device.kind() != DeviceKind::Cuda {
         return spec_model(

@@ -1142,13 +1142,16 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
     ];
     let all: Vec<&GridRow> = rows.iter().collect();
     let errors = ErrorStats::of(&all).context("no rows")?;
-    let group = |key: &dyn Fn(&GridRow) -> String| -> BTreeMap<String, ErrorStats> {
+    // Errors per group of rows (`stats`: the model's or the simulator's).
+    let group = |key: &dyn Fn(&GridRow) -> String,
+                 stats: &dyn Fn(&[&GridRow]) -> Option<ErrorStats>|
+     -> BTreeMap<String, ErrorStats> {
         let mut m: BTreeMap<String, Vec<&GridRow>> = BTreeMap::new();
         for r in rows {
             m.entry(key(r)).or_default().push(r);
         }
         m.into_iter()
-            .filter_map(|(k, v)| ErrorStats::of(&v).map(|e| (k, e)))
+            .filter_map(|(k, v)| stats(&v).map(|e| (k, e)))
             .collect()
     };
     let mut missed = Vec::new();
@@ -1182,17 +1185,7 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
         ));
     }
     let sim_errors = ErrorStats::of_simulated(&all);
-    let mut sim_by_strategy: BTreeMap<String, Vec<&GridRow>> = BTreeMap::new();
-    for r in rows {
-        sim_by_strategy
-            .entry(r.strategy.clone())
-            .or_default()
-            .push(r);
-    }
-    let sim_errors_by_strategy: BTreeMap<String, ErrorStats> = sim_by_strategy
-        .into_iter()
-        .filter_map(|(k, v)| ErrorStats::of_simulated(&v).map(|e| (k, e)))
-        .collect();
+    let sim_errors_by_strategy = group(&|r| r.strategy.clone(), &ErrorStats::of_simulated);
     if let Some(e) = &sim_errors {
         if e.median > TARGET_SIM_MEDIAN_ERR {
             missed.push(format!(
@@ -1216,8 +1209,8 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
         rows: rows.len(),
         configs: outcomes.len(),
         errors,
-        errors_by_strategy: group(&|r| r.strategy.clone()),
-        errors_by_geometry: group(&|r| r.geometry.clone()),
+        errors_by_strategy: group(&|r| r.strategy.clone(), &ErrorStats::of),
+        errors_by_geometry: group(&|r| r.geometry.clone(), &ErrorStats::of),
         sim_errors,
         sim_errors_by_strategy,
         choosers,

@@ -132,15 +132,10 @@ if gpu_usable; then
                     fetch=()
                     [[ "$s" == hybrid ]] && fetch=(--fetch-fraction "$FETCH")
                     echo "cache-history: ft run $s, $b stream(s), $phase" >&2
-                    if "$FT" run --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
+                    runtime_run "$FT" "$OUT" cache-history "$phase.$s.$b" "$phase,$s,$b,run.$phase.$s.$b.json" \
+                        --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
                         --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
-                        --steps "$GPU_LONGEST" --warmup "$w" --json \
-                        > "$OUT/raw/run.$phase.$s.$b.json" 2> "$OUT/raw/run.$phase.$s.$b.log"; then
-                        echo "$phase,$s,$b,run.$phase.$s.$b.json" >> "$OUT/raw/runtime.csv"
-                    else
-                        echo "cache-history: ft run $s $b $phase failed (raw/run.$phase.$s.$b.log)" >&2
-                        rm -f "$OUT/raw/run.$phase.$s.$b.json"
-                    fi
+                        --steps "$GPU_LONGEST" --warmup "$w"
                     done_runs=$(( done_runs + 1 ))
                 done
             done

@@ -129,15 +129,10 @@ if gpu_usable; then
                 echo "concurrency: ft run $s at $b stream(s)" >&2
                 fetch=()
                 [[ "$s" == hybrid ]] && fetch=(--fetch-fraction auto --host "$SIM_HOST")
-                if "$FT" run --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
+                runtime_run "$FT" "$OUT" concurrency "$s.$b" "$s,$b,run.$s.$b.json" \
+                    --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
                     --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
-                    --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --json \
-                    > "$OUT/raw/run.$s.$b.json" 2> "$OUT/raw/run.$s.$b.log"; then
-                    echo "$s,$b,run.$s.$b.json" >> "$OUT/raw/runtime.csv"
-                else
-                    echo "concurrency: ft run $s at $b stream(s) failed (raw/run.$s.$b.log)" >&2
-                    rm -f "$OUT/raw/run.$s.$b.json"
-                fi
+                    --steps "$GPU_STEPS" --warmup "$GPU_WARMUP"
                 done_runs=$(( done_runs + 1 ))
             done
         done

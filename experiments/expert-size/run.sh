@@ -36,6 +36,8 @@
 #                    script started (default 200); a cut is logged in env.txt
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/runtime-half.sh
+source "$HERE/../lib/runtime-half.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw" "$OUT/models"
 if [[ -z "${FT:-}" ]]; then
@@ -164,10 +166,9 @@ if gpu_usable; then
                 fetch=()
                 [[ "$s" == hybrid ]] && fetch=(--fetch-fraction auto --host h200-xeon-emr)
                 echo "expert-size: ft run $label $s at $b stream(s)" >&2
-                "$FT" run --device "$DEVICE" --model "$m" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" --streams "$b" \
-                    --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" \
-                    --json > "$OUT/raw/run.$label.$s.$b.json" 2> "$OUT/raw/run.$label.$s.$b.log" \
-                    || { echo "expert-size: ft run $label $s $b failed (raw/run.$label.$s.$b.log)" >&2; rm -f "$OUT/raw/run.$label.$s.$b.json"; }
+                runtime_run "$FT" "$OUT" expert-size "$label.$s.$b" "" \
+                    --device "$DEVICE" --model "$m" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" --streams "$b" \
+                    --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" --steps "$GPU_STEPS" --warmup "$GPU_WARMUP"
                 done_meas=$(( done_meas + 1 ))
             done
         done

@@ -125,15 +125,10 @@ if gpu_usable; then
                     break 2
                 fi
                 echo "fetch-fraction: ft run hybrid f=$f at $b stream(s)" >&2
-                if "$FT" run --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy hybrid \
+                runtime_run "$FT" "$OUT" fetch-fraction "$b.$f" "$b,$f,run.$b.$f.json" \
+                    --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy hybrid \
                     --fetch-fraction "$f" --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
-                    --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --json \
-                    > "$OUT/raw/run.$b.$f.json" 2> "$OUT/raw/run.$b.$f.log"; then
-                    echo "$b,$f,run.$b.$f.json" >> "$OUT/raw/runtime.csv"
-                else
-                    echo "fetch-fraction: ft run hybrid f=$f at $b stream(s) failed (raw/run.$b.$f.log)" >&2
-                    rm -f "$OUT/raw/run.$b.$f.json"
-                fi
+                    --steps "$GPU_STEPS" --warmup "$GPU_WARMUP"
                 done_runs=$(( done_runs + 1 ))
             done
         done

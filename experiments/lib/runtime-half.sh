@@ -41,3 +41,19 @@ runtime_host() {
         echo "runtime half: ft probe failed (raw/probe.log): simulator and model on the $preset preset" >> "$out/env.txt"
     fi
 }
+
+# runtime_run FT OUT NAME TAG ROW ARGS...
+#   one `ft run ARGS --json` of the runtime half into OUT/raw/run.TAG.json, its log beside
+#   it; on success ROW (when not empty) is appended to OUT/raw/runtime.csv, on failure the
+#   document is removed and NAME says so on stderr. Always returns 0: one failed run does
+#   not stop the half.
+runtime_run() {
+    local ft="$1" out="$2" name="$3" tag="$4" row="$5"
+    shift 5
+    if "$ft" run "$@" --json > "$out/raw/run.$tag.json" 2> "$out/raw/run.$tag.log"; then
+        [[ -z "$row" ]] || echo "$row" >> "$out/raw/runtime.csv"
+    else
+        echo "$name: ft run $tag failed (raw/run.$tag.log)" >&2
+        rm -f "$out/raw/run.$tag.json"
+    fi
+}

@@ -12,6 +12,8 @@
 # runs/). Env: FT, the ft binary (default: built here with `cargo build --release`).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=common.sh
+source "$HERE/common.sh"
 DIR="$(cd "${1:?usage: reanalyze.sh RESULT_DIR}" && pwd)"
 if [[ -z "${FT:-}" ]]; then
     (cd "$HERE/../.." && cargo build --release --quiet)
@@ -25,9 +27,7 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     [[ -f "$DIR/profiles/$g.json" ]] || continue
     [[ -f "$DIR/profiles/$g.probed.json" ]] || cp "$DIR/profiles/$g.json" "$DIR/profiles/$g.probed.json"
     "$FT" validate refit --profile "$DIR/profiles/$g.probed.json" --out "$DIR/profiles/$g.json"
-    for t in 4 15; do
-        "$FT" validate retarget --profile "$DIR/profiles/$g.json" --threads "$t" --out "$DIR/profiles/$g-t$t.json"
-    done
+    retarget_profiles "$FT" "$DIR" "$g"
 done
 mkdir -p "$DIR/predictions"
 while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
@@ -39,10 +39,6 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
         --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
         --fetch-fraction "$f_run" --json < /dev/null > "$DIR/predictions/$config.json"
 done < <(tail -n +2 "$DIR/plan.csv")
-"$FT" validate collect --dir "$DIR" --out "$DIR/grid.csv"
-"$FT" validate simulate --dir "$DIR"
-"$FT" validate analyze "$DIR/grid.csv" --out "$DIR/summary.json" | tee "$DIR/summary.txt"
-"$FT" plot "$DIR/grid.csv" --x measured_tok_s --y predicted_tok_s --series strategy --diagonal \
-    --log-x --log-y --title "validate-h200: predicted against measured decode tok/s" \
-    --xlabel "measured tok/s (all streams)" --ylabel "predicted tok/s (all streams)" \
-    --out "$DIR/pred-vs-measured.svg" > "$DIR/plot.txt"
+# The runs of the grid: 16 measured steps after 8 warm-up unless FT_STEPS / FT_WARMUP say
+# otherwise (as run.sh).
+analyse_grid "$FT" "$DIR" "${FT_STEPS:-16}" "${FT_WARMUP:-8}"

@@ -25,6 +25,8 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=common.sh
+source "$HERE/common.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-$ROOT/carry/ft}"
 if [[ ! -x "$FT" ]]; then
@@ -87,9 +89,7 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     echo "validate-h200: probe $g" >&2
     "$FT" probe --device cuda --model "$g" --force --threads "$PROBE_THREADS" \
         --profile-out "$OUT/profiles/$g.json" --json > "$OUT/probes/$g.json" 2> "$OUT/logs/probe-$g.log"
-    for t in 4 15; do
-        "$FT" validate retarget --profile "$OUT/profiles/$g.json" --threads "$t" --out "$OUT/profiles/$g-t$t.json"
-    done
+    retarget_profiles "$FT" "$OUT" "$g"
     "$FT" validate peer --profile "$OUT/profiles/$g.json" > "$OUT/profiles/$g.peer.txt"
     "$FT" validate peer --profile "$OUT/profiles/$g.json" --field fraction > "$OUT/profiles/$g.legacy-fraction"
     echo "probe $g: $(( SECONDS - t0 )) s cumulative; $(cat "$OUT/profiles/$g.peer.txt")" >> "$OUT/env.txt"
@@ -143,12 +143,4 @@ done < <(tail -n +2 "$OUT/plan.csv")
 echo "grid: $done_configs configurations in $(( SECONDS - t0 )) s" >> "$OUT/env.txt"
 
 # 3. Analysis (runs anywhere on the CSV: `ft validate analyze grid.csv`).
-"$FT" validate collect --dir "$OUT" --out "$OUT/grid.csv"
-# The simulator given the same fitted profiles (issue #6), into grid.csv's simulated_tok_s.
-"$FT" validate simulate --dir "$OUT" --steps "$STEPS" --warmup "$WARMUP"
-"$FT" validate analyze "$OUT/grid.csv" --out "$OUT/summary.json" | tee "$OUT/summary.txt"
-"$FT" plot "$OUT/grid.csv" --x measured_tok_s --y predicted_tok_s --series strategy --diagonal \
-    --log-x --log-y --title "validate-h200: predicted against measured decode tok/s" \
-    --xlabel "measured tok/s (all streams)" --ylabel "predicted tok/s (all streams)" \
-    --out "$OUT/pred-vs-measured.svg" > "$OUT/plot.txt" \
-    || echo "validate-h200: ft plot failed; the CSV is complete" >&2
+analyse_grid "$FT" "$OUT" "$STEPS" "$WARMUP"

@@ -825,8 +825,9 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
 
     let q = quantile(config.confidence, perf.dof);
     // What one GPU must hold for resident: its experts (slices) and the dense part.
-    let resident_bytes = experts_held_per_gpu(model, &p.layout) as f64 * slot_bytes as f64
-        + dense_and_kv_bytes(model, config.streams, config.context);
+    let held = experts_held_per_gpu(model, &p.layout);
+    let resident_bytes =
+        held as f64 * slot_bytes as f64 + dense_and_kv_bytes(model, config.streams, config.context);
     // Bytes over all links per counted expert: each plan's experts cross their GPU's link
     // once when sharded; under tensor parallelism a slice of each crosses every link.
     let link_bytes_per_expert =
@@ -869,7 +870,6 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         let lo = (ev.step_us - q * sd).max(ev.step_us * 1e-3);
         let hi = ev.step_us + q * sd;
         let b = shape.streams;
-        let held = experts_held_per_gpu(model, &p.layout);
         let (feasible, note) = if kind == StrategyKind::Resident && resident_bytes > resident_room {
             (
                 false,
