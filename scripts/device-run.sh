@@ -5,9 +5,11 @@
 #
 # Usage (on the GPU machine, from the repository root, with carry/device/ carried):
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
-# Steps: gpu-check, gpu-tests (only the GPU tests: every carried test binary with --ignored),
+# Steps: gpu-check, gpu-tests (only the GPU tests: every carried test binary with --ignored, or
+# those matching the glob FT_GPU_TESTS, e.g. 'ft_runtime-experts'),
 # bench (gpu_backend alone), cpu-kernels, runtime-grid, validate, serve-ab, diag, cpu-diag
-# (scripts/cpu-layer-diag.sh), ncu, and exp-NAME for
+# (scripts/cpu-layer-diag.sh), ab (scripts/binary-ab.sh: carry/ab/ft against carry/device/ft),
+# ncu, and exp-NAME for
 # any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
 # An exp-NAME step runs its simulator half at CI's size (FT_QUICK=1 unless FT_QUICK is set:
 # that half runs anywhere) and its GPU half at its bounded default (FT_GPU_QUICK, FT_LAYERS:
@@ -59,9 +61,10 @@ for spec in "$@"; do
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
     cpu-diag) timeout "$limit" scripts/cpu-layer-diag.sh "$R/cpu-diag" ;;
+    ab) timeout "$limit" scripts/binary-ab.sh "$R/ab" "$ROOT/carry/ab/ft" "$FT" ;;
     gpu-tests)
         gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-        for t in carry/device/tests/*; do
+        for t in carry/device/tests/${FT_GPU_TESTS:-*}; do
             skip=()
             [[ $t == *multi_gpu* && $gpus -lt 2 ]] && skip=(--skip cuda:: --skip cuda_combine_reports_its_method)
             echo "===== $t"

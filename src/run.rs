@@ -48,8 +48,20 @@ pub struct Args {
     #[arg(long, required_unless_present = "probe_overhead")]
     model: Option<String>,
     /// offload, hybrid, resident or cpu.
-    #[arg(long, required_unless_present = "probe_overhead")]
+    #[arg(long, required_unless_present_any = ["probe_overhead", "interleave"], conflicts_with = "interleave")]
     strategy: Option<String>,
+    /// Decode several strategies on one engine instead of --strategy, in turn and in rounds
+    /// (`--repeat` rounds, each from an empty cache, the order rotated every round), so that
+    /// a slow stretch of a shared machine falls on all of them alike and the host bank is
+    /// filled once: a comma-separated list of `[LABEL=]STRATEGY[:F]`, e.g.
+    /// `offload,hybrid:0.35,rules=hybrid:0.39,cpu` (F: hybrid's fetch fraction or auto;
+    /// LABEL names the variant's report, default the strategy). Not with resident.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["fetch_fraction", "compare_numerics", "trace_out"])]
+    interleave: Vec<String>,
+    /// With --interleave: write each variant's report (the --json document of a plain run)
+    /// to PREFIX<LABEL>.json, atomically.
+    #[arg(long, requires = "interleave")]
+    report_prefix: Option<String>,
     /// Hybrid's fetch fraction: a number in [0, 1], or auto (the performance model of
     /// --host chooses it).
     #[arg(long)]
@@ -163,6 +175,8 @@ pub struct PcieBound {
 /// Everything `ft run` reports (the `--json` document).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
+    /// The variant's label: the strategy, or the label given in `--interleave`.
+    pub label: String,
     /// Model name.
     pub model: String,
     /// Expert format.
@@ -340,6 +354,144 @@ fn resolve_auto(
     ))
 }
 
+/// One strategy of a run as given: `--strategy` with `--fetch-fraction`, or one item of
+/// `--interleave`.
+#[derive(Debug, Clone, PartialEq)]
+struct VariantSpec {
+    /// Names the variant's report.
+    label: String,
+    kind: StrategyKind,
+    /// Hybrid's fetch fraction as given (a number or auto).
+    fetch: Option<String>,
+    /// The flag it came from, for errors.
+    flag: &'static str,
+}
+
+/// A strategy ready to decode.
+#[derive(Debug, Clone)]
+struct Variant {
+    label: String,
+    strategy: Strategy,
+    /// Fetch fraction the plans use.
+    fetch: f64,
+    /// Where it came from (given, auto with its host, the strategy's own).
+    fetch_source: String,
+}
+
+/// Parse one `--interleave` item: `[LABEL=]STRATEGY[:F]`.
+fn parse_variant_spec(item: &str) -> Result<VariantSpec> {
+    let item = item.trim();
+    let (label, rest) = match item.split_once('=') {
+        Some((l, r)) => (Some(l.trim()), r.trim()),
+        None => (None, item),
+    };
+    let (kind, fetch) = match rest.split_once(':') {
+        Some((k, f)) => (k.trim(), Some(f.trim().to_string())),
+        None => (rest, None),
+    };
+    let kind: StrategyKind = kind
+        .parse()
+        .with_context(|| format!("--interleave '{item}'"))?;
+    if kind == StrategyKind::Resident {
+        bail!("--interleave '{item}': resident needs an engine of its own (every expert cached); run it with --strategy resident");
+    }
+    if fetch.is_some() && kind != StrategyKind::Hybrid {
+        bail!("--interleave '{item}': only hybrid takes a fetch fraction (STRATEGY:F)");
+    }
+    if kind == StrategyKind::Hybrid && fetch.is_none() {
+        bail!("--interleave '{item}': hybrid needs its fetch fraction, e.g. hybrid:0.4 or hybrid:auto");
+    }
+    let label = label.map_or_else(|| kind.to_string(), str::to_string);
+    if label.is_empty()
+        || !label
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    {
+        bail!("--interleave '{item}': a label is letters, digits, '-', '_' or '.'");
+    }
+    Ok(VariantSpec {
+        label,
+        kind,
+        fetch,
+        flag: "--interleave",
+    })
+}
+
+/// The run's strategies as given: one from `--strategy`, or the `--interleave` list (labels
+/// distinct).
+fn variant_specs(args: &Args) -> Result<Vec<VariantSpec>> {
+    if args.interleave.is_empty() {
+        let kind: StrategyKind = args
+            .strategy
+            .as_deref()
+            .unwrap_or_default()
+            .parse()
+            .context("--strategy")?;
+        return Ok(vec![VariantSpec {
+            label: kind.to_string(),
+            kind,
+            fetch: args.fetch_fraction.clone(),
+            flag: "--fetch-fraction",
+        }]);
+    }
+    let specs = args
+        .interleave
+        .iter()
+        .map(|i| parse_variant_spec(i))
+        .collect::<Result<Vec<_>>>()?;
+    for (i, a) in specs.iter().enumerate() {
+        if specs[..i].iter().any(|b| b.label == a.label) {
+            bail!(
+                "--interleave: two variants are labelled '{}'; label them (LABEL=STRATEGY)",
+                a.label
+            );
+        }
+    }
+    Ok(specs)
+}
+
+/// Resolve a variant's fetch fraction (`auto` by the performance model of `--host`).
+fn resolve_variant(
+    args: &Args,
+    spec: &VariantSpec,
+    model: &ModelSpec,
+    cache_slots: usize,
+    policy: &CachePolicy,
+    notes: &mut Vec<String>,
+) -> Result<Variant> {
+    let own = || {
+        Strategy::from_kind(spec.kind, None)
+            .fixed_fetch_fraction()
+            .unwrap_or(1.0)
+    };
+    let (fetch, fetch_source) = match (spec.kind, spec.fetch.as_deref()) {
+        (StrategyKind::Hybrid, None) => bail!("hybrid needs --fetch-fraction F (0 to 1) or auto"),
+        (StrategyKind::Hybrid, Some(s)) => match FetchFraction::parse(spec.flag, s)? {
+            FetchFraction::Fixed(f) => (f, "given".to_string()),
+            FetchFraction::Auto => resolve_auto(args, model, cache_slots, policy)?,
+        },
+        (k, Some(_)) => {
+            notes.push(format!(
+                "--fetch-fraction ignored: {k} has a fixed fraction"
+            ));
+            (own(), "strategy".into())
+        }
+        (_, None) => (own(), "strategy".into()),
+    };
+    let strategy = match spec.kind {
+        StrategyKind::Hybrid => Strategy::Hybrid {
+            fetch: FetchFraction::fixed(spec.flag, fetch)?,
+        },
+        k => Strategy::from_kind(k, None),
+    };
+    Ok(Variant {
+        label: spec.label.clone(),
+        strategy,
+        fetch,
+        fetch_source,
+    })
+}
+
 /// Run `ft run`.
 pub fn run(args: Args) -> Result<()> {
     if args.repeat == 0 {
@@ -399,13 +551,9 @@ pub fn run(args: Args) -> Result<()> {
         _ => full.clone(),
     };
     let g = model.geometry;
-    let sk: StrategyKind = args
-        .strategy
-        .as_deref()
-        .unwrap_or_default()
-        .parse()
-        .context("--strategy")?;
     let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let specs = variant_specs(&args)?;
+    let sk = specs[0].kind;
     let cache_slots = match (sk, args.cache_slots, args.cache_gb) {
         (StrategyKind::Resident, s, gb) => {
             if s.is_some() || gb.is_some() {
@@ -424,39 +572,26 @@ pub fn run(args: Args) -> Result<()> {
                 .min(g.total_experts() as usize)
         }
         (_, None, Some(x)) => CacheSize::GiB(x).slots(model.expert_bytes(), g.total_experts())?,
-        (StrategyKind::Cpu, None, None) => 0,
+        (StrategyKind::Cpu, None, None) if specs.iter().all(|v| v.kind == StrategyKind::Cpu) => 0,
         (k, None, None) => bail!("{k} needs a cache size: give --cache-slots N or --cache-gb X"),
     };
-    let (fetch, fetch_source) = match (sk, args.fetch_fraction.as_deref()) {
-        (StrategyKind::Hybrid, None) => bail!("hybrid needs --fetch-fraction F (0 to 1) or auto"),
-        (StrategyKind::Hybrid, Some(s)) => match FetchFraction::parse("--fetch-fraction", s)? {
-            FetchFraction::Fixed(f) => (f, "given".to_string()),
-            FetchFraction::Auto => resolve_auto(&args, &model, cache_slots, &policy)?,
-        },
-        (k, Some(_)) => {
-            notes.push(format!(
-                "--fetch-fraction ignored: {k} has a fixed fraction"
-            ));
-            (
-                Strategy::from_kind(k, None)
-                    .fixed_fetch_fraction()
-                    .unwrap_or(1.0),
-                "strategy".into(),
-            )
-        }
-        (k, None) => (
-            Strategy::from_kind(k, None)
-                .fixed_fetch_fraction()
-                .unwrap_or(1.0),
-            "strategy".into(),
-        ),
-    };
-    let strategy = match sk {
-        StrategyKind::Hybrid => Strategy::Hybrid {
-            fetch: FetchFraction::fixed("--fetch-fraction", fetch)?,
-        },
-        k => Strategy::from_kind(k, None),
-    };
+    let variants = specs
+        .iter()
+        .map(|spec| resolve_variant(&args, spec, &model, cache_slots, &policy, &mut notes))
+        .collect::<Result<Vec<_>>>()?;
+    if variants.len() > 1 && layout.is_multi() {
+        bail!(
+            "--interleave: only a run on one GPU interleaves (--gpus {})",
+            layout.gpus
+        );
+    }
+    // The engine is built for the first variant that gathers (its staging slots serve every
+    // variant), else the first.
+    let primary = variants
+        .iter()
+        .find(|v| v.fetch > 0.0)
+        .unwrap_or(&variants[0]);
+    let (strategy, fetch) = (primary.strategy, primary.fetch);
     let cfg = EngineConfig {
         strategy,
         cache_slots,
@@ -572,117 +707,165 @@ pub fn run(args: Args) -> Result<()> {
         keep_outputs: args.compare_numerics,
     };
     let per_rep = (args.warmup + args.steps) as u64;
-    let bar = indicatif::ProgressBar::new(per_rep * args.repeat as u64);
+    let n = variants.len();
+    let bar = indicatif::ProgressBar::new(per_rep * (args.repeat * n) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{elapsed_precise} [{bar:40}] {pos}/{len} steps {msg}",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let mut runs = Vec::with_capacity(args.repeat);
+    // Round r decodes every variant once, starting at variant r mod n; each decode starts
+    // from an empty cache (a fresh engine's state).
+    let mut runs: Vec<Vec<ft_runtime::engine::Decoded>> =
+        (0..n).map(|_| Vec::with_capacity(args.repeat)).collect();
+    let mut done_runs = 0u64;
     for rep in 0..args.repeat {
-        if rep > 0 {
-            engine.reset_cache()?;
+        for k in 0..n {
+            let i = (rep + k) % n;
+            let v = &variants[i];
+            if n > 1 {
+                engine
+                    .set_strategy(v.strategy)
+                    .with_context(|| format!("--interleave {}", v.label))?;
+                bar.set_message(v.label.clone());
+            } else if rep > 0 {
+                engine.reset_cache()?;
+            }
+            let done_before = per_rep * done_runs;
+            runs[i].push(decode(
+                &mut engine,
+                warm,
+                measured,
+                &options,
+                &mut |done, _| bar.set_position(done_before + done as u64),
+            )?);
+            done_runs += 1;
         }
-        let done_before = per_rep * rep as u64;
-        runs.push(decode(
-            &mut engine,
-            warm,
-            measured,
-            &options,
-            &mut |done, _| bar.set_position(done_before + done as u64),
-        )?);
     }
     bar.finish_and_clear();
-    let repeats: Vec<f64> = runs.iter().map(|d| d.summary.tok_s_total).collect();
-    let decoded = runs.swap_remove(median_index(&repeats));
 
-    if let Some(path) = &args.trace_out {
-        let mut trace = ChromeTrace::new(&format!("ft run {} {strategy}", model.name));
-        trace.add_spans(&decoded.spans);
-        for r in &decoded.records {
-            let start = ft_runtime::instrument::ns_of_us(r.start_us);
-            trace.add_step(
-                r.step,
-                r.warmup,
-                start,
-                start + ft_runtime::instrument::ns_of_us(r.wall_us),
-            );
+    let mut reports = Vec::with_capacity(n);
+    for (v, mut runs) in variants.iter().zip(runs) {
+        let repeats: Vec<f64> = runs.iter().map(|d| d.summary.tok_s_total).collect();
+        let decoded = runs.swap_remove(median_index(&repeats));
+        if let Some(path) = &args.trace_out {
+            let mut trace = ChromeTrace::new(&format!("ft run {} {}", model.name, v.strategy));
+            trace.add_spans(&decoded.spans);
+            for r in &decoded.records {
+                let start = ft_runtime::instrument::ns_of_us(r.start_us);
+                trace.add_step(
+                    r.step,
+                    r.warmup,
+                    start,
+                    start + ft_runtime::instrument::ns_of_us(r.wall_us),
+                );
+            }
+            trace
+                .write(path)
+                .with_context(|| format!("--trace-out {}", path.display()))?;
         }
-        trace
-            .write(path)
-            .with_context(|| format!("--trace-out {}", path.display()))?;
+        let numerics = if args.compare_numerics {
+            Some(compare_numerics(
+                &mut engine,
+                warm,
+                measured,
+                &options,
+                &decoded.outputs,
+            )?)
+        } else {
+            None
+        };
+        let summary = decoded.summary.clone();
+        let pcie = linear.filter(|_| v.fetch > 0.0).map(|gbs| {
+            let bound = summary.gathered_bytes_per_step / (gbs * 1e3);
+            PcieBound {
+                linear_h2d_gbs: gbs,
+                gathered_bytes_per_step: summary.gathered_bytes_per_step,
+                bound_step_us: bound,
+                share_of_bound: if summary.step_us.mean > 0.0 {
+                    bound / summary.step_us.mean
+                } else {
+                    0.0
+                },
+            }
+        });
+        let mut notes = notes.clone();
+        if n > 1 {
+            let others: Vec<&str> = variants
+                .iter()
+                .filter(|o| o.label != v.label)
+                .map(|o| o.label.as_str())
+                .collect();
+            notes.push(format!(
+                "decoded in turn with {} on one engine, {} round(s) from an empty cache each (--interleave)",
+                others.join(", "),
+                args.repeat
+            ));
+        }
+        reports.push(RunReport {
+            label: v.label.clone(),
+            model: model.name.clone(),
+            format: model.format.name().into(),
+            expert_bytes: model.expert_bytes(),
+            layers: g.moe_layers,
+            model_layers: full.geometry.moe_layers,
+            strategy: v.strategy.to_string(),
+            fetch_fraction: v.fetch,
+            fetch_source: v.fetch_source.clone(),
+            device: device.info().clone(),
+            threads,
+            pool_wait: pool_wait.name().into(),
+            gpu_act: cfg.gpu_path.name().into(),
+            cpu_act: cfg.cpu_path.name().into(),
+            combine: cfg.combine.name().into(),
+            gather: cfg.gather.name().into(),
+            streams: args.streams,
+            context: args.context,
+            cache_slots: engine.cache_slots(),
+            staging_slots: engine.staging_slots(),
+            policy: policy.to_string(),
+            routing: args.routing.clone(),
+            seed: args.seed,
+            memory,
+            summary,
+            pcie,
+            numerics,
+            notes,
+            step_records: decoded.records,
+            repeats,
+        });
     }
-    let numerics = if args.compare_numerics {
-        Some(compare_numerics(
-            &mut engine,
-            warm,
-            measured,
-            &options,
-            &decoded.outputs,
-        )?)
-    } else {
-        None
-    };
-    let summary = decoded.summary.clone();
-    let pcie = linear.map(|gbs| {
-        let bound = summary.gathered_bytes_per_step / (gbs * 1e3);
-        PcieBound {
-            linear_h2d_gbs: gbs,
-            gathered_bytes_per_step: summary.gathered_bytes_per_step,
-            bound_step_us: bound,
-            share_of_bound: if summary.step_us.mean > 0.0 {
-                bound / summary.step_us.mean
-            } else {
-                0.0
-            },
+    if let Some(prefix) = &args.report_prefix {
+        for r in &reports {
+            let path = PathBuf::from(format!("{prefix}{}.json", r.label));
+            crate::probe::write_atomic(&path, &serde_json::to_vec_pretty(r)?)
+                .with_context(|| format!("--report-prefix: writing {}", path.display()))?;
         }
-    });
-    let report = RunReport {
-        model: model.name.clone(),
-        format: model.format.name().into(),
-        expert_bytes: model.expert_bytes(),
-        layers: g.moe_layers,
-        model_layers: full.geometry.moe_layers,
-        strategy: strategy.to_string(),
-        fetch_fraction: fetch,
-        fetch_source,
-        device: device.info().clone(),
-        threads,
-        pool_wait: pool_wait.name().into(),
-        gpu_act: cfg.gpu_path.name().into(),
-        cpu_act: cfg.cpu_path.name().into(),
-        combine: cfg.combine.name().into(),
-        gather: cfg.gather.name().into(),
-        streams: args.streams,
-        context: args.context,
-        cache_slots: engine.cache_slots(),
-        staging_slots: engine.staging_slots(),
-        policy: policy.to_string(),
-        routing: args.routing.clone(),
-        seed: args.seed,
-        memory,
-        summary,
-        pcie,
-        numerics,
-        notes,
-        step_records: decoded.records,
-        repeats,
-    };
+    }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    if args.json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
-        print_table(&mut out, &report)?;
+    match (args.json, reports.len()) {
+        (true, 1) => writeln!(out, "{}", serde_json::to_string_pretty(&reports[0])?)?,
+        (true, _) => writeln!(out, "{}", serde_json::to_string_pretty(&reports)?)?,
+        (false, _) => {
+            for (i, r) in reports.iter().enumerate() {
+                if i > 0 {
+                    writeln!(out)?;
+                }
+                print_table(&mut out, r)?;
+            }
+        }
     }
-    if let Some(n) = &report.numerics {
-        if !n.passed() {
-            return Err(crate::CheckFailed(format!(
-                "{}: fresh and warmed outputs differ (first at step {:?}) although placement cannot change them here",
-                n.strategy, n.fresh_vs_warmed.first_differing_step
-            ))
-            .into());
+    for r in &reports {
+        if let Some(n) = &r.numerics {
+            if !n.passed() {
+                return Err(crate::CheckFailed(format!(
+                    "{}: fresh and warmed outputs differ (first at step {:?}) although placement cannot change them here",
+                    n.strategy, n.fresh_vs_warmed.first_differing_step
+                ))
+                .into());
+            }
         }
     }
     Ok(())

@@ -165,10 +165,10 @@ enum Command {
         /// The experiment's output folder (grid.csv, profiles/).
         #[arg(long)]
         dir: PathBuf,
-        /// Measured steps of each simulated run (the grid's runs: 16).
+        /// Measured steps of each simulated run (run.sh passes its runs' count).
         #[arg(long, default_value_t = 16)]
         steps: u64,
-        /// Warm-up steps before them (the grid's runs: 8).
+        /// Warm-up steps before them (likewise).
         #[arg(long, default_value_t = 8)]
         warmup: u64,
         /// Seed of the routing (the grid's `ft run` default: 0).
@@ -489,10 +489,11 @@ fn peer_cmd(profile: &Path, threshold: f64, field: Option<&str>, json: bool) -> 
 }
 
 /// A profile re-expressed at `threads` serving threads: the CPU streaming rate becomes the
-/// model's own rate at that count (`PerfParams::cpu_rate_gbs`), the per-token rate likewise
-/// (`cpu_token_rate_gmacs`), and the covariance is carried through the same map (its
-/// Jacobian: the streaming rate depends on itself and on the thread exponent, the token
-/// rate on itself). Every other parameter is unchanged.
+/// model's own rate at that count (`PerfParams::cpu_rate_gbs`), the per-expert cost and the
+/// per-token rate likewise (`cpu_expert_cost_us`, `cpu_token_rate_gmacs`), and the
+/// covariance is carried through the same map (its Jacobian: the streaming rate and the
+/// per-expert cost depend on themselves and on the thread exponent, the token rate on
+/// itself). Every other parameter is unchanged.
 ///
 /// Where the probe measured the CPU step at exactly `threads` threads (isolated, one token
 /// per expert: `ft probe` does at a half and a quarter of the serving threads), the streaming
@@ -509,6 +510,7 @@ pub fn retarget(p: &Profile, threads: u32) -> Result<Profile> {
     let mut q = p.clone();
     q.params.cpu_gbs = old.cpu_rate_gbs(t);
     q.params.cpu_token_gmacs = old.cpu_token_rate_gmacs(t);
+    q.params.cpu_expert_us = old.cpu_expert_cost_us(t);
     q.params.cpu_threads = threads;
     q.params.validate()?;
     let ids = &p.covariance.params;
@@ -526,6 +528,12 @@ pub fn retarget(p: &Profile, threads: u32) -> Result<Profile> {
     }
     if let Some(k) = idx(ParamId::CpuTokenGmacs) {
         jac[k][k] = r;
+    }
+    if let Some(x) = idx(ParamId::CpuExpertUs) {
+        jac[x][x] = r.powf(-old.cpu_thread_exponent);
+        if let Some(e) = idx(ParamId::CpuThreadExponent) {
+            jac[x][e] = -q.params.cpu_expert_us * r.ln();
+        }
     }
     let c = &p.covariance.matrix;
     let mut out = vec![vec![0.0; n]; n];
@@ -1465,6 +1473,11 @@ mod tests {
                 (a.cpu_token_rate_gmacs(t) - b.cpu_token_rate_gmacs(t)).abs()
                     < 1e-9 * a.cpu_token_rate_gmacs(t)
             );
+            assert!(
+                (a.cpu_expert_cost_us(t) - b.cpu_expert_cost_us(t)).abs()
+                    <= 1e-9 * a.cpu_expert_cost_us(t).max(1e-12),
+                "{t}: the per-expert cost follows the same law"
+            );
         }
         assert_eq!(b.cpu_threads, 6);
         // The covariance of the moved rate is the delta method's.
@@ -1483,6 +1496,7 @@ mod tests {
         let want = 0.8 * a.cpu_rate_gbs(6.0);
         let mut truth = a.clone();
         truth.cpu_gbs = want;
+        truth.cpu_expert_us = a.cpu_expert_cost_us(6.0);
         truth.cpu_threads = 6;
         let shape = ft_model::perf::ExpertShape {
             bytes: 2.77e6,

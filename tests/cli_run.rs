@@ -326,3 +326,128 @@ fn repeat_reports_the_median_repetition_and_every_repetitions_speed() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--repeat"));
 }
+
+/// `--interleave` decodes several strategies on one engine in rounds: each variant's report
+/// (file and stdout) carries its label, every round's tok/s, and the same cache counts as a
+/// plain run of that strategy (each decode starts from an empty cache, so no variant leaks
+/// cache state into the next).
+#[test]
+fn interleaved_variants_report_what_plain_runs_of_them_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let prefix = format!("{}/c00-", dir.path().display());
+    let common = [
+        "run",
+        "--device",
+        "host",
+        "--model",
+        &model,
+        "--streams",
+        "2",
+        "--steps",
+        "4",
+        "--warmup",
+        "2",
+        "--cache-slots",
+        "24",
+        "--context",
+        "16",
+        "--threads",
+        "1",
+        "--json",
+    ];
+    let mut args = common.to_vec();
+    args.extend([
+        "--interleave",
+        "offload,hybrid:0.5,rules=hybrid:0.25,cpu",
+        "--repeat",
+        "2",
+        "--report-prefix",
+        &prefix,
+    ]);
+    let out = ft(&args);
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
+    let labels: Vec<&str> = all.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["offload", "hybrid", "rules", "cpu"]);
+    for (label, strategy, fetch) in [
+        ("offload", "offload", None),
+        ("hybrid", "hybrid", Some("0.5")),
+        ("rules", "hybrid", Some("0.25")),
+        ("cpu", "cpu", None),
+    ] {
+        let text = std::fs::read_to_string(format!("{prefix}{label}.json")).expect("report file");
+        let file: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let printed = all.iter().find(|r| r["label"] == label).unwrap();
+        assert_eq!(&file, printed, "{label}: the file is the printed report");
+        assert_eq!(
+            file["repeats"].as_array().unwrap().len(),
+            2,
+            "{label}: two rounds"
+        );
+        assert!(
+            file["notes"].to_string().contains("--interleave"),
+            "{label}: says how it ran"
+        );
+        let mut plain = common.to_vec();
+        plain.extend(["--strategy", strategy]);
+        if let Some(f) = fetch {
+            plain.extend(["--fetch-fraction", f]);
+        }
+        let alone = ft(&plain);
+        assert!(
+            alone.status.success(),
+            "stderr: {}",
+            String::from_utf8_lossy(&alone.stderr)
+        );
+        let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+        assert_eq!(file["strategy"], alone["strategy"], "{label}");
+        for key in [
+            "miss_rate",
+            "hits_per_layer",
+            "fetched_per_layer",
+            "cpu_per_layer",
+        ] {
+            assert_eq!(
+                file["summary"][key], alone["summary"][key],
+                "{label}: {key} as in a plain run"
+            );
+        }
+    }
+}
+
+#[test]
+fn interleave_refuses_resident_hybrid_without_a_fraction_and_duplicate_labels() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    for (list, says) in [
+        ("offload,resident", "resident needs an engine of its own"),
+        ("offload,hybrid", "hybrid needs its fetch fraction"),
+        (
+            "hybrid:0.5,hybrid:0.25",
+            "two variants are labelled 'hybrid'",
+        ),
+        ("offload:0.5", "only hybrid takes a fetch fraction"),
+    ] {
+        let out = ft(&[
+            "run",
+            "--device",
+            "host",
+            "--model",
+            &model,
+            "--cache-slots",
+            "24",
+            "--steps",
+            "2",
+            "--interleave",
+            list,
+        ]);
+        assert!(!out.status.success(), "{list} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{list}: {err}");
+    }
+}

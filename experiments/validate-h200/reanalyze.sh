@@ -34,11 +34,17 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     [[ -f "$DIR/runs/$config-hybrid.json" ]] || continue
     # Hybrid predicted at the fraction its run used (the first fit's choice), not at the
     # refitted model's own optimum: the prediction must describe the run that was measured.
-    f_run=$("$FT" validate get "$DIR/runs/$config-hybrid.json" fetch_fraction)
+    # The traffic simulation counts the steps the runs decoded, of the routing they decoded
+    # (their reports say which).
+    run_doc="$DIR/runs/$config-hybrid.json"
+    f_run=$("$FT" validate get "$run_doc" fetch_fraction)
+    STEPS=$("$FT" validate get "$run_doc" summary.steps)
+    WARMUP=$("$FT" validate get "$run_doc" summary.warmup_steps)
+    seed=$("$FT" validate get "$run_doc" seed)
     "$FT" predict --profile "$DIR/profiles/$geometry-t$threads.json" --model "$DIR/$model_toml" \
         --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
+        --steps "$STEPS" --warmup "$WARMUP" --seed "$seed" \
         --fetch-fraction "$f_run" --json < /dev/null > "$DIR/predictions/$config.json"
 done < <(tail -n +2 "$DIR/plan.csv")
-# The runs of the grid: 16 measured steps after 8 warm-up unless FT_STEPS / FT_WARMUP say
-# otherwise (as run.sh).
-analyse_grid "$FT" "$DIR" "${FT_STEPS:-16}" "${FT_WARMUP:-8}"
+# The simulator leg decodes the runs' steps too (every run of a grid has the same counts).
+analyse_grid "$FT" "$DIR" "${STEPS:?no run to re-analyse}" "$WARMUP"

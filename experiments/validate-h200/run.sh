@@ -4,8 +4,9 @@
 # 1. `ft probe` once per expert geometry (the fit sees the probes alone, never the grid);
 # 2. a grid of 48 configurations (`ft validate plan`: geometry x cache residency x streams x
 #    CPU threads x context), each predicted by the model (`ft predict --profile ... --json`)
-#    and each strategy run end to end (`ft run --json`): offload, hybrid at the model's fetch
-#    fraction, hybrid at the ratio rule's (ferrox-core's) fraction, cpu;
+#    and each strategy run end to end in one process (`ft run --interleave`, one report per
+#    strategy): offload, hybrid at the model's fetch fraction, hybrid at the ratio rule's
+#    (ferrox-core's) fraction, cpu, in rounds (the median round reported);
 # 3. `ft validate collect` (grid.csv), `ft validate simulate` (the discrete-event simulator
 #    on the same profiles, grid.csv's simulated_tok_s), `ft validate analyze` (summary.txt /
 #    summary.json), `ft plot` (predicted against measured).
@@ -18,8 +19,10 @@
 #   FT_GRID_BUDGET_S wall-clock budget of the grid, s (default 480: configurations are run
 #                    round by round, so a budget cut still covers every geometry and stream
 #                    count; the cut is logged in env.txt)
-#   FT_STEPS, FT_WARMUP   measured and warm-up steps of each run (default 16 and 8)
-#   FT_REPEAT        repetitions of each run in its process, the median reported (default 3)
+#   FT_STEPS, FT_WARMUP   measured and warm-up steps of each run (default 48 and 24); the
+#                    prediction's traffic simulation counts the same steps of the same routing
+#   FT_REPEAT        rounds of the four strategies in their process, each strategy's median
+#                    round reported (default 3)
 #   FT_RESUME=1      continue a run cut by its budget in the same OUTDIR (see below)
 # Only bash and ft are needed. Skips cleanly without a CUDA device.
 set -euo pipefail
@@ -46,10 +49,13 @@ OUT="$(cd "$OUT" && pwd)"
 export FT_CACHE_DIR="$OUT/cache"   # never read or overwrite the user's cached profiles
 QUICK="${FT_QUICK:-0}"
 GRID_BUDGET_S="${FT_GRID_BUDGET_S:-480}"
-if [[ "$QUICK" == 1 ]]; then STEPS="${FT_STEPS:-8}" WARMUP="${FT_WARMUP:-4}"; else STEPS="${FT_STEPS:-16}" WARMUP="${FT_WARMUP:-8}"; fi
+if [[ "$QUICK" == 1 ]]; then STEPS="${FT_STEPS:-8}" WARMUP="${FT_WARMUP:-4}"; else STEPS="${FT_STEPS:-48}" WARMUP="${FT_WARMUP:-24}"; fi
+# ft run's default seed: the prediction draws the same routing the runs decode.
+SEED=0
 PROBE_THREADS=15   # the serving threads: 16 cores, one left for the host thread
-# Each run decodes its steps this many times in its process and reports the median
-# repetition: single 16-step runs on the shared VM swung by 10% and more (2026-12-04).
+# The four strategies of a configuration decode in turn on one engine, this many rounds, and
+# each reports its median round: single 16-step runs, one process per strategy, swung by
+# 10% and more on the shared VM (2026-12-04).
 REPEAT="${FT_REPEAT:-3}"
 # FT_RESUME=1 continues a run cut by its budget in the same OUTDIR (carried back to the GPU
 # machine): its profiles are kept (the predictions of the runs already made used them) and
@@ -63,7 +69,7 @@ RESUME="${FT_RESUME:-0}"
     echo "ram: $(awk '/MemTotal/ {printf "%.1f GB", $2 / 1e6}' /proc/meminfo)"
     nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader 2>/dev/null || true
     "$FT" --version
-    echo "steps: $STEPS measured after $WARMUP warm-up per run, $REPEAT repetitions (the median); grid budget ${GRID_BUDGET_S} s"
+    echo "steps: $STEPS measured after $WARMUP warm-up per run, $REPEAT interleaved rounds (the median); routing seed $SEED; grid budget ${GRID_BUDGET_S} s"
     echo "layers: qwen3.8-flash-next 2 of 48, bench-nvfp4 2 of 48, deepseek-v4-flash 1 of 43 (same geometry, fewer layers: banks that fill in about a second; deepseek's 43 layers (156 GB) exceed the 128 GB host)"
 } > "$OUT/env.txt.new"
 if [[ "$RESUME" == 1 && -f "$OUT/env.txt" ]]; then
@@ -102,11 +108,11 @@ all_runs_exist() { # config: true when every strategy of it has its run document
     done
 }
 
-run() { # name, then ft run arguments
-    local name="$1"; shift
-    if ! "$FT" run "$@" < /dev/null > "$OUT/runs/$name.json" 2> "$OUT/logs/$name.log"; then
-        echo "validate-h200: $name failed (see logs/$name.log)" >&2
-        rm -f "$OUT/runs/$name.json"
+run_config() { # config, then ft run arguments: runs/<config>-<strategy>.json for the four
+    local config="$1"; shift
+    if ! "$FT" run "$@" --report-prefix "$OUT/runs/$config-" < /dev/null > /dev/null 2> "$OUT/logs/$config-run.log"; then
+        echo "validate-h200: $config failed (see logs/$config-run.log)" >&2
+        rm -f "$OUT/runs/$config-"*.json
     fi
 }
 
@@ -124,7 +130,8 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     fi
     echo "validate-h200: $config $geometry x$layers residency $residency ($cache_slots slots) $streams streams $threads threads context $context" >&2
     if ! "$FT" predict --profile "$OUT/profiles/$geometry-t$threads.json" --model "$OUT/$model_toml" \
-        --streams "$streams" --context "$context" --cache-slots "$cache_slots" --json < /dev/null \
+        --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
+        --steps "$STEPS" --warmup "$WARMUP" --seed "$SEED" --json < /dev/null \
         > "$OUT/predictions/$config.json" 2> "$OUT/logs/$config-predict.log"; then
         echo "validate-h200: $config: prediction failed (see logs/$config-predict.log)" >&2
         continue
@@ -133,11 +140,9 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     f_legacy=$(cat "$OUT/profiles/$geometry.legacy-fraction")
     common=(--device cuda --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
             --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP"
-            --repeat "$REPEAT" --json)
-    run "$config-offload" "${common[@]}" --strategy offload
-    run "$config-hybrid" "${common[@]}" --strategy hybrid --fetch-fraction "$f_model"
-    run "$config-hybrid-legacy" "${common[@]}" --strategy hybrid --fetch-fraction "$f_legacy"
-    run "$config-cpu" "${common[@]}" --strategy cpu
+            --seed "$SEED" --repeat "$REPEAT")
+    run_config "$config" "${common[@]}" \
+        --interleave "offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
     done_configs=$(( done_configs + 1 ))
 done < <(tail -n +2 "$OUT/plan.csv")
 echo "grid: $done_configs configurations in $(( SECONDS - t0 )) s" >> "$OUT/env.txt"

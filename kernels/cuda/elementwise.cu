@@ -6,3 +6,15 @@ extern "C" __global__ void ft_add_f32(float* dst, const float* src, u64 n) {
     u64 stride = (u64)gridDim.x * blockDim.x;
     for (; i < n; i += stride) dst[i] = dst[i] + src[i];
 }
+
+// Keep the stream busy for ns nanoseconds (one thread spinning on the global timer): a
+// benchmark queues the work it times behind it, so that the host's enqueue cost is not
+// in the timing.
+extern "C" __global__ void ft_hold_ns(u64 ns) {
+    u64 t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}

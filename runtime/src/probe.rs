@@ -176,7 +176,10 @@ pub struct ProbeConfig {
     /// Measured steps of each end-to-end run.
     pub steps: usize,
     /// Blocks the measured steps are cut into (one [`StepSample`] each); even blocks
-    /// calibrate, odd ones validate.
+    /// calibrate, odd ones validate. Six (of four steps) give each strategy six calibration
+    /// blocks over the two stream counts, so that the fit's median per-layer overhead is
+    /// not set by one preempted step (with four, the median of two per stream count was
+    /// their mean, and one slow block moved it by 300 us; H200, 2026-12-04).
     pub blocks: usize,
     /// Routing of the end-to-end probe: a preset, process TOML or trace.
     pub routing: String,
@@ -200,7 +203,7 @@ impl Default for ProbeConfig {
             strategies: StrategyKind::ALL.to_vec(),
             warmup_steps: 8,
             steps: 24,
-            blocks: 4,
+            blocks: 6,
             routing: "typical".to_string(),
             seed: PROBE_SEED,
             budget_s: DEFAULT_BUDGET_S,

@@ -124,6 +124,18 @@ fn events_order_streams(d: &Device) {
     assert!(nt.timeline_us().is_err());
 }
 
+/// A hold keeps the stream busy at least that long, and work queued behind it waits.
+fn holds_keep_the_stream_busy(d: &Device) {
+    let s = d.new_stream("s").unwrap();
+    let (e0, e1) = (d.new_event(true).unwrap(), d.new_event(true).unwrap());
+    s.record(&e0).unwrap();
+    s.hold_us(3000.0).unwrap();
+    s.record(&e1).unwrap();
+    e1.synchronize().unwrap();
+    let us = e0.elapsed_us(&e1).unwrap();
+    assert!((3000.0..1_000_000.0).contains(&us), "held {us} us for 3000");
+}
+
 /// Bad arguments are clear errors naming the input.
 fn bad_arguments_are_errors(d: &Device) {
     let s = d.new_stream("s").unwrap();
@@ -152,6 +164,11 @@ fn host_copies_round_trip() {
 #[test]
 fn host_events_order_streams() {
     events_order_streams(&host());
+}
+
+#[test]
+fn host_holds_keep_the_stream_busy() {
+    holds_keep_the_stream_busy(&host());
 }
 
 #[test]
@@ -225,6 +242,12 @@ mod cuda {
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_events_order_streams() {
         events_order_streams(&gpu());
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_holds_keep_the_stream_busy() {
+        holds_keep_the_stream_busy(&gpu());
     }
 
     #[test]

@@ -142,6 +142,13 @@ impl PerfParams {
         self.cpu_gbs * t.powf(self.cpu_thread_exponent)
     }
 
+    /// Cost of each expert beyond streaming its bytes at `threads` threads, in us: the
+    /// measured `cpu_expert_us` scaled by the streaming rate's thread law.
+    pub fn cpu_expert_cost_us(&self, threads: f64) -> f64 {
+        let t = (threads / self.cpu_threads as f64).max(1e-9);
+        self.cpu_expert_us / t.powf(self.cpu_thread_exponent)
+    }
+
     /// Per-token compute rate of the CPU at `threads` threads (linear in threads), in
     /// GMAC/s.
     pub fn cpu_token_rate_gmacs(&self, threads: f64) -> f64 {
@@ -157,7 +164,7 @@ impl PerfParams {
         }
         let extra_tokens = (tokens - experts).max(0.0);
         self.cpu_layer_us
-            + experts * self.cpu_expert_us
+            + experts * self.cpu_expert_cost_us(threads)
             + extra_tokens * shape.macs
                 / (self.cpu_token_rate_gmacs(threads) * MACS_PER_US_PER_GMACS)
     }
@@ -422,6 +429,25 @@ mod tests {
 
     fn shape() -> ExpertShape {
         ExpertShape::of(&ModelSpec::preset("qwen3.8-flash-next").unwrap())
+    }
+
+    #[test]
+    fn the_per_expert_cost_scales_with_the_streaming_rates_thread_law() {
+        let mut p = params();
+        p.cpu_threads = 16;
+        p.cpu_expert_us = 10.0;
+        p.cpu_thread_exponent = 0.8;
+        let s = shape();
+        assert_eq!(p.cpu_expert_cost_us(16.0), 10.0);
+        for t in [1.0, 4.0, 8.0, 32.0] {
+            // Cost times rate is thread-independent: both follow (t / cpu_threads)^0.8.
+            let a = p.cpu_expert_cost_us(t) * p.cpu_rate_gbs(t);
+            let b = p.cpu_expert_cost_us(16.0) * p.cpu_rate_gbs(16.0);
+            assert!((a - b).abs() < 1e-9 * b, "{t} threads: {a} vs {b}");
+        }
+        // In the step: one more expert at 4 threads costs the per-expert part at 4 threads.
+        let d = p.cpu_fixed_us(3.0, 3.0, s, 4.0) - p.cpu_fixed_us(2.0, 2.0, s, 4.0);
+        assert!((d - 10.0 * 4f64.powf(0.8)).abs() < 1e-9, "{d}");
     }
 
     #[test]

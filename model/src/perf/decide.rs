@@ -461,7 +461,8 @@ pub fn explain(pred: &Prediction, p: &PerfParams) -> Explanation {
         // Every layer with CPU work pays the layer cost; at these counts that is (nearly)
         // every layer, so this is an upper bound.
         let fixed = if hy.counts.cpu > 0.0 {
-            pred.layers as f64 * p.cpu_layer_us + hy.counts.cpu * p.cpu_expert_us
+            pred.layers as f64 * p.cpu_layer_us
+                + hy.counts.cpu * p.cpu_expert_cost_us(p.cpu_threads as f64)
         } else {
             0.0
         };

@@ -111,7 +111,11 @@ pub struct PerfParams {
     /// Fixed CPU cost of one layer's expert step (pool wake-up, submit, barrier, merge,
     /// activation copies), in us. Probe `cpu-step` (isolated): intercept.
     pub cpu_layer_us: f64,
-    /// Fixed CPU cost of each expert, in us. Probe `cpu-step`: slope over experts.
+    /// CPU cost of each expert beyond streaming its bytes, with `cpu_threads` threads, in us:
+    /// parallel work (the expert's tiles, its activation rows), so it scales inversely with
+    /// the streaming rate's thread law (`PerfParams::cpu_expert_cost_us`). Probe `cpu-step`:
+    /// slope over experts; at 4 of 15 threads the H200's probe took 39 us per expert against
+    /// 15 us at 15 (2026-12-04), which a thread-independent cost put on the rate instead.
     pub cpu_expert_us: f64,
     /// CPU multiply-accumulate rate for the tokens of an expert after its first, with
     /// `cpu_threads` threads (scales linearly with threads), in GMAC/s.

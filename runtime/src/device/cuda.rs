@@ -859,6 +859,21 @@ impl CudaStreamH {
         Ok(())
     }
 
+    pub(crate) fn hold_us(&self, us: f64) -> Result<()> {
+        let f = self.shared.function(KernelId::Elementwise, "ft_hold_ns")?;
+        let ns = (us.max(0.0) * 1e3) as u64;
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&ns);
+        // SAFETY: argument type matches `ft_hold_ns(u64)`.
+        unsafe { b.launch(cfg) }.map_err(cu("launching ft_hold_ns"))?;
+        Ok(())
+    }
+
     pub(crate) fn launch_experts(
         &self,
         step: &ExpertStep,

@@ -552,6 +552,14 @@ impl HostStream {
         }))
     }
 
+    pub(crate) fn hold_us(&self, us: f64) -> Result<()> {
+        let d = std::time::Duration::from_secs_f64(us.max(0.0) * 1e-6);
+        self.enqueue(Box::new(move || {
+            std::thread::sleep(d);
+            Ok(())
+        }))
+    }
+
     pub(crate) fn launch_experts(
         &self,
         step: &ExpertStep,

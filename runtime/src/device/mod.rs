@@ -776,6 +776,13 @@ impl Stream {
         on_stream!(self, s => s.memset_zero(dst, offset, bytes))
     }
 
+    /// Queue a wait of `us` microseconds on the stream itself (a GPU-side spin on CUDA, a
+    /// sleep of the worker on the host device): a benchmark queues the work it times behind
+    /// it, so the timing holds the device's time and not the host's enqueue cost.
+    pub fn hold_us(&self, us: f64) -> Result<()> {
+        on_stream!(self, s => s.hold_us(us))
+    }
+
     /// Queue `dst[i] += src[i]` for `n` f32 values at the given byte offsets (how hybrid adds
     /// the CPU experts' partial output to the GPU's).
     pub fn add_f32(
