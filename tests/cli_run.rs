@@ -33,22 +33,15 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     p.to_str().unwrap().to_string()
 }
 
-#[test]
-fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = write(dir.path(), "tiny.toml", TINY);
-    let trace = dir.path().join("trace.json");
-    let record = dir.path().join("routing.jsonl");
-    let out = ft(&[
+/// The tiny run the tests start from: the host device, 2 streams, 4 steps after 2 warm-up,
+/// 24 cache slots, context 16, one CPU thread.
+fn tiny_run(model: &str) -> Vec<&str> {
+    vec![
         "run",
         "--device",
         "host",
         "--model",
-        &model,
-        "--strategy",
-        "hybrid",
-        "--fetch-fraction",
-        "0.5",
+        model,
         "--streams",
         "2",
         "--steps",
@@ -61,6 +54,21 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         "16",
         "--threads",
         "1",
+    ]
+}
+
+#[test]
+fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let trace = dir.path().join("trace.json");
+    let record = dir.path().join("routing.jsonl");
+    let mut args = tiny_run(&model);
+    args.extend([
+        "--strategy",
+        "hybrid",
+        "--fetch-fraction",
+        "0.5",
         "--gpu-act",
         "int8",
         "--compare-numerics",
@@ -70,6 +78,7 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         "--record",
         record.to_str().unwrap(),
     ]);
+    let out = ft(&args);
     assert!(
         out.status.success(),
         "stderr: {}",
@@ -336,27 +345,9 @@ fn interleaved_variants_report_what_plain_runs_of_them_report() {
     let dir = tempfile::tempdir().unwrap();
     let model = write(dir.path(), "tiny.toml", TINY);
     let prefix = format!("{}/c00-", dir.path().display());
-    let common = [
-        "run",
-        "--device",
-        "host",
-        "--model",
-        &model,
-        "--streams",
-        "2",
-        "--steps",
-        "4",
-        "--warmup",
-        "2",
-        "--cache-slots",
-        "24",
-        "--context",
-        "16",
-        "--threads",
-        "1",
-        "--json",
-    ];
-    let mut args = common.to_vec();
+    let mut common = tiny_run(&model);
+    common.push("--json");
+    let mut args = common.clone();
     args.extend([
         "--interleave",
         "offload,hybrid:0.5,rules=hybrid:0.25,cpu",
