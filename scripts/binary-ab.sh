@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A/B of two ft binaries on the GPU machine: the same CPU-heavy decode configurations run by
 # each in turn (A B A B ...), so that a slow stretch of the shared machine falls on both;
-# every run's --json report is kept for the analysis here (scripts/binary-ab-summary.py).
+# every run's --json report is kept under OUTDIR for the analysis (the summary of the
+# 2026-12-04 A/B: experiments/validate-h200/results/20261204T0417Z/pool-wait-ab.txt).
 #
 # Usage: scripts/binary-ab.sh OUTDIR FT_A FT_B [ROUNDS]
 # Configurations: qwen3.8-flash-next geometry, 2 layers, 5% cache residency (51 slots),

@@ -535,25 +535,27 @@ pub fn run(args: Args) -> Result<()> {
     let full = ModelSpec::resolve(name).with_context(|| format!("--model {name}"))?;
     let mut notes = Vec::new();
     let model = match args.layers {
-        Some(0) => bail!("--layers: must be at least 1"),
-        Some(n) if n > full.geometry.moe_layers => bail!(
-            "--layers {n}: the model has {} MoE layers",
-            full.geometry.moe_layers
-        ),
         Some(n) if n < full.geometry.moe_layers => {
             notes.push(format!(
                 "ran {n} of the model's {} MoE layers (--layers): the same geometry, fewer layers; \
                  per-layer numbers are the model's, per-step numbers scale with the layer count",
                 full.geometry.moe_layers
             ));
-            full.with_layers(n)
+            full.first_layers(n)?
         }
-        _ => full.clone(),
+        Some(n) => full.first_layers(n)?,
+        None => full.clone(),
     };
     let g = model.geometry;
     let policy: CachePolicy = args.policy.parse().context("--policy")?;
     let specs = variant_specs(&args)?;
-    let sk = specs[0].kind;
+    // The kind that sizes the cache: the first that needs one (cpu keeps a cache only when
+    // given one), so a missing size is reported against it.
+    let sk = specs
+        .iter()
+        .map(|v| v.kind)
+        .find(|&k| k != StrategyKind::Cpu)
+        .unwrap_or(StrategyKind::Cpu);
     let cache_slots = match (sk, args.cache_slots, args.cache_gb) {
         (StrategyKind::Resident, s, gb) => {
             if s.is_some() || gb.is_some() {
@@ -572,7 +574,7 @@ pub fn run(args: Args) -> Result<()> {
                 .min(g.total_experts() as usize)
         }
         (_, None, Some(x)) => CacheSize::GiB(x).slots(model.expert_bytes(), g.total_experts())?,
-        (StrategyKind::Cpu, None, None) if specs.iter().all(|v| v.kind == StrategyKind::Cpu) => 0,
+        (StrategyKind::Cpu, None, None) => 0,
         (k, None, None) => bail!("{k} needs a cache size: give --cache-slots N or --cache-gb X"),
     };
     let variants = specs

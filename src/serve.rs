@@ -317,13 +317,7 @@ pub fn run(args: Args) -> Result<()> {
     let mut model =
         ModelSpec::resolve(&args.model).with_context(|| format!("--model {}", args.model))?;
     if let Some(l) = args.layers {
-        if l == 0 || l > model.geometry.moe_layers {
-            bail!(
-                "--layers {l}: the model has 1 to {} MoE layers",
-                model.geometry.moe_layers
-            );
-        }
-        model = model.with_layers(l);
+        model = model.first_layers(l)?;
     }
     if args.expected_streams == 0 || args.expected_streams > args.max_streams {
         bail!(

@@ -197,15 +197,8 @@ pub fn run(args: Args) -> Result<()> {
         Command::Plan { out, quick } => plan(&out, quick),
         Command::ModelFile { model, layers, out } => {
             let m = ModelSpec::resolve(&model).with_context(|| format!("--model {model}"))?;
-            if layers == 0 || layers > m.geometry.moe_layers {
-                bail!(
-                    "--layers {layers}: {} has 1 to {} MoE layers",
-                    m.name,
-                    m.geometry.moe_layers
-                );
-            }
             let full = m.geometry.moe_layers;
-            let mut m = m.with_layers(layers);
+            let mut m = m.first_layers(layers)?;
             if layers < full {
                 m.name = format!("{}-{layers}-layers", m.name);
             }

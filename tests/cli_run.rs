@@ -288,28 +288,9 @@ fn the_overhead_probe_reports_per_layer_costs() {
 fn repeat_reports_the_median_repetition_and_every_repetitions_speed() {
     let dir = tempfile::tempdir().unwrap();
     let model = write(dir.path(), "tiny.toml", TINY);
-    let out = ft(&[
-        "run",
-        "--device",
-        "host",
-        "--model",
-        &model,
-        "--strategy",
-        "offload",
-        "--steps",
-        "3",
-        "--warmup",
-        "1",
-        "--cache-slots",
-        "24",
-        "--context",
-        "16",
-        "--threads",
-        "1",
-        "--repeat",
-        "3",
-        "--json",
-    ]);
+    let mut args = tiny_run(&model);
+    args.extend(["--strategy", "offload", "--repeat", "3", "--json"]);
+    let out = ft(&args);
     assert!(
         out.status.success(),
         "stderr: {}",
@@ -326,8 +307,9 @@ fn repeat_reports_the_median_repetition_and_every_repetitions_speed() {
     let mut sorted = reps.clone();
     sorted.sort_by(f64::total_cmp);
     assert_eq!(v["summary"]["tok_s_total"].as_f64().unwrap(), sorted[1]);
-    // The records are the reported repetition's: one decode's warm-up and measured steps.
-    assert_eq!(v["step_records"].as_array().unwrap().len(), 4);
+    // The records are the reported repetition's: one decode's warm-up and measured steps
+    // (tiny_run's 2 + 4).
+    assert_eq!(v["step_records"].as_array().unwrap().len(), 6);
 
     let bad = ft(&[
         "run", "--device", "host", "--model", &model, "--repeat", "0",

@@ -10,10 +10,9 @@ runtime_model_and_cache() {
     local ft="$1" out="$2" model="$3" layers="$4" host="$5" cache_gb="$6"
     mkdir -p "$out/models"
     "$ft" validate model-file --model "$model" --layers "$layers" --out "$out/models/runtime.toml"
-    local full_layers experts
-    full_layers=$("$ft" simulate --host "$host" --model "$model" --cache-gb "$cache_gb" \
+    local experts
+    SLOTS_FULL=$("$ft" simulate --host "$host" --model "$model" --cache-gb "$cache_gb" \
         --streams 1 --strategy offload --steps 1 --warmup 0 --json | jq -r '.cache.slots')
-    SLOTS_FULL="$full_layers"
     experts=$(sed -n 's/^experts = //p' "$out/models/runtime.toml")
     local model_layers
     model_layers=$("$ft" simulate --host "$host" --model "$model" --steps 1 --warmup 0 --streams 1 \

@@ -232,6 +232,19 @@ impl ModelSpec {
         }
     }
 
+    /// The same model with its first `layers` MoE layers (what `--layers N` runs): an error
+    /// naming `--layers` unless `layers` is 1 to the model's count.
+    pub fn first_layers(&self, layers: usize) -> Result<Self> {
+        let all = self.geometry.moe_layers;
+        if layers == 0 || layers > all {
+            return Err(ModelError::invalid(
+                format!("--layers {layers}"),
+                format!("{} has 1 to {all} MoE layers", self.name),
+            ));
+        }
+        Ok(self.with_layers(layers))
+    }
+
     /// The same model in another expert format.
     pub fn with_format(&self, format: ExpertFormat) -> Self {
         ModelSpec {
@@ -248,6 +261,22 @@ impl ModelSpec {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn first_layers_keeps_the_geometry_and_refuses_counts_it_lacks() {
+        let m = super::ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let two = m.first_layers(2).unwrap();
+        assert_eq!(two.geometry.moe_layers, 2);
+        assert_eq!(two.geometry.hidden, m.geometry.hidden);
+        assert_eq!(m.first_layers(48).unwrap().geometry, m.geometry);
+        for bad in [0, 49] {
+            let e = m.first_layers(bad).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("--layers {bad}")) && e.contains("1 to 48"),
+                "{e}"
+            );
+        }
+    }
+
     use super::*;
 
     /// Pins the exact bytes per expert of every preset in every format.

@@ -65,6 +65,7 @@ use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, StudentsT};
+use statrs::statistics::{Data, Median};
 
 use super::cost::ExpertShape;
 use super::linalg::spd_inverse;
@@ -704,18 +705,6 @@ fn upper_log_bound(id: ParamId, start: f64) -> f64 {
 /// this share of the two sides' summed demand.
 const CONTENTION_START: f64 = 0.8;
 
-/// The median of `v` (the mean of the middle two for an even count); `v` is not empty.
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        (s[n / 2 - 1] + s[n / 2]) / 2.0
-    }
-}
-
 fn t_quantile(confidence: f64, dof: usize) -> f64 {
     let p = 0.5 + confidence / 2.0;
     StudentsT::new(0.0, 1.0, dof.max(1) as f64)
@@ -875,7 +864,8 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             .iter()
             .map(|s| (s.time_us - s.predict_us(&base)) / s.layers.len() as f64)
             .collect();
-        let o = median(&per_layer);
+        // statrs' median: the middle value, the mean of the middle two for an even count.
+        let o = Data::new(per_layer).median();
         base.overhead.set(kind, o);
         let n = mine.len();
         let rss: f64 = mine
