@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""validate-h200: diagnostics beside `ft validate analyze`, from a result folder's runs.
+
+1. The model's errors against each run's median step as well as its mean (`ft validate
+   analyze` takes the run's total tok/s, i.e. its mean step): streams / median step of the
+   reported round, so that steps stalled by the machine (the 15-thread runs on the H200 VM)
+   weigh no more than one step each.
+2. Hybrid's busy time per resource (PCIe, GPU, CPU) per layer, measured over predicted
+   (the prediction's `busy`), as 10th, 50th and 90th percentiles over the grid.
+Percentiles are nearest-rank (they can differ from `ft validate analyze`'s by a point).
+Usage: diagnose.py RESULT_DIR (grid.csv, and runs/ and predictions/ or the folder's
+runs-predictions-probes.tar.gz). Standard library only.
+"""
+import csv, json, statistics, sys, tarfile, tempfile, os
+
+def q(v, p):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p * (len(v) - 1))))]
+
+def main(d):
+    runs = os.path.join(d, "runs")
+    tmp = None
+    if not os.path.isdir(runs):
+        tmp = tempfile.TemporaryDirectory()
+        with tarfile.open(os.path.join(d, "runs-predictions-probes.tar.gz")) as t:
+            t.extractall(tmp.name, members=[m for m in t.getmembers()
+                                             if m.name.startswith(("runs/", "predictions/"))])
+        runs = os.path.join(tmp.name, "runs")
+    predictions = os.path.join(os.path.dirname(runs), "predictions")
+    groups = {}
+    busy = {"pcie": [], "gpu": [], "cpu": []}
+    for r in csv.DictReader(open(os.path.join(d, "grid.csv"))):
+        doc = json.load(open(os.path.join(runs, f"{r['config']}-{r['strategy']}.json")))
+        median_tok_s = doc["streams"] / (doc["summary"]["step_us"]["p50"] * 1e-6)
+        pred, mean_tok_s = float(r["predicted_tok_s"]), float(r["measured_tok_s"])
+        for key in ("all", f"threads {r['threads']}", r["strategy"]):
+            g = groups.setdefault(key, ([], []))
+            g[0].append(abs(pred / mean_tok_s - 1))
+            g[1].append(abs(pred / median_tok_s - 1))
+        if r["strategy"] == "hybrid":
+            p = json.load(open(os.path.join(predictions, f"{r['config']}.json")))["prediction"]
+            hy = next(s for s in p["strategies"] if s["kind"] == "hybrid")["busy"]
+            for k in busy:
+                if hy[f"{k}_us"] > 0:
+                    busy[k].append(doc["summary"][f"{k}_busy_us"] / hy[f"{k}_us"] - 1)
+    print(f"{'rows':<16} {'n':>4} {'mean step: median':>18} {'p90':>7} {'median step: median':>20} {'p90':>7}")
+    for key, (m, s) in groups.items():
+        print(f"{key:<16} {len(m):>4} {100 * statistics.median(m):>17.1f}% {100 * q(m, .9):>6.1f}%"
+              f" {100 * statistics.median(s):>19.1f}% {100 * q(s, .9):>6.1f}%")
+    print()
+    print("hybrid busy per resource, measured over predicted - 1 (p10 / median / p90)")
+    for k, v in busy.items():
+        print(f"{k:<6} {len(v):>3} runs {100 * q(v, .1):+6.0f}% {100 * q(v, .5):+6.0f}% {100 * q(v, .9):+6.0f}%")
+
+if __name__ == "__main__":
+    main(sys.argv[1])
