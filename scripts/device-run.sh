@@ -48,6 +48,11 @@ validate_step() { # limit
     return "$rc"
 }
 echo "date: $(date -u +%FT%TZ)" >"$log"
+# The machine's CPU time split once a second (the /proc/stat "cpu" line: user nice system
+# idle iowait irq softirq steal ...), so that stalls in a step can be told apart: steal time
+# is the VM's vCPUs taken away by the host, not this process's threads.
+(while sleep 1; do echo "$(date +%s) $(head -1 /proc/stat)"; done) >"$R/procstat.txt" 2>/dev/null &
+sampler=$!
 for spec in "$@"; do
     name="${spec%%:*}"
     limit=600
@@ -79,6 +84,7 @@ for spec in "$@"; do
     esac >"$R/$name.stdout" 2>"$R/$name.stderr"
     echo "$name: rc=$? ($((SECONDS - t0)) s, limit $limit)" >>"$log"
 done
+kill "$sampler" 2>/dev/null
 cat "$log"
 tar -czf "$OUT/results.tar.gz" -C "$R" .
 rm -rf "$R"

@@ -16,5 +16,6 @@ if [[ -z "$NCU" ]]; then
 fi
 "$NCU" --clock-control none -k 'regex:ft_experts_.*_1$' --launch-skip 22 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis --section InstructionStats \
     carry/device/gpu_backend --device cuda --reps 5 --out "$out/gb" >"$out/ncu.txt" 2>&1
 echo "ncu rc=$?" >>"$out/ncu.txt"

@@ -56,6 +56,8 @@
 #define DOWN_R_2 2
 #define DOWN_R_4 1
 #define DOWN_R_8 1
+// Pairs of a token whose partial rows the down kernel's combine loads at once.
+#define COMBINE_UNROLL 8
 
 struct Task {
     u64 weights;      // device address of the expert (gate, up, down)
@@ -101,14 +103,15 @@ __device__ __forceinline__ float f16_to_f32(u32 h) {
     return s ? -v : v;
 }
 
-// Exact OCP e4m3 -> f32 (bias 7, subnormals m * 2^-9, 0x7f NaN).
+// Exact OCP e4m3 -> f32 (bias 7, subnormals m * 2^-9, 0x7f NaN), without branches: the
+// code's exponent and mantissa bits placed in an f32 (bits 26..20) read as 2^(e - 127) x
+// 1.m, or for e = 0 as the f32 subnormal m/8 x 2^-126; times 2^120 that is e4m3's 2^(e - 7)
+// x 1.m, or m x 2^-9, exactly (a power-of-two scaling of a value that stays finite; NVRTC
+// keeps f32 subnormals, no -ftz). The same values as the CPU's decode table.
 __device__ __forceinline__ float e4m3_to_f32(u32 b) {
-    u32 s = (b >> 7) & 1, e = (b >> 3) & 15, m = b & 7;
-    float v;
-    if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
-    else if (e == 0) v = (float)m * 0.001953125f;   // m * 2^-9, exact
-    else v = __int_as_float(((e + 120) << 23) | (m << 20));
-    return s ? -v : v;
+    const u32 bits = ((b & 0x80u) << 24) | ((b & 0x7fu) << 20);
+    const float v = __fmul_rn(__int_as_float(bits), __int_as_float(0x7b800000));   // 2^120
+    return (b & 0x7fu) == 0x7fu ? __int_as_float(0x7fc00000) : v;
 }
 
 // Exact e8m0 -> f32: 2^(E - 127); E = 0 is the subnormal 2^-127; 255 NaN.
@@ -171,20 +174,110 @@ struct Mat {
     u64 rows, cols;
 };
 
-// Block factor s_b of block b of row r (section 1 of the spec); 1 for int8 and bf16.
-__device__ __forceinline__ float block_scale(int fmt, const Mat& m, u64 r, int b) {
-    if (fmt == FT_NVFP4) return e4m3_to_f32(m.base[m.rows * m.cols / 2 + r * (m.cols / 16) + b]);
-    if (fmt == FT_MXFP4) return e8m0_to_f32(m.base[m.rows * m.cols / 2 + r * (m.cols / 32) + b]);
-    if (fmt == FT_Q4_0) return f16_to_f32(*(const u16*)(m.base + r * values_row_bytes(fmt, m.cols) + (u64)b * 18));
+// Bytes per row of each part of a matrix in the codec's layout: values (q4_0's blocks carry
+// their scale), separate block scales (nvfp4 e4m3, mxfp4 e8m0) and row factors (nvfp4 f16,
+// int8 f32). Each part holds its rows one after the other, so consecutive rows of a part are
+// one contiguous range.
+__device__ __forceinline__ u64 scale_row_bytes(int fmt, u64 cols) {
+    return fmt == FT_NVFP4 ? cols / 16 : (fmt == FT_MXFP4 ? cols / 32 : 0);
+}
+__device__ __forceinline__ u64 factor_row_bytes(int fmt) {
+    return fmt == FT_NVFP4 ? 2 : (fmt == FT_INT8 ? 4 : 0);
+}
+
+// Where the rows of a tile (rows r0 .. r0 + n of a matrix; row k of the tile is row r0 + k)
+// are read from: in the matrix itself (global memory, `tile_at`) or staged in shared memory
+// (`stage_tile`). The arithmetic reads through a Tile either way, so staging changes where
+// the bytes come from and nothing else (the W4A8 bit-identity with the CPU holds).
+struct Tile {
+    const u8* vals;      // row k at vals + k * values_row_bytes
+    const u8* scales;    // row k's block scales at scales + k * scale_row_bytes (nvfp4, mxfp4)
+    const u8* factors;   // row k's factor at factors + k * factor_row_bytes (nvfp4, int8)
+};
+
+__device__ __forceinline__ Tile tile_at(int fmt, const Mat& m, u64 r0) {
+    const u64 vrb = values_row_bytes(fmt, m.cols), srb = scale_row_bytes(fmt, m.cols);
+    const u8* scales = m.base + m.rows * vrb;
+    const u8* factors = scales + m.rows * srb;
+    return {m.base + r0 * vrb, scales + r0 * srb, factors + r0 * factor_row_bytes(fmt)};
+}
+
+__device__ __forceinline__ u64 round16(u64 x) { return (x + 15) & ~(u64)15; }
+
+// Shared-memory bytes of a staged tile of n rows (each part 16-byte aligned). The runtime's
+// `cuda_staged_tile_bytes` must match.
+__device__ __forceinline__ u64 staged_tile_bytes(int fmt, u64 cols, u64 n) {
+    return round16(n * values_row_bytes(fmt, cols)) + round16(n * scale_row_bytes(fmt, cols)) +
+           round16(n * factor_row_bytes(fmt));
+}
+
+// Copy `bytes` at global `src` into shared `dst`, every thread of the block taking part: on
+// sm_80 and later as asynchronous 16-byte copies (cp.async, L1 bypassed) where both ends and
+// the size are 16-byte aligned, so that the whole range is in flight at once and the block
+// can do other work meanwhile; otherwise with plain loads. `stage_wait` completes them.
+__device__ __forceinline__ void stage_async(u8* dst, const u8* src, u64 bytes) {
+#if __CUDA_ARCH__ >= 800
+    if ((((u64)src | (u64)dst | bytes) & 15) == 0) {
+        const u32 d = (u32)__cvta_generic_to_shared(dst);
+        for (u64 i = (u64)threadIdx.x * 16; i < bytes; i += (u64)blockDim.x * 16)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + (u32)i), "l"(src + i)
+                         : "memory");
+        return;
+    }
+#endif
+    for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+}
+
+// Wait for this thread's asynchronous copies; a __syncthreads must follow before any thread
+// reads what the others staged.
+__device__ __forceinline__ void stage_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Start staging rows r0 .. r0 + n of m into shared memory at `dst` (staged_tile_bytes long)
+// and return the tile that reads them there (valid after stage_wait and a barrier).
+__device__ __forceinline__ Tile stage_tile(int fmt, const Mat& m, u64 r0, u64 n, u8* dst) {
+    const Tile g = tile_at(fmt, m, r0);
+    const u64 vb = n * values_row_bytes(fmt, m.cols), sb = n * scale_row_bytes(fmt, m.cols);
+    const u64 fb = n * factor_row_bytes(fmt);
+    u8* ds = dst + round16(vb);
+    u8* df = ds + round16(sb);
+    stage_async(dst, g.vals, vb);
+    if (sb) stage_async(ds, g.scales, sb);
+    if (fb) stage_async(df, g.factors, fb);
+    return {dst, ds, df};
+}
+
+// Programmatic dependent launch (sm_90): a primary kernel lets the next kernel of its stream
+// start early (`pdl_launch_dependents`), and that kernel waits for the primary to complete
+// and its writes to be visible (`pdl_wait`) before it reads them. Without the launch
+// attribute (or before sm_90) the wait returns at once and the launch is ordered as usual.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Block factor s_b of block b of the tile's row k (section 1 of the spec); 1 for int8 and bf16.
+__device__ __forceinline__ float block_scale(int fmt, const Tile& t, u64 cols, u64 k, int b) {
+    if (fmt == FT_NVFP4) return e4m3_to_f32(t.scales[k * (cols / 16) + b]);
+    if (fmt == FT_MXFP4) return e8m0_to_f32(t.scales[k * (cols / 32) + b]);
+    if (fmt == FT_Q4_0) return f16_to_f32(*(const u16*)(t.vals + k * values_row_bytes(fmt, cols) + (u64)b * 18));
     return 1.0f;
 }
 
-// Row factor f_r of row r.
-__device__ __forceinline__ float row_factor(int fmt, const Mat& m, u64 r) {
-    if (fmt == FT_NVFP4)
-        return __fmul_rn(f16_to_f32(*(const u16*)(m.base + m.rows * m.cols / 2 + m.rows * m.cols / 16 + 2 * r)), 0.5f);
+// Row factor f_r of the tile's row k.
+__device__ __forceinline__ float row_factor(int fmt, const Tile& t, u64 k) {
+    if (fmt == FT_NVFP4) return __fmul_rn(f16_to_f32(*(const u16*)(t.factors + 2 * k)), 0.5f);
     if (fmt == FT_MXFP4) return 0.5f;
-    if (fmt == FT_INT8) return *(const float*)(m.base + m.rows * m.cols + 4 * r);
+    if (fmt == FT_INT8) return *(const float*)(t.factors + 4 * k);
     return 1.0f;
 }
 
@@ -318,11 +411,18 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
 
 // MT: tokens per pass held in registers (8, or 1 for the batch-1 variant, which keeps few
 // registers and unrolls its block loop instead). The arithmetic is the same for both.
+//
+// stage_off: 0 reads the block's rows of gate and up from global memory as it computes;
+// otherwise the block first starts copying its whole tile of both (G rows each, about 46 KB
+// for a 2.77 MB nvfp4 expert) into dynamic shared memory at that byte offset, quantizes its
+// activations while the copies fly, and computes from shared memory: every weight byte of
+// the block is requested at once instead of a few loads per lane at a time, which is what a
+// one-token layer (one wave of short blocks) needs to approach the HBM rate.
 template <int MT>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
-    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs)
+    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off)
 {
     constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
@@ -330,6 +430,7 @@ __device__ __forceinline__ void gate_up_impl(
     __shared__ __align__(16) float hbuf[MAXT][32];
     const int G = group_of(fmt);
     const Task task = tasks[blockIdx.y];
+    if (task.pair_count == 0) return;
     const int r0 = blockIdx.x * G;
     const int lane = threadIdx.x & (HW - 1);
     const int hw = threadIdx.x / HW;
@@ -338,6 +439,16 @@ __device__ __forceinline__ void gate_up_impl(
     const Mat gate = {(const u8*)task.weights, (u64)I, (u64)H};
     const Mat up = {(const u8*)task.weights + matrix_bytes(fmt, I, H), (u64)I, (u64)H};
     const u64 vrb = values_row_bytes(fmt, H);
+    Tile tg, tu;
+    if (stage_off) {
+        tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
+        tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
+    } else {
+        tg = tile_at(fmt, gate, r0);
+        tu = tile_at(fmt, up, r0);
+    }
+    // The down kernel may be scheduled now: it stages its own weights while this one runs.
+    pdl_launch_dependents();
     // Shared activations of the pass: int8 codes [tch][H] then scales [tch][nb]; or f32 [tch][H].
     i8* sq = (i8*)smem;
     float* ss = (float*)(smem + (u64)tch * H);
@@ -358,14 +469,14 @@ __device__ __forceinline__ void gate_up_impl(
                 ((float4*)(sx + (u64)t * H))[k] = ((const float4*)(x + (u64)tok * H))[k];
             }
         }
+        stage_wait();
         __syncthreads();
         for (int rr = hw; rr < G; rr += nhw) {
-            const u64 r = (u64)r0 + rr;
             float ga[MT], ua[MT];
 #pragma unroll
             for (int t = 0; t < MT; t++) { ga[t] = 0.0f; ua[t] = 0.0f; }
-            const u8* grow = gate.base + r * vrb;
-            const u8* urow = up.base + r * vrb;
+            const u8* grow = tg.vals + (u64)rr * vrb;
+            const u8* urow = tu.vals + (u64)rr * vrb;
             // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
             for (int b = lane; b < nb; b += HW) {
@@ -373,8 +484,8 @@ __device__ __forceinline__ void gate_up_impl(
                     u32 Wg[8], Wu[8];
                     load_w8(fmt, grow, b, Wg);
                     load_w8(fmt, urow, b, Wu);
-                    float sg = block_scale(fmt, gate, r, b);
-                    float su = block_scale(fmt, up, r, b);
+                    float sg = block_scale(fmt, tg, H, rr, b);
+                    float su = block_scale(fmt, tu, H, rr, b);
 #pragma unroll
                     for (int t = 0; t < MT; t++) {
                         if (t < nt) {
@@ -387,8 +498,8 @@ __device__ __forceinline__ void gate_up_impl(
                         }
                     }
                 } else {
-                    float sg = block_scale(fmt, gate, r, b);
-                    float su = block_scale(fmt, up, r, b);
+                    float sg = block_scale(fmt, tg, H, rr, b);
+                    float su = block_scale(fmt, tu, H, rr, b);
 #pragma unroll
                     for (int t = 0; t < MT; t++) {
                         if (t < nt) {
@@ -399,8 +510,8 @@ __device__ __forceinline__ void gate_up_impl(
                     }
                 }
             }
-            const float fg = row_factor(fmt, gate, r);
-            const float fu = row_factor(fmt, up, r);
+            const float fg = row_factor(fmt, tg, rr);
+            const float fu = row_factor(fmt, tu, rr);
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 float g = __fmul_rn(reduce16(ga[t]), fg);
@@ -436,11 +547,12 @@ __device__ __forceinline__ void down_impl(
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
-    u32* counters, float* __restrict__ y)
+    u32* counters, float* __restrict__ y, u32 stage)
 {
     constexpr int UNROLL = MT == 1 ? (R >= 4 ? 2 : 4) : (MT == 2 ? 2 : 1);
     constexpr int ROWS = (256 / HW) * R;   // the block's row tile (blockDim.x is 256)
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
+    extern __shared__ __align__(16) u8 smem[];
     __shared__ u32 ticket;
     const int G = group_of(fmt);
     const Task task = tasks[blockIdx.y];
@@ -450,6 +562,16 @@ __device__ __forceinline__ void down_impl(
     const int nb = I / G;
     const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
     const u64 vrb = values_row_bytes(fmt, I);
+    // stage (non-zero): the block's rows of down are copied into dynamic shared memory first
+    // (as gate_up_impl's stage_off), before waiting for the gate/up kernel, so that with a
+    // programmatic dependent launch the weights stream in while gate/up still runs.
+    const Tile td = stage && task.pair_count > 0
+        ? stage_tile(fmt, down, j0, min(ROWS, H - j0), smem)
+        : tile_at(fmt, down, j0);
+    // The gate/up kernel's h (and nothing it writes is read before this).
+    pdl_wait();
+    stage_wait();
+    __syncthreads();
     // Row j0 + hw + 16 k exists for every hw of the block or for none (H % 32 == 0 and
     // j0 + 16 k is a multiple of 16), so `live[k]` is uniform and every lane reaches the
     // shuffles of reduce16.
@@ -457,9 +579,8 @@ __device__ __forceinline__ void down_impl(
     float f[R];
 #pragma unroll
     for (int k = 0; k < R; k++) {
-        const int j = j0 + hw + 16 * k;
         live[k] = j0 + 16 * k < H;
-        f[k] = live[k] ? row_factor(fmt, down, j) : 0.0f;
+        f[k] = live[k] && task.pair_count > 0 ? row_factor(fmt, td, hw + 16 * k) : 0.0f;
     }
     for (u32 c0 = 0; c0 < task.pair_count; c0 += MT) {
         const int nt = min((u32)MT, task.pair_count - c0);
@@ -475,9 +596,8 @@ __device__ __forceinline__ void down_impl(
 #pragma unroll
             for (int k = 0; k < R; k++) {
                 if (!live[k]) continue;
-                const int j = j0 + hw + 16 * k;
-                const u8* row = down.base + (u64)j * vrb;
-                const float sb = block_scale(fmt, down, j, b);
+                const u8* row = td.vals + (u64)(hw + 16 * k) * vrb;
+                const float sb = block_scale(fmt, td, I, hw + 16 * k, b);
                 if (act == ACT_INT8) {
                     u32 W[8];
                     load_w8(fmt, row, b, W);
@@ -523,11 +643,23 @@ __device__ __forceinline__ void down_impl(
         const int t = idx / ROWS;
         const int j = j0 + idx % ROWS;
         if (j >= H) continue;
+        // The token's pairs in task order, COMBINE_UNROLL loads in flight before their sum
+        // (the same additions in the same order as one pair at a time).
         float acc = 0.0f;
-        for (u32 k = tok_begin[t]; k < tok_begin[t + 1]; k++) {
-            const Pair tp = tok_pairs[k];
-            const float o = __ldcg(&O[(u64)tp.index * H + j]);
-            acc = __fadd_rn(acc, __fmul_rn(tp.weight, o));
+        const u32 k1 = tok_begin[t + 1];
+        for (u32 k0 = tok_begin[t]; k0 < k1; k0 += COMBINE_UNROLL) {
+            float o[COMBINE_UNROLL], w[COMBINE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < COMBINE_UNROLL; u++) {
+                if (k0 + u < k1) {
+                    const Pair tp = tok_pairs[k0 + u];
+                    o[u] = __ldcg(&O[(u64)tp.index * H + j]);
+                    w[u] = tp.weight;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < COMBINE_UNROLL; u++)
+                if (k0 + u < k1) acc = __fadd_rn(acc, __fmul_rn(w[u], o[u]));
         }
         y[(u64)t * H + j] = acc;
     }
@@ -546,44 +678,44 @@ __device__ __forceinline__ void down_impl(
     const Pair* tok_pairs = (const Pair*)(tb + o_tok);
 #define GATE_UP_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, const float* __restrict__ x, int tch, \
-    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs
+    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off
 #define DOWN_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, int T, \
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
-    u32* counters, float* __restrict__ y
+    u32* counters, float* __restrict__ y, u32 stage
 
 // One instantiation per largest task size (tokens routed to one expert): 1, 2, 4 and 8
 // tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
 // loads in flight, which is what a memory-bound decode step needs.
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<MAXT>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs);
+    gate_up_impl<MAXT>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<1>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs);
+    gate_up_impl<1>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<2>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs);
+    gate_up_impl<2>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<4>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs);
+    gate_up_impl<4>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
     TABLES
-    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) {
     TABLES
-    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
     TABLES
-    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) {
     TABLES
-    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y);
+    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
 }

@@ -75,7 +75,7 @@ impl KernelId {
             ],
             KernelId::Gather => &["ft_gather_zero_copy"],
             KernelId::Dense => &["ft_dense_read"],
-            KernelId::Elementwise => &["ft_add_f32", "ft_hold_ns"],
+            KernelId::Elementwise => &["ft_add_f32", "ft_combine_fixed", "ft_hold_ns"],
         }
     }
 }

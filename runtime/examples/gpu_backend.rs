@@ -65,6 +65,11 @@ struct KernelRow {
     tokens: usize,
     /// Tokens per pass of the kernel instantiation: "auto" (chosen by the launch) or forced.
     variant: String,
+    /// How the weights reach the kernels: "staged+pdl" (the default: tiles staged in shared
+    /// memory, the down kernel launched as a programmatic dependent launch), "staged" (no
+    /// dependent launch) or "direct" (read from global memory as computed: the path before
+    /// staging).
+    path: String,
     bytes: u64,
     /// Device time per launch with the queue kept full: a batch of launches queued behind a
     /// hold, timed between events around the batch (launch gaps included, the host's
@@ -257,24 +262,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
     c.synchronize()?;
     let mut krows = Vec::new();
-    // (act, tokens per expert, forced variant): 0 tokens runs both kernels with no work (the
-    // fixed cost: table staging, two launches, the ticket); the forced rows compare the
-    // instantiations on the same launch (A/B in one run).
-    let cases: [(ActPath, usize, Option<&str>); 8] = [
-        (ActPath::F32, 1, None),
-        (ActPath::Int8, 1, None),
-        (ActPath::Int8, 1, Some("8")),
-        (ActPath::Int8, 0, None),
-        (ActPath::Int8, 4, None),
-        (ActPath::Int8, 4, Some("8")),
-        (ActPath::Int8, 8, None),
-        (ActPath::F32, 8, None),
+    // (act, tokens per expert, forced variant, path): 0 tokens runs both kernels with no
+    // work (the fixed cost: two launches, the ticket); the forced rows compare the
+    // instantiations, and the path rows staging and the dependent launch, on the same launch
+    // (A/B in one run).
+    use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_STAGE_ENV, CUDA_VARIANT_ENV};
+    let cases: [(ActPath, usize, Option<&str>, &str); 14] = [
+        (ActPath::F32, 1, None, "staged+pdl"),
+        (ActPath::Int8, 1, None, "staged+pdl"),
+        (ActPath::Int8, 1, None, "staged"),
+        (ActPath::Int8, 1, None, "direct"),
+        (ActPath::Int8, 1, Some("8"), "staged+pdl"),
+        (ActPath::Int8, 0, None, "staged+pdl"),
+        (ActPath::Int8, 0, None, "direct"),
+        (ActPath::Int8, 4, None, "staged+pdl"),
+        (ActPath::Int8, 4, None, "direct"),
+        (ActPath::Int8, 4, Some("8"), "staged+pdl"),
+        (ActPath::Int8, 8, None, "staged+pdl"),
+        (ActPath::Int8, 8, None, "direct"),
+        (ActPath::F32, 8, None, "staged+pdl"),
+        (ActPath::F32, 8, None, "direct"),
     ];
-    for (act, tokens, forced) in cases {
+    for (act, tokens, forced, path) in cases {
         match forced {
-            Some(v) => std::env::set_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV, v),
-            None => std::env::remove_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV),
+            Some(v) => std::env::set_var(CUDA_VARIANT_ENV, v),
+            None => std::env::remove_var(CUDA_VARIANT_ENV),
         }
+        std::env::set_var(CUDA_STAGE_ENV, if path == "direct" { "0" } else { "1" });
+        std::env::set_var(CUDA_PDL_ENV, if path == "staged+pdl" { "1" } else { "0" });
         let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
             .map(|l| {
                 let mut st =
@@ -333,6 +348,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             experts: LAYER_EXPERTS,
             tokens,
             variant: forced.unwrap_or("auto").into(),
+            path: path.into(),
             bytes,
             queued_us,
             event_us: ev,
@@ -345,7 +361,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pass: gbs / copy_rw_gbs >= 0.5,
         });
     }
-    std::env::remove_var(ft_runtime::gpu_experts::CUDA_VARIANT_ENV);
+    for v in [CUDA_VARIANT_ENV, CUDA_STAGE_ENV, CUDA_PDL_ENV] {
+        std::env::remove_var(v);
+    }
 
     // Host cost of queueing work, us per call (the GPU kept busy behind them is not
     // waited for): a one-element add kernel, an event record, and a 1-token expert launch.
@@ -414,10 +432,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for r in &report.kernel {
         writeln!(
             csv,
-            "kernel-{}-t{}-v{},{},{:.3},{:.3},{:.3},{:.4},{},{}",
+            "kernel-{}-t{}-v{}-{},{},{:.3},{:.3},{:.3},{:.4},{},{}",
             r.act,
             r.tokens,
             r.variant,
+            r.path,
             r.experts,
             r.event_gbs,
             copy_rw_gbs,
@@ -452,10 +471,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "{:>6} {:>7} {:>9} {:>8} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>12} {:>9} {:>5}",
+        "{:>6} {:>7} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>12} {:>9} {:>5}",
         "act",
         "tokens",
         "variant",
+        "path",
         "experts",
         "queued us",
         "event us",
@@ -469,10 +489,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for r in &report.kernel {
         println!(
-            "{:>6} {:>7} {:>9} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2} {:>5}",
+            "{:>6} {:>7} {:>9} {:>11} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2} {:>5}",
             r.act,
             r.tokens,
             r.variant,
+            r.path,
             r.experts,
             r.queued_us,
             r.event_us,

@@ -457,6 +457,81 @@ fn cuda_token_shared_bytes(step: &ExpertStep) -> usize {
     }
 }
 
+/// Shared-memory bytes of a staged weight tile: `rows` consecutive rows of a matrix with
+/// `cols` columns, each of its planes (values, block scales, row scales; the codec's
+/// [`ft_kernels::codec::MatrixLayout`]) padded to 16 bytes (`staged_tile_bytes` in
+/// `kernels/cuda/experts.cu`, which must agree).
+pub fn cuda_staged_tile_bytes(format: ExpertFormat, cols: usize, rows: usize) -> Result<usize> {
+    let l = ft_kernels::codec::MatrixLayout::new(format, rows.max(1), cols)
+        .map_err(|e| RuntimeError::invalid("expert step", e.to_string()))?;
+    let row_scale_bytes = if l.row_scales_offset > 0 {
+        (l.bytes - l.row_scales_offset) / l.rows
+    } else {
+        0
+    };
+    let pad = |x: usize| x.next_multiple_of(16);
+    Ok(pad(rows * l.values_row_bytes)
+        + pad(rows * l.block_scales_row_bytes)
+        + pad(rows * row_scale_bytes))
+}
+
+/// Most dynamic shared memory (bytes) a block of the expert kernels takes to stage its
+/// weights: a larger tile (bf16 and int8 at common widths) is read from global memory
+/// instead, since fewer than two blocks per multiprocessor would fit.
+pub const CUDA_STAGED_SHARED_MAX: usize = 100 * 1024;
+
+/// Environment variable turning the staged weight tiles off (`0`), for A/B measurements.
+pub const CUDA_STAGE_ENV: &str = "FT_CUDA_STAGE";
+
+/// Environment variable turning the programmatic dependent launch of the down kernel off
+/// (`0`), for A/B measurements.
+pub const CUDA_PDL_ENV: &str = "FT_CUDA_PDL";
+
+/// How one launch of the expert kernels uses shared memory: where the gate/up kernel's
+/// staged tiles begin (0: not staged) and each kernel's dynamic shared memory, bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaStaging {
+    /// Byte offset of the gate/up tiles after the pass's activations; 0 when not staged.
+    pub gate_up_stage_off: usize,
+    /// Dynamic shared memory of the gate/up launch.
+    pub gate_up_shared: usize,
+    /// Whether the down kernel stages its row tile.
+    pub down_staged: bool,
+    /// Dynamic shared memory of the down launch.
+    pub down_shared: usize,
+}
+
+/// The shared-memory plan of a launch of `variant` with `tch` tokens per gate/up pass, on a
+/// device that lets a block have `max_shared` bytes of dynamic shared memory; `enabled`
+/// false reads every weight from global memory (the path before staging).
+pub fn cuda_staging(
+    step: &ExpertStep,
+    variant: CudaVariant,
+    tch: usize,
+    max_shared: usize,
+    enabled: bool,
+) -> Result<CudaStaging> {
+    let act = tch * cuda_token_shared_bytes(step);
+    let limit = max_shared.min(CUDA_STAGED_SHARED_MAX);
+    let g = cuda_group(step.format);
+    let off = act.next_multiple_of(16);
+    let gate_up_staged = off + 2 * cuda_staged_tile_bytes(step.format, step.hidden, g)?;
+    let down_rows = variant.down_rows.min(step.hidden);
+    let down_staged = cuda_staged_tile_bytes(step.format, step.intermediate, down_rows)?;
+    let (gate_up_stage_off, gate_up_shared) = if enabled && gate_up_staged <= limit {
+        (off, gate_up_staged)
+    } else {
+        (0, act)
+    };
+    let down = enabled && down_staged <= limit;
+    Ok(CudaStaging {
+        gate_up_stage_off,
+        gate_up_shared,
+        down_staged: down,
+        down_shared: if down { down_staged } else { 0 },
+    })
+}
+
 /// Tokens per pass of the gate/up kernel and its dynamic shared memory, bytes.
 pub fn cuda_pass_tokens(step: &ExpertStep) -> Result<(usize, usize)> {
     let per_token = cuda_token_shared_bytes(step);
@@ -483,7 +558,7 @@ pub(crate) fn cuda_launch(
     x: u64,
     y: u64,
 ) -> Result<()> {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    use crate::device::cuda::ParamTable as ParamTableArg;
     use ft_kernels::cuda_sources::KernelId;
 
     if (step.hidden | step.intermediate) & 31 != 0 {
@@ -514,7 +589,15 @@ pub(crate) fn cuda_launch(
         ));
     }
     let tch = tch.min(variant.tokens_per_pass);
-    let shm = tch * cuda_token_shared_bytes(step);
+    let env_on = |name: &str| std::env::var(name).map(|v| v != "0").unwrap_or(true);
+    let staging = cuda_staging(
+        step,
+        variant,
+        tch,
+        stream.shared().shared_optin_bytes,
+        env_on(CUDA_STAGE_ENV),
+    )?;
+    let pdl = env_on(CUDA_PDL_ENV);
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
     let spec = cuda_specialization(step);
@@ -543,46 +626,72 @@ pub(crate) fn cuda_launch(
     );
     let n_tasks = step.experts.len() as u32;
     let g = cuda_group(step.format);
-    let map = |e| RuntimeError::cuda("launching the expert kernels", e);
-    {
-        let cfg = LaunchConfig {
-            grid_dim: ((step.intermediate / g) as u32, n_tasks, 1),
-            block_dim: (CUDA_THREADS, 1, 1),
-            shared_mem_bytes: shm as u32,
-        };
-        let mut b = stream.launch_builder(&gate_up);
-        b.arg(&*table.param)
-            .arg(&table.staged)
-            .arg(&o_pairs)
-            .arg(&o_begin)
-            .arg(&o_tok)
-            .arg(&fmt)
-            .arg(&act)
-            .arg(&h)
-            .arg(&i)
-            .arg(&x)
-            .arg(&tch);
-        b.arg(&hf).arg(&hq).arg(&hs);
-        // SAFETY: arguments match ft_experts_gate_up's signature; every address was checked
-        // (validate) or allocated for this launch.
-        unsafe { b.launch(cfg) }.map_err(map)?;
+    let stage_off = staging.gate_up_stage_off as u32;
+    let down_stage = u32::from(staging.down_staged);
+    let block = (CUDA_THREADS, 1, 1);
+    // One pointer to each argument, in the kernels' order (experts.cu's GATE_UP_ARGS and
+    // DOWN_ARGS).
+    fn p<T>(v: &T) -> *mut std::ffi::c_void {
+        v as *const T as *mut std::ffi::c_void
     }
-    {
-        let cfg = LaunchConfig {
-            grid_dim: (step.hidden.div_ceil(variant.down_rows) as u32, n_tasks, 1),
-            block_dim: (CUDA_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = stream.launch_builder(&down);
-        b.arg(&*table.param)
-            .arg(&table.staged)
-            .arg(&o_pairs)
-            .arg(&o_begin)
-            .arg(&o_tok);
-        b.arg(&fmt).arg(&act).arg(&h).arg(&i).arg(&tokens);
-        b.arg(&o).arg(&hf).arg(&hq).arg(&hs).arg(&counters).arg(&y);
-        // SAFETY: as above, for ft_experts_down.
-        unsafe { b.launch(cfg) }.map_err(map)?;
+    let param: &ParamTableArg = &table.param;
+    let mut gate_up_args = [
+        p(param),
+        p(&table.staged),
+        p(&o_pairs),
+        p(&o_begin),
+        p(&o_tok),
+        p(&fmt),
+        p(&act),
+        p(&h),
+        p(&i),
+        p(&x),
+        p(&tch),
+        p(&hf),
+        p(&hq),
+        p(&hs),
+        p(&stage_off),
+    ];
+    let mut down_args = [
+        p(param),
+        p(&table.staged),
+        p(&o_pairs),
+        p(&o_begin),
+        p(&o_tok),
+        p(&fmt),
+        p(&act),
+        p(&h),
+        p(&i),
+        p(&tokens),
+        p(&o),
+        p(&hf),
+        p(&hq),
+        p(&hs),
+        p(&counters),
+        p(&y),
+        p(&down_stage),
+    ];
+    // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*; every
+    // address was checked (validate) or allocated for this launch, and the values live
+    // until the calls return (the driver copies them at launch).
+    unsafe {
+        stream.launch_ex(
+            &gate_up,
+            ((step.intermediate / g) as u32, n_tasks, 1),
+            block,
+            staging.gate_up_shared as u32,
+            &mut gate_up_args,
+            false,
+        )?;
+        // The down kernel may start while gate/up runs (it waits for h in the kernel).
+        stream.launch_ex(
+            &down,
+            (step.hidden.div_ceil(variant.down_rows) as u32, n_tasks, 1),
+            block,
+            staging.down_shared as u32,
+            &mut down_args,
+            pdl,
+        )?;
     }
     stream.release_arg(table)
 }
@@ -667,6 +776,76 @@ mod tests {
             cu_define(COMMON, "FT_PARAM_TABLE_BYTES"),
             CUDA_PARAM_TABLE_BYTES
         );
+    }
+
+    /// A staged tile holds a tile's rows of every plane of the codec's layout: all rows of
+    /// a matrix take its bytes plus at most 15 bytes of padding per plane.
+    #[test]
+    fn a_staged_tile_holds_the_codec_planes_of_its_rows() {
+        for f in ExpertFormat::ALL {
+            for (rows, cols) in [(16, 2560), (64, 640), (32, 3072), (7, 64)] {
+                let whole = cuda_staged_tile_bytes(f, cols, rows).unwrap();
+                let matrix = f.matrix_bytes(rows, cols) as usize;
+                assert!(
+                    whole >= matrix && whole < matrix + 3 * 16,
+                    "{f} {rows}x{cols}: {whole} vs {matrix}"
+                );
+                assert_eq!(whole % 16, 0);
+            }
+        }
+        // The kernel's own formula has the same three padded planes.
+        let src = ft_kernels::cuda_sources::KernelId::Experts.source();
+        assert!(src.contains(
+            "return round16(n * values_row_bytes(fmt, cols)) + round16(n * scale_row_bytes(fmt, cols)) +"
+        ));
+    }
+
+    #[test]
+    fn staging_takes_the_served_tiles_and_leaves_the_wide_ones() {
+        let g = |hidden, intermediate| ft_model::MoeGeometry {
+            hidden,
+            intermediate,
+            experts: 8,
+            top_k: 2,
+            moe_layers: 1,
+            shared_experts: 0,
+        };
+        let optin = 227 * 1024;
+        // qwen3.8-flash-next at one token: activations (2560 codes + 160 scales) then the
+        // two 16-row tiles of 1442 bytes a row (1280 values, 160 scales, 2 factor bytes).
+        let st = ExpertStep::new(ExpertFormat::Nvfp4, &g(2560, 640), ActPath::Int8, 1);
+        let v = cuda_variant(1);
+        let p = cuda_staging(&st, v, 1, optin, true).unwrap();
+        assert_eq!(
+            p.gate_up_stage_off,
+            (2560 + 4 * 160usize).next_multiple_of(16)
+        );
+        assert_eq!(
+            p.gate_up_shared,
+            p.gate_up_stage_off + 2 * (16 * 1280 + 16 * 160 + 32)
+        );
+        assert!(p.down_staged);
+        assert_eq!(p.down_shared, 64 * 320 + 64 * 40 + 128);
+        // Off: the activations alone, nothing staged.
+        let off = cuda_staging(&st, v, 1, optin, false).unwrap();
+        assert_eq!(
+            (
+                off.gate_up_stage_off,
+                off.gate_up_shared,
+                off.down_staged,
+                off.down_shared
+            ),
+            (0, 2560 + 4 * 160, false, 0)
+        );
+        // bf16 at the same width: 160 KiB of tiles, read from global memory instead.
+        let wide = ExpertStep::new(ExpertFormat::Bf16, &g(2560, 640), ActPath::F32, 1);
+        let p = cuda_staging(&wide, v, 1, optin, true).unwrap();
+        assert_eq!(p.gate_up_stage_off, 0);
+        assert!(p.gate_up_shared <= CUDA_SHARED_BUDGET);
+        // A device with only the default 48 KiB stages nothing of the served gate/up tile.
+        let small = cuda_staging(&st, v, 1, 48 * 1024, true).unwrap();
+        assert_eq!(small.gate_up_stage_off, 0);
+        assert!(small.down_staged);
     }
 
     #[test]

@@ -156,6 +156,82 @@ fn bad_arguments_are_errors(d: &Device) {
     assert!(matches!(e, RuntimeError::OutOfMemory { .. }), "{e}");
 }
 
+/// The one-launch fixed-order combine equals the add_f32 launches it replaces, bit for bit
+/// (random values of mixed magnitude, so that the order of the additions shows).
+fn combine_fixed_equals_its_adds(d: &Device) {
+    use ft_runtime::device::fixed_tree_rounds;
+    let s = d.new_stream("combine").unwrap();
+    let block = 3 * 96;
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut rand = |n: usize| -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                let m = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                m * 10f32.powi((seed % 7) as i32 - 3)
+            })
+            .collect()
+    };
+    for k in [1usize, 2, 3, 8, 10, 16] {
+        for n_more in [0usize, 1, 4] {
+            let act0 = rand(block);
+            let parts = rand(k * block);
+            let more: Vec<Vec<f32>> = (0..n_more).map(|_| rand(k * block)).collect();
+            let buf = |v: &[f32], what: &str| {
+                let b = d.alloc(v.len() * 4, what).unwrap();
+                s.upload_f32(v, &b, 0).unwrap();
+                b
+            };
+            // The adds: more onto parts, the tree rounds, the residual add.
+            let (act_a, parts_a) = (buf(&act0, "a"), buf(&parts, "p"));
+            for m in &more {
+                s.add_f32(&parts_a, 0, &buf(m, "m"), 0, k * block).unwrap();
+            }
+            for (dst, src, n) in fixed_tree_rounds(k) {
+                s.add_f32(
+                    &parts_a,
+                    dst * block * 4,
+                    &parts_a,
+                    src * block * 4,
+                    n * block,
+                )
+                .unwrap();
+            }
+            s.add_f32(&act_a, 0, &parts_a, 0, block).unwrap();
+            // The one launch.
+            let (act_b, parts_b) = (buf(&act0, "a"), buf(&parts, "p"));
+            let more_b: Vec<_> = more.iter().map(|m| buf(m, "m")).collect();
+            let more_refs: Vec<_> = more_b.iter().collect();
+            s.combine_fixed(&act_b, &parts_b, &more_refs, block, k)
+                .unwrap();
+            let a = s.download_f32(&act_a, 0, block).unwrap();
+            let b = s.download_f32(&act_b, 0, block).unwrap();
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "k {k}, {n_more} added buffers"
+            );
+            assert_ne!(a, act0, "the residual changed");
+        }
+    }
+    let a = d.alloc(64, "a").unwrap();
+    let e = s.combine_fixed(&a, &a, &[], 16, 0).unwrap_err().to_string();
+    assert!(e.contains("combine_fixed blocks"), "{e}");
+    let e = s
+        .combine_fixed(&a, &a, &[&a; 5], 16, 1)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("at most 4"), "{e}");
+    let e = s.combine_fixed(&a, &a, &[], 16, 2).unwrap_err().to_string();
+    assert!(e.contains("combine_fixed parts"), "{e}");
+}
+
+#[test]
+fn host_combine_fixed_equals_its_adds() {
+    combine_fixed_equals_its_adds(&host());
+}
+
 #[test]
 fn host_copies_round_trip() {
     copies_round_trip(&host());
@@ -230,6 +306,12 @@ mod cuda {
 
     fn gpu() -> Device {
         Device::cuda(0).expect("a CUDA device")
+    }
+
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_combine_fixed_equals_its_adds() {
+        combine_fixed_equals_its_adds(&gpu());
     }
 
     #[test]

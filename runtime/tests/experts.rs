@@ -283,24 +283,50 @@ mod cuda {
         Device::cuda(0).expect("a CUDA device")
     }
 
+    /// Run `check` once per way the weights can reach the CUDA kernels (staged tiles with a
+    /// dependent launch, staged tiles alone, global reads): each must give the same bits.
+    /// Sets process environment variables, so run these tests with `--test-threads=1` (as
+    /// scripts/device-run.sh does).
+    fn on_every_path(check: impl Fn(&str)) {
+        use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_STAGE_ENV};
+        for (path, stage, pdl) in [
+            ("staged+pdl", "1", "1"),
+            ("staged", "1", "0"),
+            ("direct", "0", "0"),
+        ] {
+            std::env::set_var(CUDA_STAGE_ENV, stage);
+            std::env::set_var(CUDA_PDL_ENV, pdl);
+            check(path);
+        }
+        std::env::remove_var(CUDA_STAGE_ENV);
+        std::env::remove_var(CUDA_PDL_ENV);
+    }
+
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_f32_path_matches_reference() {
-        f32_path_matches_reference(&gpu());
+        on_every_path(|_| f32_path_matches_reference(&gpu()));
     }
 
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_int8_path_is_bit_identical_to_cpu() {
         let mut shapes = SHAPES.to_vec();
-        // Many more shapes on the GPU, and the served geometry with a batch of streams.
+        // Many more shapes on the GPU: the served geometry with a batch of streams, and the
+        // widths of bench-nvfp4 and deepseek-v4-flash (the largest staged tiles).
         shapes.extend([
             (96, 64, 3, 17, 2),
             (512, 256, 16, 8, 8),
             (1024, 384, 9, 5, 3),
             (2560, 640, 20, 4, 10),
+            (2560, 640, 10, 1, 10),
+            (3072, 1536, 8, 2, 8),
+            (4096, 2048, 6, 1, 6),
         ]);
-        int8_path_is_bit_identical_to_cpu(&gpu(), &shapes);
+        on_every_path(|path| {
+            eprintln!("path {path}");
+            int8_path_is_bit_identical_to_cpu(&gpu(), &shapes)
+        });
     }
 
     #[test]

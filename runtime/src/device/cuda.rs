@@ -36,6 +36,11 @@ pub const CHUNK_BYTES: u64 = 64 * 1024;
 /// Threads per block of the streaming kernels (gather, dense, add).
 const STREAM_THREADS: u32 = 256;
 
+/// Static shared memory of the expert kernels, bytes, bounded above (`hbuf`, `ticket` in
+/// `kernels/cuda/experts.cu`: 1 KiB): subtracted from the device's opt-in limit when raising
+/// their dynamic limit, since the two together must fit it.
+const KERNEL_STATIC_SHARED_BYTES: usize = 2048;
+
 /// Argument tables in flight per stream before the oldest must have been consumed.
 const ARG_RING: usize = 8;
 
@@ -66,6 +71,9 @@ fn cu(op: &str) -> impl FnOnce(result::DriverError) -> RuntimeError + '_ {
 pub(crate) struct Shared {
     pub(crate) ctx: Arc<CudaContext>,
     pub(crate) cc: (u32, u32),
+    /// Most dynamic shared memory one block may opt in to, bytes (the expert kernels' staged
+    /// weight tiles can exceed the 48 KiB every launch gets without it).
+    pub(crate) shared_optin_bytes: usize,
     functions: Mutex<HashMap<(KernelId, Specialization, &'static str), CudaFunction>>,
     /// Origin of event timelines: an event recorded at open and its host time, us.
     origin: (sys::CUevent, f64),
@@ -122,6 +130,18 @@ impl Shared {
             let f = module
                 .load_function(e)
                 .map_err(cu(&format!("finding {e} in kernel module '{kernel}'")))?;
+            if kernel == KernelId::Experts {
+                // Lets a launch ask for more than the default 48 KiB of dynamic shared memory
+                // (staged weight tiles); what a launch gets is still what it asks for.
+                let dynamic = self
+                    .shared_optin_bytes
+                    .saturating_sub(KERNEL_STATIC_SHARED_BYTES);
+                f.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    dynamic as i32,
+                )
+                .map_err(cu(&format!("raising {e}'s dynamic shared memory limit")))?;
+            }
             map.insert((kernel, spec, *e), f);
         }
         map.get(&(kernel, spec, entry)).cloned().ok_or_else(|| {
@@ -170,6 +190,8 @@ impl CudaDevice {
         let major = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
         let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let shared_optin =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
         let mapped = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY)?;
         if mapped == 0 {
             return Err(RuntimeError::CudaUnavailable {
@@ -217,6 +239,7 @@ impl CudaDevice {
             CudaDevice(Arc::new(Shared {
                 ctx,
                 cc: (major as u32, minor as u32),
+                shared_optin_bytes: shared_optin.max(0) as usize,
                 functions: Mutex::new(HashMap::new()),
                 origin: (origin_ev, 0.5 * (t0 + t1)),
             })),
@@ -575,12 +598,58 @@ impl CudaStreamH {
         &self.shared
     }
 
-    /// A kernel launch builder on this stream.
-    pub(crate) fn launch_builder<'a>(
-        &'a self,
-        f: &'a CudaFunction,
-    ) -> cudarc::driver::LaunchArgs<'a> {
-        self.stream.launch_builder(f)
+    /// Queue `f` with `params` (one pointer to each argument's value, in the kernel's order)
+    /// through `cuLaunchKernelEx`. With `programmatic` (a device of compute capability 9.0
+    /// or later; ignored elsewhere) the launch is a programmatic dependent launch: the kernel
+    /// may start before the stream's previous kernel completes, once every block of that one
+    /// has run `griddepcontrol.launch_dependents`, and it must `griddepcontrol.wait` before
+    /// reading anything that kernel writes (`pdl_wait` in `kernels/cuda/experts.cu`).
+    ///
+    /// # Safety
+    /// `params` must match `f`'s signature, and every address in them must be valid for the
+    /// kernel's accesses until it completes.
+    pub(crate) unsafe fn launch_ex(
+        &self,
+        f: &CudaFunction,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shared_bytes: u32,
+        params: &mut [*mut std::ffi::c_void],
+        programmatic: bool,
+    ) -> Result<()> {
+        self.shared.bind()?;
+        // SAFETY: an all-zero attribute value is a valid union value.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let use_attr = programmatic && self.shared.cc.0 >= 9;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shared_bytes,
+            hStream: self.raw(),
+            attrs: if use_attr {
+                &mut attr
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: u32::from(use_attr),
+        };
+        // SAFETY: the caller guarantees the parameters; config and attr outlive the call.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(cu("launching a kernel (cuLaunchKernelEx)"))
     }
 
     /// Stage `bytes` into a ring slot and queue its copy to the device; returns the slot
@@ -856,6 +925,48 @@ impl CudaStreamH {
         b.arg(&d).arg(&s).arg(&n64);
         // SAFETY: argument types match `ft_add_f32(float*, const float*, u64)`.
         unsafe { b.launch(cfg) }.map_err(cu("launching ft_add_f32"))?;
+        Ok(())
+    }
+
+    pub(crate) fn combine_fixed(
+        &self,
+        act: &DeviceBuffer,
+        parts: &DeviceBuffer,
+        more: &[&DeviceBuffer],
+        block: usize,
+        k: usize,
+    ) -> Result<()> {
+        if block == 0 {
+            return Ok(());
+        }
+        let a = dptr(act)?;
+        let p = dptr(parts)?;
+        let mut m = [0u64; crate::device::COMBINE_MAX_PARTS];
+        for (slot, b) in m.iter_mut().zip(more) {
+            *slot = dptr(b)?;
+        }
+        let f = self
+            .shared
+            .function(KernelId::Elementwise, "ft_combine_fixed")?;
+        let (n, k) = (block as u64, k as i32);
+        let blocks = (n.div_ceil(STREAM_THREADS as u64)).min(4096) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (STREAM_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&f);
+        b.arg(&a)
+            .arg(&p)
+            .arg(&m[0])
+            .arg(&m[1])
+            .arg(&m[2])
+            .arg(&m[3])
+            .arg(&n)
+            .arg(&k);
+        // SAFETY: argument types match `ft_combine_fixed(float*, const float*, const float*
+        // x4, u64, int)`; ranges checked by the caller.
+        unsafe { b.launch(cfg) }.map_err(cu("launching ft_combine_fixed"))?;
         Ok(())
     }
 

@@ -526,6 +526,45 @@ impl HostStream {
         }))
     }
 
+    pub(crate) fn combine_fixed(
+        &self,
+        act: &DeviceBuffer,
+        parts: &DeviceBuffer,
+        more: &[&DeviceBuffer],
+        block: usize,
+        k: usize,
+    ) -> Result<()> {
+        let (am, ap) = dev_of(act)?;
+        let (pm, pp) = dev_of(parts)?;
+        let more = more.iter().map(|b| dev_of(b)).collect::<Result<Vec<_>>>()?;
+        let rounds = super::fixed_tree_rounds(k);
+        self.enqueue(Box::new(move || {
+            let _keep = (&am, &pm, &more);
+            // SAFETY: ranges checked when queued (k blocks of `block` f32 in parts and more,
+            // one in act); the buffers are page-aligned, so f32 accesses are aligned.
+            let at = |p: &SendPtr, i: usize| unsafe { p.get().add(4 * i) as *mut f32 };
+            let mut v = vec![0f32; k];
+            for e in 0..block {
+                for (j, vj) in v.iter_mut().enumerate() {
+                    // SAFETY: as above.
+                    *vj = unsafe { *at(&pp, j * block + e) };
+                    for (_, mp) in &more {
+                        // SAFETY: as above.
+                        *vj += unsafe { *at(mp, j * block + e) };
+                    }
+                }
+                for &(dst, src, n) in &rounds {
+                    for i in 0..n {
+                        v[dst + i] += v[src + i];
+                    }
+                }
+                // SAFETY: as above.
+                unsafe { *at(&ap, e) += v[0] };
+            }
+            Ok(())
+        }))
+    }
+
     pub(crate) fn add_f32(
         &self,
         dst: &DeviceBuffer,

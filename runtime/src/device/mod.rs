@@ -647,6 +647,28 @@ impl fmt::Debug for Stream {
 }
 
 /// Dispatch one stream operation to the backend.
+/// Most row blocks [`Stream::combine_fixed`] sums (`COMBINE_MAX_BLOCKS` in
+/// `kernels/cuda/elementwise.cu`): a top-k of at most 64.
+pub const COMBINE_MAX_BLOCKS: usize = 64;
+
+/// Most buffers [`Stream::combine_fixed`] adds onto its parts (the kernel's `m0` .. `m3`).
+pub const COMBINE_MAX_PARTS: usize = 4;
+
+/// The rounds (`dst block`, `src block`, `blocks`) of the fixed-order halving tree that sums
+/// `blocks` row blocks into block 0: while more than one is left, the upper half is added
+/// onto the lower (`ceil(log2 blocks)` rounds). One definition for the engine's combine and
+/// both devices' [`Stream::combine_fixed`].
+pub fn fixed_tree_rounds(blocks: usize) -> Vec<(usize, usize, usize)> {
+    let mut out = Vec::new();
+    let mut len = blocks;
+    while len > 1 {
+        let h = len / 2;
+        out.push((0, len - h, h));
+        len -= h;
+    }
+    out
+}
+
 macro_rules! on_stream {
     ($self:ident, $s:ident => $e:expr) => {
         match &$self.imp {
@@ -804,6 +826,45 @@ impl Stream {
             ));
         }
         on_stream!(self, s => s.add_f32(dst, dst_offset, src, src_offset, n))
+    }
+
+    /// Queue a decode layer's fixed-order combine in one operation: with `k` row blocks of
+    /// `block` f32 each in `parts` (and each buffer of `more`, at most
+    /// [`COMBINE_MAX_PARTS`], added to them in turn), sum the blocks by the halving tree of
+    /// [`fixed_tree_rounds`] and add the sum to the first `block` f32 of `act`. The same
+    /// additions in the same order as one [`Stream::add_f32`] per buffer and per round (the
+    /// outputs are bit for bit the same), in one launch.
+    pub fn combine_fixed(
+        &self,
+        act: &DeviceBuffer,
+        parts: &DeviceBuffer,
+        more: &[&DeviceBuffer],
+        block: usize,
+        k: usize,
+    ) -> Result<()> {
+        if k == 0 || k > COMBINE_MAX_BLOCKS {
+            return Err(RuntimeError::invalid(
+                "combine_fixed blocks",
+                format!("{k} row blocks (1 to {COMBINE_MAX_BLOCKS})"),
+            ));
+        }
+        if more.len() > COMBINE_MAX_PARTS {
+            return Err(RuntimeError::invalid(
+                "combine_fixed parts",
+                format!("{} added buffers (at most {COMBINE_MAX_PARTS})", more.len()),
+            ));
+        }
+        self.device.check_same(act.uid, "combine_fixed", "act")?;
+        self.device
+            .check_same(parts.uid, "combine_fixed", "parts")?;
+        act.check_range("combine_fixed act", 0, block * 4)?;
+        parts.check_range("combine_fixed parts", 0, k * block * 4)?;
+        for m in more {
+            self.device
+                .check_same(m.uid, "combine_fixed", "added buffer")?;
+            m.check_range("combine_fixed added buffer", 0, k * block * 4)?;
+        }
+        on_stream!(self, s => s.combine_fixed(act, parts, more, block, k))
     }
 
     /// Queue the zero-copy gather: one kernel that reads the regions of mapped host memory

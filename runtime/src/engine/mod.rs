@@ -70,7 +70,7 @@ use crate::numerics::StepOutputs;
 use crate::slots::{SlotPool, DEFAULT_RESERVE_BYTES};
 
 use timeline::{LayerEvents, LayerMarks};
-use work::{build_layer, replicate_rounds, tree_rounds, BuildContext, Rows, F32_BYTES};
+use work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 
 /// The scale of every router weight: `1 / sqrt(layers)`. Random experts with unit-scale
 /// weights roughly square the norm of their input (SwiGLU is quadratic near 0), so an
@@ -225,10 +225,48 @@ impl EngineMemory {
                 config.max_streams,
                 config.max_context,
             ),
-            activation_bytes: 3 * rows * row + config.max_streams as u64 * row,
+            // act, y_hits, one y_fetched per fetch chunk; y_cpu.
+            activation_bytes: (2 + MAX_FETCH_CHUNKS as u64) * rows * row
+                + config.max_streams as u64 * row,
             host_staging_bytes: (rows + config.max_streams as u64) * row,
         }
     }
+}
+
+/// Most chunks a layer's fetched experts are gathered and computed in (one device buffer of
+/// output rows each).
+pub const MAX_FETCH_CHUNKS: usize = 4;
+
+/// Fewest fetched experts per chunk: a chunk costs the GPU a launch of the expert kernels
+/// (about 5 us on the H200 machine, `experiments/gpu-backend`), while its experts take the
+/// link 50 us or more each (2.77 MB at about 52 GB/s), so a chunk of 3 keeps the launches
+/// well inside the gathers they overlap.
+pub const MIN_EXPERTS_PER_FETCH_CHUNK: usize = 3;
+
+/// Chunks for a layer with `fetched` experts to gather: computing a chunk as soon as its
+/// copies land leaves only the last chunk's kernel after the last copy (the part of an
+/// offload layer that cannot overlap the link), instead of the kernel of every fetched
+/// expert. At least one (an empty chunk zeroes the output rows).
+pub fn fetch_chunks(fetched: usize) -> usize {
+    fetched
+        .div_ceil(MIN_EXPERTS_PER_FETCH_CHUNK)
+        .clamp(1, MAX_FETCH_CHUNKS)
+}
+
+/// The index ranges of `n` items split into `chunks` consecutive parts as equal as can be
+/// (the earlier parts one larger), covering `0..n` in order.
+pub fn chunk_bounds(n: usize, chunks: usize) -> Vec<std::ops::Range<usize>> {
+    let chunks = chunks.max(1);
+    let (base, extra) = (n / chunks, n % chunks);
+    let mut start = 0;
+    (0..chunks)
+        .map(|c| {
+            let len = base + usize::from(c < extra);
+            let r = start..start + len;
+            start += len;
+            r
+        })
+        .collect()
 }
 
 /// One step's inputs.
@@ -281,8 +319,9 @@ pub struct Engine {
     act: DeviceBuffer,
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
-    /// Fetched misses' outputs (and, in fixed order, the CPU's rows), `[rows][hidden]`.
-    y_fetched: DeviceBuffer,
+    /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
+    /// fetched experts ([`fetch_chunks`]); in fixed order the CPU's rows go to the first.
+    y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
     y_cpu: DeviceBuffer,
     /// The layer's activations, downloaded for the CPU, `[streams][hidden]`.
@@ -478,7 +517,9 @@ impl Engine {
         let rows = max_rows(model, config);
         let act = device.alloc(rows * row, "expert inputs")?;
         let y_hits = device.alloc(rows * row, "hit experts' outputs")?;
-        let y_fetched = device.alloc(rows * row, "fetched experts' outputs")?;
+        let y_fetched = (0..MAX_FETCH_CHUNKS)
+            .map(|_| device.alloc(rows * row, "fetched experts' outputs"))
+            .collect::<Result<Vec<_>>>()?;
         let y_cpu = device.alloc(config.max_streams * row, "CPU experts' outputs")?;
         let x_host = device.alloc_host(config.max_streams * row, "activations for the CPU")?;
         let y_host = device.alloc_host(rows * row, "CPU experts' output rows")?;
@@ -486,7 +527,7 @@ impl Engine {
         let copy = device.new_stream("copy")?;
         let act_stream = device.new_stream("activations")?;
         let events = (0..g.moe_layers)
-            .map(|_| LayerEvents::new(device, config.timeline))
+            .map(|_| LayerEvents::new(device, config.timeline, MAX_FETCH_CHUNKS - 1))
             .collect::<Result<Vec<_>>>()?;
         let template = ExpertStep::new(model.format, &g, act_path(config.gpu_path), 0);
         device.warm_up_kernels(&[&template])?;
@@ -811,17 +852,23 @@ impl Engine {
                     .copy_d2h(&self.act, 0, &self.x_host, 0, block * F32_BYTES)?;
                 self.act_stream.record(&ev.down)?;
             }
-            // 3. Gathers, after the router.
+            // 3. Gathers, after the router, in chunks of experts: each chunk's copies are
+            // followed by an event, so that the GPU computes a chunk as soon as it has landed
+            // and only the last chunk's kernel follows the last copy.
+            let chunks = fetch_chunks(work.moves.len());
+            let bounds = chunk_bounds(work.moves.len(), chunks);
             if m.link {
                 self.copy.wait(&ev.router)?;
-                gather::gather(
-                    &self.copy,
-                    &self.bank,
-                    &self.slots,
-                    &work.moves,
-                    self.config.gather,
-                )?;
-                self.copy.record(&ev.gathered)?;
+                for (c, r) in bounds.iter().enumerate() {
+                    gather::gather(
+                        &self.copy,
+                        &self.bank,
+                        &self.slots,
+                        &work.moves[r.clone()],
+                        self.config.gather,
+                    )?;
+                    self.copy.record(ev.chunk_gathered(c, chunks))?;
+                }
             }
             // 1b. The rest of the dense part, 4. the experts.
             if m.post {
@@ -836,16 +883,22 @@ impl Engine {
             )?;
             ev.record_timing(&self.compute, &ev.hits)?;
             let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
-            if m.link {
-                self.compute.wait(&ev.gathered)?;
-            }
             if need_fetched {
-                self.compute.launch_experts(
-                    &work.fetched,
-                    self.slots.buffer(),
-                    &self.act,
-                    &self.y_fetched,
-                )?;
+                for (c, r) in bounds.iter().enumerate() {
+                    if m.link {
+                        self.compute.wait(ev.chunk_gathered(c, chunks))?;
+                    }
+                    let part = ExpertStep {
+                        experts: work.fetched.experts[r.clone()].to_vec(),
+                        ..work.fetched.clone()
+                    };
+                    self.compute.launch_experts(
+                        &part,
+                        self.slots.buffer(),
+                        &self.act,
+                        &self.y_fetched[c],
+                    )?;
+                }
             }
             ev.record_timing(&self.compute, &ev.fetched)?;
             m.submit_end = clock.now_us();
@@ -878,7 +931,7 @@ impl Engine {
                 )?;
                 m.cpu_end = clock.now_us();
                 let dst = match rows.order {
-                    CombineOrder::Fixed => &self.y_fetched,
+                    CombineOrder::Fixed => &self.y_fetched[0],
                     CombineOrder::Fast => &self.y_cpu,
                 };
                 self.compute
@@ -890,26 +943,29 @@ impl Engine {
 
             // 6. Combine in a fixed order, add to the residual stream.
             let n_rows = rows.count();
-            if need_fetched {
-                self.compute
-                    .add_f32(&self.y_hits, 0, &self.y_fetched, 0, n_rows * h)?;
-            }
-            if m.cpu && rows.order == CombineOrder::Fast {
-                self.compute
-                    .add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
-            }
-            if rows.order == CombineOrder::Fixed {
-                for (dst, src, n) in tree_rounds(k) {
-                    self.compute.add_f32(
-                        &self.y_hits,
-                        dst * block * F32_BYTES,
-                        &self.y_hits,
-                        src * block * F32_BYTES,
-                        n * block,
-                    )?;
+            let fetched_parts: Vec<&DeviceBuffer> = if need_fetched {
+                self.y_fetched[..chunks].iter().collect()
+            } else {
+                Vec::new()
+            };
+            match rows.order {
+                // One launch: the fetched (and CPU) rows onto the hits', the tree, the
+                // residual add.
+                CombineOrder::Fixed => {
+                    self.compute
+                        .combine_fixed(&self.act, &self.y_hits, &fetched_parts, block, k)?
+                }
+                CombineOrder::Fast => {
+                    for part in &fetched_parts {
+                        self.compute.add_f32(&self.y_hits, 0, part, 0, n_rows * h)?;
+                    }
+                    if m.cpu {
+                        self.compute
+                            .add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
+                    }
+                    self.compute.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
                 }
             }
-            self.compute.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
             ev.record_timing(&self.compute, &ev.done)?;
             m.layer_end_submit = clock.now_us();
         }
@@ -1037,6 +1093,29 @@ pub fn resolve_fetch(strategy: &Strategy) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fetched_experts_split_into_even_ordered_chunks() {
+        assert_eq!(fetch_chunks(0), 1);
+        assert_eq!(fetch_chunks(1), 1);
+        assert_eq!(fetch_chunks(3), 1);
+        assert_eq!(fetch_chunks(4), 2);
+        assert_eq!(fetch_chunks(7), 3);
+        assert_eq!(fetch_chunks(400), MAX_FETCH_CHUNKS);
+        for n in 0..40 {
+            for chunks in 1..=MAX_FETCH_CHUNKS {
+                let b = chunk_bounds(n, chunks);
+                assert_eq!(b.len(), chunks);
+                // The naive split: item i goes to the chunk whose range holds it, in order,
+                // and sizes differ by at most one.
+                let flat: Vec<usize> = b.iter().flat_map(|r| r.clone()).collect();
+                assert_eq!(flat, (0..n).collect::<Vec<_>>(), "{n} in {chunks}");
+                let lens: Vec<usize> = b.iter().map(|r| r.len()).collect();
+                let (lo, hi) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
+                assert!(hi - lo <= 1, "{lens:?}");
+            }
+        }
+    }
 
     #[test]
     fn residual_scale_bounds_the_stack() {

@@ -51,7 +51,7 @@ use ft_model::{GpuLayout, GpuPlacement, ModelSpec};
 use serde::{Deserialize, Serialize};
 
 use super::decode::{token_input, DecodeOptions, INPUT_SALT_WARMUP};
-use super::work::{build_layer, replicate_rounds, tree_rounds, BuildContext, Rows, F32_BYTES};
+use super::work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 use super::{
     act_path, max_rows, residual_scale, resolve_fetch, run_cpu, slot_counts, split_dense,
     CombineOrder, CpuSide, EngineConfig, EngineMemory, StepInput,
@@ -690,18 +690,12 @@ impl MultiEngine {
             combine_us += self.combine(l, n_rows * h)?;
             // 6c. The tree and the residual add, on identical rows on every GPU.
             for p in &self.gpus {
-                if rows.order == CombineOrder::Fixed {
-                    for (dst, src, nb) in tree_rounds(k) {
-                        p.compute.add_f32(
-                            &p.y_hits,
-                            dst * block * F32_BYTES,
-                            &p.y_hits,
-                            src * block * F32_BYTES,
-                            nb * block,
-                        )?;
+                match rows.order {
+                    CombineOrder::Fixed => {
+                        p.compute.combine_fixed(&p.act, &p.y_hits, &[], block, k)?
                     }
+                    CombineOrder::Fast => p.compute.add_f32(&p.act, 0, &p.y_hits, 0, block)?,
                 }
-                p.compute.add_f32(&p.act, 0, &p.y_hits, 0, block)?;
             }
         }
         let flat = self.gpus[0]

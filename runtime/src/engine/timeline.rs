@@ -27,6 +27,9 @@ pub(crate) struct LayerEvents {
     pub done: Event,
     /// Copy stream, after the gathers (the fetched step waits for it).
     pub gathered: Event,
+    /// Copy stream, after each chunk of the gathers but the last (which records
+    /// `gathered`): the fetched chunk that follows waits for it.
+    pub gathered_chunks: Vec<Event>,
     /// Activation stream, after the download for the CPU (the host waits for it).
     pub down: Event,
     timing: bool,
@@ -34,7 +37,7 @@ pub(crate) struct LayerEvents {
 
 impl LayerEvents {
     /// Events of one layer; with `timing`, timing events that also give the timeline.
-    pub fn new(device: &Device, timing: bool) -> Result<Self> {
+    pub fn new(device: &Device, timing: bool, chunk_events: usize) -> Result<Self> {
         let e = || device.new_event(timing);
         Ok(LayerEvents {
             router: e()?,
@@ -45,9 +48,19 @@ impl LayerEvents {
             merged: e()?,
             done: e()?,
             gathered: e()?,
+            gathered_chunks: (0..chunk_events).map(|_| e()).collect::<Result<Vec<_>>>()?,
             down: e()?,
             timing,
         })
+    }
+
+    /// The event after chunk `c` of `chunks` of the gathers: the last chunk's is `gathered`.
+    pub fn chunk_gathered(&self, c: usize, chunks: usize) -> &Event {
+        if c + 1 >= chunks {
+            &self.gathered
+        } else {
+            &self.gathered_chunks[c]
+        }
     }
 
     /// Record a timing-only event (nothing without timing).

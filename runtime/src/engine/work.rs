@@ -288,20 +288,6 @@ pub(crate) fn build_layer(
     })
 }
 
-/// The additions (`dst block`, `src block`, `blocks`) that sum `blocks` equal blocks into
-/// block 0 as a fixed binary tree: each round adds the upper half onto the lower half
-/// (`ceil(log2 blocks)` rounds; 4 for top-k 10).
-pub(crate) fn tree_rounds(blocks: usize) -> Vec<(usize, usize, usize)> {
-    let mut out = Vec::new();
-    let mut len = blocks;
-    while len > 1 {
-        let h = len / 2;
-        out.push((0, len - h, h));
-        len -= h;
-    }
-    out
-}
-
 /// The copies (`src block`, `dst block`, `blocks`) that replicate block 0 into blocks
 /// `1..blocks` by doubling (`ceil(log2 blocks)` copies).
 pub(crate) fn replicate_rounds(blocks: usize) -> Vec<(usize, usize, usize)> {
@@ -318,6 +304,7 @@ pub(crate) fn replicate_rounds(blocks: usize) -> Vec<(usize, usize, usize)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::fixed_tree_rounds as tree_rounds;
 
     #[test]
     fn rows_are_unique_per_pair_in_fixed_order() {
