@@ -158,10 +158,11 @@ pub struct PerfParams {
     /// ([`PerfParams::cpu_serving_stream_us`]): it scales with the expert bytes and with the
     /// threads' streaming rate like the stream it slows. Probe `step` (calibration runs of
     /// the strategies with a CPU share, `cpu` and `hybrid`), fitted jointly with their
-    /// overheads ([`fit`]). On the H200 (2026-12-04) the runs' CPU layers streamed 13 to 26%
-    /// slower than the probe's isolated calls, and a per-layer constant could not follow
-    /// it: the calibration blocks at 4 streams (4 times the CPU experts of 1 stream) ran
-    /// 5% over a prediction that the 1-stream blocks put 17% under.
+    /// overheads ([`fit`]). On the H200 (2026-12-04) the probe's decode layers streamed 13
+    /// to 27% slower than its isolated calls, and a constant per layer could not follow it:
+    /// with the overhead alone, the `cpu` calibration blocks of qwen3.8-flash-next at 1
+    /// stream were predicted 17% slow and those at 4 streams (4 times the CPU experts) 5%
+    /// fast.
     #[serde(default)]
     pub cpu_serving_slowdown: f64,
     /// Residual per-layer cost of each strategy, in us. Probe `step` (calibration runs).
