@@ -799,10 +799,9 @@ fn slowdown_objective(p: &PerfParams, blocks: &[(StrategyKind, Vec<&&StepSample>
     sum / n.max(1) as f64
 }
 
-/// The CPU share's serving slowdown from the calibration blocks (module docs, stage 6):
-/// `(value, standard error, residual degrees of freedom, the standard error of each
-/// strategy's overhead fitted with it)`, or `None` where no calibration block has a CPU
-/// share.
+/// The CPU share's serving slowdown from the calibration blocks (module docs, stage 6), or
+/// `None` where no calibration block has a CPU share or the blocks do not determine it
+/// (the slowdown then keeps the prior's value).
 fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<Slowdown> {
     let has_cpu = |s: &StepSample| s.layers.iter().any(|c| c.cpu > 0.0);
     let blocks: Vec<(StrategyKind, Vec<&&StepSample>)> = StrategyKind::ALL
@@ -880,21 +879,18 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
         }
     }
     let dof = m.saturating_sub(k);
-    let inv = spd_inverse(&jtj).filter(|inv| dof > 0 && (0..k).all(|i| inv[i][i] > 0.0));
-    let s2 = rss / dof.max(1) as f64;
-    let se = match &inv {
-        Some(inv) => (s2 * inv[0][0]).sqrt(),
-        // Undetermined (blocks whose CPU shares cannot separate the two): the prior's.
-        None => super::PRIOR_SE_SERVING_SLOWDOWN,
-    };
-    let overhead_se = match &inv {
-        Some(inv) => blocks
-            .iter()
-            .enumerate()
-            .map(|(g, (kind, _))| (*kind, (s2 * inv[1 + g][1 + g]).sqrt()))
-            .collect(),
-        None => Vec::new(),
-    };
+    // Blocks that cannot see the slowdown (no CPU share on a critical path) or cannot
+    // separate it from the overheads leave it at the prior, like any parameter a stage
+    // cannot determine.
+    let inv = spd_inverse(&jtj)
+        .filter(|inv| dof > 0 && jtj[0][0] > 0.0 && (0..k).all(|i| inv[i][i] > 0.0))?;
+    let s2 = rss / dof as f64;
+    let se = (s2 * inv[0][0]).sqrt();
+    let overhead_se = blocks
+        .iter()
+        .enumerate()
+        .map(|(g, (kind, _))| (*kind, (s2 * inv[1 + g][1 + g]).sqrt()))
+        .collect();
     Some(Slowdown {
         value: best,
         se,
@@ -1511,6 +1507,34 @@ mod tests {
         let b = fit(&moved, &prior(&t), &FitConfig::default()).unwrap();
         assert_eq!(a.params, b.params);
         assert!(b.validation.iter().all(|r| r.rel < -0.5));
+    }
+
+    #[test]
+    fn blocks_whose_cpu_share_is_never_critical_leave_the_slowdown_at_the_prior() {
+        let t = truth();
+        let mut s = samples(&t, 9);
+        for st in s
+            .step
+            .iter_mut()
+            .filter(|x| x.strategy == StrategyKind::Hybrid)
+        {
+            for c in &mut st.layers {
+                // One CPU expert against a link full of the rest: the GPU side is critical.
+                c.fetched += c.cpu - 1.0;
+                c.fetched_tokens = c.fetched;
+                c.cpu = 1.0;
+                c.cpu_tokens = 1.0;
+            }
+            st.time_us = st.predict_us(&t);
+        }
+        let mut pr = prior(&t);
+        pr.cpu_serving_slowdown = 0.1;
+        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
+        let e = r.estimate(ParamId::CpuServingSlowdown).unwrap();
+        assert!(e.stage.is_none(), "{e:?}");
+        assert_eq!(r.params.cpu_serving_slowdown, 0.1);
+        // The hybrid overhead is still calibrated (the truth's, up to the micro-fit).
+        assert!((r.params.overhead.hybrid_us - t.overhead.hybrid_us).abs() < 5.0);
     }
 
     /// `cpu` calibration blocks at 1 and 4 streams (4 times the CPU experts), made with a
