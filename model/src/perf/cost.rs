@@ -134,6 +134,18 @@ impl PerfParams {
             + self.gather_stream_us(experts, bytes) * self.gather_gbs / dma
     }
 
+    /// Time the CPU share of a hybrid layer waits for the host beyond the layer's dense
+    /// part, in us: the runtime's one host thread issues the layer's gather (one copy call
+    /// per fetched expert) before it runs the CPU share, and issuing runs while the GPU
+    /// computes the dense part, so the CPU share starts at `max(dense, issue)` after the
+    /// layer's start. The issue time is the gather's fixed part
+    /// ([`PerfParams::gather_fixed_us`]: the `gather` probe's per-layer and per-copy costs,
+    /// timed from the first copy's submission). `dense_us` is the layer's dense part, in
+    /// us; 0 without fetched experts.
+    pub fn host_issue_wait_us(&self, fetched: f64, dense_us: f64) -> f64 {
+        (self.gather_fixed_us(fetched) - dense_us).max(0.0)
+    }
+
     // ------------------------------------------------------------------ CPU
 
     /// Weight-streaming rate of the CPU expert kernel at `threads` threads, in GB/s.
@@ -172,6 +184,22 @@ impl PerfParams {
     /// Weight-streaming part of a CPU expert step, alone, in us.
     pub fn cpu_stream_us(&self, experts: f64, shape: ExpertShape, threads: f64) -> f64 {
         experts.max(0.0) * shape.bytes / (self.cpu_rate_gbs(threads) * BYTES_PER_US_PER_GBS)
+    }
+
+    /// Weight-streaming part of the CPU share of a decode layer, alone, in us: the isolated
+    /// probe's [`PerfParams::cpu_stream_us`] times `1 + cpu_serving_slowdown` (what the
+    /// end-to-end calibration measured beyond the probe's isolated call).
+    pub fn cpu_serving_stream_us(&self, experts: f64, shape: ExpertShape, threads: f64) -> f64 {
+        self.cpu_stream_us(experts, shape, threads) * (1.0 + self.cpu_serving_slowdown)
+    }
+
+    /// Time of the CPU share of a decode layer over `experts` experts serving `tokens`
+    /// (token, expert) pairs with `threads` threads, alone, in us: [`PerfParams::cpu_fixed_us`]
+    /// plus [`PerfParams::cpu_serving_stream_us`] (the `cpu-step` probe's time with the
+    /// serving slowdown on its stream).
+    pub fn cpu_share_us(&self, experts: f64, tokens: f64, shape: ExpertShape, threads: f64) -> f64 {
+        self.cpu_fixed_us(experts, tokens, shape, threads)
+            + self.cpu_serving_stream_us(experts, shape, threads)
     }
 
     /// Time of a CPU expert step over `experts` experts serving `tokens` (token, expert)
@@ -216,7 +244,9 @@ impl PerfParams {
     /// Both byte streams are assumed to start at the same time (their fixed costs are added
     /// after, which overstates the overlap slightly and so the contention): while both
     /// stream, each runs at its contended rate ([`PerfParams::dram_shares`]); when one
-    /// finishes the other continues alone at its isolated rate.
+    /// finishes the other continues alone at its isolated rate. The CPU's stream is the
+    /// decode layer's ([`PerfParams::cpu_serving_stream_us`]): its serving slowdown makes it
+    /// longer at the same DRAM demand.
     pub fn overlapped(
         &self,
         gather_experts: f64,
@@ -226,7 +256,7 @@ impl PerfParams {
         threads: f64,
     ) -> Overlap {
         let sg = self.gather_stream_us(gather_experts, shape.bytes);
-        let sc = self.cpu_stream_us(cpu_experts, shape, threads);
+        let sc = self.cpu_serving_stream_us(cpu_experts, shape, threads);
         let fg = self.gather_fixed_us(gather_experts);
         let fc = self.cpu_fixed_us(cpu_experts, cpu_tokens, shape, threads);
         let (mut end_g, mut end_c) = (sg, sc);
@@ -268,7 +298,7 @@ impl PerfParams {
         let mut alone = vec![(0.0f64, 0.0f64); gpus.len()];
         for (i, g) in gpus.iter().enumerate() {
             let sg = self.gather_stream_us(g.gather_experts, shape.bytes);
-            let sc = self.cpu_stream_us(g.cpu_experts, shape, g.threads);
+            let sc = self.cpu_serving_stream_us(g.cpu_experts, shape, g.threads);
             alone[i] = (sg, sc);
             if sg > 0.0 {
                 streams.push((sg, self.gather_gbs, false, i));
@@ -533,17 +563,25 @@ mod tests {
     }
 
     /// The two-phase overlap against a slow reference: step both streams in small time
-    /// increments at the rates the shares give for who is still streaming.
+    /// increments at the rates the shares give for who is still streaming. With a serving
+    /// slowdown the CPU streams `1 + slowdown` times the bytes at the same demand.
     #[test]
     fn overlap_matches_a_time_stepped_reference() {
         let mut p = params();
         let s = shape();
-        for (d, w) in [(60.0, 0.7286), (40.0, 1.0), (500.0, 1.0)] {
+        for (d, w, slow) in [
+            (60.0, 0.7286, 0.0),
+            (40.0, 1.0, 0.0),
+            (500.0, 1.0, 0.0),
+            (60.0, 0.7286, 0.3),
+            (40.0, 1.0, -0.2),
+        ] {
             p.dram_gbs = d;
             p.dma_dram_weight = w;
+            p.cpu_serving_slowdown = slow;
             for (ng, nc) in [(3.0, 7.0), (10.0, 1.0), (1.0, 12.0), (5.0, 5.0)] {
                 let o = p.overlapped(ng, nc, nc * 1.2, s, 24.0);
-                let (mut bg, mut bc) = (ng * s.bytes, nc * s.bytes);
+                let (mut bg, mut bc) = (ng * s.bytes, nc * s.bytes * (1.0 + slow));
                 let (mut t, mut end_g, mut end_c) = (0.0, 0.0, 0.0);
                 let dt = 0.01; // us
                 let demand_c = p.cpu_rate_gbs(24.0);
@@ -583,6 +621,37 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_serving_slowdown_lengthens_only_the_decode_layers_stream() {
+        let mut p = params();
+        let s = shape();
+        let probe = p.cpu_step_us(6.0, 7.0, s, 24.0);
+        assert_eq!(p.cpu_share_us(6.0, 7.0, s, 24.0), probe);
+        p.cpu_serving_slowdown = 0.25;
+        // The probe's own forms are the probe's; the decode layer's stream is 25% longer.
+        assert_eq!(p.cpu_step_us(6.0, 7.0, s, 24.0), probe);
+        let extra = p.cpu_share_us(6.0, 7.0, s, 24.0) - probe;
+        let stream = 6.0 * s.bytes / (p.cpu_rate_gbs(24.0) * 1e3);
+        assert!(
+            (extra - 0.25 * stream).abs() < 1e-9 * stream,
+            "{extra} {stream}"
+        );
+        // Alone in a hybrid layer (no gather), the same.
+        let o = p.overlapped(0.0, 6.0, 7.0, s, 24.0);
+        assert!((o.cpu_us - probe - extra).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_host_issue_delays_the_cpu_share_only_beyond_the_dense_part() {
+        let mut p = params();
+        p.gather_layer_us = 3.0;
+        p.gather_copy_us = 4.0;
+        // 10 copies: 3 + 10 x 4 = 43 us of issue.
+        assert_eq!(p.host_issue_wait_us(10.0, 20.0), 23.0);
+        assert_eq!(p.host_issue_wait_us(10.0, 50.0), 0.0);
+        assert_eq!(p.host_issue_wait_us(0.0, 0.0), 0.0);
     }
 
     #[test]

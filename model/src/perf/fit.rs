@@ -56,10 +56,19 @@
 //! conditional on the earlier stages' estimates. Intervals use the t distribution on
 //! `m - p` degrees of freedom (statrs).
 //!
-//! 6. `step` (calibration runs): the per-layer overhead of each strategy is the exact
-//!    least-squares solution of `measured - predicted = layers x overhead` (absolute
-//!    residuals), with standard error `s / sqrt(sum layers^2)`; the run noise is the relative
-//!    standard deviation of the calibration residuals that remain.
+//! 6. `step` (calibration runs): the per-layer overhead of each strategy is the median over
+//!    its blocks of the per-layer residual `(measured - predicted) / layers` (robust to one
+//!    slow block), with standard error `s / sqrt(sum layers^2)`. Where blocks of the
+//!    strategies with a CPU share (`cpu`, `hybrid`) exist, the CPU share's serving slowdown
+//!    ([`PerfParams::cpu_serving_slowdown`]) is fitted with their overheads: the value in
+//!    [[`MIN_FIT_SERVING_SLOWDOWN`], [`MAX_FIT_SERVING_SLOWDOWN`]] whose overheads (the
+//!    medians at that value) give the least mean absolute relative residual over those
+//!    blocks (a scan of [`SLOWDOWN_SCAN_POINTS`] values, then golden-section refinement);
+//!    its standard error is the one-parameter least-squares one, `s / sqrt(sum j^2)` with
+//!    `j` the derivative of the relative residuals over it. The overhead is a constant per
+//!    layer; the slowdown grows with the CPU share's experts and bytes, which is what
+//!    separates them (blocks at 1 and 4 streams). The run noise is the relative standard
+//!    deviation of the calibration residuals that remain.
 
 use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
@@ -739,6 +748,170 @@ fn overhead_id(kind: StrategyKind) -> ParamId {
     }
 }
 
+/// The overhead of strategy `kind` from its calibration blocks `mine` under `p` (set on
+/// `p` too), in us per layer: the median of the per-layer residuals, not the least-squares
+/// mean: one slow block (the first after a strategy switch ran 65% over the others on the
+/// H200, 2026-12-04) must not set the overhead of every layer of every prediction.
+fn median_overhead(p: &mut PerfParams, kind: StrategyKind, mine: &[&&StepSample]) -> f64 {
+    p.overhead.set(kind, 0.0);
+    let per_layer: Vec<f64> = mine
+        .iter()
+        .map(|s| (s.time_us - s.predict_us(p)) / s.layers.len() as f64)
+        .collect();
+    // statrs' median: the middle value, the mean of the middle two for an even count.
+    let o = Data::new(per_layer).median();
+    p.overhead.set(kind, o);
+    o
+}
+
+/// The least serving slowdown the fit considers (dimensionless): a CPU share streaming
+/// twice as fast in a decode step as in the isolated probe of the same call would be a
+/// broken probe, not a property of serving.
+pub const MIN_FIT_SERVING_SLOWDOWN: f64 = -0.5;
+
+/// The largest serving slowdown the fit considers (dimensionless): a CPU share four times
+/// slower in a decode step than in the isolated probe would be a broken probe too.
+pub const MAX_FIT_SERVING_SLOWDOWN: f64 = 3.0;
+
+/// Points of the serving slowdown's scan over its range (a step of 0.01 before the
+/// refinement): the objective (a mean absolute residual through a median and a max) is not
+/// smooth, so a local search alone could stop at a kink.
+pub const SLOWDOWN_SCAN_POINTS: usize = 351;
+
+/// Golden-section steps of the refinement around the scan's best point (the bracket of two
+/// scan steps shrinks by 0.618 each: to about 1e-9 of the range).
+const SLOWDOWN_REFINE_STEPS: usize = 40;
+
+/// Mean absolute relative residual of the calibration blocks `blocks` (grouped by strategy)
+/// when the serving slowdown is `x` and every group's overhead is its median at `x`.
+fn slowdown_objective(p: &PerfParams, blocks: &[(StrategyKind, Vec<&&StepSample>)], x: f64) -> f64 {
+    let mut q = p.clone();
+    q.cpu_serving_slowdown = x;
+    let mut sum = 0.0;
+    let mut n = 0usize;
+    for (kind, mine) in blocks {
+        median_overhead(&mut q, *kind, mine);
+        for s in mine {
+            sum += ((s.predict_us(&q) - s.time_us) / s.time_us).abs();
+            n += 1;
+        }
+    }
+    sum / n.max(1) as f64
+}
+
+/// The CPU share's serving slowdown from the calibration blocks (module docs, stage 6), or
+/// `None` where no calibration block has a CPU share or the blocks do not determine it
+/// (the slowdown then keeps the prior's value).
+fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<Slowdown> {
+    let has_cpu = |s: &StepSample| s.layers.iter().any(|c| c.cpu > 0.0);
+    let blocks: Vec<(StrategyKind, Vec<&&StepSample>)> = StrategyKind::ALL
+        .into_iter()
+        .map(|k| {
+            (
+                k,
+                calibration
+                    .iter()
+                    .filter(|s| s.strategy == k)
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .filter(|(_, mine)| mine.iter().any(|s| has_cpu(s)))
+        .collect();
+    if blocks.is_empty() {
+        return None;
+    }
+    let (lo, hi) = (MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
+    let step = (hi - lo) / (SLOWDOWN_SCAN_POINTS - 1) as f64;
+    let f = |x: f64| slowdown_objective(p, &blocks, x);
+    let (mut best, mut best_cost) = (0.0, f(0.0));
+    for i in 0..SLOWDOWN_SCAN_POINTS {
+        let x = lo + i as f64 * step;
+        let c = f(x);
+        if c < best_cost {
+            (best, best_cost) = (x, c);
+        }
+    }
+    // Golden section within one scan step on either side.
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = ((best - step).max(lo), (best + step).min(hi));
+    for _ in 0..SLOWDOWN_REFINE_STEPS {
+        let (x1, x2) = (b - g * (b - a), a + g * (b - a));
+        if f(x1) <= f(x2) {
+            b = x2;
+        } else {
+            a = x1;
+        }
+    }
+    let mid = (a + b) / 2.0;
+    if f(mid) < best_cost {
+        best = mid;
+    }
+    // Standard error: least squares of the relative residuals over the slowdown and the
+    // overheads of its strategies together (they trade off: a constant per layer takes
+    // what the slowdown leaves where the blocks' CPU shares are alike).
+    let mut q = p.clone();
+    q.cpu_serving_slowdown = best;
+    for (kind, mine) in &blocks {
+        median_overhead(&mut q, *kind, mine);
+    }
+    let h = 1e-4;
+    let rel = |q: &PerfParams, s: &StepSample| (s.predict_us(q) - s.time_us) / s.time_us;
+    let k = 1 + blocks.len();
+    let mut jtj = vec![vec![0.0; k]; k];
+    let (mut rss, mut m) = (0.0, 0usize);
+    for (g, (_, mine)) in blocks.iter().enumerate() {
+        for s in mine {
+            let mut up = q.clone();
+            up.cpu_serving_slowdown += h;
+            let mut dn = q.clone();
+            dn.cpu_serving_slowdown -= h;
+            // d rel / d slowdown; d rel / d overhead = layers / measured for its strategy.
+            let mut j = vec![0.0; k];
+            j[0] = (rel(&up, s) - rel(&dn, s)) / (2.0 * h);
+            j[1 + g] = s.layers.len() as f64 / s.time_us;
+            for a in 0..k {
+                for b in 0..k {
+                    jtj[a][b] += j[a] * j[b];
+                }
+            }
+            rss += rel(&q, s).powi(2);
+            m += 1;
+        }
+    }
+    let dof = m.saturating_sub(k);
+    // Blocks that cannot see the slowdown (no CPU share on a critical path) or cannot
+    // separate it from the overheads leave it at the prior, like any parameter a stage
+    // cannot determine.
+    let inv = spd_inverse(&jtj)
+        .filter(|inv| dof > 0 && jtj[0][0] > 0.0 && (0..k).all(|i| inv[i][i] > 0.0))?;
+    let s2 = rss / dof as f64;
+    let se = (s2 * inv[0][0]).sqrt();
+    let overhead_se = blocks
+        .iter()
+        .enumerate()
+        .map(|(g, (kind, _))| (*kind, (s2 * inv[1 + g][1 + g]).sqrt()))
+        .collect();
+    Some(Slowdown {
+        value: best,
+        se,
+        dof,
+        overhead_se,
+    })
+}
+
+/// The fitted serving slowdown (see [`fit_serving_slowdown`]).
+struct Slowdown {
+    /// Its value, dimensionless.
+    value: f64,
+    /// Its standard error, dimensionless.
+    se: f64,
+    /// Residual degrees of freedom of the blocks it was fitted to.
+    dof: usize,
+    /// The standard error of each strategy's overhead fitted with it (empty where the
+    /// blocks did not determine them together), in us per layer.
+    overhead_se: Vec<(StrategyKind, f64)>,
+}
+
 /// Fit parameters to probe samples, starting from `prior` (module docs).
 pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Result<FitReport> {
     prior.validate()?;
@@ -849,30 +1022,35 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
     let mut step_ids = Vec::new();
     let mut step_est = Vec::new();
     let mut step_var = Vec::new();
+    let slowdown = fit_serving_slowdown(&params, &calibration);
+    if let Some(sd) = &slowdown {
+        params.cpu_serving_slowdown = sd.value;
+        step_ids.push(ParamId::CpuServingSlowdown);
+        step_est.push((sd.value, sd.se, sd.dof));
+        step_var.push(sd.se * sd.se);
+    }
     for kind in StrategyKind::ALL {
         let mine: Vec<&&StepSample> = calibration.iter().filter(|s| s.strategy == kind).collect();
         if mine.is_empty() {
             continue;
         }
         let mut base = params.clone();
-        base.overhead.set(kind, 0.0);
-        // The median of the per-layer residual of each block, not the least-squares mean:
-        // one slow block (the first after a strategy switch ran 65% over the others on the
-        // H200, 2026-12-04) must not set the overhead of every layer of every prediction.
+        let o = median_overhead(&mut base, kind, &mine);
         let den: f64 = mine.iter().map(|s| (s.layers.len() as f64).powi(2)).sum();
-        let per_layer: Vec<f64> = mine
-            .iter()
-            .map(|s| (s.time_us - s.predict_us(&base)) / s.layers.len() as f64)
-            .collect();
-        // statrs' median: the middle value, the mean of the middle two for an even count.
-        let o = Data::new(per_layer).median();
-        base.overhead.set(kind, o);
         let n = mine.len();
         let rss: f64 = mine
             .iter()
             .map(|s| (s.time_us - s.predict_us(&base)).powi(2))
             .sum();
-        let se = if n > 1 {
+        // An overhead fitted with the slowdown has the joint fit's standard error (it
+        // trades off with the slowdown), the others the one-parameter one.
+        let joint = slowdown
+            .as_ref()
+            .and_then(|sd| sd.overhead_se.iter().find(|(k, _)| *k == kind))
+            .map(|(_, se)| *se);
+        let se = if let Some(se) = joint {
+            se
+        } else if n > 1 {
             (rss / (n - 1) as f64 / den).sqrt()
         } else {
             super::PRIOR_SE_OVERHEAD_US
@@ -928,7 +1106,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             samples: calibration.len(),
             dof: stage_dof,
             iterations: 1,
-            termination: "exact least squares".to_string(),
+            termination: "medians (overheads), scan and golden section (slowdown)".to_string(),
             rms_rel: (calibration
                 .iter()
                 .map(|s| ((s.predict_us(&params) - s.time_us) / s.time_us).powi(2))
@@ -1006,6 +1184,7 @@ mod tests {
         p.sync_us = 15.0;
         p.overhead.offload_us = 6.0;
         p.overhead.hybrid_us = 11.0;
+        p.cpu_serving_slowdown = 0.2;
         p
     }
 
@@ -1146,8 +1325,11 @@ mod tests {
                 .map(|_| {
                     let hits = rng.random_range(8..16) as f64;
                     let misses = 20.0 - hits;
+                    // Hybrid blocks alternately CPU-bound (fraction 0.3) and link-bound
+                    // (0.7): what separates the serving slowdown from the overhead.
+                    let fraction = if (i / 2) % 2 == 0 { 0.3 } else { 0.7 };
                     let fetched = if kind == StrategyKind::Hybrid {
-                        (misses * 0.3).round()
+                        (misses * fraction).round()
                     } else {
                         misses
                     };
@@ -1325,6 +1507,129 @@ mod tests {
         let b = fit(&moved, &prior(&t), &FitConfig::default()).unwrap();
         assert_eq!(a.params, b.params);
         assert!(b.validation.iter().all(|r| r.rel < -0.5));
+    }
+
+    #[test]
+    fn blocks_whose_cpu_share_is_never_critical_leave_the_slowdown_at_the_prior() {
+        let t = truth();
+        let mut s = samples(&t, 9);
+        for st in s
+            .step
+            .iter_mut()
+            .filter(|x| x.strategy == StrategyKind::Hybrid)
+        {
+            for c in &mut st.layers {
+                // One CPU expert against a link full of the rest: the GPU side is critical.
+                c.fetched += c.cpu - 1.0;
+                c.fetched_tokens = c.fetched;
+                c.cpu = 1.0;
+                c.cpu_tokens = 1.0;
+            }
+            st.time_us = st.predict_us(&t);
+        }
+        let mut pr = prior(&t);
+        pr.cpu_serving_slowdown = 0.1;
+        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
+        let e = r.estimate(ParamId::CpuServingSlowdown).unwrap();
+        assert!(e.stage.is_none(), "{e:?}");
+        assert_eq!(r.params.cpu_serving_slowdown, 0.1);
+        // The hybrid overhead is still calibrated (the truth's, up to the micro-fit).
+        assert!((r.params.overhead.hybrid_us - t.overhead.hybrid_us).abs() < 5.0);
+    }
+
+    /// `cpu` calibration blocks at 1 and 4 streams (4 times the CPU experts), made with a
+    /// planted serving slowdown and overhead, plus noise.
+    fn cpu_blocks(t: &PerfParams, seed: u64) -> Vec<StepSample> {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        (0..12)
+            .map(|i| {
+                let streams = if i % 2 == 0 { 1 } else { 4 };
+                let shape = StepShape::new(&model, streams, 1000);
+                let k = 10 * streams as u32;
+                let layers = (0..3)
+                    .map(|_| {
+                        let n = (k - rng.random_range(0..3)) as f64;
+                        LayerCounts {
+                            cpu: n,
+                            cpu_tokens: k as f64,
+                            ..Default::default()
+                        }
+                    })
+                    .collect();
+                let mut st = StepSample {
+                    strategy: StrategyKind::Cpu,
+                    role: SampleRole::Calibration,
+                    shape,
+                    layers,
+                    time_us: 0.0,
+                };
+                st.time_us = noisy(&mut rng, st.predict_us(t));
+                st
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_planted_serving_slowdown_is_recovered_and_not_taken_by_the_overhead() {
+        let mut t = truth();
+        t.cpu_serving_slowdown = 0.27;
+        t.overhead.cpu_us = 5.0;
+        let mut pr = t.clone();
+        pr.cpu_serving_slowdown = 0.0;
+        pr.overhead.cpu_us = 0.0;
+        let s = ProbeSamples {
+            step: cpu_blocks(&t, 21),
+            ..ProbeSamples::default()
+        };
+        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
+        let e = r.estimate(ParamId::CpuServingSlowdown).unwrap();
+        assert_eq!(e.stage.as_deref(), Some("step"));
+        assert!(e.se > 0.0 && e.se < 0.05, "se {}", e.se);
+        assert!(
+            ((e.value - 0.27) / e.se).abs() < 4.0,
+            "{} vs 0.27 (se {})",
+            e.value,
+            e.se
+        );
+        let o = r.estimate(ParamId::OverheadCpuUs).unwrap();
+        assert!(((o.value - 5.0) / o.se).abs() < 4.0, "{o:?}");
+        // A constant per layer alone cannot follow it: the calibration residuals of the
+        // fit without the slowdown (its overhead the median) are several times larger.
+        let mut without = pr.clone();
+        let mine: Vec<&StepSample> = s.step.iter().collect();
+        let refs: Vec<&&StepSample> = mine.iter().collect();
+        median_overhead(&mut without, StrategyKind::Cpu, &refs);
+        let rms = |p: &PerfParams| {
+            (s.step
+                .iter()
+                .map(|x| ((x.predict_us(p) - x.time_us) / x.time_us).powi(2))
+                .sum::<f64>()
+                / s.step.len() as f64)
+                .sqrt()
+        };
+        assert!(
+            rms(&without) > 3.0 * rms(&r.params),
+            "{} vs {}",
+            rms(&without),
+            rms(&r.params)
+        );
+        // Without blocks of a strategy with a CPU share the slowdown keeps the prior's.
+        let off = ProbeSamples {
+            step: samples(&truth(), 3)
+                .step
+                .into_iter()
+                .filter(|x| x.strategy == StrategyKind::Offload)
+                .collect(),
+            ..ProbeSamples::default()
+        };
+        let r = fit(&off, &pr, &FitConfig::default()).unwrap();
+        assert_eq!(r.params.cpu_serving_slowdown, 0.0);
+        assert!(r
+            .estimate(ParamId::CpuServingSlowdown)
+            .unwrap()
+            .stage
+            .is_none());
     }
 
     #[test]

@@ -151,6 +151,20 @@ pub struct PerfParams {
     pub sync_us: f64,
 
     // ---- end-to-end calibration (probe: `step`) ----
+    /// How much longer the CPU share of a decode layer takes to stream its expert weights
+    /// than the isolated `cpu-step` probe of the same experts and threads, as a fraction of
+    /// that probe's streaming time (0 = as fast as the probe), dimensionless. Inside a
+    /// decode step the CPU share's weight stream takes `cpu_stream_us x (1 + this)`
+    /// ([`PerfParams::cpu_serving_stream_us`]): it scales with the expert bytes and with the
+    /// threads' streaming rate like the stream it slows. Probe `step` (calibration runs of
+    /// the strategies with a CPU share, `cpu` and `hybrid`), fitted jointly with their
+    /// overheads ([`fit`]). On the H200 (2026-12-04) the probe's decode layers streamed 13
+    /// to 27% slower than its isolated calls, and a constant per layer could not follow it:
+    /// with the overhead alone, the `cpu` calibration blocks of qwen3.8-flash-next at 1
+    /// stream were predicted 17% slow and those at 4 streams (4 times the CPU experts) 5%
+    /// fast.
+    #[serde(default)]
+    pub cpu_serving_slowdown: f64,
     /// Residual per-layer cost of each strategy, in us. Probe `step` (calibration runs).
     #[serde(default)]
     pub overhead: StrategyOverheads,
@@ -233,6 +247,8 @@ pub enum ParamId {
     DenseLayerUs,
     /// [`PerfParams::sync_us`].
     SyncUs,
+    /// [`PerfParams::cpu_serving_slowdown`].
+    CpuServingSlowdown,
     /// [`StrategyOverheads::offload_us`].
     OverheadOffloadUs,
     /// [`StrategyOverheads::hybrid_us`].
@@ -245,7 +261,7 @@ pub enum ParamId {
 
 impl ParamId {
     /// Every parameter, in report order.
-    pub const ALL: [ParamId; 19] = [
+    pub const ALL: [ParamId; 20] = [
         ParamId::GatherGbs,
         ParamId::GatherLayerUs,
         ParamId::GatherCopyUs,
@@ -261,6 +277,7 @@ impl ParamId {
         ParamId::GpuTokenGmacs,
         ParamId::DenseLayerUs,
         ParamId::SyncUs,
+        ParamId::CpuServingSlowdown,
         ParamId::OverheadOffloadUs,
         ParamId::OverheadHybridUs,
         ParamId::OverheadResidentUs,
@@ -285,6 +302,7 @@ impl ParamId {
             ParamId::GpuTokenGmacs => "gpu_token_gmacs",
             ParamId::DenseLayerUs => "dense_layer_us",
             ParamId::SyncUs => "sync_us",
+            ParamId::CpuServingSlowdown => "cpu_serving_slowdown",
             ParamId::OverheadOffloadUs => "overhead.offload_us",
             ParamId::OverheadHybridUs => "overhead.hybrid_us",
             ParamId::OverheadResidentUs => "overhead.resident_us",
@@ -293,11 +311,12 @@ impl ParamId {
     }
 
     /// True for parameters that must stay positive (fitted in log space); the calibrated
-    /// overheads may take any sign.
+    /// overheads and the CPU share's serving slowdown may take any sign.
     pub fn positive(self) -> bool {
         !matches!(
             self,
-            ParamId::OverheadOffloadUs
+            ParamId::CpuServingSlowdown
+                | ParamId::OverheadOffloadUs
                 | ParamId::OverheadHybridUs
                 | ParamId::OverheadResidentUs
                 | ParamId::OverheadCpuUs
@@ -323,6 +342,14 @@ pub const PRIOR_REL_SE_ESTIMATED: f64 = 0.25;
 /// Absolute standard error of an uncalibrated per-layer overhead, in us (the size of a
 /// scheduling gap the micro-probes do not see).
 pub const PRIOR_SE_OVERHEAD_US: f64 = 2.0;
+
+/// Standard error of an uncalibrated [`PerfParams::cpu_serving_slowdown`] (dimensionless):
+/// a host spec has no end-to-end CPU layer, and the H200's probes fitted 0.13 to 0.26.
+pub const PRIOR_SE_SERVING_SLOWDOWN: f64 = 0.25;
+
+/// The smallest valid [`PerfParams::cpu_serving_slowdown`] (excluded), dimensionless: at -1
+/// the CPU share's weight stream would take no time at all.
+pub const MIN_SERVING_SLOWDOWN: f64 = -1.0;
 
 /// Relative step of the finite differences of the host prior.
 const PRIOR_DIFF_STEP: f64 = 1e-6;
@@ -568,6 +595,7 @@ impl PerfParams {
             gpu_token_gmacs: e.gpu_token_gmacs,
             dense_layer_us: e.dense_layer_us,
             sync_us: e.hybrid_round_trip_us,
+            cpu_serving_slowdown: 0.0,
             overhead: StrategyOverheads::default(),
             run_noise_rel: e.run_noise_rel,
             bench_expert: ExpertShape::of(&tuning),
@@ -591,7 +619,7 @@ impl PerfParams {
     /// the parameters' covariance is `J S J^T`; this keeps the correlations the mapping
     /// creates (a bench bandwidth fixes the sum of streaming and fixed costs at the tuning
     /// geometry, so a larger fixed cost means a faster stream). The calibrated overheads get
-    /// [`PRIOR_SE_OVERHEAD_US`] each.
+    /// [`PRIOR_SE_OVERHEAD_US`] each, the serving slowdown [`PRIOR_SE_SERVING_SLOWDOWN`].
     pub fn host_prior(&self, host: &HostSpec) -> ParamCovariance {
         let ids: Vec<ParamId> = ParamId::ALL.to_vec();
         let base: Vec<f64> = ids.iter().map(|&id| self.get(id)).collect();
@@ -627,7 +655,9 @@ impl PerfParams {
             }
         }
         for (i, id) in ids.iter().enumerate() {
-            if !id.positive() {
+            if *id == ParamId::CpuServingSlowdown {
+                cov[i][i] += PRIOR_SE_SERVING_SLOWDOWN * PRIOR_SE_SERVING_SLOWDOWN;
+            } else if !id.positive() {
                 cov[i][i] += PRIOR_SE_OVERHEAD_US * PRIOR_SE_OVERHEAD_US;
             }
         }
@@ -655,6 +685,7 @@ impl PerfParams {
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs,
             ParamId::DenseLayerUs => self.dense_layer_us,
             ParamId::SyncUs => self.sync_us,
+            ParamId::CpuServingSlowdown => self.cpu_serving_slowdown,
             ParamId::OverheadOffloadUs => self.overhead.offload_us,
             ParamId::OverheadHybridUs => self.overhead.hybrid_us,
             ParamId::OverheadResidentUs => self.overhead.resident_us,
@@ -680,6 +711,7 @@ impl PerfParams {
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs = v,
             ParamId::DenseLayerUs => self.dense_layer_us = v,
             ParamId::SyncUs => self.sync_us = v,
+            ParamId::CpuServingSlowdown => self.cpu_serving_slowdown = v,
             ParamId::OverheadOffloadUs => self.overhead.offload_us = v,
             ParamId::OverheadHybridUs => self.overhead.hybrid_us = v,
             ParamId::OverheadResidentUs => self.overhead.resident_us = v,
@@ -727,6 +759,18 @@ impl PerfParams {
                     format!("{v} is not a finite number >= 0"),
                 ));
             }
+        }
+        if !(self.cpu_serving_slowdown.is_finite()
+            && self.cpu_serving_slowdown > MIN_SERVING_SLOWDOWN)
+        {
+            return Err(ModelError::invalid(
+                "perf.cpu_serving_slowdown",
+                format!(
+                    "{} is not a finite number above {MIN_SERVING_SLOWDOWN} (the CPU share's \
+                     weight stream would take no time)",
+                    self.cpu_serving_slowdown
+                ),
+            ));
         }
         for kind in StrategyKind::ALL {
             if !self.overhead.get(kind).is_finite() {

@@ -10,7 +10,11 @@
 //!    - the **hits** on the GPU (SMs), overlapping the gather (the runtime overlaps a
 //!      layer's hit compute with its miss copies);
 //!    - the **CPU** path of hybrid and cpu: activations to the host, the CPU expert step,
-//!      the partial output back (`cpu + sync`), contending with the gather for DRAM.
+//!      the partial output back (`cpu + sync`), contending with the gather for DRAM. The
+//!      CPU step is the decode layer's (`cpu_share_us`: the probe's with the calibrated
+//!      serving slowdown on its weight stream), and it starts only once the host thread
+//!      has issued the layer's gather (`host_issue_wait_us`, counted in `sync`: issuing
+//!      overlaps the dense part, so only what it takes beyond the dense part delays it).
 //! 3. The **fetched** experts are computed on the GPU once the whole gather has landed and
 //!    the hits are done (one launch over them).
 //! 4. Where the CPU computed experts, the GPU **combines** the CPU's partial output once both
@@ -282,13 +286,14 @@ impl PerfParams {
         } else {
             (
                 self.gather_us(c.fetched, s.bytes),
-                self.cpu_step_us(c.cpu, c.cpu_tokens, s, threads),
+                self.cpu_share_us(c.cpu, c.cpu_tokens, s, threads),
                 0.0,
             )
         };
         let (sync, combine) = if has_cpu {
             (
-                self.sync_round_trip_us(shape.streams, shape.hidden),
+                self.sync_round_trip_us(shape.streams, shape.hidden)
+                    + self.host_issue_wait_us(c.fetched, dense),
                 self.combine_us(),
             )
         } else {
@@ -392,7 +397,10 @@ impl PerfParams {
             let cpu = o.cpu_us;
             contention += o.gather_lost_us + o.cpu_lost_us;
             let (sync_g, sum) = if has_cpu {
-                (sync, self.combine_us())
+                (
+                    sync + self.host_issue_wait_us(c.fetched, dense),
+                    self.combine_us(),
+                )
             } else {
                 (0.0, 0.0)
             };
@@ -442,7 +450,11 @@ mod tests {
     use crate::host::HostSpec;
 
     fn setup() -> (PerfParams, StepShape) {
-        let p = PerfParams::from_host(&HostSpec::field_report()).unwrap();
+        let mut p = PerfParams::from_host(&HostSpec::field_report()).unwrap();
+        // A slowed CPU share and a gather issue longer than the dense part, so that both
+        // enter the CPU path.
+        p.cpu_serving_slowdown = 0.25;
+        p.gather_copy_us = 12.0;
         let m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
         (p, StepShape::new(&m, 2, 1200))
     }
@@ -478,10 +490,19 @@ mod tests {
                 let o = p.overlapped(fetched, cpu, cpu, s, t);
                 (o.gather_us, o.cpu_us)
             } else {
-                (p.gather_us(fetched, s.bytes), p.cpu_step_us(cpu, cpu, s, t))
+                (
+                    p.gather_us(fetched, s.bytes),
+                    p.cpu_share_us(cpu, cpu, s, t),
+                )
             };
             let sync = if cpu > 0.0 {
                 p.sync_round_trip_us(2.0, shape.hidden)
+            } else {
+                0.0
+            };
+            // The host issues the gather from the layer's start, beside the dense part.
+            let issue = if cpu > 0.0 {
+                p.gather_fixed_us(fetched)
             } else {
                 0.0
             };
@@ -496,14 +517,19 @@ mod tests {
                     p.gpu_experts_us(fetched, fetched * 1.1, s),
                     vec![1, 2],
                 ),
-                ("cpu", cpu_t, vec![0]),
+                ("cpu", cpu_t, vec![0, 7]),
                 ("sync", sync, vec![4]),
                 ("combine", combine, vec![3, 5]),
+                ("issue", issue, vec![]),
             ];
+            // List scheduling until nothing moves (the issue task comes last in the list
+            // but precedes the CPU step).
             let mut end = vec![0.0f64; tasks.len()];
-            for (i, (_, d, pred)) in tasks.iter().enumerate() {
-                let start = pred.iter().map(|&j| end[j]).fold(0.0, f64::max);
-                end[i] = start + d;
+            for _ in 0..tasks.len() {
+                for (i, (_, d, pred)) in tasks.iter().enumerate() {
+                    let start = pred.iter().map(|&j| end[j]).fold(0.0, f64::max);
+                    end[i] = start + d;
+                }
             }
             let reference = end.iter().copied().fold(0.0, f64::max);
             assert!(
@@ -512,11 +538,12 @@ mod tests {
                 got.total_us
             );
             assert!((got.critical.total() - got.total_us).abs() < 1e-9);
-            // Never longer than the brief's sequential form.
+            // Never longer than the brief's sequential form (the CPU path with the host's
+            // issue beyond the dense part).
             let brief = dense
                 + gather
                     .max(p.gpu_experts_us(hits, hits, s))
-                    .max(cpu_t + sync)
+                    .max(cpu_t + sync + (issue - dense).max(0.0))
                 + p.gpu_experts_us(fetched, fetched * 1.1, s)
                 + combine;
             assert!(got.total_us <= brief + 1e-9);
