@@ -236,6 +236,10 @@ pub struct RunReport {
     /// Total decode tok/s of every repetition, in run order (`--repeat`); the summary is of
     /// the one with the median.
     pub repeats: Vec<f64>,
+    /// Share of the machine's CPU time the hypervisor stole while this variant decoded (all
+    /// its repetitions), 0 to 1 (`/proc/stat`; absent where it cannot be read). A run with
+    /// steal stalled wherever a stolen vCPU held a CPU-pool worker.
+    pub host_steal_fraction: Option<f64>,
 }
 
 /// The index of the median of `v` (the lower middle for an even count); `v` is not empty.
@@ -721,6 +725,7 @@ pub fn run(args: Args) -> Result<()> {
     // from an empty cache (a fresh engine's state).
     let mut runs: Vec<Vec<ft_runtime::engine::Decoded>> =
         (0..n).map(|_| Vec::with_capacity(args.repeat)).collect();
+    let mut steal = vec![ft_runtime::instrument::StealMeter::default(); n];
     let mut done_runs = 0u64;
     for rep in 0..args.repeat {
         for k in 0..n {
@@ -735,6 +740,7 @@ pub fn run(args: Args) -> Result<()> {
                 engine.reset_cache()?;
             }
             let done_before = per_rep * done_runs;
+            let cpu_start = ft_runtime::instrument::HostCpuTimes::now();
             runs[i].push(decode(
                 &mut engine,
                 warm,
@@ -742,13 +748,16 @@ pub fn run(args: Args) -> Result<()> {
                 &options,
                 &mut |done, _| bar.set_position(done_before + done as u64),
             )?);
+            if let (Some(a), Some(b)) = (cpu_start, ft_runtime::instrument::HostCpuTimes::now()) {
+                steal[i].add(&a, &b);
+            }
             done_runs += 1;
         }
     }
     bar.finish_and_clear();
 
     let mut reports = Vec::with_capacity(n);
-    for (v, mut runs) in variants.iter().zip(runs) {
+    for ((v, mut runs), steal) in variants.iter().zip(runs).zip(&steal) {
         let repeats: Vec<f64> = runs.iter().map(|d| d.summary.tok_s_total).collect();
         let decoded = runs.swap_remove(median_index(&repeats));
         if let Some(path) = &args.trace_out {
@@ -805,6 +814,15 @@ pub fn run(args: Args) -> Result<()> {
                 args.repeat
             ));
         }
+        if let Some(f) = steal.fraction() {
+            if f > ft_runtime::instrument::STEAL_NOTABLE_FRACTION {
+                notes.push(format!(
+                    "the hypervisor took {:.1}% of the machine's CPU time while this ran (steal): \
+                     its timing is not this machine's own",
+                    100.0 * f
+                ));
+            }
+        }
         reports.push(RunReport {
             label: v.label.clone(),
             model: model.name.clone(),
@@ -836,6 +854,7 @@ pub fn run(args: Args) -> Result<()> {
             notes,
             step_records: decoded.records,
             repeats,
+            host_steal_fraction: steal.fraction(),
         });
     }
     if let Some(prefix) = &args.report_prefix {

@@ -37,6 +37,7 @@ use ft_model::perf::legacy::{self, fraction_q16, LegacyVerdict, FRACTION_ONE};
 use ft_model::perf::ParamId;
 use ft_model::profile::Profile;
 use ft_model::{ModelSpec, StrategyKind};
+use ft_runtime::instrument::STEAL_NOTABLE_FRACTION;
 
 /// The expert geometries of the grid, with the layers each runs (a few layers of the real
 /// geometry: the per-layer costs are what the model predicts, and a bank of every layer would
@@ -666,6 +667,10 @@ pub struct GridRow {
     /// same fitted profile (`ft validate simulate`; empty before it ran).
     #[serde(default)]
     pub simulated_tok_s: Option<f64>,
+    /// Share of the machine's CPU time the hypervisor stole while the run decoded (the run
+    /// report's `host_steal_fraction`; empty where the report has none).
+    #[serde(default)]
+    pub host_steal: Option<f64>,
 }
 
 fn num(v: &serde_json::Value, path: &str) -> Option<f64> {
@@ -781,6 +786,7 @@ pub fn collect(dir: &Path) -> Result<(Vec<GridRow>, Vec<String>)> {
                 bench_pcie_gather_overlap_gbs: bench.pcie_gather_overlap_gbs,
                 threshold: legacy::DEFAULT_THRESHOLD,
                 simulated_tok_s: None,
+                host_steal: num(&run, "host_steal_fraction"),
             });
         }
     }
@@ -1012,6 +1018,14 @@ pub struct Summary {
     pub errors_by_strategy: BTreeMap<String, ErrorStats>,
     /// Errors per geometry.
     pub errors_by_geometry: BTreeMap<String, ErrorStats>,
+    /// Errors per CPU thread count.
+    pub errors_by_threads: BTreeMap<String, ErrorStats>,
+    /// Errors over the configurations none of whose runs the hypervisor stole more than
+    /// [`STEAL_NOTABLE_FRACTION`] of the CPU time from (absent where no row records steal).
+    /// The targets are judged on every row all the same.
+    pub errors_without_steal: Option<ErrorStats>,
+    /// The configurations left out of `errors_without_steal`.
+    pub stolen_configs: Vec<String>,
     /// The simulator's errors against the runtime over every simulated row (absent before
     /// `ft validate simulate`), and per strategy.
     pub sim_errors: Option<ErrorStats>,
@@ -1206,12 +1220,32 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
         ("model_mean_loss".to_string(), TARGET_MEAN_LOSS),
         ("wrong_pick_gap".to_string(), WRONG_PICK_GAP),
     ]);
+    let stolen_configs: Vec<String> = by_config
+        .iter()
+        .filter(|(_, rs)| {
+            rs.iter()
+                .any(|r| r.host_steal.is_some_and(|f| f > STEAL_NOTABLE_FRACTION))
+        })
+        .map(|(c, _)| c.to_string())
+        .collect();
+    let errors_without_steal = if rows.iter().any(|r| r.host_steal.is_some()) {
+        let clean: Vec<&GridRow> = rows
+            .iter()
+            .filter(|r| !stolen_configs.contains(&r.config))
+            .collect();
+        ErrorStats::of(&clean)
+    } else {
+        None
+    };
     Ok(Summary {
         rows: rows.len(),
         configs: outcomes.len(),
         errors,
         errors_by_strategy: group(&|r| r.strategy.clone(), &ErrorStats::of),
         errors_by_geometry: group(&|r| r.geometry.clone(), &ErrorStats::of),
+        errors_by_threads: group(&|r| format!("{} threads", r.threads), &ErrorStats::of),
+        errors_without_steal,
+        stolen_configs,
         sim_errors,
         sim_errors_by_strategy,
         choosers,
@@ -1244,8 +1278,24 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
         )
     };
     line(o, "all", &s.errors)?;
-    for (k, e) in s.errors_by_strategy.iter().chain(&s.errors_by_geometry) {
+    for (k, e) in s
+        .errors_by_strategy
+        .iter()
+        .chain(&s.errors_by_geometry)
+        .chain(&s.errors_by_threads)
+    {
         line(o, k, e)?;
+    }
+    if let Some(e) = &s.errors_without_steal {
+        line(o, "without host steal", e)?;
+        if !s.stolen_configs.is_empty() {
+            writeln!(
+                o,
+                "  (left out: {}, whose runs lost more than {:.0}% of the machine's CPU time to the hypervisor)",
+                s.stolen_configs.join(", "),
+                100.0 * STEAL_NOTABLE_FRACTION
+            )?;
+        }
     }
     if let Some(e) = &s.sim_errors {
         writeln!(o)?;

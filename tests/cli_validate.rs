@@ -177,6 +177,58 @@ fn the_analysis_matches_a_slow_reference() {
     );
 }
 
+/// Runs measured while the hypervisor stole CPU time: the analysis reports the errors without
+/// their configurations beside all of them (the slow reference: the same statistic over the
+/// other rows), names them, and still judges the targets on every row.
+#[test]
+fn configurations_with_host_steal_are_reported_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = |i: usize| ((i * 7) % 16) as f64 * 0.005 - 0.03;
+    let mut rows = grid(8, err);
+    // Configuration 3 ran through a steal burst: everything measured three times too slow.
+    for r in rows.iter_mut().filter(|r| r.config == 3) {
+        r.measured /= 3.0;
+    }
+    let steal = |r: &Row| if r.config == 3 { 0.12 } else { 0.001 };
+    let mut text = csv(&rows).replacen(HEADER, &format!("{HEADER},host_steal"), 1);
+    let lines: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| match i {
+            0 => l.to_string(),
+            _ => format!("{l},{}", steal(&rows[i - 1])),
+        })
+        .collect();
+    text = lines.join("\n") + "\n";
+    let path = dir.path().join("grid.csv");
+    std::fs::write(&path, text).unwrap();
+    let out = analyze(&path, &["--json", "--check"]);
+    assert_eq!(out.status.code(), Some(1), "the targets count every row");
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let clean: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.config != 3)
+        .map(|r| (r.predicted - r.measured).abs() / r.measured)
+        .collect();
+    let e = &s["errors_without_steal"];
+    assert_eq!(e["n"], 28);
+    assert!((e["median"].as_f64().unwrap() - r8(clean.clone(), 0.5)).abs() < 1e-9);
+    assert!((e["p90"].as_f64().unwrap() - r8(clean, 0.9)).abs() < 1e-9);
+    assert_eq!(s["stolen_configs"], serde_json::json!(["c03"]));
+    assert!(s["errors"]["p90"].as_f64().unwrap() > e["p90"].as_f64().unwrap());
+    let table = String::from_utf8_lossy(&analyze(&path, &[]).stdout).to_string();
+    assert!(
+        table.contains("without host steal") && table.contains("left out: c03"),
+        "{table}"
+    );
+    // A grid without the column has no such line.
+    let plain = dir.path().join("plain.csv");
+    std::fs::write(&plain, csv(&rows)).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_slice(&analyze(&plain, &["--json"]).stdout).unwrap();
+    assert!(s["errors_without_steal"].is_null());
+}
+
 #[test]
 fn missed_targets_fail_the_check_and_bad_files_are_named() {
     let dir = tempfile::tempdir().unwrap();

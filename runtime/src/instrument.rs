@@ -27,6 +27,81 @@ pub fn ns_of_us(us: f64) -> u64 {
     (us * NS_PER_US).round().max(0.0) as u64
 }
 
+/// The machine's CPU time since boot by kind, from the `cpu` line of Linux's `/proc/stat`
+/// (clock ticks summed over every CPU). Two readings around a run give the share of the
+/// machine's CPU time the hypervisor took from this VM while it ran ("steal"): a decode whose
+/// CPU pool spins on every core stalls at each stolen slice, so a run measured while the host
+/// stole time does not measure this machine's serving speed (`ft validate analyze` reports
+/// the errors without such runs beside all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct HostCpuTimes {
+    /// Ticks doing work or waiting on nothing: user, nice, system, idle, iowait, irq, softirq.
+    pub own: u64,
+    /// Ticks stolen by the hypervisor.
+    pub steal: u64,
+}
+
+impl HostCpuTimes {
+    /// Parse the aggregate `cpu` line of a `/proc/stat` text; `None` if it has none (or too
+    /// few fields: kernels before 2.6.11 had no steal column).
+    pub fn parse(proc_stat: &str) -> Option<HostCpuTimes> {
+        let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
+        let v: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|f| f.parse().ok())
+            .collect::<Option<Vec<u64>>>()?;
+        if v.len() < 8 {
+            return None;
+        }
+        Some(HostCpuTimes {
+            own: v[..7].iter().sum(),
+            steal: v[7],
+        })
+    }
+
+    /// The reading now; `None` where `/proc/stat` cannot be read (not Linux).
+    pub fn now() -> Option<HostCpuTimes> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    /// Ticks from `earlier` to `self`: (own, stolen).
+    pub fn since(&self, earlier: &HostCpuTimes) -> (u64, u64) {
+        (
+            self.own.saturating_sub(earlier.own),
+            self.steal.saturating_sub(earlier.steal),
+        )
+    }
+}
+
+/// Stolen share of the machine's CPU time above which a run's timing is not taken as the
+/// machine's own (2%): on the H200 VM (2026-12-04) runs overlapping steal bursts of 10 to 17%
+/// decoded two to three times slower than their neighbours, while the rest of the grid saw
+/// at most 0.2%.
+pub const STEAL_NOTABLE_FRACTION: f64 = 0.02;
+
+/// Stolen share of the machine's CPU time over intervals: stolen ticks over all ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct StealMeter {
+    own: u64,
+    steal: u64,
+}
+
+impl StealMeter {
+    /// Add the interval between two readings.
+    pub fn add(&mut self, start: &HostCpuTimes, end: &HostCpuTimes) {
+        let (own, steal) = end.since(start);
+        self.own += own;
+        self.steal += steal;
+    }
+
+    /// The stolen share of every interval added, 0 to 1; `None` before any tick.
+    pub fn fraction(&self) -> Option<f64> {
+        let all = self.own + self.steal;
+        (all > 0).then(|| self.steal as f64 / all as f64)
+    }
+}
+
 /// A resource of the timeline: one lane (Chrome trace `tid`) each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -698,6 +773,30 @@ impl ChromeTrace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_cpu_times_read_the_steal_column() {
+        let a = "cpu  100 5 50 1000 10 1 2 7 0 0\ncpu0 50 2 25 500 5 0 1 3 0 0\nintr 1\n";
+        let t = HostCpuTimes::parse(a).unwrap();
+        assert_eq!(
+            t,
+            HostCpuTimes {
+                own: 1168,
+                steal: 7
+            }
+        );
+        let b = "cpu  200 5 60 1100 10 1 2 47 0 0\n";
+        let u = HostCpuTimes::parse(b).unwrap();
+        let mut m = StealMeter::default();
+        assert_eq!(m.fraction(), None);
+        m.add(&t, &u);
+        // 210 own ticks and 40 stolen.
+        assert_eq!(u.since(&t), (210, 40));
+        assert!((m.fraction().unwrap() - 40.0 / 250.0).abs() < 1e-12);
+        assert_eq!(HostCpuTimes::parse("intr 1\n"), None);
+        assert_eq!(HostCpuTimes::parse("cpu  1 2 3\n"), None);
+        assert_eq!(HostCpuTimes::parse("cpu  1 x 3 4 5 6 7 8\n"), None);
+    }
 
     /// Naive reference: mark every ns covered.
     fn union_naive(iv: &[(u64, u64)]) -> u64 {
