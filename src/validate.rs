@@ -1480,6 +1480,7 @@ mod tests {
             bench_pcie_gather_overlap_gbs: None,
             threshold: 2.0,
             simulated_tok_s: None,
+            host_steal: None,
         };
         let mut rows = vec![
             row("offload", 1.0, t),
