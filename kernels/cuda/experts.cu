@@ -333,6 +333,21 @@ __device__ __forceinline__ int block_dot_i8(const u32 W[8], int G, const i8* qb)
     return d;
 }
 
+// The same dot with the block's activations already in registers (a[1] unused when G = 16).
+__device__ __forceinline__ int block_dot_i8_regs(const u32 W[8], int G, const int4 a[2]) {
+    int d = __dp4a((int)W[0], a[0].x, 0);
+    d = __dp4a((int)W[1], a[0].y, d);
+    d = __dp4a((int)W[2], a[0].z, d);
+    d = __dp4a((int)W[3], a[0].w, d);
+    if (G == 32) {
+        d = __dp4a((int)W[4], a[1].x, d);
+        d = __dp4a((int)W[5], a[1].y, d);
+        d = __dp4a((int)W[6], a[1].z, d);
+        d = __dp4a((int)W[7], a[1].w, d);
+    }
+    return d;
+}
+
 // The spec's fixed reduction of the 16 accumulators held by the 16 lanes of a half-warp;
 // the result is valid in lane 0 of the half-warp. All 32 lanes must call it.
 __device__ __forceinline__ float reduce16(float acc) {
@@ -593,12 +608,44 @@ __device__ __forceinline__ void down_impl(
         // Unrolled (few-token variants) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
         for (int b = lane; b < nb; b += HW) {
+            if (act == ACT_INT8 && R > 1) {
+                // The block's activations of each token (codes and scale), loaded once for
+                // the R rows that use them (the few-token variants; with one row per
+                // half-warp there is nothing to share and the registers are better left).
+                int4 qa[MT][2];
+                float sa[MT];
 #pragma unroll
-            for (int k = 0; k < R; k++) {
-                if (!live[k]) continue;
-                const u8* row = td.vals + (u64)(hw + 16 * k) * vrb;
-                const float sb = block_scale(fmt, td, I, hw + 16 * k, b);
-                if (act == ACT_INT8) {
+                for (int t = 0; t < MT; t++) {
+                    if (t < nt) {
+                        const u64 p = p0 + t;
+                        const int4* a = (const int4*)(hq + p * I + (u64)b * G);
+                        qa[t][0] = a[0];
+                        qa[t][1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
+                        sa[t] = hs[p * nb + b];
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < R; k++) {
+                    if (!live[k]) continue;
+                    const u8* row = td.vals + (u64)(hw + 16 * k) * vrb;
+                    const float sb = block_scale(fmt, td, I, hw + 16 * k, b);
+                    u32 W[8];
+                    load_w8(fmt, row, b, W);
+#pragma unroll
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            int d = block_dot_i8_regs(W, G, qa[t]);
+                            float s = __fmul_rn(sb, sa[t]);
+                            acc[k][t] = __fadd_rn(acc[k][t], __fmul_rn((float)d, s));
+                        }
+                    }
+                }
+            } else if (act == ACT_INT8) {
+#pragma unroll
+                for (int k = 0; k < R; k++) {
+                    if (!live[k]) continue;
+                    const u8* row = td.vals + (u64)(hw + 16 * k) * vrb;
+                    const float sb = block_scale(fmt, td, I, hw + 16 * k, b);
                     u32 W[8];
                     load_w8(fmt, row, b, W);
 #pragma unroll
@@ -610,7 +657,13 @@ __device__ __forceinline__ void down_impl(
                             acc[k][t] = __fadd_rn(acc[k][t], __fmul_rn((float)d, s));
                         }
                     }
-                } else {
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < R; k++) {
+                    if (!live[k]) continue;
+                    const u8* row = td.vals + (u64)(hw + 16 * k) * vrb;
+                    const float sb = block_scale(fmt, td, I, hw + 16 * k, b);
 #pragma unroll
                     for (int t = 0; t < MT; t++) {
                         if (t < nt) {
