@@ -91,6 +91,19 @@ impl ExpertStep {
         }
     }
 
+    /// The same step over the experts in `range` only (a chunk computed on its own; the
+    /// rows it does not route get 0 like any unrouted row).
+    pub fn part(&self, range: std::ops::Range<usize>) -> ExpertStep {
+        ExpertStep {
+            format: self.format,
+            hidden: self.hidden,
+            intermediate: self.intermediate,
+            act: self.act,
+            tokens: self.tokens,
+            experts: self.experts[range].to_vec(),
+        }
+    }
+
     /// Bytes of one expert in this step's format and shape.
     pub fn expert_bytes(&self) -> usize {
         (2 * self.format.matrix_bytes(self.intermediate, self.hidden)
@@ -635,7 +648,8 @@ pub(crate) fn cuda_launch(
         v as *const T as *mut std::ffi::c_void
     }
     let param: &ParamTableArg = &table.param;
-    let mut gate_up_args = [
+    // The arguments both kernels begin with (TABLE_ARGS, then format, path and shape).
+    let common = [
         p(param),
         p(&table.staged),
         p(&o_pairs),
@@ -645,32 +659,26 @@ pub(crate) fn cuda_launch(
         p(&act),
         p(&h),
         p(&i),
-        p(&x),
-        p(&tch),
-        p(&hf),
-        p(&hq),
-        p(&hs),
-        p(&stage_off),
     ];
-    let mut down_args = [
-        p(param),
-        p(&table.staged),
-        p(&o_pairs),
-        p(&o_begin),
-        p(&o_tok),
-        p(&fmt),
-        p(&act),
-        p(&h),
-        p(&i),
-        p(&tokens),
-        p(&o),
-        p(&hf),
-        p(&hq),
-        p(&hs),
-        p(&counters),
-        p(&y),
-        p(&down_stage),
-    ];
+    let mut gate_up_args: Vec<_> = common
+        .iter()
+        .copied()
+        .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
+        .collect();
+    let mut down_args: Vec<_> = common
+        .iter()
+        .copied()
+        .chain([
+            p(&tokens),
+            p(&o),
+            p(&hf),
+            p(&hq),
+            p(&hs),
+            p(&counters),
+            p(&y),
+            p(&down_stage),
+        ])
+        .collect();
     // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*; every
     // address was checked (validate) or allocated for this launch, and the values live
     // until the calls return (the driver copies them at launch).

@@ -586,6 +586,22 @@ pub(crate) fn region_table(
     (out, blocks)
 }
 
+/// Most blocks of an element-wise launch: its threads stride over the rest.
+const ELEMENTWISE_MAX_BLOCKS: u64 = 4096;
+
+/// The launch of an element-wise kernel over `n` values: a thread per value, at most
+/// [`ELEMENTWISE_MAX_BLOCKS`] blocks (the kernels loop with a grid stride).
+fn elementwise_config(n: u64) -> LaunchConfig {
+    let blocks = n
+        .div_ceil(STREAM_THREADS as u64)
+        .clamp(1, ELEMENTWISE_MAX_BLOCKS) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (STREAM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
 /// Most blocks one launch's x dimension may have (CUDA's limit is 2^31 - 1).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
 
@@ -915,12 +931,7 @@ impl CudaStreamH {
         let s = dptr(src)? + so as u64;
         let f = self.shared.function(KernelId::Elementwise, "ft_add_f32")?;
         let n64 = n as u64;
-        let blocks = (n64.div_ceil(STREAM_THREADS as u64)).min(4096) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (STREAM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = elementwise_config(n64);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&d).arg(&s).arg(&n64);
         // SAFETY: argument types match `ft_add_f32(float*, const float*, u64)`.
@@ -949,12 +960,7 @@ impl CudaStreamH {
             .shared
             .function(KernelId::Elementwise, "ft_combine_fixed")?;
         let (n, k) = (block as u64, k as i32);
-        let blocks = (n.div_ceil(STREAM_THREADS as u64)).min(4096) as u32;
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (STREAM_THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = elementwise_config(n);
         let mut b = self.stream.launch_builder(&f);
         b.arg(&a)
             .arg(&p)

@@ -888,12 +888,15 @@ impl Engine {
                     if m.link {
                         self.compute.wait(ev.chunk_gathered(c, chunks))?;
                     }
-                    let part = ExpertStep {
-                        experts: work.fetched.experts[r.clone()].to_vec(),
-                        ..work.fetched.clone()
+                    let part;
+                    let step = if chunks == 1 {
+                        &work.fetched
+                    } else {
+                        part = work.fetched.part(r.clone());
+                        &part
                     };
                     self.compute.launch_experts(
-                        &part,
+                        step,
                         self.slots.buffer(),
                         &self.act,
                         &self.y_fetched[c],
