@@ -6,9 +6,11 @@
 //! (a host spec: a what-if, not this machine) when given, else from the cached profile whose
 //! key matches this machine (GPU, driver, CPU, threads, NUMA), this model and this version,
 //! and on a CUDA device without one from `ft probe`, run here (at most its 20 s budget) and
-//! stored atomically in the profile cache for the next start. On the host-emulated device
-//! (nothing real to probe) a missing profile falls back to the default host spec, and the
-//! log says so. Either
+//! stored atomically in the profile cache for the next start. A profile fitted at another
+//! thread count than this server's CPU pool (`ft probe --threads 15` for a 13-worker pool) is
+//! re-expressed at the pool's count (`Profile::at_threads`), and the source says so. On the
+//! host-emulated device (nothing real to probe) a missing profile falls back to the default
+//! host spec, and the log says so. Either
 //! way one line gives the legacy ratio, its threshold and verdict, every prediction with its
 //! interval, the choice (or what auto would have chosen) and the margin; it is logged and
 //! printed on stdout beside the address (`--json` prints both as JSON). While serving, the
@@ -185,6 +187,24 @@ fn perf_model(
     model: &ModelSpec,
     device: Option<&Device>,
 ) -> Result<(PerfModel, ProbeSamples, String)> {
+    // A profile fitted at another thread count than this server's CPU pool is re-expressed at
+    // the pool's (`Profile::at_threads`): a profile probed by `ft probe --threads 15` predicts
+    // a 13-worker pool's CPU share at 13 workers.
+    let pool_threads = args.threads.unwrap_or_else(default_pool_threads) as u32;
+    let from_profile = |p: Profile, label: String| -> Result<(PerfModel, ProbeSamples, String)> {
+        if p.params.cpu_threads == pool_threads {
+            return Ok((p.perf_model(&label), p.samples.clone(), label));
+        }
+        let probed = p.params.cpu_threads;
+        let q = p
+            .at_threads(pool_threads)
+            .with_context(|| format!("{label}: re-expressing it at {pool_threads} threads"))?;
+        let label = format!(
+            "{label}, re-expressed at the pool's {pool_threads} threads (fitted at {probed})"
+        );
+        info!("{label}");
+        Ok((q.perf_model(&label), q.samples.clone(), label))
+    };
     let spec_model = |name: &str, why: &str| -> Result<(PerfModel, ProbeSamples, String)> {
         let host = ft_sim::hosts::resolve(name).with_context(|| format!("--host {name}"))?;
         if !why.is_empty() {
@@ -214,8 +234,7 @@ fn perf_model(
                     .join(", ")
             );
         }
-        let label = format!("profile {}", path.display());
-        return Ok((p.perf_model(&label), p.samples.clone(), label));
+        return from_profile(p, format!("profile {}", path.display()));
     }
     if let Some(name) = &args.host {
         return spec_model(name, "");
@@ -237,7 +256,7 @@ fn perf_model(
                 "cached profile {} (key matches this host, model and version)",
                 dir.join(key.file_name()).display()
             );
-            return Ok((p.perf_model(&label), p.samples.clone(), label));
+            return from_profile(p, label);
         }
         Ok(Err(reasons)) => format!(
             "no usable cached profile for this host, model and version ({})",
@@ -256,7 +275,7 @@ fn perf_model(
         rprobe::ProbeConfig::default().budget_s
     );
     let config = rprobe::ProbeConfig {
-        threads: args.threads.unwrap_or_else(default_pool_threads),
+        threads: pool_threads as usize,
         ..rprobe::ProbeConfig::default()
     };
     let t0 = std::time::Instant::now();
@@ -272,7 +291,7 @@ fn perf_model(
                 path.display()
             );
             info!("{label}");
-            Ok((profile.perf_model(&label), profile.samples.clone(), label))
+            from_profile(profile, label)
         }
         Err(e) => spec_model(
             ft_sim::hosts::DEFAULT_HOST,
@@ -382,7 +401,7 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             println!(
                 "{}",
-                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "decision": decision})
+                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "decision": decision})
             );
         } else {
             println!("decision: {line}");

@@ -34,7 +34,6 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ft_model::perf::legacy::{self, fraction_q16, LegacyVerdict, FRACTION_ONE};
-use ft_model::perf::ParamId;
 use ft_model::profile::Profile;
 use ft_model::{ModelSpec, StrategyKind};
 use ft_runtime::instrument::STEAL_NOTABLE_FRACTION;
@@ -226,7 +225,7 @@ pub fn run(args: Args) -> Result<()> {
         } => {
             let p = Profile::read(&profile)
                 .with_context(|| format!("--profile {}", profile.display()))?;
-            let q = retarget(&p, threads)?;
+            let q = p.at_threads(threads)?;
             crate::probe::write_atomic(&out, &serde_json::to_vec_pretty(&q)?)
         }
         Command::Refit { profile, out } => {
@@ -482,82 +481,6 @@ fn peer_cmd(profile: &Path, threshold: f64, field: Option<&str>, json: bool) -> 
     Ok(())
 }
 
-/// A profile re-expressed at `threads` serving threads: the CPU streaming rate becomes the
-/// model's own rate at that count (`PerfParams::cpu_rate_gbs`), the per-expert cost and the
-/// per-token rate likewise (`cpu_expert_cost_us`, `cpu_token_rate_gmacs`), and the
-/// covariance is carried through the same map (its Jacobian: the streaming rate and the
-/// per-expert cost depend on themselves and on the thread exponent, the token rate on
-/// itself). Every other parameter is unchanged.
-///
-/// Where the probe measured the CPU step at exactly `threads` threads (isolated, one token
-/// per expert: `ft probe` does at a half and a quarter of the serving threads), the streaming
-/// rate is taken from those samples instead ([`cpu_rate_at_threads`]): the single power law
-/// through 4, 8 and 15 threads missed the 4-thread samples of the H200 by 4%, and a sample at
-/// the very thread count beats an interpolation through it.
-pub fn retarget(p: &Profile, threads: u32) -> Result<Profile> {
-    if threads == 0 {
-        bail!("--threads must be at least 1");
-    }
-    let old = &p.params;
-    let t = threads as f64;
-    let r = t / old.cpu_threads as f64;
-    let mut q = p.clone();
-    q.params.cpu_gbs = old.cpu_rate_gbs(t);
-    q.params.cpu_token_gmacs = old.cpu_token_rate_gmacs(t);
-    q.params.cpu_expert_us = old.cpu_expert_cost_us(t);
-    q.params.cpu_threads = threads;
-    q.params.validate()?;
-    let ids = &p.covariance.params;
-    let n = ids.len();
-    let idx = |id: ParamId| ids.iter().position(|x| *x == id);
-    let mut jac = vec![vec![0.0; n]; n];
-    for (i, row) in jac.iter_mut().enumerate() {
-        row[i] = 1.0;
-    }
-    if let Some(g) = idx(ParamId::CpuGbs) {
-        jac[g][g] = r.powf(old.cpu_thread_exponent);
-        if let Some(e) = idx(ParamId::CpuThreadExponent) {
-            jac[g][e] = q.params.cpu_gbs * r.ln();
-        }
-    }
-    if let Some(k) = idx(ParamId::CpuTokenGmacs) {
-        jac[k][k] = r;
-    }
-    if let Some(x) = idx(ParamId::CpuExpertUs) {
-        jac[x][x] = r.powf(-old.cpu_thread_exponent);
-        if let Some(e) = idx(ParamId::CpuThreadExponent) {
-            jac[x][e] = -q.params.cpu_expert_us * r.ln();
-        }
-    }
-    let c = &p.covariance.matrix;
-    let mut out = vec![vec![0.0; n]; n];
-    for a in 0..n {
-        for b in 0..n {
-            let mut s = 0.0;
-            for i in 0..n {
-                for j in 0..n {
-                    s += jac[a][i] * c[i][j] * jac[b][j];
-                }
-            }
-            out[a][b] = s;
-        }
-    }
-    q.covariance.matrix = out;
-    if let Some((rate, se)) = cpu_rate_at_threads(&q.params, &p.samples.cpu_step, threads) {
-        q.params.cpu_gbs = rate;
-        q.params.validate()?;
-        if let Some(g) = idx(ParamId::CpuGbs) {
-            // Measured at this count: no longer a function of the exponent.
-            for k in 0..n {
-                q.covariance.matrix[g][k] = 0.0;
-                q.covariance.matrix[k][g] = 0.0;
-            }
-            q.covariance.matrix[g][g] = se * se;
-        }
-    }
-    Ok(q)
-}
-
 /// A profile refitted from its own samples (`ft_model::perf::fit`), the fit starting from
 /// its parameters: what `ft probe` of this build would have fitted to the same measurements.
 /// The key, the samples and the bench bandwidths are kept.
@@ -572,44 +495,6 @@ pub fn refit(p: &Profile) -> Result<Profile> {
     q.dof = model.dof;
     q.fit = Some(report);
     Ok(q)
-}
-
-/// The CPU streaming rate at `threads` threads from the probe's isolated one-token
-/// `cpu-step` samples at exactly that count, in GB/s, with its standard error: the one-
-/// parameter least squares of `time - fixed = bytes / rate` (the fixed part, per layer and
-/// per expert, from `params`), over at least two samples. `None` where there are fewer.
-pub fn cpu_rate_at_threads(
-    params: &ft_model::perf::PerfParams,
-    samples: &[ft_model::perf::fit::CpuStepSample],
-    threads: u32,
-) -> Option<(f64, f64)> {
-    use ft_model::perf::{ExpertShape, BYTES_PER_US_PER_GBS};
-    let t = threads as f64;
-    // (bytes over 1 GB/s in us, the time left after the fixed part in us)
-    let points: Vec<(f64, f64)> = samples
-        .iter()
-        .filter(|s| s.threads == threads && !s.contended && s.tokens_per_expert == 1)
-        .map(|s| {
-            let shape = ExpertShape {
-                bytes: s.expert_bytes,
-                macs: s.expert_macs,
-            };
-            let n = s.experts as f64;
-            let fixed = params.cpu_fixed_us(n, n, shape, t);
-            (n * s.expert_bytes / BYTES_PER_US_PER_GBS, s.time_us - fixed)
-        })
-        .collect();
-    if points.len() < 2 {
-        return None;
-    }
-    let saa: f64 = points.iter().map(|(a, _)| a * a).sum();
-    let x = points.iter().map(|(a, z)| a * z).sum::<f64>() / saa; // us per (B / 1e3) = 1 / rate
-    if !(x.is_finite() && x > 0.0) {
-        return None;
-    }
-    let rss: f64 = points.iter().map(|(a, z)| (z - a * x).powi(2)).sum();
-    let se_x = (rss / (points.len() - 1) as f64 / saa).sqrt();
-    Some((1.0 / x, se_x / (x * x)))
 }
 
 // ------------------------------------------------------------------------------ collect
@@ -1500,73 +1385,5 @@ mod tests {
         assert!(rows[1].simulated_tok_s > rows[0].simulated_tok_s);
         let s = analyze(&rows).unwrap();
         assert_eq!(s.sim_errors.as_ref().unwrap().n, 3);
-    }
-
-    #[test]
-    fn retargeting_moves_the_cpu_rates_along_the_models_own_scaling() {
-        let (p, _) = field_profile();
-        let q = retarget(&p, 6).unwrap();
-        let (a, b) = (&p.params, &q.params);
-        // Same rates at every thread count: only the reference point moved.
-        for t in [1.0, 6.0, 12.0, 24.0] {
-            assert!(
-                (a.cpu_rate_gbs(t) - b.cpu_rate_gbs(t)).abs() < 1e-9 * a.cpu_rate_gbs(t),
-                "{t}"
-            );
-            assert!(
-                (a.cpu_token_rate_gmacs(t) - b.cpu_token_rate_gmacs(t)).abs()
-                    < 1e-9 * a.cpu_token_rate_gmacs(t)
-            );
-            assert!(
-                (a.cpu_expert_cost_us(t) - b.cpu_expert_cost_us(t)).abs()
-                    <= 1e-9 * a.cpu_expert_cost_us(t).max(1e-12),
-                "{t}: the per-expert cost follows the same law"
-            );
-        }
-        assert_eq!(b.cpu_threads, 6);
-        // The covariance of the moved rate is the delta method's.
-        let r = 6.0 / 24.0f64;
-        let se = |c: &ft_model::perf::ParamCovariance, id| c.se(id);
-        let want = se(&p.covariance, ParamId::CpuTokenGmacs) * r;
-        assert!((se(&q.covariance, ParamId::CpuTokenGmacs) - want).abs() < 1e-9 * want.max(1e-12));
-        assert_eq!(
-            se(&q.covariance, ParamId::GatherGbs),
-            se(&p.covariance, ParamId::GatherGbs)
-        );
-        assert!(retarget(&p, 0).is_err());
-
-        // With probe samples at the target count, the rate is theirs, not the power law's.
-        let mut p2 = p.clone();
-        let want = 0.8 * a.cpu_rate_gbs(6.0);
-        let mut truth = a.clone();
-        truth.cpu_gbs = want;
-        truth.cpu_expert_us = a.cpu_expert_cost_us(6.0);
-        truth.cpu_threads = 6;
-        let shape = ft_model::perf::ExpertShape {
-            bytes: 2.77e6,
-            macs: 4.9e6,
-        };
-        for (n, tpe, th) in [(8, 1, 6), (10, 1, 6), (20, 1, 6), (10, 4, 6), (10, 1, 24)] {
-            let e = n as f64;
-            p2.samples
-                .cpu_step
-                .push(ft_model::perf::fit::CpuStepSample {
-                    experts: n,
-                    tokens_per_expert: tpe,
-                    expert_bytes: shape.bytes,
-                    expert_macs: shape.macs,
-                    threads: th,
-                    contended: false,
-                    time_us: truth.cpu_step_us(e, e * tpe as f64, shape, th as f64),
-                });
-        }
-        let q2 = retarget(&p2, 6).unwrap();
-        assert!((q2.params.cpu_rate_gbs(6.0) - want).abs() < 1e-9 * want);
-        assert!(q2.covariance.se(ParamId::CpuGbs) < 1e-6 * want);
-        // No samples at 5 threads: the power law.
-        let q3 = retarget(&p2, 5).unwrap();
-        assert!(
-            (q3.params.cpu_rate_gbs(5.0) - a.cpu_rate_gbs(5.0)).abs() < 1e-9 * a.cpu_rate_gbs(5.0)
-        );
     }
 }

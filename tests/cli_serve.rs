@@ -360,6 +360,67 @@ fn serve_decodes_with_checkpoint_experts() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--expert-weights"));
 }
 
+/// A profile fitted at another thread count than the server's CPU pool is re-expressed at
+/// the pool's: the start-up prediction says so, and its CPU rate is the model's own at the
+/// pool's threads.
+#[test]
+fn serve_predicts_at_its_pools_thread_count() {
+    use ft_model::host::HostSpec;
+    use ft_model::perf::PerfModel;
+    use ft_model::profile::{store, HostFingerprint, Profile, ProfileKey};
+    use ft_model::ModelSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let host = HostSpec::field_report();
+    let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+    let perf = PerfModel::from_host(&host).unwrap();
+    let fitted_at = perf.params.cpu_threads;
+    let profile = Profile {
+        key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
+        created_unix_s: 0,
+        params: perf.params,
+        covariance: perf.covariance,
+        dof: Some(40),
+        fit: None,
+        samples: Default::default(),
+        bench_bw: None,
+    };
+    let path = store(dir.path(), &profile).unwrap();
+    let predict = |threads: u32| {
+        let t = threads.to_string();
+        let out = ft()
+            .args([
+                "serve",
+                "--backend",
+                "reference",
+                "--profile",
+                path.to_str().unwrap(),
+                "--threads",
+                &t,
+                "--predict-only",
+                "--json",
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["source"].as_str().unwrap().to_string()
+    };
+    let other = if fitted_at == 6 { 5 } else { 6 };
+    let source = predict(other);
+    assert!(
+        source.contains(&format!(
+            "re-expressed at the pool's {other} threads (fitted at {fitted_at})"
+        )),
+        "{source}"
+    );
+    let same = predict(fitted_at);
+    assert!(!same.contains("re-expressed"), "{same}");
+}
+
 #[test]
 fn bad_arguments_are_named() {
     let out = ft()
