@@ -24,6 +24,10 @@
 #   FT_REPEAT        rounds of the four strategies in their process, each strategy's median
 #                    round reported (default 3)
 #   FT_RESUME=1      continue a run cut by its budget in the same OUTDIR (see below)
+#   FT_STEAL_RERUN   a configuration whose runs lost more than this share of the machine's
+#                    CPU time to the hypervisor (`ft run`'s host_steal_fraction) is run once
+#                    more while the budget lasts, and the attempt with less steal is kept (the
+#                    other under runs/stolen/); default 0.02, as `ft validate analyze` counts
 # Only bash and ft are needed. Skips cleanly without a CUDA device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -108,6 +112,24 @@ all_runs_exist() { # config: true when every strategy of it has its run document
     done
 }
 
+STEAL_RERUN="${FT_STEAL_RERUN:-0.02}"
+max_steal() { # config: the largest host steal share of its run documents (0 where unrecorded)
+    local s v m=0
+    for s in offload hybrid hybrid-legacy cpu; do
+        v=$("$FT" validate get "$OUT/runs/$1-$s.json" host_steal_fraction 2>/dev/null) || v=0
+        m=$(awk -v a="$m" -v b="$v" 'BEGIN { b += 0; print (b > a) ? b : a }')
+    done
+    echo "$m"
+}
+above() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 > b + 0) }'; }
+move_runs() { # config, from, to: its four run documents from one folder to another
+    local s
+    for s in offload hybrid hybrid-legacy cpu; do
+        [[ -f "$2/$1-$s.json" ]] && mv "$2/$1-$s.json" "$3/$1-$s.json"
+    done
+    return 0
+}
+
 run_config() { # config, then ft run arguments: runs/<config>-<strategy>.json for the four
     local config="$1"; shift
     if ! "$FT" run "$@" --report-prefix "$OUT/runs/$config-" < /dev/null > /dev/null 2> "$OUT/logs/$config-run.log"; then
@@ -141,8 +163,26 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     common=(--device cuda --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
             --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP"
             --seed "$SEED" --repeat "$REPEAT")
-    run_config "$config" "${common[@]}" \
-        --interleave "offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
+    interleave="offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
+    run_config "$config" "${common[@]}" --interleave "$interleave"
+    steal=$(max_steal "$config")
+    if all_runs_exist "$config" && above "$steal" "$STEAL_RERUN" && (( SECONDS - t0 < GRID_BUDGET_S )); then
+        # Measured while the VM lost CPU time: not this machine's serving speed (a stolen
+        # vCPU stalls the spinning pool). Once more; the attempt with less steal is kept.
+        mkdir -p "$OUT/runs/stolen"
+        move_runs "$config" "$OUT/runs" "$OUT/runs/stolen"
+        run_config "$config" "${common[@]}" --interleave "$interleave"
+        again=$(max_steal "$config")
+        if ! all_runs_exist "$config" || above "$again" "$steal"; then
+            mkdir -p "$OUT/runs/stolen/second"
+            move_runs "$config" "$OUT/runs" "$OUT/runs/stolen/second"
+            move_runs "$config" "$OUT/runs/stolen" "$OUT/runs"
+            kept=first
+        else
+            kept=second
+        fi
+        echo "$config: host steal $steal of the CPU time during its runs; ran again (steal $again), kept the $kept" | tee -a "$OUT/env.txt" >&2
+    fi
     done_configs=$(( done_configs + 1 ))
 done < <(tail -n +2 "$OUT/plan.csv")
 echo "grid: $done_configs configurations in $(( SECONDS - t0 )) s" >> "$OUT/env.txt"
