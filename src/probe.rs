@@ -983,20 +983,10 @@ fn export_freetoken(
 mod tests {
     use super::*;
     use ft_model::host::HostSpec;
-    use ft_model::perf::PerfModel;
-    use ft_model::profile::{now_unix_s, HostFingerprint};
 
     fn profile(model: &ModelSpec) -> Profile {
         let host = HostSpec::field_report();
-        let perf = PerfModel::from_host(&host).unwrap();
         Profile {
-            key: ProfileKey::new(HostFingerprint::of_spec(&host), model),
-            created_unix_s: now_unix_s(),
-            params: perf.params,
-            covariance: perf.covariance,
-            dof: None,
-            fit: None,
-            samples: ProbeSamples::default(),
             bench_bw: Some(BenchBw {
                 expert_bytes: 7_974_912,
                 experts: 8,
@@ -1005,6 +995,7 @@ mod tests {
                 cpu_moe_overlap_gbs: Some(33.4),
                 pcie_gather_overlap_gbs: Some(12.8),
             }),
+            ..Profile::of_host_spec(&host, model).unwrap()
         }
     }
 

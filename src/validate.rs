@@ -1311,23 +1311,9 @@ mod tests {
     /// A profile of the field report's host spec (its prior, no samples) for
     /// qwen3.8-flash-next, and that model.
     fn field_profile() -> (Profile, ModelSpec) {
-        use ft_model::host::HostSpec;
-        use ft_model::perf::PerfModel;
-        use ft_model::profile::{now_unix_s, HostFingerprint, ProfileKey};
-        let host = HostSpec::field_report();
-        let perf = PerfModel::from_host(&host).unwrap();
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
-        let p = Profile {
-            key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
-            created_unix_s: now_unix_s(),
-            params: perf.params.clone(),
-            covariance: perf.covariance.clone(),
-            dof: None,
-            fit: None,
-            samples: Default::default(),
-            bench_bw: None,
-        };
-        (p, model)
+        let host = ft_model::host::HostSpec::field_report();
+        (Profile::of_host_spec(&host, &model).unwrap(), model)
     }
 
     #[test]

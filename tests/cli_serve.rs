@@ -366,24 +366,12 @@ fn serve_decodes_with_checkpoint_experts() {
 #[test]
 fn serve_predicts_at_its_pools_thread_count() {
     use ft_model::host::HostSpec;
-    use ft_model::perf::PerfModel;
-    use ft_model::profile::{store, HostFingerprint, Profile, ProfileKey};
+    use ft_model::profile::{store, Profile};
     use ft_model::ModelSpec;
     let dir = tempfile::tempdir().unwrap();
-    let host = HostSpec::field_report();
     let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
-    let perf = PerfModel::from_host(&host).unwrap();
-    let fitted_at = perf.params.cpu_threads;
-    let profile = Profile {
-        key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
-        created_unix_s: 0,
-        params: perf.params,
-        covariance: perf.covariance,
-        dof: Some(40),
-        fit: None,
-        samples: Default::default(),
-        bench_bw: None,
-    };
+    let profile = Profile::of_host_spec(&HostSpec::field_report(), &model).unwrap();
+    let fitted_at = profile.params.cpu_threads;
     let path = store(dir.path(), &profile).unwrap();
     let predict = |threads: u32| {
         let t = threads.to_string();

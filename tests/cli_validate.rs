@@ -279,19 +279,10 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
     // A profile with bench bandwidths for that geometry.
     use ft_model::host::HostSpec;
     use ft_model::perf::legacy::BenchBw;
-    use ft_model::perf::PerfModel;
-    use ft_model::profile::{now_unix_s, HostFingerprint, Profile, ProfileKey};
+    use ft_model::profile::Profile;
     let host = HostSpec::field_report();
-    let perf = PerfModel::from_host(&host).unwrap();
     let model = ft_model::ModelSpec::preset(geometry).unwrap();
     let profile = Profile {
-        key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
-        created_unix_s: now_unix_s(),
-        params: perf.params,
-        covariance: perf.covariance,
-        dof: None,
-        fit: None,
-        samples: Default::default(),
         bench_bw: Some(BenchBw {
             expert_bytes: 7_974_912,
             experts: 8,
@@ -300,6 +291,7 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
             cpu_moe_overlap_gbs: Some(BENCH.2),
             pcie_gather_overlap_gbs: Some(BENCH.3),
         }),
+        ..Profile::of_host_spec(&host, &model).unwrap()
     };
     std::fs::create_dir_all(d.join("profiles")).unwrap();
     std::fs::write(

@@ -3,9 +3,7 @@
 use std::process::Command;
 
 use ft_model::host::HostSpec;
-use ft_model::perf::fit::ProbeSamples;
-use ft_model::perf::PerfModel;
-use ft_model::profile::{store, HostFingerprint, Profile, ProfileKey};
+use ft_model::profile::{store, Profile};
 use ft_model::ModelSpec;
 
 /// Short traffic runs keep the tests fast.
@@ -118,17 +116,7 @@ fn a_host_file_and_a_profile_file() {
 
     // The same parameters through a profile file.
     let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
-    let perf = PerfModel::from_host(&host).unwrap();
-    let profile = Profile {
-        key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
-        created_unix_s: 0,
-        params: perf.params,
-        covariance: perf.covariance,
-        dof: Some(40),
-        fit: None,
-        samples: ProbeSamples::default(),
-        bench_bw: None,
-    };
+    let profile = Profile::of_host_spec(&host, &model).unwrap();
     let stored = store(dir.path(), &profile).unwrap();
     let mut args = vec!["predict", "--profile", stored.to_str().unwrap(), "--json"];
     args.extend(QUICK);

@@ -291,6 +291,23 @@ pub struct Profile {
 }
 
 impl Profile {
+    /// The profile of a host spec: its prior parameters and covariance
+    /// ([`PerfModel::from_host`]) keyed by the spec's fingerprint and `model`, with no probe
+    /// samples and no fit (what a what-if host predicts from, as a profile file).
+    pub fn of_host_spec(host: &HostSpec, model: &ModelSpec) -> Result<Profile> {
+        let perf = PerfModel::from_host(host)?;
+        Ok(Profile {
+            key: ProfileKey::new(HostFingerprint::of_spec(host), model),
+            created_unix_s: now_unix_s(),
+            params: perf.params,
+            covariance: perf.covariance,
+            dof: perf.dof,
+            fit: None,
+            samples: ProbeSamples::default(),
+            bench_bw: None,
+        })
+    }
+
     /// A profile re-expressed at `threads` serving threads: the CPU streaming rate becomes the
     /// model's own rate at that count ([`PerfParams::cpu_rate_gbs`]), the per-expert cost and the
     /// per-token rate likewise (`cpu_expert_cost_us`, `cpu_token_rate_gmacs`), and the
@@ -573,19 +590,8 @@ mod tests {
     /// A profile of the field report's host spec (its prior, no samples) for
     /// qwen3.8-flash-next.
     fn field_profile() -> Profile {
-        let host = HostSpec::field_report();
-        let perf = PerfModel::from_host(&host).unwrap();
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
-        Profile {
-            key: ProfileKey::new(HostFingerprint::of_spec(&host), &model),
-            created_unix_s: now_unix_s(),
-            params: perf.params.clone(),
-            covariance: perf.covariance.clone(),
-            dof: None,
-            fit: None,
-            samples: Default::default(),
-            bench_bw: None,
-        }
+        Profile::of_host_spec(&HostSpec::field_report(), &model).unwrap()
     }
 
     #[test]
@@ -654,19 +660,9 @@ mod tests {
         );
     }
 
-    use crate::perf::PerfModel;
-
     fn profile(model: &ModelSpec) -> Profile {
         let host = HostSpec::field_report();
-        let perf = PerfModel::from_host(&host).unwrap();
         Profile {
-            key: ProfileKey::new(HostFingerprint::of_spec(&host), model),
-            created_unix_s: now_unix_s(),
-            params: perf.params,
-            covariance: perf.covariance,
-            dof: None,
-            fit: None,
-            samples: ProbeSamples::default(),
             bench_bw: Some(BenchBw {
                 expert_bytes: 7_974_912,
                 experts: 8,
@@ -675,6 +671,7 @@ mod tests {
                 cpu_moe_overlap_gbs: None,
                 pcie_gather_overlap_gbs: None,
             }),
+            ..Profile::of_host_spec(&host, model).unwrap()
         }
     }
 
