@@ -92,8 +92,8 @@ pub struct Args {
     /// Wall-clock budget of the probes, seconds.
     #[arg(long, default_value_t = rprobe::DEFAULT_BUDGET_S)]
     budget_s: f64,
-    /// How the CPU pool waits between layers: spin or park (default: spin where the cores
-    /// allow).
+    /// How the CPU pool waits between layers: spin, spin-beside or park (`ft run
+    /// --pool-wait`; default: spin where a core stays free).
     #[arg(long)]
     pool_wait: Option<String>,
     /// Re-probe even when a fresh profile is cached.

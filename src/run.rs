@@ -130,8 +130,9 @@ pub struct Args {
     /// Gather method: copy-engine or zero-copy.
     #[arg(long, default_value = "copy-engine")]
     gather: String,
-    /// How the CPU pool waits between layers: spin or park (default: spin on CUDA, park on
-    /// the host device).
+    /// How the CPU pool waits between layers: spin (the host thread computes as one of
+    /// --threads), spin-beside (--threads workers, the host spinning idle beside them) or
+    /// park (default: spin on CUDA, park on the host device).
     #[arg(long)]
     pool_wait: Option<String>,
     /// Host device only: emulated link bandwidth, GB/s.
@@ -622,10 +623,15 @@ pub fn run(args: Args) -> Result<()> {
             DeviceKind::Cuda => ft_runtime::slots::DEFAULT_RESERVE_BYTES,
         },
     };
-    if kind == DeviceKind::Host && threads + 1 > cores && pool_wait == PoolWait::Spin {
+    let spinning = match pool_wait {
+        PoolWait::Spin => threads,
+        PoolWait::SpinBeside => threads + 1,
+        PoolWait::Park => 0,
+    };
+    if kind == DeviceKind::Host && spinning > cores {
         notes.push(format!(
-            "{threads} spinning CPU workers plus the host thread exceed this machine's {cores} cores: \
-             expect contention (use --pool-wait park)"
+            "{spinning} spinning threads (CPU workers and the host thread) exceed this \
+             machine's {cores} cores: expect contention (use --pool-wait park)"
         ));
     }
     let available = available_ram().unwrap_or(u64::MAX);

@@ -7,6 +7,7 @@
 //!   and GPU) and its scalar implementation.
 //! - [`step`]: the layer call ([`CpuExperts`]) on a persistent rayon pool, SIMD chosen at run time.
 //! - [`stream`]: a STREAM-style read bandwidth measurement with the same threads.
+//! - `team`: a phase whose tiles the calling thread shares with the pool ([`WaitMode::Help`]).
 
 pub mod codec;
 pub mod cuda_sources;
@@ -17,6 +18,7 @@ mod rows;
 pub mod simd;
 pub mod step;
 pub mod stream;
+mod team;
 pub mod w4a8;
 mod x86;
 

@@ -100,6 +100,11 @@ pub enum WaitMode {
     /// phases took 113 us), the rest being wake-up latency.
     #[default]
     Spin,
+    /// The caller computes tiles beside the pool's workers ([`crate::team`]): a call on a
+    /// pool of `N` workers runs on `N + 1` threads and holds no core idle. Meant for a
+    /// runtime whose workers spin between layers (the hybrid executor), where the caller
+    /// would otherwise spin idle beside them.
+    Help,
 }
 
 /// Where a layer call's time went, measured on the pool (microseconds).
@@ -161,6 +166,41 @@ pub struct CpuExperts {
     level: SimdLevel,
     wait: WaitMode,
     scratch: Scratch,
+}
+
+/// How one call's phases spread their tiles over threads.
+#[derive(Clone, Copy)]
+enum Spread<'p> {
+    /// Rayon's parallel iterators (the call runs on a pool thread).
+    Rayon,
+    /// Shared with the calling thread ([`crate::team::for_each`]), `helpers` workers at most.
+    Team {
+        pool: &'p ThreadPool,
+        helpers: usize,
+    },
+}
+
+impl Spread<'_> {
+    /// Run `f(i)` for every `i` in `0..n`, in parallel; returns when all have run.
+    fn for_each(self, n: usize, f: impl Fn(usize) + Sync + Send) {
+        match self {
+            Spread::Rayon => (0..n).into_par_iter().for_each(f),
+            Spread::Team { pool, helpers } => crate::team::for_each(pool, helpers, n, &f),
+        }
+    }
+}
+
+/// Run a call's phases (`body`, given how to spread each phase's tiles) as `mode` says: on
+/// the caller with the pool helping ([`WaitMode::Help`]), or on the pool ([`run_on`]).
+fn run_phases<F: FnOnce(Spread<'_>) + Send>(pool: &ThreadPool, mode: WaitMode, body: F) {
+    if mode == WaitMode::Help && pool.current_thread_index().is_none() {
+        body(Spread::Team {
+            pool,
+            helpers: pool.current_num_threads(),
+        });
+    } else {
+        run_on(pool, mode, || body(Spread::Rayon));
+    }
 }
 
 /// Run `f` on `pool` and wait for it as `mode` says; from inside the pool, run it inline.
@@ -364,9 +404,9 @@ impl CpuExperts {
                 let h_ptr = SharedMut(s.h_f32.as_mut_ptr());
                 let slot0 = &s.slot0;
                 let h_f32 = &s.h_f32;
-                run_on(&pool, wait, || {
+                run_phases(&pool, wait, |spread| {
                     let t0 = std::time::Instant::now();
-                    (0..tiles1).into_par_iter().for_each(|tile| {
+                    spread.for_each(tiles1, |tile| {
                         let (e, r0) = (tile / tiles_per_expert, (tile % tiles_per_expert) * tile1);
                         let r1 = (r0 + tile1).min(inter);
                         let work = &experts[e];
@@ -391,7 +431,7 @@ impl CpuExperts {
                     });
                     let t1 = std::time::Instant::now();
                     timing_ref.gate_up_us = (t1 - t0).as_secs_f64() * 1e6;
-                    (0..tiles2).into_par_iter().for_each(|tile| {
+                    spread.for_each(tiles2, |tile| {
                         let r0 = tile * rows::DOWN_TILE_ROWS;
                         let r1 = (r0 + rows::DOWN_TILE_ROWS).min(hidden);
                         let mut o = Vec::new();
@@ -430,7 +470,7 @@ impl CpuExperts {
                     }
                 }
                 let used_count = used.iter().filter(|&&u| u).count();
-                let threads = pool.current_num_threads();
+                let threads = pool.current_num_threads() + usize::from(wait == WaitMode::Help);
                 let mut xptrs: Vec<Option<QuantActPtr>> = vec![None; tokens];
                 for (t, a) in s.x_act.iter_mut().enumerate().take(tokens) {
                     if used[t] {
@@ -448,12 +488,12 @@ impl CpuExperts {
                 let slot0 = &s.slot0;
                 let x_act = &s.x_act;
                 let h_act = &s.h_act;
-                run_on(&pool, wait, || {
+                run_phases(&pool, wait, |spread| {
                     let t0 = std::time::Instant::now();
                     // (token, block chunk) tasks: few tokens still spread over the threads.
                     let chunks = prep_chunks(xshape.blocks, used_count, threads);
                     let per = xshape.blocks.div_ceil(chunks);
-                    (0..tokens * chunks).into_par_iter().for_each(|task| {
+                    spread.for_each(tokens * chunks, |task| {
                         let (t, c) = (task / chunks, task % chunks);
                         if let Some(p) = &xptrs[t] {
                             let (b0, b1) = (c * per, ((c + 1) * per).min(xshape.blocks));
@@ -467,7 +507,7 @@ impl CpuExperts {
                     });
                     let t1 = std::time::Instant::now();
                     timing_ref.prep_us = (t1 - t0).as_secs_f64() * 1e6;
-                    (0..tiles1).into_par_iter().for_each(|tile| {
+                    spread.for_each(tiles1, |tile| {
                         let (e, r0) = (tile / tiles_per_expert, (tile % tiles_per_expert) * tile1);
                         let r1 = (r0 + tile1).min(inter);
                         let work = &experts[e];
@@ -502,7 +542,7 @@ impl CpuExperts {
                     });
                     let t2 = std::time::Instant::now();
                     timing_ref.gate_up_us = (t2 - t1).as_secs_f64() * 1e6;
-                    (0..tiles2).into_par_iter().for_each(|tile| {
+                    spread.for_each(tiles2, |tile| {
                         let r0 = tile * rows::DOWN_TILE_ROWS;
                         let r1 = (r0 + rows::DOWN_TILE_ROWS).min(hidden);
                         let mut o = Vec::new();

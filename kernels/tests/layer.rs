@@ -287,17 +287,28 @@ fn encoded_weights_with_tiny_blocks_stay_bit_identical() {
 }
 
 #[test]
-fn spin_wait_gives_the_same_bits_as_blocking() {
+fn every_wait_mode_gives_the_same_bits() {
+    // Block and Spin run the call on the pool (rayon's parallel iterators); Help runs it on
+    // the caller, tiles shared with the workers. The int8 path is bit-identical whoever
+    // computes a tile; f32 stays within the reference's tolerance.
+    use ft_kernels::WaitMode;
     let g = small();
-    let f = ExpertFormat::Nvfp4;
-    let c = case(f, &g, 21);
-    let mut k = CpuExperts::new(2).unwrap();
-    let a = run(&mut k, f, &g, ActivationPath::Int8, &c);
-    k.set_wait_mode(ft_kernels::WaitMode::Spin);
-    assert_eq!(k.wait_mode(), ft_kernels::WaitMode::Spin);
-    let b = run(&mut k, f, &g, ActivationPath::Int8, &c);
-    assert_eq!(a, b);
-    let fa = run(&mut k, f, &g, ActivationPath::F32, &c);
-    let want = reference_layer(f, &g, &work(&c), &c.x, &c.y0).unwrap();
-    assert!(delta_error(&fa, &want, &c.y0) <= F32_TOL);
+    for f in [ExpertFormat::Nvfp4, ExpertFormat::Q4_0] {
+        let c = case(f, &g, 21);
+        let want = reference_layer(f, &g, &work(&c), &c.x, &c.y0).unwrap();
+        let mut k = CpuExperts::new(2).unwrap();
+        k.set_wait_mode(WaitMode::Block);
+        let base = run(&mut k, f, &g, ActivationPath::Int8, &c);
+        for mode in [WaitMode::Block, WaitMode::Spin, WaitMode::Help] {
+            k.set_wait_mode(mode);
+            assert_eq!(k.wait_mode(), mode);
+            for _ in 0..3 {
+                let y = run(&mut k, f, &g, ActivationPath::Int8, &c);
+                assert_eq!(y, base, "{f} int8 with {mode:?}");
+                let fy = run(&mut k, f, &g, ActivationPath::F32, &c);
+                let err = delta_error(&fy, &want, &c.y0);
+                assert!(err <= F32_TOL, "{f} f32 with {mode:?}: {err:.3e}");
+            }
+        }
+    }
 }

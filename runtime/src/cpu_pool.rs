@@ -12,9 +12,10 @@
 //!   A spinner loops on [`rayon::ThreadPool::yield_now`], so it executes any rayon work that
 //!   appears (the layer's tiles) the moment it is queued, and spins (`spin_loop` hints)
 //!   otherwise.
-//! - [`CpuExecutor::run_layer`] injects the layer call ([`CpuExperts::run_layer`]) into the
-//!   pool as one job; a spinner picks it up, and its parallel tiles are stolen by the other
-//!   spinners. The host thread spins on an atomic flag instead of sleeping on a latch.
+//! - [`CpuExecutor::run_layer`] runs the layer call ([`CpuExperts::run_layer`]) on the host
+//!   thread with the spinners helping ([`ft_kernels::WaitMode::Help`]): each phase's tiles
+//!   are handed out one at a time to the host and to whichever spinner is free, so nobody
+//!   sleeps on a latch and the host, which would otherwise wait idle, computes.
 //! - [`CpuExecutor::end_step`] lowers the flag the spinners watch: they return, and rayon
 //!   parks its workers as usual, so an idle process costs no CPU.
 //!
@@ -22,15 +23,22 @@
 //! own wake-ups), which is the baseline the fixed-cost probe compares with, and the right
 //! choice where cores are scarce (a 2-core machine running the host-emulated device).
 //!
-//! Threads: the pool has `threads` workers and the host thread spins beside them, so a hot
-//! step occupies `threads + 1` cores; leave one core for the host (`--threads` = cores - 1).
+//! Threads: `threads` counts the threads that compute, the host's included: with
+//! [`PoolWait::Spin`] the pool has `threads - 1` workers, so a hot step holds `threads`
+//! cores. Leave a core free for the GPU driver and the OS (`--threads` = cores - 1): with
+//! every core spinning, any thread that wakes preempts a worker, possibly in the middle of a
+//! tile, and the layer waits for it (the H200 grid of 2026-12-04 at 15 workers plus a
+//! spinning host on 16 vCPUs: 77 steps over twice their run's median, against 2 at 4 threads).
+//! [`PoolWait::SpinBeside`] keeps the earlier arrangement (`threads` workers, the host
+//! spinning idle beside them, `threads + 1` cores) for comparison. With one thread the host
+//! has no one to share with, and `Spin` runs as `SpinBeside`.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ft_kernels::step::LayerTiming;
-use ft_kernels::{ActivationPath, CpuExperts, ExpertWork};
+use ft_kernels::{ActivationPath, CpuExperts, ExpertWork, WaitMode};
 use ft_model::{ExpertFormat, MoeGeometry};
 use serde::{Deserialize, Serialize};
 
@@ -46,10 +54,13 @@ pub const SPIN_LIMIT_IDLE_US: u64 = 50_000;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PoolWait {
-    /// Workers and the host spin between layers within a step (lowest latency; needs
-    /// `threads + 1` free cores).
+    /// Workers spin between layers within a step and the host computes beside them (lowest
+    /// latency; `threads - 1` workers, `threads` cores held).
     #[default]
     Spin,
+    /// As `Spin`, but with `threads` workers and the host spinning idle until the layer is
+    /// done (`threads + 1` cores held): the arrangement before 2026-12-04, for comparison.
+    SpinBeside,
     /// Workers park between layers and the host sleeps until a job is done (rayon's own
     /// behaviour): a wake-up per layer, but no core is held.
     Park,
@@ -60,6 +71,7 @@ impl PoolWait {
     pub fn name(self) -> &'static str {
         match self {
             PoolWait::Spin => "spin",
+            PoolWait::SpinBeside => "spin-beside",
             PoolWait::Park => "park",
         }
     }
@@ -71,10 +83,11 @@ impl std::str::FromStr for PoolWait {
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "spin" => Ok(PoolWait::Spin),
+            "spin-beside" => Ok(PoolWait::SpinBeside),
             "park" => Ok(PoolWait::Park),
             _ => Err(RuntimeError::invalid(
                 "--pool-wait",
-                format!("'{s}' is neither 'spin' nor 'park'"),
+                format!("'{s}' is none of 'spin', 'spin-beside' and 'park'"),
             )),
         }
     }
@@ -92,6 +105,8 @@ struct SpinState {
 /// The hybrid CPU executor (see the module docs).
 pub struct CpuExecutor {
     kernels: CpuExperts,
+    /// Threads that compute a layer call (the host's included under `Spin`).
+    threads: usize,
     wait: PoolWait,
     state: Arc<SpinState>,
     in_step: bool,
@@ -113,7 +128,8 @@ impl std::fmt::Debug for CpuExecutor {
 struct ErasedJob(Box<dyn FnOnce() + Send + 'static>);
 
 impl CpuExecutor {
-    /// An executor over a new kernels pool of `threads` workers (at least 1).
+    /// An executor whose layer calls compute on `threads` threads (at least 1; the module
+    /// docs say which of them are the pool's workers).
     pub fn new(threads: usize, wait: PoolWait) -> Result<Self> {
         if threads == 0 {
             return Err(RuntimeError::invalid(
@@ -121,23 +137,38 @@ impl CpuExecutor {
                 "the CPU pool needs at least 1 thread",
             ));
         }
-        let kernels = CpuExperts::new(threads).map_err(|e| RuntimeError::Kernel(e.to_string()))?;
-        Ok(Self::with_kernels(kernels, wait))
-    }
-
-    /// An executor over existing kernels (and their pool).
-    pub fn with_kernels(kernels: CpuExperts, wait: PoolWait) -> Self {
-        CpuExecutor {
+        let wait = if wait == PoolWait::Spin && threads == 1 {
+            PoolWait::SpinBeside
+        } else {
+            wait
+        };
+        let workers = match wait {
+            PoolWait::Spin => threads - 1,
+            PoolWait::SpinBeside | PoolWait::Park => threads,
+        };
+        let mut kernels =
+            CpuExperts::new(workers).map_err(|e| RuntimeError::Kernel(e.to_string()))?;
+        if wait == PoolWait::Spin {
+            kernels.set_wait_mode(WaitMode::Help);
+        }
+        Ok(CpuExecutor {
             kernels,
+            threads,
             wait,
             state: Arc::new(SpinState::default()),
             in_step: false,
             jobs: 0,
-        }
+        })
     }
 
-    /// Worker threads of the pool (the host thread not counted).
+    /// Threads that compute a layer call (the host thread included under
+    /// [`PoolWait::Spin`]).
     pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// Workers of the pool (the host thread not counted).
+    pub fn workers(&self) -> usize {
         self.kernels.threads()
     }
 
@@ -151,6 +182,11 @@ impl CpuExecutor {
         self.kernels.simd()
     }
 
+    /// True when the workers spin within a step.
+    fn spins(&self) -> bool {
+        matches!(self.wait, PoolWait::Spin | PoolWait::SpinBeside)
+    }
+
     /// Layer jobs run so far.
     pub fn jobs(&self) -> u64 {
         self.jobs
@@ -161,14 +197,15 @@ impl CpuExecutor {
         self.in_step
     }
 
-    /// Open a step: with [`PoolWait::Spin`], wake every worker now (while the GPU runs the
-    /// step's first layer) and keep it spinning until [`CpuExecutor::end_step`].
+    /// Open a step: with [`PoolWait::Spin`] or [`PoolWait::SpinBeside`], wake every worker
+    /// now (while the GPU runs the step's first layer) and keep it spinning until
+    /// [`CpuExecutor::end_step`].
     pub fn begin_step(&mut self) {
         if self.in_step {
             return;
         }
         self.in_step = true;
-        if self.wait != PoolWait::Spin {
+        if !self.spins() {
             return;
         }
         self.state.hot.store(true, Ordering::SeqCst);
@@ -227,7 +264,9 @@ impl CpuExecutor {
     ) -> Result<LayerTiming> {
         self.jobs += 1;
         let kernel_err = |e: ft_kernels::KernelError| RuntimeError::Kernel(e.to_string());
-        if !(self.in_step && self.wait == PoolWait::Spin) {
+        // Spin: the host computes with the spinners helping (the kernels' `Help` mode); Park,
+        // or outside a step: the kernels' own wait.
+        if !(self.in_step && self.wait == PoolWait::SpinBeside) {
             return self
                 .kernels
                 .run_layer(format, geometry, path, experts, x, y)
@@ -383,8 +422,8 @@ mod tests {
 
     #[test]
     fn spinning_and_parked_executors_compute_what_the_kernels_compute() {
-        for wait in [PoolWait::Spin, PoolWait::Park] {
-            let mut exec = CpuExecutor::new(2, wait).unwrap();
+        for wait in [PoolWait::Spin, PoolWait::SpinBeside, PoolWait::Park] {
+            let mut exec = CpuExecutor::new(3, wait).unwrap();
             for step in 0..3 {
                 exec.begin_step();
                 for _ in 0..3 {
@@ -412,50 +451,72 @@ mod tests {
     }
 
     #[test]
+    fn threads_count_the_computing_threads_and_spin_leaves_the_host_one() {
+        for (threads, wait, workers, runs_as) in [
+            (4, PoolWait::Spin, 3, PoolWait::Spin),
+            (4, PoolWait::SpinBeside, 4, PoolWait::SpinBeside),
+            (4, PoolWait::Park, 4, PoolWait::Park),
+            // Nobody to share with: one worker computes, the host spins beside it.
+            (1, PoolWait::Spin, 1, PoolWait::SpinBeside),
+        ] {
+            let exec = CpuExecutor::new(threads, wait).unwrap();
+            assert_eq!(exec.threads(), threads, "{wait:?}");
+            assert_eq!(exec.workers(), workers, "{wait:?} x {threads}");
+            assert_eq!(exec.wait_policy(), runs_as, "{wait:?} x {threads}");
+        }
+    }
+
+    #[test]
     fn spinners_return_after_the_step() {
-        let mut exec = CpuExecutor::new(2, PoolWait::Spin).unwrap();
-        exec.begin_step();
-        let _ = layer(&mut exec, ActivationPath::Int8);
-        exec.end_step();
-        assert_eq!(exec.state.live.load(Ordering::SeqCst), 0);
+        for wait in [PoolWait::Spin, PoolWait::SpinBeside] {
+            let mut exec = CpuExecutor::new(2, wait).unwrap();
+            exec.begin_step();
+            let _ = layer(&mut exec, ActivationPath::Int8);
+            exec.end_step();
+            assert_eq!(exec.state.live.load(Ordering::SeqCst), 0, "{wait:?}");
+        }
     }
 
     #[test]
     fn kernel_errors_come_back_as_errors_from_a_hot_pool() {
-        let mut exec = CpuExecutor::new(1, PoolWait::Spin).unwrap();
-        exec.begin_step();
-        let g = geometry();
-        let tokens = [(5u32, 1.0f32)];
-        let w = vec![0u8; g.expert_bytes(ExpertFormat::Nvfp4) as usize];
-        let work = [ExpertWork {
-            weights: &w,
-            tokens: &tokens,
-        }];
-        let x = vec![0f32; g.hidden];
-        let mut y = vec![0f32; g.hidden];
-        let e = exec
-            .run_layer(
-                ExpertFormat::Nvfp4,
-                &g,
-                ActivationPath::Int8,
-                &work,
-                &x,
-                &mut y,
-            )
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("token 5"), "{e}");
-        // Still usable.
-        let (got, want) = layer(&mut exec, ActivationPath::Int8);
-        assert_eq!(got, want);
-        exec.end_step();
+        for wait in [PoolWait::Spin, PoolWait::SpinBeside] {
+            let mut exec = CpuExecutor::new(2, wait).unwrap();
+            exec.begin_step();
+            let g = geometry();
+            let tokens = [(5u32, 1.0f32)];
+            let w = vec![0u8; g.expert_bytes(ExpertFormat::Nvfp4) as usize];
+            let work = [ExpertWork {
+                weights: &w,
+                tokens: &tokens,
+            }];
+            let x = vec![0f32; g.hidden];
+            let mut y = vec![0f32; g.hidden];
+            let e = exec
+                .run_layer(
+                    ExpertFormat::Nvfp4,
+                    &g,
+                    ActivationPath::Int8,
+                    &work,
+                    &x,
+                    &mut y,
+                )
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("token 5"), "{wait:?}: {e}");
+            // Still usable.
+            let (got, want) = layer(&mut exec, ActivationPath::Int8);
+            assert_eq!(got, want, "{wait:?}");
+            exec.end_step();
+        }
     }
 
     #[test]
     fn zero_threads_is_refused_naming_the_flag() {
         let e = CpuExecutor::new(0, PoolWait::Spin).unwrap_err().to_string();
         assert!(e.contains("--threads"), "{e}");
-        assert_eq!("park".parse::<PoolWait>().unwrap(), PoolWait::Park);
+        for w in [PoolWait::Spin, PoolWait::SpinBeside, PoolWait::Park] {
+            assert_eq!(w.name().parse::<PoolWait>().unwrap(), w);
+        }
         assert!("nap"
             .parse::<PoolWait>()
             .unwrap_err()
@@ -465,8 +526,8 @@ mod tests {
 
     #[test]
     fn overhead_is_measured_for_both_policies() {
-        for wait in [PoolWait::Spin, PoolWait::Park] {
-            let mut exec = CpuExecutor::new(1, wait).unwrap();
+        for wait in [PoolWait::Spin, PoolWait::SpinBeside, PoolWait::Park] {
+            let mut exec = CpuExecutor::new(2, wait).unwrap();
             let us = measure_job_overhead_us(&mut exec, 20).unwrap();
             assert!(us > 0.0 && us.is_finite(), "{wait:?}: {us}");
             assert!(!exec.in_step());

@@ -104,7 +104,8 @@ pub struct EngineConfig {
     pub max_streams: usize,
     /// Longest context a stream may have, tokens.
     pub max_context: usize,
-    /// Worker threads of the CPU pool (the host thread comes on top).
+    /// Threads computing the CPU share; under [`PoolWait::Spin`] the host thread is one of
+    /// them ([`crate::cpu_pool`]).
     pub threads: usize,
     /// How the CPU pool waits between layers.
     pub pool_wait: PoolWait,

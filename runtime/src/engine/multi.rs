@@ -19,9 +19,10 @@
 //!   at build time, no re-encoding), so its gathers stay one copy per expert; the whole bank
 //!   stays for hybrid's CPU share, which computes whole experts (host memory: twice the
 //!   bank under tensor parallelism).
-//! - **CPU share.** GPU `g`'s share runs on its own pool of
-//!   [`GpuLayout::cpu_workers`]`(g, threads)` workers, all G pools at once (one host thread
-//!   each); the ranges are disjoint, so no two GPUs' workers are meant for one core (the
+//! - **CPU share.** GPU `g`'s share runs on its own executor of
+//!   [`GpuLayout::cpu_workers`]`(g, threads)` threads, all G at once (one host thread each,
+//!   which computes as one of them under [`crate::cpu_pool::PoolWait::Spin`]); the ranges
+//!   are disjoint, so no two GPUs' workers are meant for one core (the
 //!   pools do not pin threads; [`MultiEngine::cpu_workers`] reports the ranges). Under
 //!   tensor parallelism every GPU plans the same CPU experts (identical caches); GPU `g`
 //!   computes the ones at positions `g, g + G, ..` of the plan's list, whole, and adds them
