@@ -77,6 +77,11 @@ pub struct Args {
     /// Hybrid's fetch fractions in the end-to-end probe (comma list).
     #[arg(long, value_delimiter = ',', default_value = "0.25,0.5,0.75")]
     hybrid_fractions: Vec<f64>,
+    /// Further CPU pool sizes at which the end-to-end probe runs cpu and hybrid again, to
+    /// measure the serving slowdown there (comma list; 0 alone: none; default: a quarter of
+    /// --threads). `ft predict` at another count interpolates between the measured ones.
+    #[arg(long, value_delimiter = ',')]
+    slowdown_threads: Option<Vec<usize>>,
     /// Measured steps of each end-to-end run.
     #[arg(long, default_value_t = 24)]
     steps: usize,
@@ -287,6 +292,7 @@ impl Args {
             cache_residency: self.cache_residency,
             hybrid_fractions: self.hybrid_fractions.clone(),
             strategies: StrategyKind::ALL.to_vec(),
+            slowdown_threads: self.slowdown_threads.clone(),
             warmup_steps: self.warmup,
             steps: self.steps,
             blocks: ProbeConfig::default().blocks.min(self.steps.max(1)),
@@ -504,14 +510,15 @@ fn write_tables(out: &mut impl Write, r: &ProbeReport) -> Result<()> {
         )?;
         writeln!(
             out,
-            "{:<18} {:>7} {:>12} {:>12} {:>7}",
-            "strategy", "streams", "tok/s/strm", "step us", "miss%"
+            "{:<18} {:>7} {:>7} {:>12} {:>12} {:>7}",
+            "strategy", "threads", "streams", "tok/s/strm", "step us", "miss%"
         )?;
         for e in &o.e2e {
             writeln!(
                 out,
-                "{:<18} {:>7} {:>12.1} {:>12.1} {:>7.1}",
+                "{:<18} {:>7} {:>7} {:>12.1} {:>12.1} {:>7.1}",
                 e.strategy.to_string(),
+                e.threads,
                 e.streams,
                 e.tok_s_per_stream,
                 e.step_us,

@@ -313,7 +313,9 @@ impl Profile {
     /// per-token rate likewise (`cpu_expert_cost_us`, `cpu_token_rate_gmacs`), and the
     /// covariance is carried through the same map (its Jacobian: the streaming rate and the
     /// per-expert cost depend on themselves and on the thread exponent, the token rate on
-    /// itself). Every other parameter is unchanged.
+    /// itself). The serving slowdown becomes its value at that count
+    /// ([`PerfParams::serving_slowdown`]; with the standard error measured there, where the
+    /// end-to-end probe ran at that count). Every other parameter is unchanged.
     ///
     /// Where the probe measured the CPU step at exactly `threads` threads (isolated, one token
     /// per expert: `ft probe` does at a half and a quarter of the serving threads), the streaming
@@ -329,10 +331,7 @@ impl Profile {
         let t = threads as f64;
         let r = t / old.cpu_threads as f64;
         let mut q = p.clone();
-        q.params.cpu_gbs = old.cpu_rate_gbs(t);
-        q.params.cpu_token_gmacs = old.cpu_token_rate_gmacs(t);
-        q.params.cpu_expert_us = old.cpu_expert_cost_us(t);
-        q.params.cpu_threads = threads;
+        q.params = old.at_threads(threads);
         q.params.validate()?;
         let ids = &p.covariance.params;
         let n = ids.len();
@@ -370,6 +369,19 @@ impl Profile {
             }
         }
         q.covariance.matrix = out;
+        // A slowdown measured at this very count: its own standard error, no longer tied to
+        // the serving count's.
+        let measured_slowdown = old
+            .cpu_serving_slowdown_at
+            .iter()
+            .find(|k| k.threads == threads && k.se.is_finite());
+        if let (Some(k), Some(s)) = (measured_slowdown, idx(ParamId::CpuServingSlowdown)) {
+            for i in 0..n {
+                q.covariance.matrix[s][i] = 0.0;
+                q.covariance.matrix[i][s] = 0.0;
+            }
+            q.covariance.matrix[s][s] = k.se * k.se;
+        }
         if let Some((rate, se)) = cpu_rate_at_threads(&q.params, &p.samples.cpu_step, threads) {
             q.params.cpu_gbs = rate;
             q.params.validate()?;

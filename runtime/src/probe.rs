@@ -171,6 +171,13 @@ pub struct ProbeConfig {
     pub hybrid_fractions: Vec<f64>,
     /// Strategies of the end-to-end probe.
     pub strategies: Vec<StrategyKind>,
+    /// Further CPU pool sizes at which the end-to-end probe runs the strategies with a CPU
+    /// share again (`cpu`, and `hybrid` at its middle fraction, at every stream count), so
+    /// that the fit measures the serving slowdown there too
+    /// ([`ft_model::perf::PerfParams::cpu_serving_slowdown_at`]); `None`: a quarter of the
+    /// serving threads (the smallest count the `cpu-step` probe measures), where that
+    /// differs from them.
+    pub slowdown_threads: Option<Vec<usize>>,
     /// Warm-up steps of each end-to-end run (fill the cache; not measured).
     pub warmup_steps: usize,
     /// Measured steps of each end-to-end run.
@@ -201,6 +208,7 @@ impl Default for ProbeConfig {
             cache_residency: 0.15,
             hybrid_fractions: vec![0.25, 0.5, 0.75],
             strategies: StrategyKind::ALL.to_vec(),
+            slowdown_threads: None,
             warmup_steps: 8,
             steps: 24,
             blocks: 6,
@@ -411,6 +419,9 @@ pub struct ProbeTiming {
 pub struct E2eRun {
     /// The strategy that ran.
     pub strategy: Strategy,
+    /// Threads of the CPU pool.
+    #[serde(default)]
+    pub threads: usize,
     /// Streams.
     pub streams: usize,
     /// Layers of the served geometry run.
@@ -566,6 +577,36 @@ pub fn run(
             }
         }
     }
+    // The strategies with a CPU share again at the further pool sizes (the same engine,
+    // bank and cache size; a new executor each).
+    let extra_threads = slowdown_threads(config, threads);
+    let middle_fraction = config
+        .hybrid_fractions
+        .get(config.hybrid_fractions.len() / 2)
+        .copied();
+    let with_cpu: Vec<Strategy> = config
+        .strategies
+        .iter()
+        .filter_map(|k| match k {
+            StrategyKind::Cpu => Some(Strategy::Cpu),
+            StrategyKind::Hybrid => middle_fraction.map(|f| Strategy::Hybrid {
+                fetch: ft_model::FetchFraction::Fixed(f),
+            }),
+            _ => None,
+        })
+        .collect();
+    for &t in &extra_threads {
+        engine.set_threads(t)?;
+        for strategy in &with_cpu {
+            engine.set_strategy(*strategy)?;
+            for &streams in &config.streams {
+                let run = e2e_run(&mut engine, &model_l, config, streams, &mut samples)?;
+                e2e.push(run);
+                runs += 1;
+            }
+        }
+    }
+    engine.set_threads(threads)?;
     if config.strategies.contains(&StrategyKind::Resident) {
         let resident = EngineConfig {
             strategy: Strategy::Resident,
@@ -727,6 +768,20 @@ fn alt_bank_experts(format: ExpertFormat, g: &MoeGeometry, min: usize) -> usize 
 }
 
 /// Thread counts of the isolated CPU probe: the serving count, a half and a quarter of it.
+/// The further pool sizes of the end-to-end probe ([`ProbeConfig::slowdown_threads`]):
+/// as configured, or the smallest count of [`thread_counts`] where it differs from the
+/// serving one; never the serving count itself, never 0, each once.
+fn slowdown_threads(config: &ProbeConfig, threads: usize) -> Vec<usize> {
+    let mut v = match &config.slowdown_threads {
+        Some(v) => v.clone(),
+        None => thread_counts(threads).last().copied().into_iter().collect(),
+    };
+    v.retain(|&t| t >= 1 && t != threads);
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 fn thread_counts(threads: usize) -> Vec<usize> {
     let mut v = vec![threads, threads.div_ceil(2), threads.div_ceil(4)];
     v.dedup();
@@ -796,11 +851,13 @@ fn e2e_run(
                 .flat_map(|r| r.layers.iter().map(|l| perf_counts(&l.counts)))
                 .collect(),
             time_us: block.iter().map(|r| r.wall_us).sum(),
+            threads: Some(engine.threads() as u32),
         });
     }
     let s: &RunSummary = &decoded.summary;
     Ok(E2eRun {
         strategy: engine.strategy(),
+        threads: engine.threads(),
         streams,
         layers: model_l.geometry.moe_layers,
         cache_slots: if kind == StrategyKind::Resident {
@@ -1703,6 +1760,22 @@ mod tests {
             48
         );
         assert_eq!(thread_counts(15), vec![15, 8, 4]);
+        // The end-to-end probe's second pool: a quarter of the serving threads by default,
+        // never the serving count itself.
+        let with = |v: Option<Vec<usize>>| ProbeConfig {
+            slowdown_threads: v,
+            ..ProbeConfig::default()
+        };
+        assert_eq!(slowdown_threads(&with(None), 15), vec![4]);
+        assert_eq!(slowdown_threads(&with(None), 1), Vec::<usize>::new());
+        assert_eq!(
+            slowdown_threads(&with(Some(vec![0])), 15),
+            Vec::<usize>::new()
+        );
+        assert_eq!(
+            slowdown_threads(&with(Some(vec![15, 8, 4, 8])), 15),
+            vec![4, 8]
+        );
         assert_eq!(thread_counts(1), vec![1]);
         assert_eq!(contended_threads(15, 32), vec![15, 8]);
         // 16 hardware threads: the load and the measuring thread keep two.
@@ -1853,6 +1926,57 @@ mod tests {
         assert!(report.stages.iter().any(|st| st.name == "gather"));
         assert!(!report.validation.is_empty());
         assert!(report.residuals.iter().all(|r| r.rel.is_finite()));
+    }
+
+    /// With a second pool size, the end-to-end probe runs `cpu` and hybrid (its middle
+    /// fraction) again there, tags those blocks with it, and the fit measures the serving
+    /// slowdown at that count; the engine serves at the serving count afterwards.
+    #[test]
+    fn the_probe_calibrates_the_slowdown_at_a_second_thread_count() {
+        let d = Device::host(HostDeviceConfig {
+            memory_bytes: 256 << 20,
+            ..Default::default()
+        })
+        .unwrap();
+        let config = ProbeConfig {
+            threads: 2,
+            slowdown_threads: Some(vec![1]),
+            ..quick()
+        };
+        let out = run(&d, &tiny(), &config, &mut |_, _| {}).unwrap();
+        let at_one: Vec<&E2eRun> = out.e2e.iter().filter(|r| r.threads == 1).collect();
+        let mut kinds: Vec<StrategyKind> = at_one.iter().map(|r| r.strategy.kind()).collect();
+        kinds.sort_by_key(|k| k.name());
+        assert_eq!(
+            kinds,
+            vec![
+                StrategyKind::Cpu,
+                StrategyKind::Cpu,
+                StrategyKind::Hybrid,
+                StrategyKind::Hybrid
+            ]
+        );
+        assert!(out
+            .e2e
+            .iter()
+            .filter(|r| r.threads != 1)
+            .all(|r| r.threads == 2));
+        let tagged: Vec<&StepSample> = out
+            .samples
+            .step
+            .iter()
+            .filter(|s| s.threads == Some(1))
+            .collect();
+        assert_eq!(tagged.len(), 4 * 2, "four runs of two blocks");
+        assert!(tagged.iter().all(|s| s.layers.iter().any(|c| c.cpu > 0.0)));
+        let cpu = CpuTopology::detect();
+        let (profile, _, _) =
+            fit_profile(&d, &out, host_fingerprint(&d, &cpu), &FitConfig::default()).unwrap();
+        let k = &profile.params.cpu_serving_slowdown_at;
+        assert_eq!(k.len(), 1, "{k:?}");
+        assert_eq!(k[0].threads, 1);
+        assert!(k[0].slowdown.is_finite() && k[0].se.is_finite(), "{k:?}");
+        assert_eq!(profile.params.cpu_threads, 2);
     }
 
     #[test]

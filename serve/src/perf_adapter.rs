@@ -139,6 +139,8 @@ impl PerfPredictor {
                     shape: StepShape::new(&self.model, o.streams, self.config.context),
                     layers: vec![counts; self.model.geometry.moe_layers],
                     time_us: o.step_us,
+                    // The server's pool: the profile's serving threads.
+                    threads: None,
                 })
             })
             .collect();

@@ -253,7 +253,7 @@ impl CostModel {
                 + us(p.host_issue_wait_us(c.fetched, dense_ns / NS_PER_US)),
             // The decode layer's stream: the serving slowdown as bytes streamed at the same
             // demand (`PerfParams::cpu_serving_stream_us`).
-            bytes: c.cpu * s.bytes * (1.0 + p.cpu_serving_slowdown),
+            bytes: c.cpu * s.bytes * (1.0 + p.serving_slowdown(threads)),
             // The partial output's copy takes its bytes over the activation link; as a
             // fixed-time job it keeps its place in the copy stream's FIFO.
             result: TransferJob {

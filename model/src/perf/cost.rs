@@ -154,6 +154,59 @@ impl PerfParams {
         self.cpu_gbs * t.powf(self.cpu_thread_exponent)
     }
 
+    /// The CPU share's serving slowdown at `threads` threads, dimensionless: linear in
+    /// threads between the measured counts ([`PerfParams::cpu_serving_slowdown_at`] and
+    /// `cpu_threads` itself), flat beyond them.
+    pub fn serving_slowdown(&self, threads: f64) -> f64 {
+        let mut knots: Vec<(f64, f64)> = self
+            .cpu_serving_slowdown_at
+            .iter()
+            .filter(|k| k.threads != self.cpu_threads)
+            .map(|k| (k.threads as f64, k.slowdown))
+            .collect();
+        knots.push((self.cpu_threads as f64, self.cpu_serving_slowdown));
+        knots.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (first, last) = (knots[0], knots[knots.len() - 1]);
+        if threads <= first.0 {
+            return first.1;
+        }
+        if threads >= last.0 {
+            return last.1;
+        }
+        let i = knots.partition_point(|k| k.0 < threads);
+        let (a, b) = (knots[i - 1], knots[i]);
+        a.1 + (b.1 - a.1) * (threads - a.0) / (b.0 - a.0)
+    }
+
+    /// These parameters re-expressed for a pool of `threads` threads: the streaming rate,
+    /// the per-expert cost and the token rate along their thread laws
+    /// ([`PerfParams::cpu_rate_gbs`], [`PerfParams::cpu_expert_cost_us`],
+    /// [`PerfParams::cpu_token_rate_gmacs`]), the serving slowdown at that count
+    /// ([`PerfParams::serving_slowdown`]; the measured counts are kept, so the interpolation
+    /// is the same function afterwards), `cpu_threads = threads`; every other parameter as
+    /// it is. The profile's version ([`crate::profile::Profile::at_threads`]) also carries
+    /// the covariance and prefers a rate measured at that very count.
+    pub fn at_threads(&self, threads: u32) -> PerfParams {
+        let t = threads as f64;
+        let mut q = self.clone();
+        q.cpu_gbs = self.cpu_rate_gbs(t);
+        q.cpu_token_gmacs = self.cpu_token_rate_gmacs(t);
+        q.cpu_expert_us = self.cpu_expert_cost_us(t);
+        q.cpu_serving_slowdown = self.serving_slowdown(t);
+        if threads != self.cpu_threads && !self.cpu_serving_slowdown_at.is_empty() {
+            // The serving count becomes a knot of the table, the new count leaves it.
+            q.cpu_serving_slowdown_at.retain(|k| k.threads != threads);
+            q.cpu_serving_slowdown_at.push(super::ThreadSlowdown {
+                threads: self.cpu_threads,
+                slowdown: self.cpu_serving_slowdown,
+                se: f64::NAN,
+            });
+            q.cpu_serving_slowdown_at.sort_by_key(|k| k.threads);
+        }
+        q.cpu_threads = threads;
+        q
+    }
+
     /// Cost of each expert beyond streaming its bytes at `threads` threads, in us: the
     /// measured `cpu_expert_us` scaled by the streaming rate's thread law.
     pub fn cpu_expert_cost_us(&self, threads: f64) -> f64 {
@@ -190,7 +243,7 @@ impl PerfParams {
     /// probe's [`PerfParams::cpu_stream_us`] times `1 + cpu_serving_slowdown` (what the
     /// end-to-end calibration measured beyond the probe's isolated call).
     pub fn cpu_serving_stream_us(&self, experts: f64, shape: ExpertShape, threads: f64) -> f64 {
-        self.cpu_stream_us(experts, shape, threads) * (1.0 + self.cpu_serving_slowdown)
+        self.cpu_stream_us(experts, shape, threads) * (1.0 + self.serving_slowdown(threads))
     }
 
     /// Time of the CPU share of a decode layer over `experts` experts serving `tokens`
@@ -459,6 +512,51 @@ mod tests {
 
     fn shape() -> ExpertShape {
         ExpertShape::of(&ModelSpec::preset("qwen3.8-flash-next").unwrap())
+    }
+
+    #[test]
+    fn the_serving_slowdown_is_linear_in_threads_between_measured_counts_and_flat_beyond() {
+        let mut p = params();
+        p.cpu_threads = 15;
+        p.cpu_serving_slowdown = 0.3;
+        // No other count measured: the same everywhere.
+        assert_eq!(p.serving_slowdown(4.0), 0.3);
+        assert_eq!(p.serving_slowdown(64.0), 0.3);
+        p.cpu_serving_slowdown_at = vec![super::super::ThreadSlowdown {
+            threads: 4,
+            slowdown: 0.08,
+            se: 0.01,
+        }];
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(near(p.serving_slowdown(4.0), 0.08));
+        assert!(near(p.serving_slowdown(15.0), 0.3));
+        assert!(near(p.serving_slowdown(9.5), 0.19));
+        assert!(near(p.serving_slowdown(1.0), 0.08));
+        assert!(near(p.serving_slowdown(32.0), 0.3));
+        // Re-expressed at another count, the function is the same and the stream uses it.
+        for t in [4u32, 8, 15, 20] {
+            let q = p.at_threads(t);
+            assert_eq!(q.cpu_threads, t);
+            q.validate().unwrap();
+            for x in [1.0, 4.0, 6.0, 9.5, 15.0, 30.0] {
+                assert!(
+                    near(q.serving_slowdown(x), p.serving_slowdown(x)),
+                    "at {t}: {x} threads"
+                );
+            }
+            let shape = ExpertShape {
+                bytes: 2.77e6,
+                macs: 1e6,
+            };
+            let s = q.cpu_serving_stream_us(10.0, shape, t as f64);
+            let want =
+                q.cpu_stream_us(10.0, shape, t as f64) * (1.0 + p.serving_slowdown(t as f64));
+            assert!((s - want).abs() < 1e-9 * want, "{s} vs {want}");
+        }
+        // A table entry that makes no sense is refused, naming the field.
+        p.cpu_serving_slowdown_at[0].slowdown = -1.5;
+        let e = p.validate().unwrap_err().to_string();
+        assert!(e.contains("cpu_serving_slowdown_at"), "{e}");
     }
 
     #[test]

@@ -67,8 +67,13 @@
 //!    its standard error is the one-parameter least-squares one, `s / sqrt(sum j^2)` with
 //!    `j` the derivative of the relative residuals over it. The overhead is a constant per
 //!    layer; the slowdown grows with the CPU share's experts and bytes, which is what
-//!    separates them (blocks at 1 and 4 streams). The run noise is the relative standard
-//!    deviation of the calibration residuals that remain.
+//!    separates them (blocks at 1 and 4 streams). All of this uses the blocks that ran at
+//!    the serving threads ([`StepSample::threads`]). Blocks at another count fit the
+//!    slowdown there ([`PerfParams::cpu_serving_slowdown_at`]): one parameter, the same scan
+//!    and refinement, the overheads held at the serving count's, the blocks predicted with
+//!    the parameters re-expressed at their count (and the `cpu-step` rate measured there).
+//!    The run noise is the relative standard deviation of the calibration residuals that
+//!    remain, every count's.
 
 use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::neldermead::NelderMead;
@@ -79,7 +84,7 @@ use statrs::statistics::{Data, Median};
 use super::cost::ExpertShape;
 use super::linalg::spd_inverse;
 use super::step::{LayerCounts, StepShape};
-use super::{ParamCovariance, ParamId, PerfModel, PerfParams};
+use super::{ParamCovariance, ParamId, PerfModel, PerfParams, ThreadSlowdown};
 use crate::error::{ModelError, Result};
 use crate::preset::DenseSpec;
 use crate::strategy::StrategyKind;
@@ -188,6 +193,18 @@ pub struct StepSample {
     pub layers: Vec<LayerCounts>,
     /// Measured step time, in us.
     pub time_us: f64,
+    /// Threads of the CPU pool the step ran with; `None`: the serving threads (the fitted
+    /// parameters' `cpu_threads`). Calibration blocks at another count fit the serving
+    /// slowdown there ([`PerfParams::cpu_serving_slowdown_at`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+}
+
+impl StepSample {
+    /// The threads the step ran with, under parameters serving `p.cpu_threads`.
+    pub fn threads_under(&self, p: &PerfParams) -> u32 {
+        self.threads.unwrap_or(p.cpu_threads)
+    }
 }
 
 /// Every probe's samples.
@@ -281,7 +298,14 @@ impl Predict for RoundTripSample {
 }
 
 impl Predict for StepSample {
+    /// Under `p` re-expressed at the step's threads along the thread laws
+    /// ([`PerfParams::at_threads`]) where they differ; the fit passes parameters already
+    /// at the step's count (with a rate measured there, as the profile's retarget does).
     fn predict_us(&self, p: &PerfParams) -> f64 {
+        let t = self.threads_under(p);
+        if t != p.cpu_threads {
+            return self.predict_us(&p.at_threads(t));
+        }
         let dense = p.dense_us(&self.shape.dense, self.shape.streams, self.shape.context);
         self.layers
             .iter()
@@ -820,32 +844,8 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
     if blocks.is_empty() {
         return None;
     }
-    let (lo, hi) = (MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
-    let step = (hi - lo) / (SLOWDOWN_SCAN_POINTS - 1) as f64;
     let f = |x: f64| slowdown_objective(p, &blocks, x);
-    let (mut best, mut best_cost) = (0.0, f(0.0));
-    for i in 0..SLOWDOWN_SCAN_POINTS {
-        let x = lo + i as f64 * step;
-        let c = f(x);
-        if c < best_cost {
-            (best, best_cost) = (x, c);
-        }
-    }
-    // Golden section within one scan step on either side.
-    let g = (5f64.sqrt() - 1.0) / 2.0;
-    let (mut a, mut b) = ((best - step).max(lo), (best + step).min(hi));
-    for _ in 0..SLOWDOWN_REFINE_STEPS {
-        let (x1, x2) = (b - g * (b - a), a + g * (b - a));
-        if f(x1) <= f(x2) {
-            b = x2;
-        } else {
-            a = x1;
-        }
-    }
-    let mid = (a + b) / 2.0;
-    if f(mid) < best_cost {
-        best = mid;
-    }
+    let best = scan_and_refine(&f, MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
     // Standard error: least squares of the relative residuals over the slowdown and the
     // overheads of its strategies together (they trade off: a constant per layer takes
     // what the slowdown leaves where the blocks' CPU shares are alike).
@@ -897,6 +897,100 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
         dof,
         overhead_se,
     })
+}
+
+/// `p` re-expressed at `threads` for the step samples run there: the thread laws
+/// ([`PerfParams::at_threads`]), and the streaming rate measured at that count where the
+/// `cpu-step` probe ran there ([`crate::profile::cpu_rate_at_threads`]), as
+/// [`crate::profile::Profile::at_threads`] does, so that what the fit sees at a count is what
+/// a prediction at that count uses.
+fn params_at(p: &PerfParams, threads: u32, cpu_step: &[CpuStepSample]) -> PerfParams {
+    if threads == p.cpu_threads {
+        return p.clone();
+    }
+    let mut q = p.at_threads(threads);
+    if let Some((rate, _)) = crate::profile::cpu_rate_at_threads(&q, cpu_step, threads) {
+        q.cpu_gbs = rate;
+    }
+    q
+}
+
+/// The serving slowdown at `threads` from that count's calibration blocks `blocks` with a
+/// CPU share, every other parameter (the overheads included) as the serving count fitted
+/// them: the value in [[`MIN_FIT_SERVING_SLOWDOWN`], [`MAX_FIT_SERVING_SLOWDOWN`]] with the
+/// least mean absolute relative residual (scan, then golden section, as for the serving
+/// count), its standard error the one-parameter least-squares one. `None` where the blocks
+/// do not determine it (no block, or no sensitivity).
+fn fit_slowdown_at(
+    p: &PerfParams,
+    threads: u32,
+    blocks: &[&StepSample],
+    cpu_step: &[CpuStepSample],
+) -> Option<ThreadSlowdown> {
+    let base = params_at(p, threads, cpu_step);
+    let with = |x: f64| {
+        let mut q = base.clone();
+        q.cpu_serving_slowdown = x;
+        q
+    };
+    let rel = |q: &PerfParams, s: &StepSample| (s.predict_us(q) - s.time_us) / s.time_us;
+    let f = |x: f64| {
+        let q = with(x);
+        blocks.iter().map(|s| rel(&q, s).abs()).sum::<f64>() / blocks.len().max(1) as f64
+    };
+    if blocks.is_empty() {
+        return None;
+    }
+    let value = scan_and_refine(&f, MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
+    let (q, h) = (with(value), 1e-4);
+    let (up, dn) = (with(value + h), with(value - h));
+    let mut sjj = 0.0;
+    let mut rss = 0.0;
+    for s in blocks {
+        let j = (rel(&up, s) - rel(&dn, s)) / (2.0 * h);
+        sjj += j * j;
+        rss += rel(&q, s).powi(2);
+    }
+    let dof = blocks.len().saturating_sub(1);
+    if sjj.is_nan() || sjj <= 0.0 || dof == 0 {
+        return None;
+    }
+    Some(ThreadSlowdown {
+        threads,
+        slowdown: value,
+        se: (rss / dof as f64 / sjj).sqrt(),
+    })
+}
+
+/// The minimiser of `f` over `[lo, hi]`: the best of [`SLOWDOWN_SCAN_POINTS`] evenly spaced
+/// values (0 included, so a flat objective keeps no slowdown), then
+/// [`SLOWDOWN_REFINE_STEPS`] golden-section steps within one scan step of it.
+fn scan_and_refine(f: &dyn Fn(f64) -> f64, lo: f64, hi: f64) -> f64 {
+    let step = (hi - lo) / (SLOWDOWN_SCAN_POINTS - 1) as f64;
+    let (mut best, mut best_cost) = (0.0, f(0.0));
+    for i in 0..SLOWDOWN_SCAN_POINTS {
+        let x = lo + i as f64 * step;
+        let c = f(x);
+        if c < best_cost {
+            (best, best_cost) = (x, c);
+        }
+    }
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = ((best - step).max(lo), (best + step).min(hi));
+    for _ in 0..SLOWDOWN_REFINE_STEPS {
+        let (x1, x2) = (b - g * (b - a), a + g * (b - a));
+        if f(x1) <= f(x2) {
+            b = x2;
+        } else {
+            a = x1;
+        }
+    }
+    let mid = (a + b) / 2.0;
+    if f(mid) < best_cost {
+        mid
+    } else {
+        best
+    }
 }
 
 /// The fitted serving slowdown (see [`fit_serving_slowdown`]).
@@ -999,13 +1093,24 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         }
     }
 
-    // Stage 6: per-strategy overheads from the calibration steps (the median per-layer
-    // residual of the blocks: robust to one slow block).
+    // Stage 6: per-strategy overheads from the calibration steps at the serving threads (the
+    // median per-layer residual of the blocks: robust to one slow block), the slowdown
+    // with them; then the slowdown at every other count the blocks ran at.
+    let serving = params.cpu_threads;
     let calibration: Vec<&StepSample> = samples
         .step
         .iter()
-        .filter(|s| s.role == SampleRole::Calibration)
+        .filter(|s| s.role == SampleRole::Calibration && s.threads_under(&params) == serving)
         .collect();
+    let mut other_counts: Vec<u32> = samples
+        .step
+        .iter()
+        .filter(|s| s.role == SampleRole::Calibration)
+        .map(|s| s.threads_under(&params))
+        .filter(|&t| t != serving)
+        .collect();
+    other_counts.sort_unstable();
+    other_counts.dedup();
     for s in &samples.step {
         if !(s.time_us.is_finite() && s.time_us > 0.0) || s.layers.is_empty() {
             return Err(fit_error(
@@ -1060,12 +1165,44 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         step_est.push((o, se, n.saturating_sub(1)));
         step_var.push(se * se);
     }
-    if calibration.len() >= 3 {
-        let rel: Vec<f64> = calibration
+    params.cpu_serving_slowdown_at.clear();
+    for &t in &other_counts {
+        let mine: Vec<&StepSample> = samples
+            .step
             .iter()
-            .map(|s| (s.predict_us(&params) - s.time_us) / s.time_us)
+            .filter(|s| {
+                s.role == SampleRole::Calibration
+                    && s.threads_under(&params) == t
+                    && s.layers.iter().any(|c| c.cpu > 0.0)
+            })
             .collect();
-        let dof = calibration.len() - step_ids.len().min(calibration.len() - 1);
+        if let Some(k) = fit_slowdown_at(&params, t, &mine, &samples.cpu_step) {
+            params.cpu_serving_slowdown_at.push(k);
+        }
+    }
+    // Every step sample predicted at its own count (the slowdowns just fitted included).
+    let step_predicted: Vec<f64> = samples
+        .step
+        .iter()
+        .map(|s| {
+            s.predict_us(&params_at(
+                &params,
+                s.threads_under(&params),
+                &samples.cpu_step,
+            ))
+        })
+        .collect();
+    let all_calibration: Vec<usize> = (0..samples.step.len())
+        .filter(|&i| samples.step[i].role == SampleRole::Calibration)
+        .collect();
+    if all_calibration.len() >= 3 {
+        let rel: Vec<f64> = all_calibration
+            .iter()
+            .map(|&i| (step_predicted[i] - samples.step[i].time_us) / samples.step[i].time_us)
+            .collect();
+        let n = all_calibration.len();
+        let fitted = step_ids.len() + params.cpu_serving_slowdown_at.len();
+        let dof = n - fitted.min(n - 1);
         params.run_noise_rel = (rel.iter().map(|x| x * x).sum::<f64>() / dof as f64).sqrt();
     }
     params.validate()?;
@@ -1103,15 +1240,25 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             name: "step".to_string(),
             fitted: step_ids.clone(),
             held: Vec::new(),
-            samples: calibration.len(),
+            samples: all_calibration.len(),
             dof: stage_dof,
             iterations: 1,
-            termination: "medians (overheads), scan and golden section (slowdown)".to_string(),
-            rms_rel: (calibration
+            termination: format!(
+                "medians (overheads), scan and golden section (slowdown at {serving} threads{})",
+                params
+                    .cpu_serving_slowdown_at
+                    .iter()
+                    .map(|k| format!(", and at {}: {:.3} +- {:.3}", k.threads, k.slowdown, k.se))
+                    .collect::<String>()
+            ),
+            rms_rel: (all_calibration
                 .iter()
-                .map(|s| ((s.predict_us(&params) - s.time_us) / s.time_us).powi(2))
+                .map(|&i| {
+                    ((step_predicted[i] - samples.step[i].time_us) / samples.step[i].time_us)
+                        .powi(2)
+                })
                 .sum::<f64>()
-                / calibration.len() as f64)
+                / all_calibration.len().max(1) as f64)
                 .sqrt(),
         });
     }
@@ -1135,8 +1282,19 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
     residuals_of("gpu-experts", &samples.gpu_experts, &params, &mut residuals);
     residuals_of("dense", &samples.dense, &params, &mut residuals);
     residuals_of("round-trip", &samples.round_trip, &params, &mut residuals);
-    let mut step_res = Vec::new();
-    residuals_of("step", &samples.step, &params, &mut step_res);
+    let step_res: Vec<Residual> = samples
+        .step
+        .iter()
+        .zip(&step_predicted)
+        .enumerate()
+        .map(|(index, (s, &predicted_us))| Residual {
+            probe: "step".to_string(),
+            index,
+            measured_us: s.time_us,
+            predicted_us,
+            rel: (predicted_us - s.time_us) / s.time_us,
+        })
+        .collect();
     let (validation, calib): (Vec<Residual>, Vec<Residual>) = step_res
         .into_iter()
         .partition(|r| samples.step[r.index].role == SampleRole::Validation);
@@ -1353,6 +1511,7 @@ mod tests {
                 shape,
                 layers,
                 time_us: 0.0,
+                threads: None,
             };
             st.time_us = noisy(&mut rng, st.predict_us(t));
             s.step.push(st);
@@ -1563,6 +1722,7 @@ mod tests {
                     shape,
                     layers,
                     time_us: 0.0,
+                    threads: None,
                 };
                 st.time_us = noisy(&mut rng, st.predict_us(t));
                 st
@@ -1630,6 +1790,76 @@ mod tests {
             .unwrap()
             .stage
             .is_none());
+    }
+
+    #[test]
+    fn a_slowdown_at_a_second_thread_count_is_recovered_and_keeps_the_serving_one() {
+        // Truth: 0.3 at the serving count, 0.05 at a quarter of it.
+        let mut t = truth();
+        let serving = t.cpu_threads;
+        let quarter = serving.div_ceil(4);
+        assert!(
+            quarter < serving,
+            "the field report's host serves {serving} threads"
+        );
+        t.cpu_serving_slowdown = 0.3;
+        t.overhead.cpu_us = 5.0;
+        t.cpu_serving_slowdown_at = vec![ThreadSlowdown {
+            threads: quarter,
+            slowdown: 0.05,
+            se: 0.0,
+        }];
+        let mut pr = t.clone();
+        pr.cpu_serving_slowdown = 0.0;
+        pr.cpu_serving_slowdown_at.clear();
+        pr.overhead.cpu_us = 0.0;
+        let mut step = cpu_blocks(&t, 31);
+        let mut at_quarter = cpu_blocks(&t.at_threads(quarter), 32);
+        for st in &mut at_quarter {
+            st.threads = Some(quarter);
+        }
+        step.extend(at_quarter.iter().cloned());
+        let s = ProbeSamples {
+            step,
+            ..ProbeSamples::default()
+        };
+        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
+        let e = r.estimate(ParamId::CpuServingSlowdown).unwrap();
+        assert!(((e.value - 0.3) / e.se).abs() < 4.0, "{e:?}");
+        let k = r.params.cpu_serving_slowdown_at.as_slice();
+        assert_eq!(k.len(), 1, "{k:?}");
+        assert_eq!(k[0].threads, quarter);
+        assert!(k[0].se > 0.0 && k[0].se < 0.05, "{k:?}");
+        assert!(((k[0].slowdown - 0.05) / k[0].se).abs() < 4.0, "{k:?}");
+        // The quarter-count blocks are predicted at their count: their residuals are noise.
+        let quarter_res: Vec<f64> = r
+            .residuals
+            .iter()
+            .filter(|x| x.probe == "step" && s.step[x.index].threads == Some(quarter))
+            .map(|x| x.rel.abs())
+            .collect();
+        assert_eq!(quarter_res.len(), at_quarter.len());
+        assert!(
+            quarter_res.iter().all(|x| *x < 5.0 * NOISE),
+            "{quarter_res:?}"
+        );
+        // The serving slowdown applied at the quarter count instead (the fit before it had
+        // blocks there) misses those blocks by far more.
+        let mut flat = r.params.clone();
+        flat.cpu_serving_slowdown_at.clear();
+        let worst = at_quarter
+            .iter()
+            .map(|x| ((x.predict_us(&flat) - x.time_us) / x.time_us).abs())
+            .fold(0.0, f64::max);
+        assert!(worst > 0.1, "{worst}");
+        // Validation blocks at the quarter count are reported, never fitted.
+        let mut v = s.clone();
+        for st in v.step.iter_mut().filter(|x| x.threads.is_some()) {
+            st.role = SampleRole::Validation;
+        }
+        let r = fit(&v, &pr, &FitConfig::default()).unwrap();
+        assert!(r.params.cpu_serving_slowdown_at.is_empty());
+        assert_eq!(r.validation.len(), at_quarter.len());
     }
 
     #[test]

@@ -78,6 +78,19 @@ impl StrategyOverheads {
     }
 }
 
+/// The CPU share's serving slowdown measured at a thread count other than the profile's
+/// serving one ([`PerfParams::cpu_serving_slowdown_at`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadSlowdown {
+    /// Threads of the CPU pool the end-to-end blocks ran with.
+    pub threads: u32,
+    /// The slowdown there, dimensionless (as [`PerfParams::cpu_serving_slowdown`]).
+    pub slowdown: f64,
+    /// Its standard error, dimensionless (NaN where unknown).
+    pub se: f64,
+}
+
 /// The parameters of the analytic model. Every field names its unit and the probe that
 /// measures it (see [`fit`] for the probe sample types and how each is fitted).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -165,6 +178,17 @@ pub struct PerfParams {
     /// fast.
     #[serde(default)]
     pub cpu_serving_slowdown: f64,
+    /// The serving slowdown at other thread counts than `cpu_threads` (probe `step`:
+    /// calibration blocks of `cpu` and `hybrid` run with a smaller pool, fitted with the
+    /// serving count's overheads), ascending. At `t` threads the slowdown is interpolated
+    /// linearly in threads between these and (`cpu_threads`, `cpu_serving_slowdown`), and
+    /// held flat beyond the outermost ([`PerfParams::serving_slowdown`]); empty: the same
+    /// slowdown at every count. The H200 grid of 2026-12-04 calibrated at 15 threads only
+    /// and predicted its 4-thread `cpu` runs 5 to 23% slow: the slowdown (scheduling stalls
+    /// of a pool that fills the machine, DRAM shared with the GPU's copies) is not a
+    /// property of the bytes alone.
+    #[serde(default)]
+    pub cpu_serving_slowdown_at: Vec<ThreadSlowdown>,
     /// Residual per-layer cost of each strategy, in us. Probe `step` (calibration runs).
     #[serde(default)]
     pub overhead: StrategyOverheads,
@@ -596,6 +620,7 @@ impl PerfParams {
             dense_layer_us: e.dense_layer_us,
             sync_us: e.hybrid_round_trip_us,
             cpu_serving_slowdown: 0.0,
+            cpu_serving_slowdown_at: Vec::new(),
             overhead: StrategyOverheads::default(),
             run_noise_rel: e.run_noise_rel,
             bench_expert: ExpertShape::of(&tuning),
@@ -771,6 +796,21 @@ impl PerfParams {
                     self.cpu_serving_slowdown
                 ),
             ));
+        }
+        for k in &self.cpu_serving_slowdown_at {
+            if k.threads == 0
+                || !(k.slowdown.is_finite() && k.slowdown > MIN_SERVING_SLOWDOWN)
+                || !(k.se.is_nan() || k.se >= 0.0)
+            {
+                return Err(ModelError::invalid(
+                    "perf.cpu_serving_slowdown_at",
+                    format!(
+                        "{} threads: slowdown {} (se {}) needs at least 1 thread, a finite \
+                         slowdown above {MIN_SERVING_SLOWDOWN} and a standard error >= 0",
+                        k.threads, k.slowdown, k.se
+                    ),
+                ));
+            }
         }
         for kind in StrategyKind::ALL {
             if !self.overhead.get(kind).is_finite() {

@@ -631,6 +631,29 @@ impl Engine {
         self.reset_cache()
     }
 
+    /// Compute the CPU share on `threads` threads from now on (a new executor; the cache and
+    /// everything else stay). The probe calibrates the serving slowdown at a second count
+    /// this way without filling a second bank.
+    pub fn set_threads(&mut self, threads: usize) -> Result<()> {
+        if threads == 0 {
+            return Err(RuntimeError::invalid(
+                "--threads",
+                "the CPU pool needs at least 1 thread",
+            ));
+        }
+        if threads != self.config.threads {
+            self.exec = None;
+            self.config.threads = threads;
+            self.ensure_executor()?;
+        }
+        Ok(())
+    }
+
+    /// Threads computing the CPU share.
+    pub fn threads(&self) -> usize {
+        self.config.threads
+    }
+
     fn union_max(&self) -> usize {
         let g = &self.model.geometry;
         g.experts.min(g.top_k * self.config.max_streams)
