@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# pool-wait: the same decode with the CPU pool's two hot arrangements, A/B in one call.
+#   spin         the host thread computes as one of --threads (threads - 1 workers)
+#   spin-beside  --threads workers, the host spinning idle beside them (one core more)
+# For the strategies with a CPU share (cpu, and hybrid at f = 0.5) at 1 and 4 streams, each
+# run three times in its process (`--repeat 3`, the median repetition reported), the
+# arrangements alternating so that a slow stretch of a shared machine falls on both. The
+# summary counts the stalled steps (over twice their run's median step) beside tok/s.
+#
+# Usage: run.sh OUTDIR. Env: FT (binary; default target/release/ft, built when missing),
+# DEVICE (auto: cuda where a GPU is usable, else the host-emulated device), THREADS (default:
+# cores - 1 on CUDA, all cores on the host device, so that the pool fills the machine there
+# too), FT_QUICK=1 (24 measured steps instead of 48).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+OUT="${1:?usage: run.sh OUTDIR}"
+mkdir -p "$OUT/raw"
+FT="${FT:-}"
+if [[ -z "$FT" ]]; then
+    FT="$root/target/release/ft"
+    [[ -x "$FT" ]] || (cd "$root" && cargo build --release --quiet)
+fi
+DEVICE="${DEVICE:-auto}"
+if [[ "$DEVICE" == auto ]]; then
+    if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+        DEVICE=cuda
+    else
+        DEVICE=host
+    fi
+fi
+cores=$(nproc)
+if [[ -z "${THREADS:-}" ]]; then
+    if [[ "$DEVICE" == cuda ]]; then THREADS=$((cores > 1 ? cores - 1 : 1)); else THREADS=$cores; fi
+fi
+STEPS=48
+[[ "${FT_QUICK:-0}" == 1 ]] && STEPS=24
+MODEL=qwen3.8-flash-next
+LAYERS=2
+# 5% of the two layers' 1024 experts: most of every step's experts miss.
+SLOTS=51
+{
+    echo "date: $(date -u +%FT%TZ)"
+    echo "ft: $("$FT" --version 2>&1 | tr '\n' ' ')"
+    echo "uname: $(uname -a)"
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
+    lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' || true
+    echo "device: $DEVICE, threads: $THREADS of $cores cores, model: $MODEL ($LAYERS layers), cache: $SLOTS slots, steps: $STEPS (+16 warm-up), repeat 3"
+    echo "command: experiments/pool-wait/run.sh OUTDIR (DEVICE=$DEVICE THREADS=$THREADS FT_QUICK=${FT_QUICK:-0})"
+} > "$OUT/env.txt"
+for streams in 1 4; do
+    for strategy in cpu hybrid; do
+        for wait in spin spin-beside; do
+            tag="$strategy-s$streams-$wait"
+            args=(--model "$MODEL" --layers "$LAYERS" --strategy "$strategy" --streams "$streams"
+                --steps "$STEPS" --warmup 16 --cache-slots "$SLOTS" --threads "$THREADS"
+                --pool-wait "$wait" --device "$DEVICE" --repeat 3 --json)
+            [[ "$strategy" == hybrid ]] && args+=(--fetch-fraction 0.5)
+            if ! "$FT" run "${args[@]}" > "$OUT/raw/$tag.json" 2> "$OUT/raw/$tag.log"; then
+                echo "pool-wait: ft run $tag failed (raw/$tag.log)" >&2
+                rm -f "$OUT/raw/$tag.json"
+            fi
+        done
+    done
+done
+python3 "$here/summarize.py" "$OUT"
+"$FT" plot "$OUT/steps.csv" --kind cdf --x step_over_median --series pool_wait \
+    --title "decode steps over their run's median (all runs)" --out "$OUT/steps-cdf.svg"
+"$FT" plot "$OUT/pairs.csv" --x spin_beside_tok_s --y spin_tok_s --series strategy --diagonal \
+    --title "tok/s: host computing (spin) against host idle (spin-beside)" --out "$OUT/pairs.svg"
