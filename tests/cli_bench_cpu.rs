@@ -1,6 +1,9 @@
 //! `ft bench cpu --quick --json` runs a tiny grid and reports positive numbers in the
 //! documented shape.
 
+mod common;
+use common::assert_ok;
+
 use std::process::Command;
 
 #[test]
@@ -28,11 +31,7 @@ fn bench_cpu_quick_json_has_the_documented_shape() {
         .arg(&csv)
         .output()
         .expect("the ft binary runs");
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
     assert!(v["machine"]["logical_cpus"].as_u64().unwrap() >= 1);
     assert_eq!(v["target_ratio"].as_f64().unwrap(), 0.75);

@@ -3,8 +3,11 @@
 //! cached (and reused, and re-probed when stale or forced), the copy and the reference
 //! engine's benchbw.json are written, and bad input is an error naming the input.
 
+mod common;
+use common::assert_ok;
+
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 /// A tiny model: 16 experts of 64 x 32 in nvfp4, top-2, 2 layers (a few KB of experts).
 const TINY: &str = r#"
@@ -41,20 +44,11 @@ const FAST: &[&str] = &[
 ];
 
 fn ft(cache: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ft"))
-        .args(args)
-        .env("FT_CACHE_DIR", cache)
-        .output()
-        .expect("ft runs")
+    common::ft_env(args, &[("FT_CACHE_DIR", cache)])
 }
 
 fn json(out: &Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "ft failed: {}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(out);
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
@@ -159,11 +153,7 @@ fn probe_fits_caches_reuses_and_exports() {
     let mut table = vec!["probe", "--model", m, "--force"];
     table.extend_from_slice(FAST);
     let out = ft(&cache, &table);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
         "gather_gbs",

@@ -1,7 +1,9 @@
 //! `ft run` end to end on the host-emulated device with a tiny model TOML.
 
+mod common;
+use common::{assert_ok, ft};
+
 use std::path::Path;
-use std::process::Command;
 
 const TINY: &str = r#"
 name = "tiny-cli"
@@ -19,13 +21,6 @@ shared_experts = 1
 weight_bytes_per_layer = 65536
 kv_bytes_per_token = 64
 "#;
-
-fn ft(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ft"))
-        .args(args)
-        .output()
-        .expect("ft runs")
-}
 
 fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
@@ -79,11 +74,7 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         record.to_str().unwrap(),
     ]);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
     assert_eq!(v["model"], "tiny-cli");
     assert_eq!(v["strategy"], "hybrid(f=0.500)");
@@ -161,11 +152,7 @@ fn the_human_table_names_the_strategy_and_layers() {
         "--layers",
         "2",
     ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(
         text.contains("offload") && text.contains("2 of 4 layers"),
@@ -274,11 +261,7 @@ fn the_overhead_probe_reports_per_layer_costs() {
         "1",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(v["cpu_layer_us"].as_f64().unwrap() > v["resident_layer_us"].as_f64().unwrap());
     assert_eq!(v["target_us"], 15.0);
@@ -291,11 +274,7 @@ fn repeat_reports_the_median_repetition_and_every_repetitions_speed() {
     let mut args = tiny_run(&model);
     args.extend(["--strategy", "offload", "--repeat", "3", "--json"]);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
     let reps: Vec<f64> = v["repeats"]
         .as_array()
@@ -339,11 +318,7 @@ fn interleaved_variants_report_what_plain_runs_of_them_report() {
         &prefix,
     ]);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "stderr: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let all: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).expect("a JSON array");
     let labels: Vec<&str> = all.iter().map(|r| r["label"].as_str().unwrap()).collect();
     assert_eq!(labels, ["offload", "hybrid", "rules", "cpu"]);
@@ -372,11 +347,7 @@ fn interleaved_variants_report_what_plain_runs_of_them_report() {
             plain.extend(["--fetch-fraction", f]);
         }
         let alone = ft(&plain);
-        assert!(
-            alone.status.success(),
-            "stderr: {}",
-            String::from_utf8_lossy(&alone.stderr)
-        );
+        assert_ok(&alone);
         let alone: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
         assert_eq!(file["strategy"], alone["strategy"], "{label}");
         for key in [

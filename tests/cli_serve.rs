@@ -1,6 +1,9 @@
 //! `ft serve` and `ft loadgen` as a user runs them: the binary on loopback, the runtime's
 //! engine on the host-emulated device with a tiny model.
 
+mod common;
+use common::assert_ok;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -228,11 +231,7 @@ fn loadgen_replays_the_protocol_against_serve() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let runs = r["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
@@ -389,11 +388,7 @@ fn serve_predicts_at_its_pools_thread_count() {
             ])
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_ok(&out);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         v["source"].as_str().unwrap().to_string()
     };

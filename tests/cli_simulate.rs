@@ -1,33 +1,19 @@
 //! `ft simulate` end to end: the default run (the field report), JSON shape, sweeps to CSV,
 //! and errors that name the input with exit code 2.
 
-use std::process::Command;
-
-fn ft(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ft"))
-        .args(args)
-        .output()
-        .expect("ft runs")
-}
+mod common;
+use common::{assert_ok, ft};
 
 fn json(args: &[&str]) -> serde_json::Value {
     let out = ft(args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     serde_json::from_slice(&out.stdout).expect("stdout is JSON")
 }
 
 #[test]
 fn default_run_is_the_field_report_at_one_and_two_streams() {
     let out = ft(&["simulate"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("rtx4090-2x-xeon4310") && text.contains("qwen3.8-flash-next"));
     assert!(text.contains("1 stream(s)") && text.contains("2 stream(s)"));
@@ -150,11 +136,7 @@ fn sweep_writes_csv_in_order() {
         "--out",
         csv.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = std::fs::read_to_string(&csv).unwrap();
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 1 + 2 * 2 * 2);

@@ -2,15 +2,11 @@
 //! slow reference computed here row by row; `collect` turns a grid's JSON documents into
 //! that CSV; `plan` writes the grid.
 
-use std::path::Path;
-use std::process::{Command, Output};
+mod common;
+use common::{assert_ok, ft};
 
-fn ft(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_ft"))
-        .args(args)
-        .output()
-        .expect("ft runs")
-}
+use std::path::Path;
+use std::process::Output;
 
 const HEADER: &str = "config,geometry,layers,expert_bytes,residency,cache_slots,streams,threads,context,strategy,fetch_fraction,measured_tok_s,measured_miss_rate,predicted_tok_s,predicted_tok_s_lo,predicted_tok_s_hi,predicted_miss_rate,abs_rel_error,bench_cpu_moe_gbs,bench_pcie_gather_gbs,bench_cpu_moe_overlap_gbs,bench_pcie_gather_overlap_gbs,threshold";
 
@@ -114,11 +110,7 @@ fn the_analysis_matches_a_slow_reference() {
     let path = dir.path().join("grid.csv");
     std::fs::write(&path, csv(&rows)).unwrap();
     let out = analyze(&path, &["--json", "--check"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
 
     // Errors: median and p90 of |predicted - measured| / measured over every row.
@@ -265,11 +257,7 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let out = ft(&["validate", "plan", "--out", d.to_str().unwrap(), "--quick"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "12");
     assert!(d.join("models/deepseek-v4-flash-L1.toml").is_file());
     let plan = std::fs::read_to_string(d.join("plan.csv")).unwrap();
@@ -310,11 +298,7 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
         "--field",
         "fraction",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let f_legacy: f64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
     assert!((f_legacy - 12.8 / (12.8 + 33.4)).abs() < 1e-4);
 
@@ -366,11 +350,7 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
         "--out",
         csv_path.to_str().unwrap(),
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = std::fs::read_to_string(&csv_path).unwrap();
     let mut r = csv::Reader::from_reader(text.as_bytes());
     let headers = r.headers().unwrap().clone();
@@ -413,7 +393,7 @@ fn model_file_writes_the_geometry_with_fewer_layers_and_refuses_impossible_count
         "--out",
         out.to_str().unwrap(),
     ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_ok(&o);
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(text.contains("moe_layers = 2"), "{text}");
     assert!(
@@ -430,7 +410,7 @@ fn model_file_writes_the_geometry_with_fewer_layers_and_refuses_impossible_count
         "1",
         "--json",
     ]);
-    assert!(p.status.success(), "{}", String::from_utf8_lossy(&p.stderr));
+    assert_ok(&p);
     let bad = ft(&[
         "validate",
         "model-file",

@@ -1,6 +1,7 @@
 //! `ft predict` and `ft explain` end to end: JSON twin, host files, profiles, errors.
 
-use std::process::Command;
+mod common;
+use common::{assert_ok, ft};
 
 use ft_model::host::HostSpec;
 use ft_model::profile::{store, Profile};
@@ -8,13 +9,6 @@ use ft_model::ModelSpec;
 
 /// Short traffic runs keep the tests fast.
 const QUICK: [&str; 4] = ["--steps", "60", "--warmup", "40"];
-
-fn ft(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_ft"))
-        .args(args)
-        .output()
-        .expect("ft runs")
-}
 
 #[test]
 fn predict_json_on_the_field_report() {
@@ -30,11 +24,7 @@ fn predict_json_on_the_field_report() {
     ];
     args.extend(QUICK);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["decision"]["kind"], "hybrid");
     assert_eq!(v["decision"]["legacy_verdict"], "offload");
@@ -49,11 +39,7 @@ fn predict_table_and_explain_text() {
     let mut args = vec!["predict", "--streams", "2"];
     args.extend(QUICK);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let text = String::from_utf8(out.stdout).unwrap();
     for needle in [
         "offload",
@@ -104,11 +90,7 @@ fn a_host_file_and_a_profile_file() {
     let mut args = vec!["predict", "--host", path.to_str().unwrap(), "--json"];
     args.extend(QUICK);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["prediction"]["legacy"]["verdict"], "hybrid");
     assert_eq!(v["decision"]["kind"], "hybrid");
@@ -121,11 +103,7 @@ fn a_host_file_and_a_profile_file() {
     let mut args = vec!["predict", "--profile", stored.to_str().unwrap(), "--json"];
     args.extend(QUICK);
     let out = ft(&args);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_ok(&out);
     let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(w["decision"]["kind"], "hybrid");
     let a = v["prediction"]["strategies"][0]["step_us"]

@@ -1,0 +1,38 @@
+//! What every CLI test shares: running the `ft` binary built for the tests, and checking
+//! how it ended with its stderr in the failure message.
+// Each test crate includes this module and uses a part of it.
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::process::{Command, Output};
+
+/// Run `ft` with `args`, capturing its output.
+pub fn ft(args: &[&str]) -> Output {
+    ft_env(args, &[] as &[(&str, &str)])
+}
+
+/// Run `ft` with `args` and extra environment variables, capturing its output.
+pub fn ft_env<K: AsRef<OsStr>, V: AsRef<OsStr>>(args: &[&str], env: &[(K, V)]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_ft"));
+    c.args(args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("ft runs")
+}
+
+/// Its stderr, as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Assert that `ft` succeeded; the failure message carries its exit status and stderr.
+#[track_caller]
+pub fn assert_ok(out: &Output) {
+    assert!(
+        out.status.success(),
+        "ft failed ({}); stderr: {}",
+        out.status,
+        stderr(out)
+    );
+}
