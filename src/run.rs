@@ -1312,7 +1312,7 @@ fn run_probe(
     } else {
         writeln!(
             out,
-            "hybrid fixed cost per layer on {} ({} CPU workers, {}), {} layers of tiny experts",
+            "hybrid fixed cost per layer on {} ({} CPU threads, {}), {} layers of tiny experts",
             r.device,
             r.threads,
             r.pool_wait.name(),
@@ -1325,12 +1325,19 @@ fn run_probe(
             ("host wait per layer, us", r.host_wait_layer_us),
             ("overhead beyond the work, us", r.overhead_layer_us),
             ("target, us", r.target_us),
-            ("pool job alone, spinning, us", r.pool_job_spin_us),
+            (
+                "pool job alone, spinning, host computing, us",
+                r.pool_job_spin_us,
+            ),
+            (
+                "pool job alone, spinning, host idle beside, us",
+                r.pool_job_spin_beside_us,
+            ),
             ("pool job alone, parked, us", r.pool_job_park_us),
         ] {
-            writeln!(out, "  {k:<32} {v:>8.1}")?;
+            writeln!(out, "  {k:<46} {v:>8.1}")?;
         }
-        writeln!(out, "  {:<32} {:>8}", "meets the target", r.meets_target())?;
+        writeln!(out, "  {:<46} {:>8}", "meets the target", r.meets_target())?;
     }
     Ok(())
 }

@@ -173,7 +173,9 @@ def main():
         lines.append(
             f"hybrid fixed cost per layer ({wait}): {p['overhead_layer_us']:.1f} us beyond the work "
             f"(target {p['target_us']:.0f} us: {'met' if p['overhead_layer_us'] <= p['target_us'] else 'MISSED'}); "
-            f"pool job alone {p['pool_job_spin_us']:.1f} us spinning, {p['pool_job_park_us']:.1f} us parked")
+            f"pool job alone {p['pool_job_spin_us']:.1f} us spinning (host computing), "
+            f"{p.get('pool_job_spin_beside_us', float('nan')):.1f} us spinning (host idle beside), "
+            f"{p['pool_job_park_us']:.1f} us parked")
     lines.append("")
     lines.append(f"{'streams':>7} {'cache':>6} {'strategy':>14} {'tok/s/str':>9} {'vs off':>7} "
                  f"{'miss':>5} {'bound':>5} {'%bound':>6} {'favoured':>8}  note")

@@ -60,7 +60,7 @@ pub fn probe_model() -> ModelSpec {
 pub struct OverheadReport {
     /// Device name.
     pub device: String,
-    /// CPU pool workers.
+    /// Threads computing the CPU share (the host's included under spin).
     pub threads: usize,
     /// How the pool waited between layers.
     pub pool_wait: PoolWait,
@@ -78,8 +78,13 @@ pub struct OverheadReport {
     pub overhead_layer_us: f64,
     /// The target, us.
     pub target_us: f64,
-    /// Mean time of one tiny job on the pool, spinning, us.
+    /// Mean time of one tiny job on the pool, spinning, the host computing beside the
+    /// workers ([`PoolWait::Spin`]), us.
     pub pool_job_spin_us: f64,
+    /// Mean time of one tiny job on the pool, spinning, the host waiting idle beside them
+    /// ([`PoolWait::SpinBeside`]), us (absent in reports from before it existed).
+    #[serde(default)]
+    pub pool_job_spin_beside_us: f64,
     /// Mean time of one tiny job on the pool, parked, us.
     pub pool_job_park_us: f64,
 }
@@ -138,6 +143,9 @@ pub fn probe_hybrid_overhead(
     let mut spin = CpuExecutor::new(threads, PoolWait::Spin)?;
     let pool_job_spin_us = measure_job_overhead_us(&mut spin, POOL_JOBS)?;
     drop(spin);
+    let mut beside = CpuExecutor::new(threads, PoolWait::SpinBeside)?;
+    let pool_job_spin_beside_us = measure_job_overhead_us(&mut beside, POOL_JOBS)?;
+    drop(beside);
     let mut park = CpuExecutor::new(threads, PoolWait::Park)?;
     let pool_job_park_us = measure_job_overhead_us(&mut park, POOL_JOBS)?;
     Ok(OverheadReport {
@@ -152,6 +160,7 @@ pub fn probe_hybrid_overhead(
         overhead_layer_us: cpu_layer_us - resident_layer_us - cpu_busy_layer_us,
         target_us: TARGET_OVERHEAD_US,
         pool_job_spin_us,
+        pool_job_spin_beside_us,
         pool_job_park_us,
     })
 }
@@ -182,6 +191,7 @@ mod tests {
             "{r:?}"
         );
         assert!(r.pool_job_spin_us > 0.0 && r.pool_job_park_us > 0.0);
+        assert!(r.pool_job_spin_beside_us > 0.0);
         assert_eq!(r.meets_target(), r.overhead_layer_us <= TARGET_OVERHEAD_US);
     }
 }
