@@ -1706,6 +1706,15 @@ mod tests {
         }
     }
 
+    /// A host-emulated device large enough for the tiny model's probe.
+    fn host_device() -> Device {
+        Device::host(HostDeviceConfig {
+            memory_bytes: 256 << 20,
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
     fn quick() -> ProbeConfig {
         ProbeConfig {
             threads: 1,
@@ -1861,11 +1870,7 @@ mod tests {
     /// blocks with the layers' counts, and the fit of them produces a valid profile.
     #[test]
     fn the_probe_runs_and_fits_on_the_host_device() {
-        let d = Device::host(HostDeviceConfig {
-            memory_bytes: 256 << 20,
-            ..Default::default()
-        })
-        .unwrap();
+        let d = host_device();
         let model = tiny();
         let mut phases = Vec::new();
         let out = run(&d, &model, &quick(), &mut |p, _| phases.push(p.to_string())).unwrap();
@@ -1933,11 +1938,7 @@ mod tests {
     /// slowdown at that count; the engine serves at the serving count afterwards.
     #[test]
     fn the_probe_calibrates_the_slowdown_at_a_second_thread_count() {
-        let d = Device::host(HostDeviceConfig {
-            memory_bytes: 256 << 20,
-            ..Default::default()
-        })
-        .unwrap();
+        let d = host_device();
         let config = ProbeConfig {
             threads: 2,
             slowdown_threads: Some(vec![1]),
