@@ -56,6 +56,8 @@ def main():
     ap.add_argument("--spec", action="append", help="FMT:ACT for the experts unit")
     ap.add_argument("--full-log", action="store_true")
     ap.add_argument("--cubin-dir", help="also write each module's cubin here (for cuobjdump -sass)")
+    ap.add_argument("--define", action="append", default=[],
+                    help="extra NAME=VALUE preprocessor definition (repeatable), e.g. FT_E2M1_SPLIT=1")
     a = ap.parse_args()
     lib = ctypes.CDLL(a.lib)
     failed = False
@@ -65,6 +67,7 @@ def main():
             specs = [[f"-DFT_FMT={s.split(':')[0]}", f"-DFT_ACT={s.split(':')[1]}"]
                      for s in (a.spec or ["3:1", "3:0", "0:0", "1:1", "2:1", "4:1"])]
         for d in specs:
+            d = d + [f"-D{x}" for x in a.define]
             cubin = None
             if a.cubin_dir:
                 os.makedirs(a.cubin_dir, exist_ok=True)

@@ -131,6 +131,70 @@ __device__ __forceinline__ u32 e2m1x4_to_i8x4(u32 sel) {
     return (pos & ~m) | (neg & m);
 }
 
+// The split-sign dot of e2m1 codes (FT_E2M1_SPLIT, the one-token variants of nvfp4 and
+// mxfp4): instead of decoding each code to a signed int8 (three byte permutes and three
+// logic operations per four codes, e2m1x4_to_i8x4), look the magnitude up with prmt in its
+// sign-replicating mode, where a selector nibble with its top bit set (a negative code)
+// yields the sign of the selected byte (0: the table's bytes are positive), and again with
+// the sign bits flipped (only the negative codes' magnitudes): w.x = dp4a(p, x) - dp4a(q, x).
+// Two permutes and two dp4a per four codes, one table, the same exact integer as the
+// decoded dot. Off by default until the GPU tests have run with it (FT_CUDA_SPLIT=1 selects
+// it, as a compile-time constant of the module).
+#ifndef FT_E2M1_SPLIT
+#define FT_E2M1_SPLIT 0
+#endif
+
+// Bytes 0..3 of the magnitude table 2 * |e2m1| = {0, 1, 2, 3 | 4, 6, 8, 12}, in a register
+// the compiler cannot see through (it would otherwise rematerialize the constant before
+// every permute that needs it in a register).
+__device__ __forceinline__ u32 e2m1_table_lo() {
+    u32 t;
+    asm volatile("mov.b32 %0, 0x03020100;" : "=r"(t));
+    return t;
+}
+
+// prmt.b32 in its default mode over the magnitude table (low bytes in `lo`): byte n of the
+// result is table byte (sel >> 4n) & 7, or 0 where nibble n of sel has its top bit set.
+__device__ __forceinline__ u32 e2m1_mag(u32 lo, u32 sel) {
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(lo), "n"(0x0C080604), "r"(sel));
+    return d;
+}
+
+// Eight e2m1 codes (nibbles of w, elements in order) against eight int8 activations (x0:
+// elements 0..3, x1: 4..7): adds the positive codes' products to pos, the negative ones' to neg.
+__device__ __forceinline__ void e2m1_dot8(u32 w, int x0, int x1, u32 lo, int& pos, int& neg) {
+    const u32 wn = w ^ 0x88888888u;
+    pos = __dp4a((int)e2m1_mag(lo, w), x0, pos);
+    neg = __dp4a((int)e2m1_mag(lo, wn), x0, neg);
+    pos = __dp4a((int)e2m1_mag(lo, w >> 16), x1, pos);
+    neg = __dp4a((int)e2m1_mag(lo, wn >> 16), x1, neg);
+}
+
+// The exact integer dot of block b of an e2m1 row (nvfp4: G = 16, mxfp4: G = 32) with the
+// block's G int8 activations (a0: elements 0..15, a1: 16..31), by split signs: the value
+// block_dot_i8 gives for the decoded weights.
+__device__ __forceinline__ int e2m1_block_dot(const u8* vrow, int b, int G, int4 a0, int4 a1, u32 lo) {
+    int pos = 0, neg = 0;
+    if (G == 16) {
+        const uint2 v = *(const uint2*)(vrow + (u64)b * 8);
+        e2m1_dot8(v.x, a0.x, a0.y, lo, pos, neg);
+        e2m1_dot8(v.y, a0.z, a0.w, lo, pos, neg);
+    } else {
+        const uint4 v = *(const uint4*)(vrow + (u64)b * 16);
+        e2m1_dot8(v.x, a0.x, a0.y, lo, pos, neg);
+        e2m1_dot8(v.y, a0.z, a0.w, lo, pos, neg);
+        e2m1_dot8(v.z, a1.x, a1.y, lo, pos, neg);
+        e2m1_dot8(v.w, a1.z, a1.w, lo, pos, neg);
+    }
+    return pos - neg;
+}
+
+// Whether a variant of MT tokens per pass takes the split-sign dot for format fmt.
+__device__ __forceinline__ bool split_sign(int MT, int fmt) {
+    return FT_E2M1_SPLIT && MT == 1 && (fmt == FT_NVFP4 || fmt == FT_MXFP4);
+}
+
 // Four q4_0 nibbles (one per byte, 0..15) -> four int8 weights q - 8.
 __device__ __forceinline__ u32 q4_to_i8x4(u32 l) {
     return (l + 0x78787878u) ^ 0x80808080u;
@@ -432,8 +496,11 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
 // for a 2.77 MB nvfp4 expert) into dynamic shared memory at that byte offset, quantizes its
 // activations while the copies fly, and computes from shared memory: every weight byte of
 // the block is requested at once instead of a few loads per lane at a time, which is what a
-// one-token layer (one wave of short blocks) needs to approach the HBM rate.
-template <int MT>
+// one-token layer (one wave of short blocks) needs to approach the HBM rate. STAGED is
+// stage_off != 0 as a compile-time constant (the kernels branch once, at entry): the tiles'
+// pointers then come from shared memory alone and the compiler reads them with shared loads
+// (LDS) instead of generic ones, with 32-bit addressing.
+template <int MT, bool STAGED>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
@@ -454,8 +521,9 @@ __device__ __forceinline__ void gate_up_impl(
     const Mat gate = {(const u8*)task.weights, (u64)I, (u64)H};
     const Mat up = {(const u8*)task.weights + matrix_bytes(fmt, I, H), (u64)I, (u64)H};
     const u64 vrb = values_row_bytes(fmt, H);
+    const u32 e2m1_lo = e2m1_table_lo();
     Tile tg, tu;
-    if (stage_off) {
+    if (STAGED) {
         tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
         tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
     } else {
@@ -495,7 +563,18 @@ __device__ __forceinline__ void gate_up_impl(
             // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
             for (int b = lane; b < nb; b += HW) {
-                if (act == ACT_INT8) {
+                if (act == ACT_INT8 && split_sign(MT, fmt)) {
+                    // One token (t = 0 < nt): the loop below's arithmetic, split-sign dots.
+                    const int4* qa = (const int4*)(sq + (u64)b * G);
+                    const int4 a0 = qa[0], a1 = G == 32 ? qa[1] : make_int4(0, 0, 0, 0);
+                    const float sg = block_scale(fmt, tg, H, rr, b);
+                    const float su = block_scale(fmt, tu, H, rr, b);
+                    const float sc = ss[b];
+                    const int dg = e2m1_block_dot(grow, b, G, a0, a1, e2m1_lo);
+                    const int du = e2m1_block_dot(urow, b, G, a0, a1, e2m1_lo);
+                    ga[0] = __fadd_rn(ga[0], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
+                    ua[0] = __fadd_rn(ua[0], __fmul_rn((float)du, __fmul_rn(su, sc)));
+                } else if (act == ACT_INT8) {
                     u32 Wg[8], Wu[8];
                     load_w8(fmt, grow, b, Wg);
                     load_w8(fmt, urow, b, Wu);
@@ -577,6 +656,7 @@ __device__ __forceinline__ void down_impl(
     const int nb = I / G;
     const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
     const u64 vrb = values_row_bytes(fmt, I);
+    const u32 e2m1_lo = e2m1_table_lo();
     // stage (non-zero): the block's rows of down are copied into dynamic shared memory first
     // (as gate_up_impl's stage_off), before waiting for the gate/up kernel, so that with a
     // programmatic dependent launch the weights stream in while gate/up still runs.
@@ -629,6 +709,12 @@ __device__ __forceinline__ void down_impl(
                     if (!live[k]) continue;
                     const u8* row = td.vals + (u64)(hw + 16 * k) * vrb;
                     const float sb = block_scale(fmt, td, I, hw + 16 * k, b);
+                    if (split_sign(MT, fmt)) {
+                        // One token (t = 0 < nt): the arithmetic below, split-sign dot.
+                        const int d = e2m1_block_dot(row, b, G, qa[0][0], qa[0][1], e2m1_lo);
+                        acc[k][0] = __fadd_rn(acc[k][0], __fmul_rn((float)d, __fmul_rn(sb, sa[0])));
+                        continue;
+                    }
                     u32 W[8];
                     load_w8(fmt, row, b, W);
 #pragma unroll
@@ -742,19 +828,23 @@ __device__ __forceinline__ void down_impl(
 // loads in flight, which is what a memory-bound decode step needs.
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<MAXT>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<MAXT, true>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off);
+    else gate_up_impl<MAXT, false>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<1>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
+    else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<2>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<2, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
+    else gate_up_impl<2, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    gate_up_impl<4>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<4, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off);
+    else gate_up_impl<4, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
     TABLES

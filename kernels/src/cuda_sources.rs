@@ -91,6 +91,9 @@ pub struct Specialization {
     pub format: Option<i32>,
     /// Activation path code (`ACT_F32` 0, `ACT_INT8` 1).
     pub act: Option<i32>,
+    /// The one-token variants' split-sign dot of e2m1 codes (`-DFT_E2M1_SPLIT=1`; nvfp4 and
+    /// mxfp4 on the int8 path; see `cuda/experts.cu`).
+    pub e2m1_split: bool,
 }
 
 impl Specialization {
@@ -98,6 +101,7 @@ impl Specialization {
     pub const NONE: Specialization = Specialization {
         format: None,
         act: None,
+        e2m1_split: false,
     };
 
     /// The expert kernels for one format and activation path.
@@ -105,6 +109,15 @@ impl Specialization {
         Specialization {
             format: Some(format),
             act: Some(act),
+            e2m1_split: false,
+        }
+    }
+
+    /// The same with the split-sign e2m1 dot on or off.
+    pub fn with_e2m1_split(self, on: bool) -> Self {
+        Specialization {
+            e2m1_split: on,
+            ..self
         }
     }
 
@@ -116,6 +129,9 @@ impl Specialization {
         }
         if let Some(a) = self.act {
             d.push(format!("-DFT_ACT={a}"));
+        }
+        if self.e2m1_split {
+            d.push("-DFT_E2M1_SPLIT=1".to_string());
         }
         d
     }
@@ -138,8 +154,20 @@ mod tests {
             Specialization::experts(3, 1).defines(),
             ["-DFT_FMT=3", "-DFT_ACT=1"]
         );
+        assert_eq!(
+            Specialization::experts(3, 1)
+                .with_e2m1_split(true)
+                .defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_E2M1_SPLIT=1"]
+        );
+        assert_ne!(
+            Specialization::experts(3, 1),
+            Specialization::experts(3, 1).with_e2m1_split(true),
+            "a module per choice"
+        );
         let src = KernelId::Experts.source();
         assert!(src.contains("#ifdef FT_FMT") && src.contains("#ifdef FT_ACT"));
+        assert!(src.contains("#ifndef FT_E2M1_SPLIT"));
     }
 
     #[test]

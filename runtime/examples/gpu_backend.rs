@@ -266,10 +266,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_STAGE_ENV, CUDA_VARIANT_ENV};
-    let cases: [(ActPath, usize, Option<&str>, &str); 14] = [
+    use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_SPLIT_ENV, CUDA_STAGE_ENV, CUDA_VARIANT_ENV};
+    let cases: [(ActPath, usize, Option<&str>, &str); 16] = [
         (ActPath::F32, 1, None, "staged+pdl"),
         (ActPath::Int8, 1, None, "staged+pdl"),
+        (ActPath::Int8, 1, None, "staged+pdl+split"),
+        (ActPath::Int8, 1, None, "direct+split"),
         (ActPath::Int8, 1, None, "staged"),
         (ActPath::Int8, 1, None, "direct"),
         (ActPath::Int8, 1, Some("8"), "staged+pdl"),
@@ -288,8 +290,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(v) => std::env::set_var(CUDA_VARIANT_ENV, v),
             None => std::env::remove_var(CUDA_VARIANT_ENV),
         }
-        std::env::set_var(CUDA_STAGE_ENV, if path == "direct" { "0" } else { "1" });
-        std::env::set_var(CUDA_PDL_ENV, if path == "staged+pdl" { "1" } else { "0" });
+        std::env::set_var(
+            CUDA_STAGE_ENV,
+            if path.starts_with("direct") { "0" } else { "1" },
+        );
+        std::env::set_var(
+            CUDA_PDL_ENV,
+            if path.starts_with("staged+pdl") {
+                "1"
+            } else {
+                "0"
+            },
+        );
+        std::env::set_var(
+            CUDA_SPLIT_ENV,
+            if path.ends_with("+split") { "1" } else { "0" },
+        );
         let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
             .map(|l| {
                 let mut st =
@@ -361,7 +377,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pass: gbs / copy_rw_gbs >= 0.5,
         });
     }
-    for v in [CUDA_VARIANT_ENV, CUDA_STAGE_ENV, CUDA_PDL_ENV] {
+    for v in [
+        CUDA_VARIANT_ENV,
+        CUDA_STAGE_ENV,
+        CUDA_PDL_ENV,
+        CUDA_SPLIT_ENV,
+    ] {
         std::env::remove_var(v);
     }
 

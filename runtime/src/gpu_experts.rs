@@ -371,12 +371,17 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 }
 
 /// The module of the expert kernels that runs `step`: specialized for its format and
-/// activation path (`kernels/cuda/experts.cu`).
+/// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where
+/// [`CUDA_SPLIT_ENV`] asks for it and the step can use it (nvfp4 and mxfp4, int8 path).
 pub fn cuda_specialization(step: &ExpertStep) -> ft_kernels::cuda_sources::Specialization {
+    let split = std::env::var(CUDA_SPLIT_ENV).is_ok_and(|v| v == "1")
+        && matches!(step.format, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4)
+        && step.act == ActPath::Int8;
     ft_kernels::cuda_sources::Specialization::experts(
         cuda_format_code(step.format),
         cuda_act_code(step.act),
     )
+    .with_e2m1_split(split)
 }
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
@@ -499,6 +504,12 @@ pub const CUDA_STAGE_ENV: &str = "FT_CUDA_STAGE";
 /// Environment variable turning the programmatic dependent launch of the down kernel off
 /// (`0`), for A/B measurements.
 pub const CUDA_PDL_ENV: &str = "FT_CUDA_PDL";
+
+/// Environment variable turning the one-token kernels' split-sign e2m1 dot on (`1`; off by
+/// default until the GPU tests have passed with it): two byte permutes and two dp4a per four
+/// nvfp4/mxfp4 codes instead of a signed decode (`FT_E2M1_SPLIT` in
+/// `kernels/cuda/experts.cu`), the same exact integers.
+pub const CUDA_SPLIT_ENV: &str = "FT_CUDA_SPLIT";
 
 /// How one launch of the expert kernels uses shared memory: where the gate/up kernel's
 /// staged tiles begin (0: not staged) and each kernel's dynamic shared memory, bytes.

@@ -284,22 +284,27 @@ mod cuda {
     }
 
     /// Run `check` once per way the weights can reach the CUDA kernels (staged tiles with a
-    /// dependent launch, staged tiles alone, global reads): each must give the same bits.
-    /// Sets process environment variables, so run these tests with `--test-threads=1` (as
+    /// dependent launch, staged tiles alone, global reads) and per way the one-token kernels
+    /// dot e2m1 codes (decoded, split signs): each must give the same bits. Sets process
+    /// environment variables, so run these tests with `--test-threads=1` (as
     /// scripts/device-run.sh does).
     fn on_every_path(check: impl Fn(&str)) {
-        use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_STAGE_ENV};
-        for (path, stage, pdl) in [
-            ("staged+pdl", "1", "1"),
-            ("staged", "1", "0"),
-            ("direct", "0", "0"),
+        use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_SPLIT_ENV, CUDA_STAGE_ENV};
+        for (path, stage, pdl, split) in [
+            ("staged+pdl", "1", "1", "0"),
+            ("staged", "1", "0", "0"),
+            ("direct", "0", "0", "0"),
+            ("staged+pdl+split", "1", "1", "1"),
+            ("direct+split", "0", "0", "1"),
         ] {
             std::env::set_var(CUDA_STAGE_ENV, stage);
             std::env::set_var(CUDA_PDL_ENV, pdl);
+            std::env::set_var(CUDA_SPLIT_ENV, split);
             check(path);
         }
-        std::env::remove_var(CUDA_STAGE_ENV);
-        std::env::remove_var(CUDA_PDL_ENV);
+        for v in [CUDA_STAGE_ENV, CUDA_PDL_ENV, CUDA_SPLIT_ENV] {
+            std::env::remove_var(v);
+        }
     }
 
     #[test]
