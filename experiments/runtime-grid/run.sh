@@ -51,15 +51,17 @@ TOTAL=$(( LAYERS * EXPERTS ))
     "$FT" --version
     echo "model: $MODEL, $LAYERS of $MODEL_LAYERS layers (--layers: same geometry, fewer layers)"
     echo "streams: $STREAMS; cache fractions: $FRACTIONS of $TOTAL experts; hybrid f: $HYBRID_F"
-    echo "steps: $STEPS after $WARMUP warm-up; context $CONTEXT; CPU workers $THREADS"
+    echo "steps: $STEPS after $WARMUP warm-up; context $CONTEXT; CPU threads $THREADS (the host's included under spin)"
+    echo "kernel and copy switches: $(env | grep -E '^FT_CUDA_' | sort | tr '\n' ' ')"
 } > "$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 
 common=(--device cuda --model "$MODEL" --layers "$LAYERS" --steps "$STEPS" --warmup "$WARMUP"
         --context "$CONTEXT" --threads "$THREADS" --json)
 
-# Hybrid's fixed cost per layer (tiny work), spinning and parked.
-for wait in spin park; do
+# Hybrid's fixed cost per layer (tiny work): spinning with the host computing, spinning with
+# the host idle beside the workers (the arrangement before 2026-12-04 night), parked.
+for wait in spin spin-beside park; do
     "$FT" run --probe-overhead --device cuda --threads "$THREADS" --pool-wait "$wait" --json \
         > "$OUT/json/probe-$wait.json" 2> "$OUT/logs/probe-$wait.log"
 done

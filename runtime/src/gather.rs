@@ -21,6 +21,15 @@ use crate::device::{Device, Stream};
 use crate::error::{Result, RuntimeError};
 use crate::slots::SlotPool;
 
+/// Environment variable asking the CUDA copy-engine gather for one batched submission of a
+/// gather's copies (`1`; `cuMemcpyBatchAsync`, drivers of CUDA 13 and later) instead of one
+/// `cuMemcpyHtoDAsync` each: the copies of a batch may run in any order, possibly on several
+/// copy engines at once, which could hide the few microseconds each copy of a 2.77 MB expert
+/// costs beyond its bytes on the H200 (`experiments/runtime-grid`: an offload layer's copies
+/// at 91% of the linear rate). Off by default until measured (`runtime/examples/gpu_backend.rs`
+/// times both); ignored, with a warning, on older drivers.
+pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
+
 /// One contiguous copy: `bytes` from `src_offset` of the source to `dst_offset` of the
 /// destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -77,7 +77,12 @@ pub(crate) struct Shared {
     functions: Mutex<HashMap<(KernelId, Specialization, &'static str), CudaFunction>>,
     /// Origin of event timelines: an event recorded at open and its host time, us.
     origin: (sys::CUevent, f64),
+    /// The driver's CUDA version (`cuDriverGetVersion`: 13000 for 13.0), 0 if unknown.
+    driver_version: i32,
 }
+
+/// The first driver version with `cuMemcpyBatchAsync_v2` (CUDA 13.0).
+const COPY_BATCH_DRIVER: i32 = 13000;
 
 // SAFETY: CUevent is a driver handle usable from any thread of the process.
 unsafe impl Send for Shared {}
@@ -204,13 +209,11 @@ impl CudaDevice {
         let total = ctx.total_mem().map_err(cu("reading device memory"))? as u64;
         let mut version = 0i32;
         // SAFETY: writes one int.
-        let driver_version = if unsafe { sys::cuDriverGetVersion(&mut version) }
-            == sys::cudaError_enum::CUDA_SUCCESS
-        {
-            Some(format!("{}.{}", version / 1000, (version % 1000) / 10))
-        } else {
-            None
-        };
+        let driver_ok =
+            unsafe { sys::cuDriverGetVersion(&mut version) } == sys::cudaError_enum::CUDA_SUCCESS;
+        let driver_version =
+            driver_ok.then(|| format!("{}.{}", version / 1000, (version % 1000) / 10));
+        let driver_version_num = if driver_ok { version } else { 0 };
         // The origin of event timelines.
         ctx.bind_to_thread()
             .map_err(cu("binding the CUDA context"))?;
@@ -242,6 +245,7 @@ impl CudaDevice {
                 shared_optin_bytes: shared_optin.max(0) as usize,
                 functions: Mutex::new(HashMap::new()),
                 origin: (origin_ev, 0.5 * (t0 + t1)),
+                driver_version: driver_version_num,
             })),
             info,
         ))
@@ -797,6 +801,9 @@ impl CudaStreamH {
         let s = pinned(src)?.host;
         let d = dptr(dst)?;
         self.shared.bind()?;
+        if regions.len() > 1 && self.copy_batch_wanted() {
+            return self.copy_h2d_batch(s, d, regions);
+        }
         for r in regions {
             // SAFETY: ranges checked by the caller; pinned source, device destination.
             unsafe {
@@ -811,6 +818,68 @@ impl CudaStreamH {
             }
         }
         Ok(())
+    }
+
+    /// Whether [`crate::gather::CUDA_COPY_BATCH_ENV`] asks for batched copies and this
+    /// driver has them (a warning, once, where it asks and the driver is older).
+    fn copy_batch_wanted(&self) -> bool {
+        if std::env::var(crate::gather::CUDA_COPY_BATCH_ENV).map_or(true, |v| v != "1") {
+            return false;
+        }
+        if self.shared.driver_version >= COPY_BATCH_DRIVER {
+            return true;
+        }
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                driver = self.shared.driver_version,
+                "{} asks for batched copies, which need a CUDA {} driver: one copy each",
+                crate::gather::CUDA_COPY_BATCH_ENV,
+                COPY_BATCH_DRIVER / 1000
+            )
+        });
+        false
+    }
+
+    /// Every region in one `cuMemcpyBatchAsync_v2` call: the source read in stream order
+    /// (the bank is page-locked and lives as long as the engine), the copies in any order.
+    fn copy_h2d_batch(&self, s: *mut u8, d: CUdeviceptr, regions: &[CopyRegion]) -> Result<()> {
+        let mut dsts: Vec<CUdeviceptr> = regions.iter().map(|r| d + r.dst_offset).collect();
+        // SAFETY (pointer arithmetic): the caller checked every region against the buffers.
+        let mut srcs: Vec<CUdeviceptr> = regions
+            .iter()
+            .map(|r| unsafe { s.add(r.src_offset as usize) } as CUdeviceptr)
+            .collect();
+        let mut sizes: Vec<usize> = regions.iter().map(|r| r.bytes as usize).collect();
+        let nowhere = sys::CUmemLocation {
+            type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_INVALID,
+            id: 0,
+        };
+        let mut attrs = [sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            // Hints apply to managed memory only.
+            srcLocHint: nowhere,
+            dstLocHint: nowhere,
+            flags: 0,
+        }];
+        let mut first = [0usize];
+        // SAFETY: three arrays of `regions.len()` entries and one attribute for all of them,
+        // alive through the call (the driver copies the descriptions before it returns);
+        // pinned source, device destination.
+        unsafe {
+            sys::cuMemcpyBatchAsync_v2(
+                dsts.as_mut_ptr(),
+                srcs.as_mut_ptr(),
+                sizes.as_mut_ptr(),
+                regions.len(),
+                attrs.as_mut_ptr(),
+                first.as_mut_ptr(),
+                1,
+                self.raw(),
+            )
+            .result()
+            .map_err(cu("queueing a batch of host-to-device copies"))
+        }
     }
 
     pub(crate) fn gather_zero_copy(
