@@ -203,6 +203,58 @@ fn probe_fits_caches_reuses_and_exports() {
     );
 }
 
+/// `--slowdown-threads` runs the CPU strategies again with another pool size; the profile
+/// carries the slowdown measured there, and `ft validate retarget` to that count uses it.
+#[test]
+fn a_second_thread_count_calibrates_the_slowdown_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny.toml");
+    std::fs::write(&model, TINY).unwrap();
+    let cache = dir.path().join("cache");
+    let copy = dir.path().join("copy.json");
+    let (m, c) = (model.to_str().unwrap(), copy.to_str().unwrap());
+    let mut args = vec!["probe", "--model", m, "--json", "--profile-out", c];
+    // FAST with two serving threads and a second count of one.
+    let mut fast = FAST.to_vec();
+    let t = fast.iter().position(|a| *a == "--threads").unwrap();
+    fast[t + 1] = "2";
+    args.extend_from_slice(&fast);
+    args.extend_from_slice(&["--slowdown-threads", "1"]);
+    let r = json(&ft(&cache, &args));
+    let runs = r["outcome"]["e2e"].as_array().unwrap();
+    assert!(runs.iter().any(|e| e["threads"] == 1), "{runs:?}");
+    let profile: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&copy).unwrap()).unwrap();
+    let at = profile["params"]["cpu_serving_slowdown_at"]
+        .as_array()
+        .unwrap();
+    assert_eq!(at.len(), 1, "{at:?}");
+    assert_eq!(at[0]["threads"], 1);
+    let measured = at[0]["slowdown"].as_f64().unwrap();
+    let out = dir.path().join("t1.json");
+    let o = ft(
+        &cache,
+        &[
+            "validate",
+            "retarget",
+            "--profile",
+            c,
+            "--threads",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    assert_ok(&o);
+    let t1: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(t1["params"]["cpu_threads"], 1);
+    assert_eq!(
+        t1["params"]["cpu_serving_slowdown"].as_f64().unwrap(),
+        measured
+    );
+}
+
 #[test]
 fn bad_input_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
