@@ -857,6 +857,25 @@ impl Engine {
                 self.compute.launch_dense(&pre, self.dense_out())?;
             }
             self.compute.record(&ev.router)?;
+            // 3a. Gathers, after the router, in chunks of experts: each chunk's copies are
+            // followed by an event, so that the GPU computes a chunk as soon as it has landed
+            // and only the last chunk's kernel follows the last copy. The first chunk is
+            // issued here, before the experts' input rows and the activations for the CPU,
+            // so that the link starts as soon as the router has run: in a hybrid step the
+            // host reaches this point only after the previous layer's CPU share, and every
+            // call it makes before the first copy is time the link waits.
+            let chunks = fetch_chunks(work.moves.len());
+            let bounds = chunk_bounds(work.moves.len(), chunks);
+            let (copy, bank, slots, method) =
+                (&self.copy, &self.bank, &self.slots, self.config.gather);
+            let issue_chunk = |c: usize, r: &std::ops::Range<usize>| -> Result<()> {
+                gather::gather(copy, bank, slots, &work.moves[r.clone()], method)?;
+                copy.record(ev.chunk_gathered(c, chunks))
+            };
+            if m.link {
+                self.copy.wait(&ev.router)?;
+                issue_chunk(0, &bounds[0])?;
+            }
             if rows.order == CombineOrder::Fixed {
                 for (src, dst, n) in replicate_rounds(k) {
                     self.compute.copy_d2d(
@@ -876,22 +895,10 @@ impl Engine {
                     .copy_d2h(&self.act, 0, &self.x_host, 0, block * F32_BYTES)?;
                 self.act_stream.record(&ev.down)?;
             }
-            // 3. Gathers, after the router, in chunks of experts: each chunk's copies are
-            // followed by an event, so that the GPU computes a chunk as soon as it has landed
-            // and only the last chunk's kernel follows the last copy.
-            let chunks = fetch_chunks(work.moves.len());
-            let bounds = chunk_bounds(work.moves.len(), chunks);
+            // 3b. The remaining chunks' gathers (3a issued the first).
             if m.link {
-                self.copy.wait(&ev.router)?;
-                for (c, r) in bounds.iter().enumerate() {
-                    gather::gather(
-                        &self.copy,
-                        &self.bank,
-                        &self.slots,
-                        &work.moves[r.clone()],
-                        self.config.gather,
-                    )?;
-                    self.copy.record(ev.chunk_gathered(c, chunks))?;
+                for (c, r) in bounds.iter().enumerate().skip(1) {
+                    issue_chunk(c, r)?;
                 }
             }
             // 1b. The rest of the dense part, 4. the experts.
