@@ -905,6 +905,11 @@ pub struct Summary {
     pub errors_by_geometry: BTreeMap<String, ErrorStats>,
     /// Errors per CPU thread count.
     pub errors_by_threads: BTreeMap<String, ErrorStats>,
+    /// Errors per context length.
+    pub errors_by_context: BTreeMap<String, ErrorStats>,
+    /// Errors per thread count and strategy (the model's CPU terms scale with threads, and a
+    /// bias of one strategy at one count is what a thread law gets wrong).
+    pub errors_by_threads_and_strategy: BTreeMap<String, ErrorStats>,
     /// Errors over the configurations none of whose runs the hypervisor stole more than
     /// [`STEAL_NOTABLE_FRACTION`] of the CPU time from (absent where no row records steal).
     /// The targets are judged on every row all the same.
@@ -1129,6 +1134,11 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
         errors_by_strategy: group(&|r| r.strategy.clone(), &ErrorStats::of),
         errors_by_geometry: group(&|r| r.geometry.clone(), &ErrorStats::of),
         errors_by_threads: group(&|r| format!("{} threads", r.threads), &ErrorStats::of),
+        errors_by_context: group(&|r| format!("context {}", r.context), &ErrorStats::of),
+        errors_by_threads_and_strategy: group(
+            &|r| format!("{} threads, {}", r.threads, r.strategy),
+            &ErrorStats::of,
+        ),
         errors_without_steal,
         stolen_configs,
         sim_errors,
@@ -1168,6 +1178,8 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
         .iter()
         .chain(&s.errors_by_geometry)
         .chain(&s.errors_by_threads)
+        .chain(&s.errors_by_context)
+        .chain(&s.errors_by_threads_and_strategy)
     {
         line(o, k, e)?;
     }

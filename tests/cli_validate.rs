@@ -33,9 +33,11 @@ fn csv(rows: &[Row]) -> String {
             _ => 0.27700805664,
         };
         s.push_str(&format!(
-            "c{:02},qwen3.8-flash-next,2,2772480,0.15,154,{},15,1024,{},{f},{},0.3,{},{},{},,{},{},{},{},{},2\n",
+            "c{:02},qwen3.8-flash-next,2,2772480,0.15,154,{},{},{},{},{f},{},0.3,{},{},{},,{},{},{},{},{},2\n",
             r.config,
             1 + r.config % 4,
+            threads_of(r.config),
+            context_of(r.config),
             r.strategy,
             r.measured,
             r.predicted,
@@ -49,6 +51,24 @@ fn csv(rows: &[Row]) -> String {
         ));
     }
     s
+}
+
+/// CPU threads of configuration `c` in the test grids.
+fn threads_of(c: usize) -> usize {
+    if c % 3 == 0 {
+        4
+    } else {
+        15
+    }
+}
+
+/// Context of configuration `c` in the test grids.
+fn context_of(c: usize) -> usize {
+    if c % 2 == 0 {
+        1024
+    } else {
+        32768
+    }
 }
 
 /// A grid of `n` configurations: measured rates vary by configuration, the predicted ones
@@ -124,6 +144,25 @@ fn the_analysis_matches_a_slow_reference() {
     assert!((s["errors"]["p90"].as_f64().unwrap() - p90).abs() < 1e-9);
     assert_eq!(s["rows"], 48);
     assert_eq!(s["configs"], 12);
+    // The same per context and per thread count and strategy.
+    let sub = |keep: &dyn Fn(&Row) -> bool| -> Vec<f64> {
+        rows.iter()
+            .filter(|r| keep(r))
+            .map(|r| (r.predicted - r.measured).abs() / r.measured)
+            .collect()
+    };
+    for ctx in [1024, 32768] {
+        let e = sub(&|r| context_of(r.config) == ctx);
+        let got = &s["errors_by_context"][format!("context {ctx}")];
+        assert!((got["median"].as_f64().unwrap() - r8(e.clone(), 0.5)).abs() < 1e-9);
+        assert_eq!(got["n"], e.len());
+    }
+    for (t, strategy) in [(4, "cpu"), (15, "hybrid")] {
+        let e = sub(&|r| threads_of(r.config) == t && r.strategy == strategy);
+        let got = &s["errors_by_threads_and_strategy"][format!("{t} threads, {strategy}")];
+        assert!((got["p90"].as_f64().unwrap() - r8(e.clone(), 0.9)).abs() < 1e-9);
+        assert_eq!(got["n"], e.len());
+    }
 
     // Choosers: the model picks the best predicted of offload, hybrid, cpu; the ratio rule
     // offload (standalone pair); ferrox-core hybrid at the rules' fraction (contended pair).
