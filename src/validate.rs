@@ -1157,13 +1157,13 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
     writeln!(o)?;
     writeln!(
         o,
-        "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9}",
+        "{:<28} {:>5} {:>9} {:>9} {:>9} {:>9}",
         "prediction error", "n", "median", "p90", "bias", "max"
     )?;
     let line = |o: &mut dyn Write, name: &str, e: &ErrorStats| {
         writeln!(
             o,
-            "{:<24} {:>5} {:>8.2}% {:>8.2}% {:>8.2}% {:>8.2}%",
+            "{:<28} {:>5} {:>8.2}% {:>8.2}% {:>8.2}% {:>8.2}%",
             name,
             e.n,
             100.0 * e.median,
@@ -1198,7 +1198,7 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
         writeln!(o)?;
         writeln!(
             o,
-            "{:<24} {:>5} {:>9} {:>9} {:>9} {:>9}",
+            "{:<28} {:>5} {:>9} {:>9} {:>9} {:>9}",
             "simulator error", "n", "median", "p90", "bias", "max"
         )?;
         line(o, "all", e)?;

@@ -55,7 +55,7 @@ fn csv(rows: &[Row]) -> String {
 
 /// CPU threads of configuration `c` in the test grids.
 fn threads_of(c: usize) -> usize {
-    if c % 3 == 0 {
+    if c.is_multiple_of(3) {
         4
     } else {
         15
@@ -64,7 +64,7 @@ fn threads_of(c: usize) -> usize {
 
 /// Context of configuration `c` in the test grids.
 fn context_of(c: usize) -> usize {
-    if c % 2 == 0 {
+    if c.is_multiple_of(2) {
         1024
     } else {
         32768
