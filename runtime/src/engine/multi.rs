@@ -632,6 +632,15 @@ impl MultiEngine {
                     p.compute.launch_dense(&pre, &p.dense_out)?;
                 }
                 p.compute.record(router)?;
+                // The gathers right after the router, before the input rows and the
+                // activations for the CPU (as the single-GPU engine issues its first chunk):
+                // the link starts as soon as the router has run.
+                let link = !work.moves.is_empty();
+                if link {
+                    p.copy.wait(router)?;
+                    gather::gather(&p.copy, bank, &p.slots, &work.moves, self.config.gather)?;
+                    p.copy.record(gathered)?;
+                }
                 if rows.order == CombineOrder::Fixed {
                     for (src, dst, nb) in replicate_rounds(k) {
                         p.compute.copy_d2d(
@@ -644,17 +653,12 @@ impl MultiEngine {
                     }
                 }
                 p.compute.record(inputs)?;
-                let (link, cpu) = (!work.moves.is_empty(), !work.cpu.is_empty());
+                let cpu = !work.cpu.is_empty();
                 if cpu {
                     p.act_stream.wait(inputs)?;
                     p.act_stream
                         .copy_d2h(&p.act, 0, &p.x_host, 0, block * F32_BYTES)?;
                     p.act_stream.record(down)?;
-                }
-                if link {
-                    p.copy.wait(router)?;
-                    gather::gather(&p.copy, bank, &p.slots, &work.moves, self.config.gather)?;
-                    p.copy.record(gathered)?;
                 }
                 if !post.is_empty() {
                     p.compute.launch_dense(&post, &p.dense_out)?;
