@@ -171,8 +171,8 @@ pub struct CpuExperts {
 /// How one call's phases spread their tiles over threads.
 #[derive(Clone, Copy)]
 enum Spread<'p> {
-    /// Rayon's parallel iterators (the call runs on a pool thread).
-    Rayon,
+    /// Rayon's parallel iterators over the pool's `threads` (the call runs on a pool thread).
+    Rayon { threads: usize },
     /// Shared with the calling thread ([`crate::team::for_each`]), `helpers` workers at most.
     Team {
         pool: &'p ThreadPool,
@@ -181,10 +181,18 @@ enum Spread<'p> {
 }
 
 impl Spread<'_> {
+    /// Threads that take tiles: the pool's, or the helpers and the caller.
+    fn threads(self) -> usize {
+        match self {
+            Spread::Rayon { threads } => threads,
+            Spread::Team { helpers, .. } => helpers + 1,
+        }
+    }
+
     /// Run `f(i)` for every `i` in `0..n`, in parallel; returns when all have run.
     fn for_each(self, n: usize, f: impl Fn(usize) + Sync + Send) {
         match self {
-            Spread::Rayon => (0..n).into_par_iter().for_each(f),
+            Spread::Rayon { .. } => (0..n).into_par_iter().for_each(f),
             Spread::Team { pool, helpers } => crate::team::for_each(pool, helpers, n, &f),
         }
     }
@@ -199,7 +207,8 @@ fn run_phases<F: FnOnce(Spread<'_>) + Send>(pool: &ThreadPool, mode: WaitMode, b
             helpers: pool.current_num_threads(),
         });
     } else {
-        run_on(pool, mode, || body(Spread::Rayon));
+        let threads = pool.current_num_threads();
+        run_on(pool, mode, || body(Spread::Rayon { threads }));
     }
 }
 
@@ -470,7 +479,6 @@ impl CpuExperts {
                     }
                 }
                 let used_count = used.iter().filter(|&&u| u).count();
-                let threads = pool.current_num_threads() + usize::from(wait == WaitMode::Help);
                 let mut xptrs: Vec<Option<QuantActPtr>> = vec![None; tokens];
                 for (t, a) in s.x_act.iter_mut().enumerate().take(tokens) {
                     if used[t] {
@@ -491,7 +499,7 @@ impl CpuExperts {
                 run_phases(&pool, wait, |spread| {
                     let t0 = std::time::Instant::now();
                     // (token, block chunk) tasks: few tokens still spread over the threads.
-                    let chunks = prep_chunks(xshape.blocks, used_count, threads);
+                    let chunks = prep_chunks(xshape.blocks, used_count, spread.threads());
                     let per = xshape.blocks.div_ceil(chunks);
                     spread.for_each(tokens * chunks, |task| {
                         let (t, c) = (task / chunks, task % chunks);
