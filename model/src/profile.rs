@@ -331,8 +331,9 @@ impl Profile {
         let t = threads as f64;
         let r = t / old.cpu_threads as f64;
         let mut q = p.clone();
-        q.params = old.at_threads(threads);
-        q.params.validate()?;
+        let (params, rate_se) = params_at_threads(old, &p.samples.cpu_step, threads);
+        params.validate()?;
+        q.params = params;
         let ids = &p.covariance.params;
         let n = ids.len();
         let idx = |id: ParamId| ids.iter().position(|x| *x == id);
@@ -375,24 +376,20 @@ impl Profile {
             .cpu_serving_slowdown_at
             .iter()
             .find(|k| k.threads == threads && k.se.is_finite());
+        // A parameter measured at this count has its own standard error and no covariance.
+        let pin = |m: &mut Vec<Vec<f64>>, i: usize, se: f64| {
+            m[i].fill(0.0);
+            for row in m.iter_mut() {
+                row[i] = 0.0;
+            }
+            m[i][i] = se * se;
+        };
         if let (Some(k), Some(s)) = (measured_slowdown, idx(ParamId::CpuServingSlowdown)) {
-            for i in 0..n {
-                q.covariance.matrix[s][i] = 0.0;
-                q.covariance.matrix[i][s] = 0.0;
-            }
-            q.covariance.matrix[s][s] = k.se * k.se;
+            pin(&mut q.covariance.matrix, s, k.se);
         }
-        if let Some((rate, se)) = cpu_rate_at_threads(&q.params, &p.samples.cpu_step, threads) {
-            q.params.cpu_gbs = rate;
-            q.params.validate()?;
-            if let Some(g) = idx(ParamId::CpuGbs) {
-                // Measured at this count: no longer a function of the exponent.
-                for k in 0..n {
-                    q.covariance.matrix[g][k] = 0.0;
-                    q.covariance.matrix[k][g] = 0.0;
-                }
-                q.covariance.matrix[g][g] = se * se;
-            }
+        // The streaming rate measured at this count: no longer a function of the exponent.
+        if let (Some(se), Some(g)) = (rate_se, idx(ParamId::CpuGbs)) {
+            pin(&mut q.covariance.matrix, g, se);
         }
         Ok(q)
     }
@@ -449,6 +446,24 @@ pub enum Lookup {
         /// Why it was refused.
         reason: String,
     },
+}
+
+/// `params` re-expressed at `threads` threads ([`PerfParams::at_threads`]) with the CPU
+/// streaming rate measured at exactly that count where the probe's samples have it
+/// ([`cpu_rate_at_threads`]), and that rate's standard error. The one re-expression both a
+/// prediction at another count ([`Profile::at_threads`]) and the fit of the end-to-end
+/// blocks run there use, so that the two agree.
+pub fn params_at_threads(
+    params: &PerfParams,
+    samples: &[CpuStepSample],
+    threads: u32,
+) -> (PerfParams, Option<f64>) {
+    let mut q = params.at_threads(threads);
+    let se = cpu_rate_at_threads(&q, samples, threads).map(|(rate, se)| {
+        q.cpu_gbs = rate;
+        se
+    });
+    (q, se)
 }
 
 /// The CPU streaming rate at `threads` threads from the probe's isolated one-token

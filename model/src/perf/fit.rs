@@ -908,11 +908,7 @@ fn params_at(p: &PerfParams, threads: u32, cpu_step: &[CpuStepSample]) -> PerfPa
     if threads == p.cpu_threads {
         return p.clone();
     }
-    let mut q = p.at_threads(threads);
-    if let Some((rate, _)) = crate::profile::cpu_rate_at_threads(&q, cpu_step, threads) {
-        q.cpu_gbs = rate;
-    }
-    q
+    crate::profile::params_at_threads(p, cpu_step, threads).0
 }
 
 /// The serving slowdown at `threads` from that count's calibration blocks `blocks` with a
