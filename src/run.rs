@@ -983,6 +983,20 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
             ),
         ),
     ];
+    let mut rows = rows;
+    if let Some(idle) = &s.link_idle_per_layer {
+        // What the link waits on: the part of a PCIe-bound layer no overlap can hide.
+        let parts: Vec<String> = idle
+            .causes()
+            .into_iter()
+            .filter(|(_, us)| *us >= 0.05)
+            .map(|(name, us)| format!("{name} {us:.1}"))
+            .collect();
+        rows.push((
+            "link idle per layer, us (while)",
+            format!("{:.1} ({})", idle.total_us, parts.join(", ")),
+        ));
+    }
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in &rows {
         writeln!(out, "  {k:<width$}  {v}")?;

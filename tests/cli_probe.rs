@@ -4,7 +4,7 @@
 //! engine's benchbw.json are written, and bad input is an error naming the input.
 
 mod common;
-use common::assert_ok;
+use common::{assert_ok, stderr};
 
 use std::path::Path;
 use std::process::Output;
@@ -253,6 +253,23 @@ fn a_second_thread_count_calibrates_the_slowdown_there() {
         t1["params"]["cpu_serving_slowdown"].as_f64().unwrap(),
         measured
     );
+    // The retargeted profile keeps the serving count as a knot (its standard error unknown,
+    // JSON null) and reads back: a prediction from it runs.
+    let knots = t1["params"]["cpu_serving_slowdown_at"].as_array().unwrap();
+    assert!(knots.iter().any(|k| k["threads"] == 2), "{knots:?}");
+    let o = ft(
+        &cache,
+        &[
+            "predict",
+            "--profile",
+            out.to_str().unwrap(),
+            "--model",
+            m,
+            "--json",
+        ],
+    );
+    assert_ok(&o);
+    assert!(json(&o)["prediction"].is_object(), "{}", stderr(&o));
 }
 
 #[test]

@@ -101,7 +101,31 @@ def row_of(doc):
         "pcie_bound_step_us": pcie.get("bound_step_us", ""),
         "share_of_pcie_bound": pcie.get("share_of_bound", ""),
         "bound_by": bound_by,
+        **link_idle_columns(s),
     }
+
+
+IDLE_CAUSES = ["dense", "prepare", "hit_experts", "fetched_experts", "combine", "cpu", "copies",
+               "host", "gaps"]
+
+
+def link_idle_columns(summary):
+    """Per layer: the time no gather was on the link, and what held the step meanwhile
+    (`LinkIdle` of ft_runtime::instrument; empty for runs without gathers or from older builds)."""
+    idle = summary.get("link_idle_per_layer") or {}
+    cols = {"link_idle_layer_us": idle.get("total_us", "")}
+    for c in IDLE_CAUSES:
+        cols[f"idle_{c}_us"] = idle.get(f"{c}_us", "")
+    return cols
+
+
+def idle_note(r):
+    """'57 us idle link per layer: dense 30, fetched experts 12, ...' for a row that has it."""
+    if r["link_idle_layer_us"] == "":
+        return ""
+    parts = sorted(((r[f"idle_{c}_us"], c.replace("_", " ")) for c in IDLE_CAUSES), reverse=True)
+    top = ", ".join(f"{name} {us:.0f}" for us, name in parts if us >= 0.5)
+    return f"link idle {r['link_idle_layer_us']:.0f} us per layer ({top})"
 
 
 def main():
@@ -186,6 +210,8 @@ def main():
         note = ""
         if r["strategy"] == "offload" and r["pcie_bound"]:
             note = "meets 90% of its PCIe bound" if r["meets_pcie_target"] else "BELOW 90% of its PCIe bound"
+            if idle_note(r):
+                note += "; " + idle_note(r)
         if r["diagnosis"]:
             note = ("UNEXPECTED LOSS: " if r["favoured"] is True else "loses: ") + r["diagnosis"]
         lines.append(

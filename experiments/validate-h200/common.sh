@@ -27,3 +27,37 @@ analyse_grid() {
         --out "$dir/pred-vs-measured.svg" > "$dir/plot.txt" \
         || echo "validate-h200: ft plot failed; the CSV is complete" >&2
 }
+
+# repredict_grid FT DIR: predictions/<config>.json again for every configuration of plan.csv
+# whose runs exist, from profiles/<G>-t<T>.json (as run.sh predicts, but with hybrid at the
+# fraction its run used: the prediction must describe the run that was measured).
+repredict_grid() {
+    local ft="$1" dir="$2" config geometry layers model_toml residency cache_slots streams threads context
+    local run_doc f_run steps warmup seed
+    mkdir -p "$dir/predictions"
+    while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
+        [[ -f "$dir/runs/$config-hybrid.json" ]] || continue
+        # Hybrid predicted at the fraction its run used (the first fit's choice), not at the
+        # refitted model's own optimum: the prediction must describe the run that was measured.
+        # The traffic simulation counts the steps the runs decoded, of the routing they decoded
+        # (their reports say which).
+        run_doc="$dir/runs/$config-hybrid.json"
+        f_run=$("$ft" validate get "$run_doc" fetch_fraction)
+        steps=$("$ft" validate get "$run_doc" summary.steps)
+        warmup=$("$ft" validate get "$run_doc" summary.warmup_steps)
+        seed=$("$ft" validate get "$run_doc" seed)
+        "$ft" predict --profile "$dir/profiles/$geometry-t$threads.json" --model "$dir/$model_toml" \
+            --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
+            --steps "$steps" --warmup "$warmup" --seed "$seed" \
+            --fetch-fraction "$f_run" --json < /dev/null > "$dir/predictions/$config.json"
+    done < <(tail -n +2 "$dir/plan.csv")
+}
+
+# steps_of_runs FT DIR: STEPS and WARMUP (globals) of the grid's runs (every run has the same).
+steps_of_runs() {
+    local ft="$1" dir="$2" doc
+    doc=$(ls "$dir"/runs/*-hybrid.json 2> /dev/null | head -1)
+    [[ -n "$doc" ]] || { echo "validate-h200: no run to re-analyse in $dir" >&2; return 1; }
+    STEPS=$("$ft" validate get "$doc" summary.steps)
+    WARMUP=$("$ft" validate get "$doc" summary.warmup_steps)
+}

@@ -29,22 +29,7 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     "$FT" validate refit --profile "$DIR/profiles/$g.probed.json" --out "$DIR/profiles/$g.json"
     retarget_profiles "$FT" "$DIR" "$g"
 done
-mkdir -p "$DIR/predictions"
-while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
-    [[ -f "$DIR/runs/$config-hybrid.json" ]] || continue
-    # Hybrid predicted at the fraction its run used (the first fit's choice), not at the
-    # refitted model's own optimum: the prediction must describe the run that was measured.
-    # The traffic simulation counts the steps the runs decoded, of the routing they decoded
-    # (their reports say which).
-    run_doc="$DIR/runs/$config-hybrid.json"
-    f_run=$("$FT" validate get "$run_doc" fetch_fraction)
-    STEPS=$("$FT" validate get "$run_doc" summary.steps)
-    WARMUP=$("$FT" validate get "$run_doc" summary.warmup_steps)
-    seed=$("$FT" validate get "$run_doc" seed)
-    "$FT" predict --profile "$DIR/profiles/$geometry-t$threads.json" --model "$DIR/$model_toml" \
-        --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
-        --steps "$STEPS" --warmup "$WARMUP" --seed "$seed" \
-        --fetch-fraction "$f_run" --json < /dev/null > "$DIR/predictions/$config.json"
-done < <(tail -n +2 "$DIR/plan.csv")
+repredict_grid "$FT" "$DIR"
 # The simulator leg decodes the runs' steps too (every run of a grid has the same counts).
-analyse_grid "$FT" "$DIR" "${STEPS:?no run to re-analyse}" "$WARMUP"
+steps_of_runs "$FT" "$DIR"
+analyse_grid "$FT" "$DIR" "$STEPS" "$WARMUP"

@@ -56,6 +56,9 @@ struct GatherRow {
     /// (`FT_CUDA_COPY_BATCH=1`; equal to one copy each where the driver lacks it). Not a
     /// candidate for `best` until it has been made a default.
     copy_batch_gbs: f64,
+    /// The copy engines with every other copy on a second stream (`FT_CUDA_COPY_SPLIT=1`).
+    /// Not a candidate for `best` either.
+    copy_split_gbs: f64,
     best: String,
     best_over_linear: f64,
     target: f64,
@@ -216,16 +219,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let mut per = Vec::new();
-        // The two methods, then the copy engines again with batched submission.
-        let ways = GatherMethod::ALL
-            .into_iter()
-            .map(|m| (m, false))
-            .chain([(GatherMethod::CopyEngine, true)]);
-        for (m, batch) in ways {
-            if batch {
-                std::env::set_var(gather::CUDA_COPY_BATCH_ENV, "1");
-            } else {
-                std::env::remove_var(gather::CUDA_COPY_BATCH_ENV);
+        // The two methods, then the copy engines again with batched submission, and split
+        // over two streams (the switch each way sets, or none).
+        let ways = GatherMethod::ALL.into_iter().map(|m| (m, None)).chain([
+            (GatherMethod::CopyEngine, Some(gather::CUDA_COPY_BATCH_ENV)),
+            (GatherMethod::CopyEngine, Some(gather::CUDA_COPY_SPLIT_ENV)),
+        ]);
+        for (m, switch) in ways {
+            for env in [gather::CUDA_COPY_BATCH_ENV, gather::CUDA_COPY_SPLIT_ENV] {
+                std::env::remove_var(env);
+            }
+            if let Some(env) = switch {
+                std::env::set_var(env, "1");
             }
             let mut v = Vec::new();
             for r in 0..=reps {
@@ -259,6 +264,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             copy_engine_gbs: per[0],
             zero_copy_gbs: per[1],
             copy_batch_gbs: per[2],
+            copy_split_gbs: per[3],
             best: best.into(),
             best_over_linear: best_gbs / linear,
             target: 0.9,
@@ -266,6 +272,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         });
     }
     std::env::remove_var(gather::CUDA_COPY_BATCH_ENV);
+    std::env::remove_var(gather::CUDA_COPY_SPLIT_ENV);
     drop(lin_dst);
 
     // Expert kernel: layers of 10 resident experts, 1 token, rotating through disjoint sets.
@@ -476,6 +483,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             r.target,
             r.copy_batch_gbs / r.linear_h2d_gbs >= r.target
         )?;
+        writeln!(
+            csv,
+            "gather-split,{},{:.3},{:.3},{:.3},{:.4},{},{}",
+            r.experts,
+            r.linear_h2d_gbs,
+            r.copy_split_gbs,
+            r.copy_engine_gbs,
+            r.copy_split_gbs / r.linear_h2d_gbs,
+            r.target,
+            r.copy_split_gbs / r.linear_h2d_gbs >= r.target
+        )?;
     }
     for r in &report.kernel {
         writeln!(
@@ -503,24 +521,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         copy_rw_gbs, copy_gbs, dense_read_gbs
     );
     println!(
-        "{:>8} {:>11} {:>12} {:>10} {:>11} {:>12} {:>9} {:>5}",
+        "{:>8} {:>11} {:>12} {:>10} {:>11} {:>11} {:>12} {:>9} {:>5}",
         "experts",
         "linear H2D",
         "copy-engine",
         "zero-copy",
         "copy-batch",
+        "copy-split",
         "best/linear",
         "target",
         "pass"
     );
     for r in &report.gather {
         println!(
-            "{:>8} {:>11.2} {:>12.2} {:>10.2} {:>11.2} {:>12.3} {:>9.2} {:>5}",
+            "{:>8} {:>11.2} {:>12.2} {:>10.2} {:>11.2} {:>11.2} {:>12.3} {:>9.2} {:>5}",
             r.experts,
             r.linear_h2d_gbs,
             r.copy_engine_gbs,
             r.zero_copy_gbs,
             r.copy_batch_gbs,
+            r.copy_split_gbs,
             r.best_over_linear,
             r.target,
             r.pass

@@ -30,6 +30,19 @@ use crate::slots::SlotPool;
 /// times both); ignored, with a warning, on older drivers.
 pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 
+/// Environment variable asking the CUDA copy-engine gather to split a gather's copies over two
+/// streams (`1`; every other copy on a second stream forked from the copy stream and joined
+/// back): two copy engines then run them at once, so that the fixed few microseconds each
+/// copy costs beyond its bytes hide behind the other engine's bytes. Off by default until
+/// measured (`runtime/examples/gpu_backend.rs` times it); [`CUDA_COPY_BATCH_ENV`] wins where
+/// both are set. The host-emulated device copies the same either way.
+pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
+
+/// Whether [`CUDA_COPY_SPLIT_ENV`] asks for split copies.
+pub fn copy_split_wanted() -> bool {
+    std::env::var(CUDA_COPY_SPLIT_ENV).is_ok_and(|v| v == "1")
+}
+
 /// One contiguous copy: `bytes` from `src_offset` of the source to `dst_offset` of the
 /// destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -327,6 +327,207 @@ pub struct StepRecord {
     pub totals: LayerCounts,
     /// Per layer, in order.
     pub layers: Vec<LayerRecord>,
+    /// What held the step while no gather was on the link ([`LinkIdle::of`]); `None` for a
+    /// step without gathers (or recorded before it existed).
+    #[serde(default)]
+    pub link_idle: Option<LinkIdle>,
+}
+
+/// What the other resources were doing while no gather was on the link during a step, us.
+///
+/// In a step bounded by the link, every microsecond without a gather is one the link cannot
+/// get back: its share of the step is what keeps offload from its PCIe bound. Each such
+/// instant is charged to one thing, the first of: a GPU kernel (by kind), the CPU pool, an
+/// activation copy, the host (submitting or waiting), and otherwise a gap (launch latency
+/// and event hops nothing records). A gather span runs from the later of its layer's router
+/// and the previous gather's end to its last copy landing, so the waits between a layer's
+/// copies count as link time, not idle time (the link's own rate shows those).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkIdle {
+    /// Time in the step with no gather on the link.
+    pub total_us: f64,
+    /// ... while the GPU ran the dense part (before the router, and the shared experts).
+    pub dense_us: f64,
+    /// ... while the GPU prepared the experts' input rows.
+    pub prepare_us: f64,
+    /// ... while the GPU computed the hits.
+    pub hit_experts_us: f64,
+    /// ... while the GPU computed gathered experts (the last chunk's, after the last copy).
+    pub fetched_experts_us: f64,
+    /// ... while the GPU combined the experts' outputs.
+    pub combine_us: f64,
+    /// ... while only the CPU pool worked.
+    pub cpu_us: f64,
+    /// ... while only activation copies (down for the CPU, its partial rows up) ran.
+    pub copies_us: f64,
+    /// ... while only the host submitted or waited.
+    pub host_us: f64,
+    /// ... while nothing recorded ran.
+    pub gaps_us: f64,
+}
+
+/// What an instant of idle link is charged to, in priority order (see [`LinkIdle`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleCause {
+    Dense,
+    Prepare,
+    HitExperts,
+    FetchedExperts,
+    Combine,
+    Cpu,
+    Copies,
+    Host,
+}
+
+impl IdleCause {
+    const COUNT: usize = 8;
+
+    /// What a span would be charged as; `None` for a gather (the link busy).
+    fn of(s: &Span) -> Option<IdleCause> {
+        Some(match (s.lane, s.kind) {
+            (_, SpanKind::Gather) => return None,
+            (Lane::GpuCompute, SpanKind::Prepare) => IdleCause::Prepare,
+            (Lane::GpuCompute, SpanKind::HitExperts) => IdleCause::HitExperts,
+            (Lane::GpuCompute, SpanKind::FetchedExperts) => IdleCause::FetchedExperts,
+            (Lane::GpuCompute, SpanKind::Combine) => IdleCause::Combine,
+            (Lane::GpuCompute, _) => IdleCause::Dense,
+            (Lane::CpuPool, _) => IdleCause::Cpu,
+            (Lane::Copy, _) => IdleCause::Copies,
+            (Lane::HostSync, _) => IdleCause::Host,
+        })
+    }
+}
+
+impl LinkIdle {
+    /// The idle link of one step `[start_ns, end_ns)` with `spans` (spans are clipped to the
+    /// step); `None` when no span is a gather. A sweep over the spans' ends, O(n log n).
+    pub fn of(spans: &[Span], start_ns: u64, end_ns: u64) -> Option<LinkIdle> {
+        if !spans.iter().any(|s| s.kind == SpanKind::Gather) {
+            return None;
+        }
+        // (time, +1 / -1, slot): slot COUNT is the gather, the others an IdleCause.
+        let mut edges: Vec<(u64, i32, usize)> = Vec::with_capacity(2 * spans.len());
+        for s in spans {
+            let (a, b) = (s.start_ns.max(start_ns), s.end_ns.min(end_ns));
+            if b <= a {
+                continue;
+            }
+            let slot = IdleCause::of(s).map_or(IdleCause::COUNT, |c| c as usize);
+            edges.push((a, 1, slot));
+            edges.push((b, -1, slot));
+        }
+        edges.sort_unstable();
+        let mut active = [0i32; IdleCause::COUNT + 1];
+        let mut charged = [0u64; IdleCause::COUNT];
+        let (mut gaps, mut total) = (0u64, 0u64);
+        let mut at = start_ns;
+        let mut charge = |from: u64, to: u64, active: &[i32; IdleCause::COUNT + 1]| {
+            if to <= from || active[IdleCause::COUNT] > 0 {
+                return;
+            }
+            total += to - from;
+            match active[..IdleCause::COUNT].iter().position(|&n| n > 0) {
+                Some(c) => charged[c] += to - from,
+                None => gaps += to - from,
+            }
+        };
+        for (t, delta, slot) in edges {
+            charge(at, t, &active);
+            at = at.max(t);
+            active[slot] += delta;
+        }
+        charge(at, end_ns, &active);
+        let us = |ns: u64| ns as f64 / NS_PER_US;
+        let c = |cause: IdleCause| us(charged[cause as usize]);
+        Some(LinkIdle {
+            total_us: us(total),
+            dense_us: c(IdleCause::Dense),
+            prepare_us: c(IdleCause::Prepare),
+            hit_experts_us: c(IdleCause::HitExperts),
+            fetched_experts_us: c(IdleCause::FetchedExperts),
+            combine_us: c(IdleCause::Combine),
+            cpu_us: c(IdleCause::Cpu),
+            copies_us: c(IdleCause::Copies),
+            host_us: c(IdleCause::Host),
+            gaps_us: us(gaps),
+        })
+    }
+
+    /// Every field scaled by `k` (a mean over steps, a share per layer).
+    pub fn scaled(&self, k: f64) -> LinkIdle {
+        let mut out = *self;
+        for (o, v) in out.fields_mut().into_iter().zip(self.fields()) {
+            *o = v * k;
+        }
+        out
+    }
+
+    /// The causes by name with their time, largest first (the total left out).
+    pub fn causes(&self) -> Vec<(&'static str, f64)> {
+        let mut v: Vec<(&'static str, f64)> = Self::NAMES[1..]
+            .iter()
+            .copied()
+            .zip(self.fields()[1..].iter().copied())
+            .collect();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    }
+
+    /// Field names in [`LinkIdle::fields`] order, as a table says them.
+    const NAMES: [&'static str; 10] = [
+        "total",
+        "dense",
+        "prepare",
+        "hit experts",
+        "fetched experts",
+        "combine",
+        "cpu",
+        "activation copies",
+        "host",
+        "gaps",
+    ];
+
+    fn fields(&self) -> [f64; 10] {
+        [
+            self.total_us,
+            self.dense_us,
+            self.prepare_us,
+            self.hit_experts_us,
+            self.fetched_experts_us,
+            self.combine_us,
+            self.cpu_us,
+            self.copies_us,
+            self.host_us,
+            self.gaps_us,
+        ]
+    }
+
+    fn fields_mut(&mut self) -> [&mut f64; 10] {
+        [
+            &mut self.total_us,
+            &mut self.dense_us,
+            &mut self.prepare_us,
+            &mut self.hit_experts_us,
+            &mut self.fetched_experts_us,
+            &mut self.combine_us,
+            &mut self.cpu_us,
+            &mut self.copies_us,
+            &mut self.host_us,
+            &mut self.gaps_us,
+        ]
+    }
+
+    /// The sum of `items`, field by field.
+    fn sum<'a>(items: impl IntoIterator<Item = &'a LinkIdle>) -> LinkIdle {
+        let mut out = LinkIdle::default();
+        for it in items {
+            for (o, v) in out.fields_mut().into_iter().zip(it.fields()) {
+                *o += v;
+            }
+        }
+        out
+    }
 }
 
 /// Collects the spans and counts of one step while the engine runs it.
@@ -456,6 +657,7 @@ impl StepTimeline {
             host_wait_us: busy_us(&self.spans, Lane::HostSync, |s| s.kind == SpanKind::Wait),
             totals,
             layers,
+            link_idle: LinkIdle::of(&self.spans, self.start_ns, end_ns),
         };
         (record, self.spans)
     }
@@ -564,6 +766,10 @@ pub struct RunSummary {
     pub utilisation: Utilisation,
     /// Gathered bytes over PCIe busy time while gathering, GB/s (1e9 B/s); 0 with no gather.
     pub pcie_gbs_while_busy: f64,
+    /// Mean per layer of what held the steps while no gather was on the link
+    /// ([`LinkIdle`]), over the measured steps with gathers; `None` when none had one.
+    #[serde(default)]
+    pub link_idle_per_layer: Option<LinkIdle>,
 }
 
 impl RunSummary {
@@ -602,6 +808,13 @@ impl RunSummary {
         let cpu_busy_us = mean(&|r| r.cpu_busy_us);
         let host_wait_us = mean(&|r| r.host_wait_us);
         let gathered_bytes_per_step = mean(&|r| r.totals.gathered_bytes as f64);
+        let idles: Vec<&LinkIdle> = measured
+            .iter()
+            .filter_map(|r| r.link_idle.as_ref())
+            .collect();
+        let link_idle_per_layer = (!idles.is_empty()).then(|| {
+            LinkIdle::sum(idles.iter().copied()).scaled(1.0 / (idles.len() * layers.max(1)) as f64)
+        });
         RunSummary {
             steps: measured.len(),
             warmup_steps,
@@ -636,6 +849,7 @@ impl RunSummary {
             } else {
                 0.0
             },
+            link_idle_per_layer,
         }
     }
 }
@@ -818,6 +1032,144 @@ mod tests {
         for c in cases {
             assert_eq!(union_ns(c.iter().copied()), union_naive(&c), "{c:?}");
         }
+    }
+
+    /// Naive reference of [`LinkIdle::of`]: every ns of the step, charged by looking at each
+    /// span in priority order.
+    fn link_idle_naive(spans: &[Span], start: u64, end: u64) -> Option<[u64; 10]> {
+        if !spans.iter().any(|s| s.kind == SpanKind::Gather) {
+            return None;
+        }
+        let order: [(Lane, Option<SpanKind>); 8] = [
+            (Lane::GpuCompute, Some(SpanKind::Dense)),
+            (Lane::GpuCompute, Some(SpanKind::Prepare)),
+            (Lane::GpuCompute, Some(SpanKind::HitExperts)),
+            (Lane::GpuCompute, Some(SpanKind::FetchedExperts)),
+            (Lane::GpuCompute, Some(SpanKind::Combine)),
+            (Lane::CpuPool, None),
+            (Lane::Copy, None),
+            (Lane::HostSync, None),
+        ];
+        let mut out = [0u64; 10];
+        for t in start..end {
+            let covers = |s: &&Span| s.start_ns <= t && t < s.end_ns;
+            if spans
+                .iter()
+                .filter(covers)
+                .any(|s| s.kind == SpanKind::Gather)
+            {
+                continue;
+            }
+            out[0] += 1;
+            let slot = order.iter().position(|(lane, kind)| {
+                spans
+                    .iter()
+                    .filter(covers)
+                    .any(|s| s.lane == *lane && kind.is_none_or(|k| s.kind == k))
+            });
+            out[1 + slot.unwrap_or(8)] += 1;
+        }
+        Some(out)
+    }
+
+    #[test]
+    fn link_idle_matches_the_naive_sweep() {
+        use rand::{Rng, SeedableRng};
+        let kinds = [
+            (Lane::GpuCompute, SpanKind::Dense),
+            (Lane::GpuCompute, SpanKind::Prepare),
+            (Lane::GpuCompute, SpanKind::HitExperts),
+            (Lane::GpuCompute, SpanKind::FetchedExperts),
+            (Lane::GpuCompute, SpanKind::Combine),
+            (Lane::Copy, SpanKind::Gather),
+            (Lane::Copy, SpanKind::ActivationsDown),
+            (Lane::Copy, SpanKind::PartialUp),
+            (Lane::CpuPool, SpanKind::CpuExperts),
+            (Lane::HostSync, SpanKind::Submit),
+            (Lane::HostSync, SpanKind::Wait),
+        ];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for case in 0..300 {
+            let n = rng.random_range(0..12);
+            let spans: Vec<Span> = (0..n)
+                .map(|_| {
+                    let (lane, kind) = kinds[rng.random_range(0..kinds.len())];
+                    let a = rng.random_range(0..120u64);
+                    Span {
+                        lane,
+                        kind,
+                        step: 0,
+                        layer: 0,
+                        start_ns: a,
+                        end_ns: a + rng.random_range(0..40u64),
+                        bytes: 0,
+                        experts: 0,
+                    }
+                })
+                .collect();
+            let (start, end) = (rng.random_range(0..20u64), rng.random_range(60..150u64));
+            let fast = LinkIdle::of(&spans, start, end);
+            let naive = link_idle_naive(&spans, start, end);
+            match (fast, naive) {
+                (None, None) => {}
+                (Some(f), Some(n)) => {
+                    let got: Vec<u64> = f.fields().iter().map(|us| ns_of_us(*us)).collect();
+                    assert_eq!(
+                        got,
+                        n.to_vec(),
+                        "case {case}: {spans:?} in [{start}, {end})"
+                    );
+                    let parts: f64 = f.causes().iter().map(|c| c.1).sum();
+                    assert!((parts - f.total_us).abs() < 1e-9);
+                }
+                (f, n) => panic!("case {case}: {f:?} against {n:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_offload_layer_charges_the_link_idle_to_dense_and_the_last_chunk() {
+        // Layer 0: dense 0-10, gather 10-50, hits 12-20, last chunk 50-56, combine 56-58;
+        // layer 1's dense 58-70, its gather 70-100, a gap to the step's end at 110.
+        let mut t = StepTimeline::new(0, false, 1, 2, 0);
+        t.span(Lane::GpuCompute, SpanKind::Dense, 0, 0, 10_000, 0, 0);
+        t.span(Lane::Copy, SpanKind::Gather, 0, 10_000, 50_000, 1, 2);
+        t.span(
+            Lane::GpuCompute,
+            SpanKind::HitExperts,
+            0,
+            12_000,
+            20_000,
+            0,
+            3,
+        );
+        t.span(
+            Lane::GpuCompute,
+            SpanKind::FetchedExperts,
+            0,
+            50_000,
+            56_000,
+            0,
+            2,
+        );
+        t.span(Lane::GpuCompute, SpanKind::Combine, 0, 56_000, 58_000, 0, 0);
+        t.span(Lane::GpuCompute, SpanKind::Dense, 1, 58_000, 70_000, 0, 0);
+        t.span(Lane::Copy, SpanKind::Gather, 1, 70_000, 100_000, 1, 2);
+        let (r, _) = t.finish(110_000);
+        let idle = r.link_idle.unwrap();
+        assert_eq!(idle.total_us, 40.0);
+        assert_eq!(idle.dense_us, 22.0);
+        assert_eq!(idle.fetched_experts_us, 6.0);
+        assert_eq!(idle.combine_us, 2.0);
+        assert_eq!(idle.gaps_us, 10.0);
+        assert_eq!(idle.hit_experts_us, 0.0);
+        let s = RunSummary::of(&[r]);
+        assert_eq!(s.link_idle_per_layer.unwrap().total_us, 20.0);
+        assert_eq!(s.link_idle_per_layer.unwrap().causes()[0], ("dense", 11.0));
+        // A step without gathers has none.
+        let (r, _) = StepTimeline::new(1, false, 1, 1, 0).finish(5_000);
+        assert_eq!(r.link_idle, None);
+        assert_eq!(RunSummary::of(&[r]).link_idle_per_layer, None);
     }
 
     #[test]

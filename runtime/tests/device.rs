@@ -33,7 +33,8 @@ fn copies_round_trip(d: &Device) {
     assert_eq!(back.as_slice(), h.as_slice());
 
     // Scattered regions (the gather's shape), both mechanisms, and the copy engines with
-    // one batched submission (FT_CUDA_COPY_BATCH; the host device copies the same either way).
+    // one batched submission (FT_CUDA_COPY_BATCH) and split over two streams
+    // (FT_CUDA_COPY_SPLIT); the host device copies the same either way.
     // Sets a process environment variable: the GPU tests run with --test-threads=1.
     let regions = [
         CopyRegion {
@@ -52,17 +53,26 @@ fn copies_round_trip(d: &Device) {
             bytes: 70_001,
         },
     ];
-    for (zero_copy, batch) in [(false, false), (true, false), (false, true)] {
+    use ft_runtime::gather::{CUDA_COPY_BATCH_ENV, CUDA_COPY_SPLIT_ENV};
+    let ways = [
+        (false, None),
+        (true, None),
+        (false, Some(CUDA_COPY_BATCH_ENV)),
+        (false, Some(CUDA_COPY_SPLIT_ENV)),
+    ];
+    for (zero_copy, switch) in ways {
         let dst = d.alloc(1 << 17, "gather").unwrap();
-        if batch {
-            std::env::set_var(ft_runtime::gather::CUDA_COPY_BATCH_ENV, "1");
+        if let Some(env) = switch {
+            std::env::set_var(env, "1");
         }
         if zero_copy {
             s.gather_zero_copy(&h, &dst, &regions).unwrap();
         } else {
             s.copy_h2d_regions(&h, &dst, &regions).unwrap();
         }
-        std::env::remove_var(ft_runtime::gather::CUDA_COPY_BATCH_ENV);
+        if let Some(env) = switch {
+            std::env::remove_var(env);
+        }
         let mut got = vec![0u8; 1 << 17];
         s.download(&dst, 0, &mut got).unwrap();
         for r in &regions {
@@ -74,7 +84,7 @@ fn copies_round_trip(d: &Device) {
             assert_eq!(
                 &got[dof..dof + b],
                 &h.as_slice()[so..so + b],
-                "zero_copy={zero_copy} batch={batch}"
+                "zero_copy={zero_copy} switch={switch:?}"
             );
         }
         assert!(got[1000..8192].iter().all(|&b| b == 0));

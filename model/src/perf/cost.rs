@@ -538,6 +538,14 @@ mod tests {
             let q = p.at_threads(t);
             assert_eq!(q.cpu_threads, t);
             q.validate().unwrap();
+            // Its JSON reads back (the serving count's knot has no standard error: null).
+            let back: PerfParams = serde_json::from_str(&serde_json::to_string(&q).unwrap())
+                .unwrap_or_else(|e| panic!("at {t}: {e}"));
+            assert_eq!(
+                back.cpu_serving_slowdown_at.len(),
+                q.cpu_serving_slowdown_at.len()
+            );
+            let q = back;
             for x in [1.0, 4.0, 6.0, 9.5, 15.0, 30.0] {
                 assert!(
                     near(q.serving_slowdown(x), p.serving_slowdown(x)),

@@ -87,8 +87,15 @@ pub struct ThreadSlowdown {
     pub threads: u32,
     /// The slowdown there, dimensionless (as [`PerfParams::cpu_serving_slowdown`]).
     pub slowdown: f64,
-    /// Its standard error, dimensionless (NaN where unknown).
+    /// Its standard error, dimensionless (NaN where unknown, which JSON writes as `null`).
+    #[serde(deserialize_with = "nan_from_null")]
     pub se: f64,
+}
+
+/// An f64 that JSON may hold as `null`: serde_json writes a NaN as `null`, and a profile must
+/// read back what it wrote.
+fn nan_from_null<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 /// The parameters of the analytic model. Every field names its unit and the probe that

@@ -331,6 +331,7 @@ impl CudaDevice {
                 next: 0,
             }),
             scratch: Mutex::new(None),
+            sibling: Mutex::new(None),
         })
     }
 
@@ -533,6 +534,29 @@ pub(crate) struct CudaStreamH {
     stream: Arc<CudaStream>,
     ring: Mutex<ArgRing>,
     scratch: Mutex<Option<Scratch>>,
+    /// The second copy stream of [`crate::gather::CUDA_COPY_SPLIT_ENV`], made at first use.
+    sibling: Mutex<Option<SiblingCopies>>,
+}
+
+/// A second stream that takes every other copy of a split gather, and the two events that
+/// fork it from its stream and join it back.
+struct SiblingCopies {
+    stream: Arc<CudaStream>,
+    fork: sys::CUevent,
+    join: sys::CUevent,
+}
+
+// SAFETY: the events are driver handles usable from any thread; the value sits behind a mutex.
+unsafe impl Send for SiblingCopies {}
+
+impl Drop for SiblingCopies {
+    fn drop(&mut self) {
+        // SAFETY: created with the value, destroyed once (the driver defers it if pending).
+        unsafe {
+            let _ = result::event::destroy(self.fork);
+            let _ = result::event::destroy(self.join);
+        }
+    }
 }
 
 fn dptr(b: &DeviceBuffer) -> Result<u64> {
@@ -608,6 +632,26 @@ fn elementwise_config(n: u64) -> LaunchConfig {
 
 /// Most blocks one launch's x dimension may have (CUDA's limit is 2^31 - 1).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
+
+/// Queue one region of `src` (pinned host) to `dst` (device) on `stream`.
+fn copy_h2d_raw(
+    src: *mut u8,
+    dst: CUdeviceptr,
+    r: &CopyRegion,
+    stream: sys::CUstream,
+) -> Result<()> {
+    // SAFETY: ranges checked by the caller; pinned source, device destination.
+    unsafe {
+        sys::cuMemcpyHtoDAsync_v2(
+            dst + r.dst_offset,
+            src.add(r.src_offset as usize) as *const _,
+            r.bytes as usize,
+            stream,
+        )
+        .result()
+        .map_err(cu("queueing a host-to-device copy"))
+    }
+}
 
 impl CudaStreamH {
     pub(crate) fn raw(&self) -> sys::CUstream {
@@ -804,20 +848,60 @@ impl CudaStreamH {
         if regions.len() > 1 && self.copy_batch_wanted() {
             return self.copy_h2d_batch(s, d, regions);
         }
+        if regions.len() > 1 && crate::gather::copy_split_wanted() {
+            return self.copy_h2d_split(s, d, regions);
+        }
         for r in regions {
-            // SAFETY: ranges checked by the caller; pinned source, device destination.
-            unsafe {
-                sys::cuMemcpyHtoDAsync_v2(
-                    d + r.dst_offset,
-                    s.add(r.src_offset as usize) as *const _,
-                    r.bytes as usize,
-                    self.raw(),
-                )
-                .result()
-                .map_err(cu("queueing a host-to-device copy"))?;
-            }
+            copy_h2d_raw(s, d, r, self.raw())?;
         }
         Ok(())
+    }
+
+    /// The regions alternately on this stream and a sibling (forked after this stream's
+    /// earlier work, joined back before its later work), so that two copy engines can run
+    /// them and each one's fixed cost per copy hides behind the other's bytes.
+    fn copy_h2d_split(&self, s: *mut u8, d: CUdeviceptr, regions: &[CopyRegion]) -> Result<()> {
+        let mut guard = self
+            .sibling
+            .lock()
+            .map_err(|_| RuntimeError::invalid("copy stream", "a split copy panicked"))?;
+        if guard.is_none() {
+            let stream = self
+                .shared
+                .ctx
+                .new_stream()
+                .map_err(cu("creating the sibling copy stream"))?;
+            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+            let fork = result::event::create(flags).map_err(cu("creating an event"))?;
+            let join = result::event::create(flags).map_err(cu("creating an event"))?;
+            *guard = Some(SiblingCopies { stream, fork, join });
+        }
+        let sib = guard.as_ref().expect("made above");
+        let (main, other) = (self.raw(), sib.stream.cu_stream());
+        // SAFETY: live events and streams of this context; a wait takes the event's latest
+        // record at the time of the call, so reusing the two events per call is sound.
+        unsafe {
+            result::event::record(sib.fork, main).map_err(cu("recording an event"))?;
+            result::stream::wait_event(
+                other,
+                sib.fork,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(cu("making a stream wait for an event"))?;
+        }
+        for (i, r) in regions.iter().enumerate() {
+            copy_h2d_raw(s, d, r, if i % 2 == 0 { main } else { other })?;
+        }
+        // SAFETY: as above.
+        unsafe {
+            result::event::record(sib.join, other).map_err(cu("recording an event"))?;
+            result::stream::wait_event(
+                main,
+                sib.join,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(cu("making a stream wait for an event"))
+        }
     }
 
     /// Whether [`crate::gather::CUDA_COPY_BATCH_ENV`] asks for batched copies and this

@@ -238,31 +238,28 @@ impl EngineMemory {
 /// output rows each).
 pub const MAX_FETCH_CHUNKS: usize = 4;
 
-/// Fewest fetched experts per chunk: a chunk costs the GPU a launch of the expert kernels
-/// (about 5 us on the H200 machine, `experiments/gpu-backend`), while its experts take the
-/// link 50 us or more each (2.77 MB at about 52 GB/s), so a chunk of 3 keeps the launches
-/// well inside the gathers they overlap.
-pub const MIN_EXPERTS_PER_FETCH_CHUNK: usize = 3;
-
-/// Chunks for a layer with `fetched` experts to gather: computing a chunk as soon as its
-/// copies land leaves only the last chunk's kernel after the last copy (the part of an
-/// offload layer that cannot overlap the link), instead of the kernel of every fetched
-/// expert. At least one (an empty chunk zeroes the output rows).
-pub fn fetch_chunks(fetched: usize) -> usize {
-    fetched
-        .div_ceil(MIN_EXPERTS_PER_FETCH_CHUNK)
-        .clamp(1, MAX_FETCH_CHUNKS)
-}
-
-/// The index ranges of `n` items split into `chunks` consecutive parts as equal as can be
-/// (the earlier parts one larger), covering `0..n` in order.
-pub fn chunk_bounds(n: usize, chunks: usize) -> Vec<std::ops::Range<usize>> {
-    let chunks = chunks.max(1);
-    let (base, extra) = (n / chunks, n % chunks);
+/// The chunks a layer's `fetched` experts are gathered and computed in: index ranges in
+/// gather order covering `0..fetched` (one empty range when there are none, which zeroes the
+/// output rows). Each chunk's copies are followed by an event and its kernel runs as soon as
+/// they land, so only the last chunk's kernel follows the last copy: the part of an offload
+/// layer that cannot overlap the link. The chunks therefore shrink towards the end: from the
+/// last, 1, 2, 4 ... experts while what is left is at least twice the next size, the first
+/// chunk taking the rest, at most [`MAX_FETCH_CHUNKS`]. A chunk's kernel (a few us per
+/// expert at decode, about 5 us of launch on the H200 machine, `experiments/gpu-backend`) is
+/// far shorter than the next chunk's copies (about 50 us per 2.77 MB expert), so the GPU
+/// keeps up; the last kernel is one expert's instead of a quarter of the layer's.
+pub fn fetch_chunk_bounds(fetched: usize) -> Vec<std::ops::Range<usize>> {
+    let mut tail = Vec::new(); // sizes, from the last chunk back
+    let (mut rest, mut size) = (fetched, 1);
+    while tail.len() + 1 < MAX_FETCH_CHUNKS && rest >= 2 * size {
+        tail.push(size);
+        rest -= size;
+        size *= 2;
+    }
     let mut start = 0;
-    (0..chunks)
-        .map(|c| {
-            let len = base + usize::from(c < extra);
+    std::iter::once(rest)
+        .chain(tail.into_iter().rev())
+        .map(|len| {
             let r = start..start + len;
             start += len;
             r
@@ -321,7 +318,7 @@ pub struct Engine {
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
     /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
-    /// fetched experts ([`fetch_chunks`]); in fixed order the CPU's rows go to the first.
+    /// fetched experts ([`fetch_chunk_bounds`]); in fixed order the CPU's rows go to the first.
     y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
     y_cpu: DeviceBuffer,
@@ -864,8 +861,8 @@ impl Engine {
             // so that the link starts as soon as the router has run: in a hybrid step the
             // host reaches this point only after the previous layer's CPU share, and every
             // call it makes before the first copy is time the link waits.
-            let chunks = fetch_chunks(work.moves.len());
-            let bounds = chunk_bounds(work.moves.len(), chunks);
+            let bounds = fetch_chunk_bounds(work.moves.len());
+            let chunks = bounds.len();
             let (copy, bank, slots, method) =
                 (&self.copy, &self.bank, &self.slots, self.config.gather);
             let issue_chunk = |c: usize, r: &std::ops::Range<usize>| -> Result<()> {
@@ -1129,24 +1126,31 @@ mod tests {
     use super::*;
 
     #[test]
-    fn fetched_experts_split_into_even_ordered_chunks() {
-        assert_eq!(fetch_chunks(0), 1);
-        assert_eq!(fetch_chunks(1), 1);
-        assert_eq!(fetch_chunks(3), 1);
-        assert_eq!(fetch_chunks(4), 2);
-        assert_eq!(fetch_chunks(7), 3);
-        assert_eq!(fetch_chunks(400), MAX_FETCH_CHUNKS);
-        for n in 0..40 {
-            for chunks in 1..=MAX_FETCH_CHUNKS {
-                let b = chunk_bounds(n, chunks);
-                assert_eq!(b.len(), chunks);
-                // The naive split: item i goes to the chunk whose range holds it, in order,
-                // and sizes differ by at most one.
-                let flat: Vec<usize> = b.iter().flat_map(|r| r.clone()).collect();
-                assert_eq!(flat, (0..n).collect::<Vec<_>>(), "{n} in {chunks}");
-                let lens: Vec<usize> = b.iter().map(|r| r.len()).collect();
-                let (lo, hi) = (lens.iter().min().unwrap(), lens.iter().max().unwrap());
-                assert!(hi - lo <= 1, "{lens:?}");
+    fn fetched_experts_split_into_chunks_that_shrink_to_one() {
+        let sizes = |n| -> Vec<usize> { fetch_chunk_bounds(n).iter().map(|r| r.len()).collect() };
+        assert_eq!(sizes(0), [0]);
+        assert_eq!(sizes(1), [1]);
+        assert_eq!(sizes(2), [1, 1]);
+        assert_eq!(sizes(3), [2, 1]);
+        assert_eq!(sizes(6), [3, 2, 1]);
+        assert_eq!(sizes(7), [4, 2, 1]);
+        assert_eq!(sizes(38), [31, 4, 2, 1]);
+        for n in 0..200 {
+            let b = fetch_chunk_bounds(n);
+            // Every expert once, in gather order; at most MAX_FETCH_CHUNKS, none empty but
+            // the only one of an empty layer.
+            let flat: Vec<usize> = b.iter().flat_map(|r| r.clone()).collect();
+            assert_eq!(flat, (0..n).collect::<Vec<_>>(), "{n}");
+            assert!((1..=MAX_FETCH_CHUNKS).contains(&b.len()));
+            assert!(n == 0 || b.iter().all(|r| !r.is_empty()), "{n}: {b:?}");
+            // The last chunk is one expert as soon as there are two; after the first, each
+            // chunk is half the one before, and the first is at least the second.
+            if n >= 2 {
+                assert_eq!(b.last().unwrap().len(), 1, "{n}");
+                assert!(b[0].len() >= b[1].len(), "{n}: {b:?}");
+            }
+            for w in b[1..].windows(2) {
+                assert_eq!(w[1].len() * 2, w[0].len(), "{n}: {b:?}");
             }
         }
     }
