@@ -61,7 +61,8 @@ for spec in "$@"; do
     case "$name" in
     gpu-check) timeout "$limit" scripts/gpu-check.sh "$R/gpu-check" ;;
     cpu-kernels) FT_MACHINE=gpu-host-16c timeout "$limit" experiments/cpu-kernels/run.sh "$R/cpu-kernels" ;;
-    runtime-grid) timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
+    runtime-grid) FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
+        timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
     validate) validate_step "$limit" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;

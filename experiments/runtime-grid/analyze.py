@@ -101,8 +101,19 @@ def row_of(doc):
         "pcie_bound_step_us": pcie.get("bound_step_us", ""),
         "share_of_pcie_bound": pcie.get("share_of_bound", ""),
         "bound_by": bound_by,
+        **rounds_columns(doc),
         **link_idle_columns(s),
     }
+
+
+def rounds_columns(doc):
+    """The interleaved rounds behind a run (`ft run --repeat`): how many, and the spread of
+    their total tok/s as (max - min) / median; empty for a single round."""
+    reps = sorted(doc.get("repeats") or [])
+    if len(reps) < 2:
+        return {"rounds": len(reps) or 1, "round_spread": ""}
+    med = reps[len(reps) // 2] if len(reps) % 2 else (reps[len(reps) // 2 - 1] + reps[len(reps) // 2]) / 2
+    return {"rounds": len(reps), "round_spread": (reps[-1] - reps[0]) / med if med > 0 else ""}
 
 
 IDLE_CAUSES = ["dense", "prepare", "hit_experts", "fetched_experts", "combine", "cpu", "copies",

@@ -11,7 +11,10 @@
 #               half a minute of set-up per run). Per-layer numbers do not depend on it.
 #   FT_CACHE_FRACTIONS  cache sizes as shares of all routed experts (default "0.1 0.25 0.5")
 #   FT_HYBRID_F  hybrid's fetch fractions (default "0.25 0.5")
-#   FT_THREADS   CPU pool workers (default: cores - 1; the host thread takes the last core)
+#   FT_THREADS   CPU threads (default: cores - 1; under spin the host thread computes too)
+#   FT_REPEAT    interleaved rounds per (streams, cache) point (default 3, 1 with FT_QUICK=1)
+#   FT_GPU_BUDGET_S  no new point starts after this many seconds (default 480)
+#   FT_DEVICE=host   the host-emulated device: a smoke test of the script anywhere
 # Needs bash and python3 (standard library only). Skips cleanly without a CUDA device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -23,7 +26,10 @@ if [[ -z "${FT:-}" ]]; then
     (cd "$HERE/../.." && cargo build --release --quiet "${features[@]}")
     FT="$HERE/../../target/release/ft"
 fi
-if ! "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'; then
+# FT_DEVICE=host: the host-emulated device, a smoke test of the script anywhere (use a small
+# FT_LAYERS), never a measurement.
+DEVICE="${FT_DEVICE:-cuda}"
+if [[ "$DEVICE" != host ]] && ! "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'; then
     echo "runtime-grid: no usable CUDA device here ($("$FT" --version | grep '^cuda driver')): skipped" >&2
     exit 0
 fi
@@ -41,6 +47,11 @@ else
 fi
 CONTEXT=1024
 TOTAL=$(( LAYERS * EXPERTS ))
+# Rounds of each interleaved point (each strategy reports its median round), and the wall-clock
+# budget after which no new point starts (the analysis covers what ran; the cut is logged).
+REPEAT="${FT_REPEAT:-$([[ "${FT_QUICK:-0}" == 1 ]] && echo 1 || echo 3)}"
+BUDGET_S="${FT_GPU_BUDGET_S:-480}"
+t_start=$SECONDS
 
 {
     echo "experiment: runtime-grid ($([[ "${FT_QUICK:-0}" == 1 ]] && echo quick || echo full))"
@@ -51,22 +62,22 @@ TOTAL=$(( LAYERS * EXPERTS ))
     "$FT" --version
     echo "model: $MODEL, $LAYERS of $MODEL_LAYERS layers (--layers: same geometry, fewer layers)"
     echo "streams: $STREAMS; cache fractions: $FRACTIONS of $TOTAL experts; hybrid f: $HYBRID_F"
-    echo "steps: $STEPS after $WARMUP warm-up; context $CONTEXT; CPU threads $THREADS (the host's included under spin)"
+    echo "steps: $STEPS after $WARMUP warm-up, $REPEAT interleaved round(s) per point (the median); context $CONTEXT; CPU threads $THREADS (the host's included under spin); budget ${BUDGET_S} s"
     echo "kernel and copy switches: $(env | grep -E '^FT_CUDA_' | sort | tr '\n' ' ')"
 } > "$OUT/env.txt"
 cat "$OUT/env.txt" >&2
 
-common=(--device cuda --model "$MODEL" --layers "$LAYERS" --steps "$STEPS" --warmup "$WARMUP"
+common=(--device "$DEVICE" --model "$MODEL" --layers "$LAYERS" --steps "$STEPS" --warmup "$WARMUP"
         --context "$CONTEXT" --threads "$THREADS" --json)
 
 # Hybrid's fixed cost per layer (tiny work): spinning with the host computing, spinning with
 # the host idle beside the workers (the arrangement before 2026-12-04 night), parked.
 for wait in spin spin-beside park; do
-    "$FT" run --probe-overhead --device cuda --threads "$THREADS" --pool-wait "$wait" --json \
+    "$FT" run --probe-overhead --device "$DEVICE" --threads "$THREADS" --pool-wait "$wait" --json \
         > "$OUT/json/probe-$wait.json" 2> "$OUT/logs/probe-$wait.log"
 done
 
-run() { # name, then ft run arguments
+run() { # name, then ft run arguments: json/<name>.json
     local name="$1"; shift
     echo "runtime-grid: $name" >&2
     if ! "$FT" run "${common[@]}" "$@" > "$OUT/json/$name.json" 2> "$OUT/logs/$name.log"; then
@@ -75,27 +86,56 @@ run() { # name, then ft run arguments
     fi
 }
 
-# The middle cache size at 2 streams also writes Chrome traces (offload and each hybrid).
-# resident holds every expert and cpu (LRU, fetch fraction 0) never admits one, so neither
-# depends on the cache size: they run once per stream count.
-mid_fraction=$(echo "$FRACTIONS" | awk '{print $(int((NF + 1) / 2))}')
+interleaved() { # point, then ft run arguments: json/<point>-<label>.json, one per variant
+    local point="$1"; shift
+    echo "runtime-grid: $point" >&2
+    if ! "$FT" run "${common[@]}" --repeat "$REPEAT" "$@" --report-prefix "$OUT/json/$point-" \
+        > /dev/null 2> "$OUT/logs/$point.log"; then
+        echo "runtime-grid: $point failed (see logs/$point.log)" >&2
+        rm -f "$OUT/json/$point-"*.json
+    fi
+}
+
+# Each (streams, cache) point decodes offload and each hybrid in one process, in REPEAT
+# rounds from an empty cache with the order rotated (`ft run --interleave`: one host bank
+# filled once, a slow stretch of the shared machine on every strategy alike; each reports its
+# median round). cpu (LRU, fetch fraction 0) never admits an expert, so it does not depend on
+# the cache size: it joins the first point of each stream count. resident holds every expert
+# and runs once per stream count in its own process.
+variants=(offload)
+for f in $HYBRID_F; do variants+=("hybrid$f=hybrid:$f"); done
+first_fraction=$(echo "$FRACTIONS" | awk '{print $1}')
 for b in $STREAMS; do
-    run "resident-b$b" --strategy resident --streams "$b"
-    run "cpu-b$b" --strategy cpu --streams "$b"
+    run "b$b-resident" --strategy resident --streams "$b"
     for frac in $FRACTIONS; do
         slots=$(python3 -c "print(max(1, int($frac * $TOTAL)))")
-        names=("offload-b$b-c$frac")
-        for f in $HYBRID_F; do names+=("hybrid$f-b$b-c$frac"); done
-        for name in "${names[@]}"; do
-            trace=()
-            [[ "$b" == 2 && "$frac" == "$mid_fraction" ]] && trace=(--trace-out "$OUT/traces/$name.json")
-            case "$name" in
-                offload*) strat=(--strategy offload) ;;
-                hybrid*) f="${name#hybrid}"; f="${f%%-b*}"; strat=(--strategy hybrid --fetch-fraction "$f") ;;
-            esac
-            run "$name" "${strat[@]}" --streams "$b" --cache-slots "$slots" "${trace[@]}"
-        done
+        list=("${variants[@]}")
+        [[ "$frac" == "$first_fraction" ]] && list+=(cpu)
+        interleaved "b$b-c$frac" --interleave "$(IFS=,; echo "${list[*]}")" --streams "$b" --cache-slots "$slots"
+        if (( SECONDS - t_start > BUDGET_S )); then
+            echo "runtime-grid: budget (${BUDGET_S} s) spent after b$b-c$frac" | tee -a "$OUT/env.txt" >&2
+            break 2
+        fi
     done
 done
+
+# Chrome traces of the middle cache size at 2 streams (offload and each hybrid; a plain run
+# each: --interleave writes no trace), where the budget leaves time.
+mid_fraction=$(echo "$FRACTIONS" | awk '{print $(int((NF + 1) / 2))}')
+if [[ " $STREAMS " == *" 2 "* ]] && (( SECONDS - t_start <= BUDGET_S )); then
+    slots=$(python3 -c "print(max(1, int($mid_fraction * $TOTAL)))")
+    mkdir -p "$OUT/json/traced" "$OUT/logs/traced"
+    for v in "${variants[@]}"; do
+        label="${v%%=*}"
+        case "$v" in
+            offload) strat=(--strategy offload) ;;
+            *) strat=(--strategy hybrid --fetch-fraction "${v##*:}") ;;
+        esac
+        name="traced/b2-c$mid_fraction-$label"
+        run "$name" "${strat[@]}" --streams 2 --cache-slots "$slots" --trace-out "$OUT/traces/b2-c$mid_fraction-$label.json"
+    done
+elif [[ " $STREAMS " == *" 2 "* ]]; then
+    echo "runtime-grid: no traces (budget of ${BUDGET_S} s spent)" | tee -a "$OUT/env.txt" >&2
+fi
 
 python3 "$HERE/analyze.py" "$OUT"

@@ -16,6 +16,7 @@
 #                    `cargo build --release --features cuda && mkdir -p carry && cp target/release/ft carry/`;
 #                    the GPU machine has no Rust toolchain)
 #   FT_QUICK=1       12 configurations (one per geometry and stream count), 8 steps
+#   FT_DEVICE=host   the host-emulated device: a smoke test of the pipeline anywhere
 #   FT_GRID_BUDGET_S wall-clock budget of the grid, s (default 480: configurations are run
 #                    round by round, so a budget cut still covers every geometry and stream
 #                    count; the cut is logged in env.txt)
@@ -44,7 +45,11 @@ if [[ ! -x "$FT" ]]; then
     echo "validate-h200: no ft binary at $FT; build one with --features cuda (see the header)" >&2
     exit 2
 fi
-if ! "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'; then
+# FT_DEVICE=host runs the whole pipeline on the host-emulated device: a smoke test of the
+# scripts and the binary anywhere (minutes on two cores with FT_QUICK=1 and a small
+# FT_GRID_BUDGET_S), never a measurement of the model.
+DEVICE="${FT_DEVICE:-cuda}"
+if [[ "$DEVICE" != host ]] && ! "$FT" --version | grep -Eq '^cuda driver: found \([1-9]'; then
     echo "validate-h200: no usable CUDA device here ($("$FT" --version | grep '^cuda driver')): skipped" >&2
     exit 0
 fi
@@ -67,7 +72,7 @@ REPEAT="${FT_REPEAT:-3}"
 RESUME="${FT_RESUME:-0}"
 
 {
-    echo "experiment: validate-h200 ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
+    echo "experiment: validate-h200 ($([[ "$QUICK" == 1 ]] && echo quick || echo full))$([[ "$DEVICE" == host ]] && echo ', host-emulated device: a smoke test, not a measurement')"
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1) ($(nproc) cores visible)"
     echo "ram: $(awk '/MemTotal/ {printf "%.1f GB", $2 / 1e6}' /proc/meminfo)"
@@ -97,7 +102,7 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
         continue
     fi
     echo "validate-h200: probe $g" >&2
-    "$FT" probe --device cuda --model "$g" --force --threads "$PROBE_THREADS" \
+    "$FT" probe --device "$DEVICE" --model "$g" --force --threads "$PROBE_THREADS" \
         --profile-out "$OUT/profiles/$g.json" --json > "$OUT/probes/$g.json" 2> "$OUT/logs/probe-$g.log"
     retarget_profiles "$FT" "$OUT" "$g"
     "$FT" validate peer --profile "$OUT/profiles/$g.json" > "$OUT/profiles/$g.peer.txt"
@@ -160,7 +165,7 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     fi
     f_model=$("$FT" validate get "$OUT/predictions/$config.json" prediction.fetch_search.chosen)
     f_legacy=$(cat "$OUT/profiles/$geometry.legacy-fraction")
-    common=(--device cuda --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
+    common=(--device "$DEVICE" --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
             --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP"
             --seed "$SEED" --repeat "$REPEAT")
     interleave="offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
