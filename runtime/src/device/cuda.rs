@@ -633,6 +633,17 @@ fn elementwise_config(n: u64) -> LaunchConfig {
 /// Most blocks one launch's x dimension may have (CUDA's limit is 2^31 - 1).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
 
+/// Make `later`'s subsequent work wait for `earlier`'s work so far, through `ev` (recorded
+/// on `earlier` now; both streams and the event of the current context).
+fn order_after(ev: sys::CUevent, earlier: sys::CUstream, later: sys::CUstream) -> Result<()> {
+    // SAFETY: live event and streams of the bound context.
+    unsafe {
+        result::event::record(ev, earlier).map_err(cu("recording an event"))?;
+        result::stream::wait_event(later, ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            .map_err(cu("making a stream wait for an event"))
+    }
+}
+
 /// Queue one region of `src` (pinned host) to `dst` (device) on `stream`.
 fn copy_h2d_raw(
     src: *mut u8,
@@ -878,30 +889,13 @@ impl CudaStreamH {
         }
         let sib = guard.as_ref().expect("made above");
         let (main, other) = (self.raw(), sib.stream.cu_stream());
-        // SAFETY: live events and streams of this context; a wait takes the event's latest
-        // record at the time of the call, so reusing the two events per call is sound.
-        unsafe {
-            result::event::record(sib.fork, main).map_err(cu("recording an event"))?;
-            result::stream::wait_event(
-                other,
-                sib.fork,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(cu("making a stream wait for an event"))?;
-        }
+        // Reusing the two events every call is sound: a wait takes the event's latest record
+        // at the time of the call.
+        order_after(sib.fork, main, other)?;
         for (i, r) in regions.iter().enumerate() {
             copy_h2d_raw(s, d, r, if i % 2 == 0 { main } else { other })?;
         }
-        // SAFETY: as above.
-        unsafe {
-            result::event::record(sib.join, other).map_err(cu("recording an event"))?;
-            result::stream::wait_event(
-                main,
-                sib.join,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(cu("making a stream wait for an event"))
-        }
+        order_after(sib.join, other, main)
     }
 
     /// Whether [`crate::gather::CUDA_COPY_BATCH_ENV`] asks for batched copies and this
