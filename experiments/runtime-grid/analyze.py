@@ -10,9 +10,11 @@ Targets checked (README.md explains them):
 2. hybrid beats offload wherever the CPU and the link add up in its favour: with `a` the
    link's time per fetched expert (offload's PCIe busy per layer over its fetched experts per
    layer) and `b` the CPU's time per expert (the cpu run's CPU busy per layer over its CPU
-   experts per layer), an ideal split of offload's `m` misses per layer takes
-   `m * a * b / (a + b)`; adding the probe's fixed cost per layer gives hybrid's ideal layer
-   time. Hybrid is "favoured" where that is below offload's measured layer time.
+   experts per layer), a hybrid run at fetch fraction `f` with `m` misses per layer (its own:
+   its cache admits only what it fetches) should take `max(f m a, (1 - f) m b)` plus the
+   probe's fixed cost per layer. The run is "favoured" where that is below offload's measured
+   layer time, and a favoured loss is unexpected. The best split of offload's misses
+   (`f = b / (a + b)`, `m a b / (a + b)` plus the fixed cost) is reported beside it.
 3. where hybrid loses, the per-layer timeline says why: per layer, the CPU pool's busy time,
    the host's wait for the activations (the round trip), the link's busy time, and the GPU's.
 """
@@ -161,7 +163,9 @@ def main():
         r["meets_pcie_target"] = ""
         r["offload_tok_s_per_stream"] = ""
         r["vs_offload"] = ""
+        r["ideal_fraction"] = ""
         r["ideal_hybrid_layer_us"] = ""
+        r["expected_hybrid_layer_us"] = ""
         r["favoured"] = ""
         r["diagnosis"] = ""
         if r["strategy"] == "offload":
@@ -178,10 +182,17 @@ def main():
             b = cpu_rate.get(r["streams"])
             if off["fetched_per_layer"] > 0 and b:
                 a = off["pcie_busy_layer_us"] / off["fetched_per_layer"]
+                # The best split of offload's misses (fetch b / (a + b) of them) ...
                 m = off["misses_per_layer"]
-                ideal = m * a * b / (a + b) + overhead
-                r["ideal_hybrid_layer_us"] = ideal
-                r["favoured"] = ideal < off["layer_us"]
+                r["ideal_fraction"] = b / (a + b)
+                r["ideal_hybrid_layer_us"] = m * a * b / (a + b) + overhead
+                # ... and what this run's own split of its own misses (hybrid's cache admits
+                # only what it fetches, so they differ from offload's) should take: favoured
+                # where that beats offload's measured layer.
+                mh, f = r["misses_per_layer"], r["fetch_fraction"]
+                expected = max(f * mh * a, (1 - f) * mh * b) + overhead
+                r["expected_hybrid_layer_us"] = expected
+                r["favoured"] = expected < off["layer_us"]
             if r["vs_offload"] < 0:
                 cpu_path = r["cpu_busy_layer_us"] + r["host_wait_layer_us"]
                 if cpu_path > r["pcie_busy_layer_us"]:
