@@ -11,9 +11,11 @@ Targets checked (README.md explains them):
    link's time per fetched expert (offload's PCIe busy per layer over its fetched experts per
    layer) and `b` the CPU's time per expert (the cpu run's CPU busy per layer over its CPU
    experts per layer), a hybrid run at fetch fraction `f` with `m` misses per layer (its own:
-   its cache admits only what it fetches) should take `max(f m a, (1 - f) m b)` plus the
-   probe's fixed cost per layer. The run is "favoured" where that is below offload's measured
-   layer time, and a favoured loss is unexpected. The best split of offload's misses
+   its cache admits only what it fetches) should take `max(f m a, (1 - f) m b + fixed)`, the
+   probe's fixed cost per layer on the CPU side, plus the part of offload's layer that does
+   not overlap its link (layer minus link busy: the dense part, the tail), which both share.
+   The run is "favoured" where that is below offload's measured layer time, and a favoured
+   loss is unexpected. The best split of offload's misses
    (`f = b / (a + b)`, `m a b / (a + b)` plus the fixed cost) is reported beside it.
 3. where hybrid loses, the per-layer timeline says why: per layer, the CPU pool's busy time,
    the host's wait for the activations (the round trip), the link's busy time, and the GPU's.
@@ -189,8 +191,12 @@ def main():
                 # ... and what this run's own split of its own misses (hybrid's cache admits
                 # only what it fetches, so they differ from offload's) should take: favoured
                 # where that beats offload's measured layer.
+                # Both strategies share the part of a layer that does not overlap the
+                # link (the dense part before the router, the tail after the last copy):
+                # offload's layer minus its link time.
+                serial = max(off["layer_us"] - off["pcie_busy_layer_us"], 0.0)
                 mh, f = r["misses_per_layer"], r["fetch_fraction"]
-                expected = max(f * mh * a, (1 - f) * mh * b) + overhead
+                expected = max(f * mh * a, (1 - f) * mh * b + overhead) + serial
                 r["expected_hybrid_layer_us"] = expected
                 r["favoured"] = expected < off["layer_us"]
             if r["vs_offload"] < 0:
