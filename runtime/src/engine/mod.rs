@@ -409,6 +409,68 @@ fn split_dense<'a>(
     (pre, post)
 }
 
+/// Check a step's input against the engine it is for (the streams it was built for, the
+/// routing against the geometry, one context and one input of `hidden` values per stream,
+/// contexts within the KV it holds); the streams of the step. Shared by [`Engine`] and
+/// [`multi::MultiEngine`].
+pub(crate) fn check_step_input(
+    model: &ModelSpec,
+    config: &EngineConfig,
+    input: &StepInput<'_>,
+) -> Result<usize> {
+    let g = &model.geometry;
+    let b = input.routing.streams();
+    if b == 0 || b > config.max_streams {
+        return Err(RuntimeError::invalid(
+            "step streams",
+            format!(
+                "{b} streams; the engine was built for 1 to {}",
+                config.max_streams
+            ),
+        ));
+    }
+    input
+        .routing
+        .validate(g, &format!("step {} routing", input.routing.step))?;
+    if input.contexts.len() != b || input.inputs.len() != b {
+        return Err(RuntimeError::invalid(
+            "step input",
+            format!(
+                "{b} streams of routing, {} context lengths, {} input vectors",
+                input.contexts.len(),
+                input.inputs.len()
+            ),
+        ));
+    }
+    for (s, v) in input.inputs.iter().enumerate() {
+        if v.len() != g.hidden {
+            return Err(RuntimeError::invalid(
+                "step input",
+                format!(
+                    "stream {s}'s input has {} values, hidden is {}",
+                    v.len(),
+                    g.hidden
+                ),
+            ));
+        }
+    }
+    if let Some((s, &c)) = input
+        .contexts
+        .iter()
+        .enumerate()
+        .find(|(_, &c)| c > config.max_context)
+    {
+        return Err(RuntimeError::invalid(
+            "--context",
+            format!(
+                "stream {s} is at {c} tokens; the engine holds KV for {}",
+                config.max_context
+            ),
+        ));
+    }
+    Ok(b)
+}
+
 impl Engine {
     /// Build an engine for `model` on `device`: fill the host bank from `config.seed`,
     /// allocate the cache slots, dense buffers and activations, and load what the strategy
@@ -748,57 +810,7 @@ impl Engine {
     }
 
     fn check_input(&self, input: &StepInput<'_>) -> Result<usize> {
-        let g = &self.model.geometry;
-        let b = input.routing.streams();
-        if b == 0 || b > self.config.max_streams {
-            return Err(RuntimeError::invalid(
-                "step streams",
-                format!(
-                    "{b} streams; the engine was built for 1 to {}",
-                    self.config.max_streams
-                ),
-            ));
-        }
-        input
-            .routing
-            .validate(g, &format!("step {} routing", input.routing.step))?;
-        if input.contexts.len() != b || input.inputs.len() != b {
-            return Err(RuntimeError::invalid(
-                "step input",
-                format!(
-                    "{b} streams of routing, {} context lengths, {} input vectors",
-                    input.contexts.len(),
-                    input.inputs.len()
-                ),
-            ));
-        }
-        for (s, v) in input.inputs.iter().enumerate() {
-            if v.len() != g.hidden {
-                return Err(RuntimeError::invalid(
-                    "step input",
-                    format!(
-                        "stream {s}'s input has {} values, hidden is {}",
-                        v.len(),
-                        g.hidden
-                    ),
-                ));
-            }
-        }
-        if let Some((s, &c)) = input
-            .contexts
-            .iter()
-            .enumerate()
-            .find(|(_, &c)| c > self.config.max_context)
-        {
-            return Err(RuntimeError::invalid(
-                "--context",
-                format!(
-                    "stream {s} is at {c} tokens; the engine holds KV for {}",
-                    self.config.max_context
-                ),
-            ));
-        }
-        Ok(b)
+        check_step_input(&self.model, &self.config, input)
     }
 
     /// Run one decode step (see the module docs) and return its record, spans and outputs.
@@ -1153,6 +1165,55 @@ mod tests {
                 assert_eq!(w[1].len() * 2, w[0].len(), "{n}: {b:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_bad_step_input_is_refused_naming_what_is_wrong() {
+        let model = ModelSpec::preset("qwen3.8-flash-next")
+            .unwrap()
+            .with_layers(2);
+        let config = EngineConfig {
+            max_streams: 2,
+            max_context: 64,
+            ..EngineConfig::default()
+        };
+        let mut src = ft_model::routing::resolve("typical", &model.geometry, Some(1)).unwrap();
+        let routing = decode::draw_routing(src.as_mut(), 2, 1).unwrap().remove(0);
+        let h = model.geometry.hidden;
+        let inputs = vec![vec![0.0f32; h]; 2];
+        let check = |contexts: &[usize], inputs: &[Vec<f32>]| {
+            check_step_input(
+                &model,
+                &config,
+                &StepInput {
+                    routing: &routing,
+                    contexts,
+                    inputs,
+                    warmup: false,
+                },
+            )
+        };
+        assert_eq!(check(&[8, 8], &inputs).unwrap(), 2);
+        let err = |r: Result<usize>| r.unwrap_err().to_string();
+        assert!(err(check(&[8], &inputs)).contains("1 context lengths"));
+        let short = vec![vec![0.0f32; h], vec![0.0f32; h - 1]];
+        assert!(err(check(&[8, 8], &short)).contains("stream 1's input"));
+        assert!(err(check(&[8, 65], &inputs)).contains("--context"));
+        let small = EngineConfig {
+            max_streams: 1,
+            ..config.clone()
+        };
+        let e = check_step_input(
+            &model,
+            &small,
+            &StepInput {
+                routing: &routing,
+                contexts: &[8, 8],
+                inputs: &inputs,
+                warmup: false,
+            },
+        );
+        assert!(err(e).contains("built for 1 to 1"));
     }
 
     #[test]

@@ -500,47 +500,7 @@ impl MultiEngine {
     }
 
     fn check_input(&self, input: &StepInput<'_>) -> Result<usize> {
-        let g = &self.model.geometry;
-        let b = input.routing.streams();
-        if b == 0 || b > self.config.max_streams {
-            return Err(RuntimeError::invalid(
-                "step streams",
-                format!(
-                    "{b} streams; the engine was built for 1 to {}",
-                    self.config.max_streams
-                ),
-            ));
-        }
-        input
-            .routing
-            .validate(g, &format!("step {} routing", input.routing.step))?;
-        if input.contexts.len() != b
-            || input.inputs.len() != b
-            || input.inputs.iter().any(|v| v.len() != g.hidden)
-        {
-            return Err(RuntimeError::invalid(
-                "step input",
-                format!(
-                    "{b} streams of routing need {b} context lengths and {b} input vectors of \
-                     {} values",
-                    g.hidden
-                ),
-            ));
-        }
-        if let Some(&c) = input
-            .contexts
-            .iter()
-            .find(|&&c| c > self.config.max_context)
-        {
-            return Err(RuntimeError::invalid(
-                "--context",
-                format!(
-                    "a stream is at {c} tokens; the engine holds KV for {}",
-                    self.config.max_context
-                ),
-            ));
-        }
-        Ok(b)
+        super::check_step_input(&self.model, &self.config, input)
     }
 
     /// Plan layer `l` on GPU `gpu` (updating its cache) with the routes it holds
