@@ -753,14 +753,7 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn geo(experts: usize, layers: usize) -> MoeGeometry {
-        MoeGeometry {
-            hidden: 64,
-            intermediate: 64,
-            experts,
-            top_k: 1,
-            moe_layers: layers,
-            shared_experts: 0,
-        }
+        MoeGeometry::routing_test(experts, 1, layers)
     }
 
     /// The slow reference: a vector scanned linearly, with explicit last-use ticks and counts.

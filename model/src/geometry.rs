@@ -28,6 +28,20 @@ pub struct MoeGeometry {
 }
 
 impl MoeGeometry {
+    /// A small routing-only geometry for tests (64 wide, no shared expert): the routing,
+    /// cache and planning tests vary only experts, top-k and layers.
+    #[cfg(test)]
+    pub(crate) fn routing_test(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
+        MoeGeometry {
+            hidden: 64,
+            intermediate: 64,
+            experts,
+            top_k,
+            moe_layers: layers,
+            shared_experts: 0,
+        }
+    }
+
     /// Validate the geometry for a format; errors name the offending field.
     pub fn validate(&self, format: ExpertFormat) -> Result<()> {
         for (field, v) in [

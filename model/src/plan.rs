@@ -250,14 +250,7 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     fn geo(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
-        MoeGeometry {
-            hidden: 64,
-            intermediate: 64,
-            experts,
-            top_k,
-            moe_layers: layers,
-            shared_experts: 0,
-        }
+        MoeGeometry::routing_test(experts, top_k, layers)
     }
 
     fn route(experts: &[u32]) -> TokenRoute {

@@ -464,14 +464,7 @@ mod tests {
     use crate::strategy::FetchFraction;
 
     fn geo(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
-        MoeGeometry {
-            hidden: 64,
-            intermediate: 64,
-            experts,
-            top_k,
-            moe_layers: layers,
-            shared_experts: 0,
-        }
+        MoeGeometry::routing_test(experts, top_k, layers)
     }
 
     fn source(preset: &str, g: MoeGeometry) -> SyntheticRouting {

@@ -98,14 +98,7 @@ mod tests {
     use crate::traffic::{strategy_traffic, TrafficConfig};
 
     fn geo(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
-        MoeGeometry {
-            hidden: 64,
-            intermediate: 64,
-            experts,
-            top_k,
-            moe_layers: layers,
-            shared_experts: 0,
-        }
+        MoeGeometry::routing_test(experts, top_k, layers)
     }
 
     /// Warm-up and measured steps of every curve point.

@@ -485,14 +485,7 @@ mod tests {
     use crate::routing::PRESET_NAMES;
 
     fn geo(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
-        MoeGeometry {
-            hidden: 64,
-            intermediate: 64,
-            experts,
-            top_k,
-            moe_layers: layers,
-            shared_experts: 0,
-        }
+        MoeGeometry::routing_test(experts, top_k, layers)
     }
 
     #[test]
