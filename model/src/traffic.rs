@@ -445,14 +445,14 @@ pub fn warm_up(
     steps: usize,
     streams: usize,
 ) -> Result<()> {
-    let mut step = StepRouting::default();
-    for _ in 0..steps {
-        source.next_step_into(streams, &mut step)?;
-        for (l, routes) in step.layers.iter().enumerate() {
-            plan_layer(l, routes, cache, fetch_fraction);
-        }
-    }
-    Ok(())
+    warm_up_gpus(
+        source,
+        std::slice::from_mut(cache),
+        &GpuLayout::single(),
+        fetch_fraction,
+        steps,
+        streams,
+    )
 }
 
 #[cfg(test)]
