@@ -544,6 +544,7 @@ struct SiblingCopies {
     stream: Arc<CudaStream>,
     fork: sys::CUevent,
     join: sys::CUevent,
+    shared: Arc<Shared>,
 }
 
 // SAFETY: the events are driver handles usable from any thread; the value sits behind a mutex.
@@ -551,6 +552,7 @@ unsafe impl Send for SiblingCopies {}
 
 impl Drop for SiblingCopies {
     fn drop(&mut self) {
+        let _ = self.shared.bind();
         // SAFETY: created with the value, destroyed once (the driver defers it if pending).
         unsafe {
             let _ = result::event::destroy(self.fork);
@@ -885,7 +887,12 @@ impl CudaStreamH {
             let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
             let fork = result::event::create(flags).map_err(cu("creating an event"))?;
             let join = result::event::create(flags).map_err(cu("creating an event"))?;
-            *guard = Some(SiblingCopies { stream, fork, join });
+            *guard = Some(SiblingCopies {
+                stream,
+                fork,
+                join,
+                shared: self.shared.clone(),
+            });
         }
         let sib = guard.as_ref().expect("made above");
         let (main, other) = (self.raw(), sib.stream.cu_stream());
