@@ -104,6 +104,33 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         }
     }
     assert!(v["pcie"]["linear_h2d_gbs"].as_f64().unwrap() > 0.0);
+    // What held the steps while no gather was on the link: the causes add up to the total,
+    // which is no more than a layer's share of the step.
+    let idle = &s["link_idle_per_layer"];
+    let total = idle["total_us"].as_f64().unwrap();
+    let causes = [
+        "dense",
+        "prepare",
+        "hit_experts",
+        "fetched_experts",
+        "combine",
+        "cpu",
+        "copies",
+        "host",
+        "gaps",
+    ];
+    let parts: f64 = causes
+        .iter()
+        .map(|c| idle[format!("{c}_us")].as_f64().unwrap())
+        .sum();
+    assert!(
+        total > 0.0 && (parts - total).abs() < 1e-6 * total,
+        "{idle}"
+    );
+    assert!(
+        total <= s["step_us"]["max"].as_f64().unwrap() / 4.0 + 1e-6,
+        "{idle}"
+    );
     // W4A8 on both sides and the fixed combine: fresh and warmed are bit-identical.
     let n = &v["numerics"];
     assert_eq!(n["expect_bit_identical"], true);
@@ -163,6 +190,7 @@ fn the_human_table_names_the_strategy_and_layers() {
         "the note says fewer layers were run: {text}"
     );
     assert!(text.contains("decode tok/s per stream"), "{text}");
+    assert!(text.contains("link idle per layer"), "{text}");
 }
 
 #[test]
