@@ -212,6 +212,8 @@ def main():
                 fixed = r["layer_us"] - max(r["cpu_busy_layer_us"] + r["host_wait_layer_us"],
                                             r["pcie_busy_layer_us"], r["gpu_busy_layer_us"])
                 r["diagnosis"] = f"{why}; {fixed:.0f} us per layer beyond the busiest resource"
+                if idle_note(r):
+                    r["diagnosis"] += "; " + idle_note(r)
 
     fields = list(rows[0].keys())
     with open(out / "grid.csv", "w", newline="") as f:
