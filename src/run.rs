@@ -940,7 +940,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     for n in &r.notes {
         writeln!(out, "note: {n}")?;
     }
-    let rows: Vec<(&str, String)> = vec![
+    let mut rows: Vec<(&str, String)> = vec![
         (
             "decode tok/s per stream",
             format!("{:.2}", s.tok_s_per_stream),
@@ -983,7 +983,6 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
             ),
         ),
     ];
-    let mut rows = rows;
     if let Some(idle) = &s.link_idle_per_layer {
         // What the link waits on: the part of a PCIe-bound layer no overlap can hide.
         let parts: Vec<String> = idle

@@ -22,6 +22,7 @@ Targets checked (README.md explains them):
 """
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -116,7 +117,7 @@ def rounds_columns(doc):
     reps = sorted(doc.get("repeats") or [])
     if len(reps) < 2:
         return {"rounds": len(reps) or 1, "round_spread": ""}
-    med = reps[len(reps) // 2] if len(reps) % 2 else (reps[len(reps) // 2 - 1] + reps[len(reps) // 2]) / 2
+    med = statistics.median(reps)
     return {"rounds": len(reps), "round_spread": (reps[-1] - reps[0]) / med if med > 0 else ""}
 
 
@@ -212,8 +213,9 @@ def main():
                 fixed = r["layer_us"] - max(r["cpu_busy_layer_us"] + r["host_wait_layer_us"],
                                             r["pcie_busy_layer_us"], r["gpu_busy_layer_us"])
                 r["diagnosis"] = f"{why}; {fixed:.0f} us per layer beyond the busiest resource"
-                if idle_note(r):
-                    r["diagnosis"] += "; " + idle_note(r)
+                idle = idle_note(r)
+                if idle:
+                    r["diagnosis"] += "; " + idle
 
     fields = list(rows[0].keys())
     with open(out / "grid.csv", "w", newline="") as f:
@@ -240,8 +242,9 @@ def main():
         note = ""
         if r["strategy"] == "offload" and r["pcie_bound"]:
             note = "meets 90% of its PCIe bound" if r["meets_pcie_target"] else "BELOW 90% of its PCIe bound"
-            if idle_note(r):
-                note += "; " + idle_note(r)
+            idle = idle_note(r)
+            if idle:
+                note += "; " + idle
         if r["diagnosis"]:
             note = ("UNEXPECTED LOSS: " if r["favoured"] is True else "loses: ") + r["diagnosis"]
         lines.append(

@@ -86,6 +86,10 @@ run() { # name, then ft run arguments: json/<name>.json
     fi
 }
 
+slots_of() { # cache fraction: cache slots for that share of every routed expert (at least 1)
+    python3 -c "print(max(1, int($1 * $TOTAL)))"
+}
+
 interleaved() { # point, then ft run arguments: json/<point>-<label>.json, one per variant
     local point="$1"; shift
     echo "runtime-grid: $point" >&2
@@ -108,7 +112,7 @@ first_fraction=$(echo "$FRACTIONS" | awk '{print $1}')
 for b in $STREAMS; do
     run "b$b-resident" --strategy resident --streams "$b"
     for frac in $FRACTIONS; do
-        slots=$(python3 -c "print(max(1, int($frac * $TOTAL)))")
+        slots=$(slots_of "$frac")
         list=("${variants[@]}")
         [[ "$frac" == "$first_fraction" ]] && list+=(cpu)
         interleaved "b$b-c$frac" --interleave "$(IFS=,; echo "${list[*]}")" --streams "$b" --cache-slots "$slots"
@@ -123,7 +127,7 @@ done
 # each: --interleave writes no trace), where the budget leaves time.
 mid_fraction=$(echo "$FRACTIONS" | awk '{print $(int((NF + 1) / 2))}')
 if [[ " $STREAMS " == *" 2 "* ]] && (( SECONDS - t_start <= BUDGET_S )); then
-    slots=$(python3 -c "print(max(1, int($mid_fraction * $TOTAL)))")
+    slots=$(slots_of "$mid_fraction")
     mkdir -p "$OUT/json/traced" "$OUT/logs/traced"
     for v in "${variants[@]}"; do
         label="${v%%=*}"
