@@ -367,6 +367,17 @@ impl LayerMachine {
         r: &mut Resources,
         s: &mut Scheduler<LaneEvent>,
     ) -> Option<Nanos> {
+        // A rate change reschedules a completion and leaves the earlier event behind, stale;
+        // it may come after the layer has ended (another lane's rate change, then the layer
+        // finished sooner than the stale time).
+        let stale = match ev {
+            LayerEvent::H2dDone(gen) => gen != self.h2d_gen,
+            LayerEvent::CpuBytesDone(gen) => gen != self.cpu_gen,
+            _ => false,
+        };
+        if stale {
+            return None;
+        }
         debug_assert!(self.running, "event {ev:?} for an idle layer");
         match ev {
             LayerEvent::DenseDone => {
@@ -407,10 +418,7 @@ impl LayerMachine {
                 self.cpu_gen += 1;
                 s.schedule_at(t, self.ev(LayerEvent::CpuBytesDone(self.cpu_gen)));
             }
-            LayerEvent::CpuBytesDone(gen) => {
-                if gen != self.cpu_gen {
-                    return None;
-                }
+            LayerEvent::CpuBytesDone(_) => {
                 let c = self.costs.cpu.expect("a CPU share");
                 self.cpu_job.complete();
                 self.times.cpu_end = now;
@@ -418,10 +426,7 @@ impl LayerMachine {
                 r.cpu.end(now);
                 self.submit_h2d(now, c.result, r, s);
             }
-            LayerEvent::H2dDone(gen) => {
-                if gen != self.h2d_gen {
-                    return None;
-                }
+            LayerEvent::H2dDone(_) => {
                 let (done, next) = r.h2d.complete(now, r.dram.rate_gbs(DramUser::Dma));
                 match next {
                     Some(t) => {
@@ -670,5 +675,32 @@ impl crate::component::Component<LaneEvent> for LayerRunner {
             self.machine.start(now, c, &mut self.resources, s);
         }
         Control::Continue
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::costs::CostModel;
+    use ft_model::ModelSpec;
+
+    /// Stale completions (left behind by a rate change) are ignored, also once the layer has
+    /// ended: the two-GPU presets re-rate one lane's link when the other's readers change,
+    /// and a debug build asserted on the stale event (`experiments/multi-gpu`).
+    #[test]
+    fn stale_completions_after_the_layer_are_ignored() {
+        let h = crate::hosts::preset(crate::hosts::DEFAULT_HOST).unwrap();
+        let m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let cm = CostModel::from_host(&h, &m).unwrap();
+        let mut r = cm.resources();
+        let mut s = Scheduler::new(0);
+        let mut lm = LayerMachine::on_lane(1);
+        lm.h2d_gen = 3;
+        lm.cpu_gen = 2;
+        for ev in [LayerEvent::H2dDone(2), LayerEvent::CpuBytesDone(1)] {
+            assert_eq!(lm.handle(10, ev, &mut r, &mut s), None);
+        }
+        assert_eq!(s.pending(), 0, "a stale event schedules nothing");
+        assert_eq!(lm.times(), &LayerTimes::default());
     }
 }
