@@ -212,7 +212,10 @@ fn print_table(out: &mut impl Write, r: &BwReport) -> std::io::Result<()> {
     writeln!(
         out,
         "device: {} | CPU: {} threads, {} | threshold {:.2}",
-        r.device.name, r.threads, r.simd, r.threshold
+        r.device.label(),
+        r.threads,
+        r.simd,
+        r.threshold
     )?;
     writeln!(
         out,

@@ -423,7 +423,7 @@ pub fn run(args: Args) -> Result<()> {
             &args,
             &model,
             &profile,
-            device.info(),
+            &device.info(),
             out,
         )?),
         None => None,
@@ -473,13 +473,12 @@ fn write_tables(out: &mut impl Write, r: &ProbeReport) -> Result<()> {
     };
     writeln!(
         out,
-        "ft probe: {} ({}, {:.2} MB experts, {} layers) on {} ({}): {how}",
+        "ft probe: {} ({}, {:.2} MB experts, {} layers) on {}: {how}",
         r.model.name,
         r.model.format,
         r.model.expert_bytes() as f64 / 1e6,
         r.model.geometry.moe_layers,
-        r.device.name,
-        r.device.kind
+        r.device.label()
     )?;
     writeln!(out, "profile: {}", r.profile_path)?;
     if let Some(c) = &r.profile_copy {
@@ -1016,6 +1015,7 @@ mod tests {
             total_mem_bytes: 24 << 30,
             driver_version: Some("12.4".into()),
             host_memory: "test".into(),
+            cuda_tuning: None,
         }
     }
 

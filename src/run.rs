@@ -914,9 +914,8 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {} ({}), {} CPU workers ({}), act gpu {} / cpu {}, combine {}, gather {}",
-        r.device.name,
-        r.device.kind,
+        "device {}, {} CPU workers ({}), act gpu {} / cpu {}, combine {}, gather {}",
+        r.device.label(),
         r.threads,
         r.pool_wait,
         r.gpu_act,

@@ -57,6 +57,12 @@ pub struct HostFingerprint {
     pub threads: u32,
     /// NUMA nodes.
     pub numa_nodes: u32,
+    /// The runtime's GPU paths where they are chosen at run time (the CUDA device's
+    /// tuning, e.g. `staged+pdl, copies each`): a profile probed on other kernel or copy
+    /// paths timed other GPU work, so it is re-probed. Empty for simulated hosts and the
+    /// host-emulated device (and in profiles written before the field existed).
+    #[serde(default)]
+    pub gpu_paths: String,
 }
 
 impl HostFingerprint {
@@ -69,6 +75,7 @@ impl HostFingerprint {
             cpu_model: host.cpu.name.clone(),
             threads: host.cpu.threads,
             numa_nodes: host.cpu.numa_nodes,
+            gpu_paths: String::new(),
         }
     }
 }
@@ -151,6 +158,7 @@ impl ProfileKey {
             s.numa_nodes.to_string(),
             c.numa_nodes.to_string(),
         );
+        check(KeyPart::GpuPaths, s.gpu_paths.clone(), c.gpu_paths.clone());
         check(
             KeyPart::ModelGeometry,
             format!("{:?}", self.model.geometry),
@@ -221,6 +229,8 @@ pub enum KeyPart {
     Threads,
     /// NUMA nodes.
     NumaNodes,
+    /// The GPU paths chosen at run time.
+    GpuPaths,
     /// The model's routed-expert geometry.
     ModelGeometry,
     /// The expert format.
@@ -239,6 +249,7 @@ impl fmt::Display for KeyPart {
             KeyPart::CpuModel => "CPU model",
             KeyPart::Threads => "hardware threads",
             KeyPart::NumaNodes => "NUMA nodes",
+            KeyPart::GpuPaths => "GPU paths",
             KeyPart::ModelGeometry => "model geometry",
             KeyPart::ModelFormat => "expert format",
             KeyPart::ProgramVersion => "program version",
@@ -740,11 +751,19 @@ mod tests {
         store(dir.path(), &p).unwrap();
         let mut key = p.key.clone();
         key.host.gpu_driver = "560.35".to_string();
+        key.host.gpu_paths = "direct+split, copies split".to_string();
         key.program_version = "9.9.9".to_string();
         match load(dir.path(), &key).unwrap() {
             Lookup::Stale { mismatches, .. } => {
                 let parts: Vec<KeyPart> = mismatches.iter().map(|m| m.part).collect();
-                assert_eq!(parts, vec![KeyPart::GpuDriver, KeyPart::ProgramVersion]);
+                assert_eq!(
+                    parts,
+                    vec![
+                        KeyPart::GpuDriver,
+                        KeyPart::GpuPaths,
+                        KeyPart::ProgramVersion
+                    ]
+                );
                 assert!(mismatches[0].to_string().contains("560.35"));
             }
             other => panic!("expected stale, got {other:?}"),
@@ -758,6 +777,19 @@ mod tests {
             load(dir.path(), &other).unwrap(),
             Lookup::Missing { .. }
         ));
+    }
+
+    #[test]
+    fn a_key_written_before_the_gpu_paths_reads_with_none() {
+        let key = profile(&model()).key;
+        let mut v = serde_json::to_value(&key).unwrap();
+        v["host"].as_object_mut().unwrap().remove("gpu_paths");
+        let old: ProfileKey = serde_json::from_value(v).unwrap();
+        assert_eq!(old.host.gpu_paths, "");
+        let mut now = key.clone();
+        now.host.gpu_paths = "staged+pdl, copies each".into();
+        let parts: Vec<KeyPart> = old.mismatches(&now).iter().map(|m| m.part).collect();
+        assert_eq!(parts, vec![KeyPart::GpuPaths]);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use ft_model::cache::SlotId;
 use ft_model::{ExpertFormat, ExpertId, ModelSpec};
 use ft_runtime::bank::HostBank;
 use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
-use ft_runtime::device::{Device, DeviceKind};
+use ft_runtime::device::{CopySubmit, CudaTuning, Device, DeviceKind};
 use ft_runtime::gather::{self, GatherMethod};
 use ft_runtime::gpu_experts::{ActPath, ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
@@ -142,6 +142,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let d = Device::open_kind(kind)?;
     let small = kind == DeviceKind::Host;
+    // The rows' paths, set on a CUDA device (the host device has one path).
+    let opened = d.cuda_tuning().unwrap_or_default();
+    let tune = |t: CudaTuning| -> Result<(), Box<dyn std::error::Error>> {
+        if d.cuda_tuning().is_some() {
+            d.set_cuda_tuning(t)?;
+        }
+        Ok(())
+    };
     let spec = ModelSpec::preset("qwen3.8-flash-next")?;
     let eb = spec.expert_bytes();
     let s = d.new_stream("compute")?;
@@ -220,18 +228,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let mut per = Vec::new();
         // The two methods, then the copy engines again with batched submission, and split
-        // over two streams (the switch each way sets, or none).
-        let ways = GatherMethod::ALL.into_iter().map(|m| (m, None)).chain([
-            (GatherMethod::CopyEngine, Some(gather::CUDA_COPY_BATCH_ENV)),
-            (GatherMethod::CopyEngine, Some(gather::CUDA_COPY_SPLIT_ENV)),
-        ]);
-        for (m, switch) in ways {
-            for env in [gather::CUDA_COPY_BATCH_ENV, gather::CUDA_COPY_SPLIT_ENV] {
-                std::env::remove_var(env);
-            }
-            if let Some(env) = switch {
-                std::env::set_var(env, "1");
-            }
+        // over two streams.
+        let ways = GatherMethod::ALL
+            .into_iter()
+            .map(|m| (m, CopySubmit::Each))
+            .chain([
+                (GatherMethod::CopyEngine, CopySubmit::Batch),
+                (GatherMethod::CopyEngine, CopySubmit::Split),
+            ]);
+        for (m, copies) in ways {
+            tune(CudaTuning { copies, ..opened })?;
             let mut v = Vec::new();
             for r in 0..=reps {
                 // Scattered sources (every other expert), scattered slots (reversed).
@@ -271,8 +277,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pass: best_gbs / linear >= 0.9,
         });
     }
-    std::env::remove_var(gather::CUDA_COPY_BATCH_ENV);
-    std::env::remove_var(gather::CUDA_COPY_SPLIT_ENV);
+    tune(opened)?;
     drop(lin_dst);
 
     // Expert kernel: layers of 10 resident experts, 1 token, rotating through disjoint sets.
@@ -289,46 +294,34 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_SPLIT_ENV, CUDA_STAGE_ENV, CUDA_VARIANT_ENV};
-    let cases: [(ActPath, usize, Option<&str>, &str); 16] = [
+    let cases: [(ActPath, usize, Option<usize>, &str); 16] = [
         (ActPath::F32, 1, None, "staged+pdl"),
         (ActPath::Int8, 1, None, "staged+pdl"),
         (ActPath::Int8, 1, None, "staged+pdl+split"),
         (ActPath::Int8, 1, None, "direct+split"),
         (ActPath::Int8, 1, None, "staged"),
         (ActPath::Int8, 1, None, "direct"),
-        (ActPath::Int8, 1, Some("8"), "staged+pdl"),
+        (ActPath::Int8, 1, Some(8), "staged+pdl"),
         (ActPath::Int8, 0, None, "staged+pdl"),
         (ActPath::Int8, 0, None, "direct"),
         (ActPath::Int8, 4, None, "staged+pdl"),
         (ActPath::Int8, 4, None, "direct"),
-        (ActPath::Int8, 4, Some("8"), "staged+pdl"),
+        (ActPath::Int8, 4, Some(8), "staged+pdl"),
         (ActPath::Int8, 8, None, "staged+pdl"),
         (ActPath::Int8, 8, None, "direct"),
         (ActPath::F32, 8, None, "staged+pdl"),
         (ActPath::F32, 8, None, "direct"),
     ];
     for (act, tokens, forced, path) in cases {
-        match forced {
-            Some(v) => std::env::set_var(CUDA_VARIANT_ENV, v),
-            None => std::env::remove_var(CUDA_VARIANT_ENV),
-        }
-        std::env::set_var(
-            CUDA_STAGE_ENV,
-            if path.starts_with("direct") { "0" } else { "1" },
-        );
-        std::env::set_var(
-            CUDA_PDL_ENV,
-            if path.starts_with("staged+pdl") {
-                "1"
-            } else {
-                "0"
-            },
-        );
-        std::env::set_var(
-            CUDA_SPLIT_ENV,
-            if path.ends_with("+split") { "1" } else { "0" },
-        );
+        let tuning = CudaTuning {
+            staged_tiles: path.starts_with("staged"),
+            dependent_launch: path.contains("+pdl"),
+            e2m1_split: path.ends_with("+split"),
+            expert_variant: forced,
+            ..opened
+        };
+        assert_eq!(tuning.expert_path(), path, "a case's path names its tuning");
+        tune(tuning)?;
         let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
             .map(|l| {
                 let mut st =
@@ -386,7 +379,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             act: act.name().into(),
             experts: LAYER_EXPERTS,
             tokens,
-            variant: forced.unwrap_or("auto").into(),
+            variant: forced.map_or("auto".into(), |v| v.to_string()),
             path: path.into(),
             bytes,
             queued_us,
@@ -400,14 +393,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             pass: gbs / copy_rw_gbs >= 0.5,
         });
     }
-    for v in [
-        CUDA_VARIANT_ENV,
-        CUDA_STAGE_ENV,
-        CUDA_PDL_ENV,
-        CUDA_SPLIT_ENV,
-    ] {
-        std::env::remove_var(v);
-    }
+    tune(opened)?;
 
     // Host cost of queueing work, us per call (the GPU kept busy behind them is not
     // waited for): a one-element add kernel, an event record, and a 1-token expert launch.

@@ -21,28 +21,6 @@ use crate::device::{Device, Stream};
 use crate::error::{Result, RuntimeError};
 use crate::slots::SlotPool;
 
-/// Environment variable asking the CUDA copy-engine gather for one batched submission of a
-/// gather's copies (`1`; `cuMemcpyBatchAsync`, drivers of CUDA 13 and later) instead of one
-/// `cuMemcpyHtoDAsync` each: the copies of a batch may run in any order, possibly on several
-/// copy engines at once, which could hide the few microseconds each copy of a 2.77 MB expert
-/// costs beyond its bytes on the H200 (`experiments/runtime-grid`: an offload layer's copies
-/// at 91% of the linear rate). Off by default until measured (`runtime/examples/gpu_backend.rs`
-/// times both); ignored, with a warning, on older drivers.
-pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
-
-/// Environment variable asking the CUDA copy-engine gather to split a gather's copies over two
-/// streams (`1`; every other copy on a second stream forked from the copy stream and joined
-/// back): two copy engines then run them at once, so that the fixed few microseconds each
-/// copy costs beyond its bytes hide behind the other engine's bytes. Off by default until
-/// measured (`runtime/examples/gpu_backend.rs` times it); [`CUDA_COPY_BATCH_ENV`] wins where
-/// both are set. The host-emulated device copies the same either way.
-pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
-
-/// Whether [`CUDA_COPY_SPLIT_ENV`] asks for split copies.
-pub fn copy_split_wanted() -> bool {
-    std::env::var(CUDA_COPY_SPLIT_ENV).is_ok_and(|v| v == "1")
-}
-
 /// One contiguous copy: `bytes` from `src_offset` of the source to `dst_offset` of the
 /// destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -14,6 +14,7 @@
 use ft_model::{ExpertFormat, MoeGeometry};
 use serde::{Deserialize, Serialize};
 
+use crate::device::CudaTuning;
 use crate::error::{Result, RuntimeError};
 
 /// Byte alignment required of an expert's offset in the weights buffer (the slot
@@ -371,10 +372,13 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 }
 
 /// The module of the expert kernels that runs `step`: specialized for its format and
-/// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where
-/// [`CUDA_SPLIT_ENV`] asks for it and the step can use it (nvfp4 and mxfp4, int8 path).
-pub fn cuda_specialization(step: &ExpertStep) -> ft_kernels::cuda_sources::Specialization {
-    let split = std::env::var(CUDA_SPLIT_ENV).is_ok_and(|v| v == "1")
+/// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where `tuning`
+/// asks for it and the step can use it (nvfp4 and mxfp4, int8 path).
+pub fn cuda_specialization(
+    step: &ExpertStep,
+    tuning: &CudaTuning,
+) -> ft_kernels::cuda_sources::Specialization {
+    let split = tuning.e2m1_split
         && matches!(step.format, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4)
         && step.act == ActPath::Int8;
     ft_kernels::cuda_sources::Specialization::experts(
@@ -452,14 +456,9 @@ pub fn cuda_variant(max_task_pairs: usize) -> CudaVariant {
         .unwrap_or(CUDA_VARIANTS[CUDA_VARIANTS.len() - 1])
 }
 
-/// Environment variable forcing one instantiation by its tokens per pass (1, 2, 4 or 8), for
-/// A/B measurements of the variants in one run (the micro-bench sets it); unset or any
-/// other value: chosen by the launch's largest task.
-pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
-
 #[cfg(feature = "cuda")]
-fn forced_cuda_variant() -> Option<CudaVariant> {
-    let want: usize = std::env::var(CUDA_VARIANT_ENV).ok()?.parse().ok()?;
+fn forced_cuda_variant(tuning: &CudaTuning) -> Option<CudaVariant> {
+    let want = tuning.expert_variant?;
     CUDA_VARIANTS
         .iter()
         .copied()
@@ -497,19 +496,6 @@ pub fn cuda_staged_tile_bytes(format: ExpertFormat, cols: usize, rows: usize) ->
 /// weights: a larger tile (bf16 and int8 at common widths) is read from global memory
 /// instead, since fewer than two blocks per multiprocessor would fit.
 pub const CUDA_STAGED_SHARED_MAX: usize = 100 * 1024;
-
-/// Environment variable turning the staged weight tiles off (`0`), for A/B measurements.
-pub const CUDA_STAGE_ENV: &str = "FT_CUDA_STAGE";
-
-/// Environment variable turning the programmatic dependent launch of the down kernel off
-/// (`0`), for A/B measurements.
-pub const CUDA_PDL_ENV: &str = "FT_CUDA_PDL";
-
-/// Environment variable turning the one-token kernels' split-sign e2m1 dot on (`1`; off by
-/// default until the GPU tests have passed with it): two byte permutes and two dp4a per four
-/// nvfp4/mxfp4 codes instead of a signed decode (`FT_E2M1_SPLIT` in
-/// `kernels/cuda/experts.cu`), the same exact integers.
-pub const CUDA_SPLIT_ENV: &str = "FT_CUDA_SPLIT";
 
 /// How one launch of the expert kernels uses shared memory: where the gate/up kernel's
 /// staged tiles begin (0: not staged) and each kernel's dynamic shared memory, bytes.
@@ -602,7 +588,8 @@ pub(crate) fn cuda_launch(
     }
     let t = cuda_tables(step, weights);
     let (tch, _) = cuda_pass_tokens(step)?;
-    let variant = match forced_cuda_variant() {
+    let tuning = stream.shared().tuning();
+    let variant = match forced_cuda_variant(&tuning) {
         Some(v) => v,
         None => cuda_variant(t.max_task_pairs),
     };
@@ -613,18 +600,17 @@ pub(crate) fn cuda_launch(
         ));
     }
     let tch = tch.min(variant.tokens_per_pass);
-    let env_on = |name: &str| std::env::var(name).map(|v| v != "0").unwrap_or(true);
     let staging = cuda_staging(
         step,
         variant,
         tch,
         stream.shared().shared_optin_bytes,
-        env_on(CUDA_STAGE_ENV),
+        tuning.staged_tiles,
     )?;
-    let pdl = env_on(CUDA_PDL_ENV);
+    let pdl = tuning.dependent_launch;
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
-    let spec = cuda_specialization(step);
+    let spec = cuda_specialization(step, &tuning);
     let gate_up = stream
         .shared()
         .function_spec(KernelId::Experts, spec, variant.gate_up)?;
@@ -895,6 +881,12 @@ mod tests {
                 t.bytes.len()
             );
         }
+    }
+
+    #[test]
+    fn the_tuning_names_exactly_the_instantiations() {
+        let tokens: Vec<usize> = CUDA_VARIANTS.iter().map(|v| v.tokens_per_pass).collect();
+        assert_eq!(tokens, crate::device::tuning::CUDA_VARIANT_TOKENS);
     }
 
     #[test]

@@ -364,6 +364,7 @@ pub fn host_fingerprint(device: &Device, cpu: &CpuTopology) -> HostFingerprint {
         cpu_model: cpu.model.clone(),
         threads: cpu.threads,
         numa_nodes: cpu.numa_nodes,
+        gpu_paths: info.cuda_tuning.map(|t| t.to_string()).unwrap_or_default(),
     }
 }
 

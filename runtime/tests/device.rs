@@ -53,25 +53,24 @@ fn copies_round_trip(d: &Device) {
             bytes: 70_001,
         },
     ];
-    use ft_runtime::gather::{CUDA_COPY_BATCH_ENV, CUDA_COPY_SPLIT_ENV};
+    use ft_runtime::device::{CopySubmit, CudaTuning};
     let ways = [
-        (false, None),
-        (true, None),
-        (false, Some(CUDA_COPY_BATCH_ENV)),
-        (false, Some(CUDA_COPY_SPLIT_ENV)),
+        (false, CopySubmit::Each),
+        (true, CopySubmit::Each),
+        (false, CopySubmit::Batch),
+        (false, CopySubmit::Split),
     ];
-    for (zero_copy, switch) in ways {
+    // The host device copies the same every way; a CUDA device submits each way.
+    let opened = d.cuda_tuning();
+    for (zero_copy, copies) in ways {
         let dst = d.alloc(1 << 17, "gather").unwrap();
-        if let Some(env) = switch {
-            std::env::set_var(env, "1");
+        if let Some(t) = opened {
+            d.set_cuda_tuning(CudaTuning { copies, ..t }).unwrap();
         }
         if zero_copy {
             s.gather_zero_copy(&h, &dst, &regions).unwrap();
         } else {
             s.copy_h2d_regions(&h, &dst, &regions).unwrap();
-        }
-        if let Some(env) = switch {
-            std::env::remove_var(env);
         }
         let mut got = vec![0u8; 1 << 17];
         s.download(&dst, 0, &mut got).unwrap();
@@ -84,10 +83,13 @@ fn copies_round_trip(d: &Device) {
             assert_eq!(
                 &got[dof..dof + b],
                 &h.as_slice()[so..so + b],
-                "zero_copy={zero_copy} switch={switch:?}"
+                "zero_copy={zero_copy} copies={copies:?}"
             );
         }
         assert!(got[1000..8192].iter().all(|&b| b == 0));
+    }
+    if let Some(t) = opened {
+        d.set_cuda_tuning(t).unwrap();
     }
 
     // upload / download / memset / d2d / add_f32
@@ -301,6 +303,19 @@ fn host_capacity_is_enforced_and_given_back() {
     d.alloc(600 << 10, "c").unwrap();
 }
 
+/// The host device has no CUDA paths to choose: none reported, and setting them is an error.
+#[test]
+fn host_device_runs_no_cuda_paths() {
+    let d = host();
+    assert_eq!(d.cuda_tuning(), None);
+    assert_eq!(d.info().cuda_tuning, None);
+    assert!(d.info().label().ends_with("(host)"), "{}", d.info().label());
+    let e = d
+        .set_cuda_tuning(ft_runtime::device::CudaTuning::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("CUDA tuning"), "{e}");
+}
+
 /// Without a GPU (this is CI's case), asking for CUDA is a clear error, never a panic.
 #[test]
 fn cuda_where_absent_is_a_clear_error() {
@@ -352,6 +367,25 @@ mod cuda {
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_bad_arguments_are_errors() {
         bad_arguments_are_errors(&gpu());
+    }
+
+    /// A device opens with the paths the environment asks for, reports them, and runs
+    /// others once set.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_tuning_is_read_at_open_and_reported() {
+        use ft_runtime::device::{CopySubmit, CudaTuning};
+        let d = gpu();
+        let opened = CudaTuning::from_env().unwrap();
+        assert_eq!(d.cuda_tuning(), Some(opened));
+        assert_eq!(d.info().cuda_tuning, Some(opened));
+        let other = CudaTuning {
+            copies: CopySubmit::Split,
+            e2m1_split: !opened.e2m1_split,
+            ..opened
+        };
+        d.set_cuda_tuning(other).unwrap();
+        assert_eq!(d.info().cuda_tuning, Some(other));
     }
 
     #[test]

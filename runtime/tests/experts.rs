@@ -283,34 +283,36 @@ mod cuda {
         Device::cuda(0).expect("a CUDA device")
     }
 
-    /// Run `check` once per way the weights can reach the CUDA kernels (staged tiles with a
-    /// dependent launch, staged tiles alone, global reads) and per way the one-token kernels
-    /// dot e2m1 codes (decoded, split signs): each must give the same bits. Sets process
-    /// environment variables, so run these tests with `--test-threads=1` (as
-    /// scripts/device-run.sh does).
-    fn on_every_path(check: impl Fn(&str)) {
-        use ft_runtime::gpu_experts::{CUDA_PDL_ENV, CUDA_SPLIT_ENV, CUDA_STAGE_ENV};
-        for (path, stage, pdl, split) in [
-            ("staged+pdl", "1", "1", "0"),
-            ("staged", "1", "0", "0"),
-            ("direct", "0", "0", "0"),
-            ("staged+pdl+split", "1", "1", "1"),
-            ("direct+split", "0", "0", "1"),
+    /// Run `check` on a GPU once per way the weights can reach the CUDA kernels (staged
+    /// tiles with a dependent launch, staged tiles alone, global reads) and per way the
+    /// one-token kernels dot e2m1 codes (decoded, split signs): each must give the same bits.
+    fn on_every_path(check: impl Fn(&Device)) {
+        use ft_runtime::device::CudaTuning;
+        let d = gpu();
+        let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
+        for (staged_tiles, dependent_launch, e2m1_split) in [
+            (true, true, false),
+            (true, false, false),
+            (false, false, false),
+            (true, true, true),
+            (false, false, true),
         ] {
-            std::env::set_var(CUDA_STAGE_ENV, stage);
-            std::env::set_var(CUDA_PDL_ENV, pdl);
-            std::env::set_var(CUDA_SPLIT_ENV, split);
-            check(path);
-        }
-        for v in [CUDA_STAGE_ENV, CUDA_PDL_ENV, CUDA_SPLIT_ENV] {
-            std::env::remove_var(v);
+            let t = CudaTuning {
+                staged_tiles,
+                dependent_launch,
+                e2m1_split,
+                ..opened
+            };
+            d.set_cuda_tuning(t).unwrap();
+            eprintln!("path {}", t.expert_path());
+            check(&d);
         }
     }
 
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_f32_path_matches_reference() {
-        on_every_path(|_| f32_path_matches_reference(&gpu()));
+        on_every_path(f32_path_matches_reference);
     }
 
     #[test]
@@ -328,10 +330,7 @@ mod cuda {
             (3072, 1536, 8, 2, 8),
             (4096, 2048, 6, 1, 6),
         ]);
-        on_every_path(|path| {
-            eprintln!("path {path}");
-            int8_path_is_bit_identical_to_cpu(&gpu(), &shapes)
-        });
+        on_every_path(|d| int8_path_is_bit_identical_to_cpu(d, &shapes));
     }
 
     #[test]

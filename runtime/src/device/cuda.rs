@@ -18,7 +18,7 @@ use cudarc::driver::{
 };
 use ft_kernels::cuda_sources::{KernelId, Specialization};
 
-use super::{Clock, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer};
+use super::{Clock, CopySubmit, CudaTuning, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer};
 use crate::dense::DenseRead;
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
@@ -79,6 +79,9 @@ pub(crate) struct Shared {
     origin: (sys::CUevent, f64),
     /// The driver's CUDA version (`cuDriverGetVersion`: 13000 for 13.0), 0 if unknown.
     driver_version: i32,
+    /// The paths launches and copies take ([`CudaTuning`]: read from the environment at
+    /// open, changed by `Device::set_cuda_tuning`).
+    tuning: Mutex<CudaTuning>,
 }
 
 /// The first driver version with `cuMemcpyBatchAsync_v2` (CUDA 13.0).
@@ -98,6 +101,15 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// The paths launches and copies take now.
+    pub(crate) fn tuning(&self) -> CudaTuning {
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set_tuning(&self, tuning: CudaTuning) {
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) = tuning;
+    }
+
     fn bind(&self) -> Result<()> {
         self.ctx
             .bind_to_thread()
@@ -188,6 +200,7 @@ impl CudaDevice {
                 reason: format!("device {ordinal} asked for, but only {count} present"),
             });
         }
+        let tuning = CudaTuning::from_env()?;
         let ctx = CudaContext::new(ordinal).map_err(cu("creating the CUDA context"))?;
         // SAFETY: no CudaSlice is used by this backend; ordering is explicit (events).
         unsafe { ctx.disable_event_tracking() };
@@ -236,8 +249,9 @@ impl CudaDevice {
             total_mem_bytes: total,
             driver_version,
             host_memory: "cuMemHostAlloc portable|devicemap (cached, not write-combined)".into(),
+            cuda_tuning: Some(tuning),
         };
-        tracing::info!(device = %info.name, cc = ?info.compute_capability, "opened CUDA device");
+        tracing::info!(device = %info.name, cc = ?info.compute_capability, paths = %tuning, "opened CUDA device");
         Ok((
             CudaDevice(Arc::new(Shared {
                 ctx,
@@ -246,6 +260,7 @@ impl CudaDevice {
                 functions: Mutex::new(HashMap::new()),
                 origin: (origin_ev, 0.5 * (t0 + t1)),
                 driver_version: driver_version_num,
+                tuning: Mutex::new(tuning),
             })),
             info,
         ))
@@ -534,7 +549,7 @@ pub(crate) struct CudaStreamH {
     stream: Arc<CudaStream>,
     ring: Mutex<ArgRing>,
     scratch: Mutex<Option<Scratch>>,
-    /// The second copy stream of [`crate::gather::CUDA_COPY_SPLIT_ENV`], made at first use.
+    /// The second copy stream of [`CopySubmit::Split`], made at first use.
     sibling: Mutex<Option<SiblingCopies>>,
 }
 
@@ -858,11 +873,14 @@ impl CudaStreamH {
         let s = pinned(src)?.host;
         let d = dptr(dst)?;
         self.shared.bind()?;
-        if regions.len() > 1 && self.copy_batch_wanted() {
-            return self.copy_h2d_batch(s, d, regions);
-        }
-        if regions.len() > 1 && crate::gather::copy_split_wanted() {
-            return self.copy_h2d_split(s, d, regions);
+        if regions.len() > 1 {
+            match self.shared.tuning().copies {
+                CopySubmit::Batch if self.copy_batch_supported() => {
+                    return self.copy_h2d_batch(s, d, regions)
+                }
+                CopySubmit::Split => return self.copy_h2d_split(s, d, regions),
+                _ => {}
+            }
         }
         for r in regions {
             copy_h2d_raw(s, d, r, self.raw())?;
@@ -905,12 +923,9 @@ impl CudaStreamH {
         order_after(sib.join, other, main)
     }
 
-    /// Whether [`crate::gather::CUDA_COPY_BATCH_ENV`] asks for batched copies and this
-    /// driver has them (a warning, once, where it asks and the driver is older).
-    fn copy_batch_wanted(&self) -> bool {
-        if std::env::var(crate::gather::CUDA_COPY_BATCH_ENV).map_or(true, |v| v != "1") {
-            return false;
-        }
+    /// Whether this driver has batched copies (a warning, once, where they are asked for
+    /// and it is older).
+    fn copy_batch_supported(&self) -> bool {
         if self.shared.driver_version >= COPY_BATCH_DRIVER {
             return true;
         }
@@ -919,7 +934,7 @@ impl CudaStreamH {
             tracing::warn!(
                 driver = self.shared.driver_version,
                 "{} asks for batched copies, which need a CUDA {} driver: one copy each",
-                crate::gather::CUDA_COPY_BATCH_ENV,
+                super::tuning::CUDA_COPY_BATCH_ENV,
                 COPY_BATCH_DRIVER / 1000
             )
         });

@@ -161,6 +161,7 @@ impl HostDevice {
                     None => String::new(),
                 }
             ),
+            cuda_tuning: None,
         };
         Ok((
             HostDevice {

@@ -33,6 +33,7 @@
 //! stream and returned by the next `synchronize` or queue call, like CUDA's sticky errors.
 
 pub mod host;
+pub mod tuning;
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
@@ -47,6 +48,7 @@ use crate::dense::DenseRead;
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
 use crate::gpu_experts::ExpertStep;
+pub use tuning::{CopySubmit, CudaTuning};
 
 /// Which backend a [`Device`] uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -111,6 +113,20 @@ pub struct DeviceInfo {
     pub driver_version: Option<String>,
     /// How host banks are allocated, in words (e.g. `cuMemHostAlloc portable|devicemap`).
     pub host_memory: String,
+    /// The CUDA paths the device runs ([`CudaTuning`]); `None` on the host backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_tuning: Option<CudaTuning>,
+}
+
+impl DeviceInfo {
+    /// The device in words for a table's header: its name, backend and, on CUDA, the paths
+    /// it runs (`NVIDIA H200 (cuda: staged+pdl, copies each)`).
+    pub fn label(&self) -> String {
+        match &self.cuda_tuning {
+            Some(t) => format!("{} ({}: {t})", self.name, self.kind),
+            None => format!("{} ({})", self.name, self.kind),
+        }
+    }
 }
 
 /// Options of the host-emulated device.
@@ -345,8 +361,42 @@ impl Device {
     }
 
     /// What this device is.
-    pub fn info(&self) -> &DeviceInfo {
-        &self.inner.info
+    /// What the device is now: its description at open, with the CUDA paths it runs at the
+    /// time of the call (see [`Device::set_cuda_tuning`]).
+    pub fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            cuda_tuning: self.cuda_tuning(),
+            ..self.inner.info.clone()
+        }
+    }
+
+    /// The CUDA paths this device runs; `None` on the host backend.
+    pub fn cuda_tuning(&self) -> Option<CudaTuning> {
+        match &self.inner.backend {
+            Backend::Host(_) => None,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => Some(c.0.tuning()),
+        }
+    }
+
+    /// Run other CUDA paths from now on (launches and copies queued later), for A/B
+    /// measurements in one process; a device opens with [`CudaTuning::from_env`]. The host
+    /// backend has no CUDA paths: an error.
+    pub fn set_cuda_tuning(&self, tuning: CudaTuning) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Host(_) => {
+                let _ = tuning;
+                Err(RuntimeError::invalid(
+                    "CUDA tuning",
+                    "the host-emulated device runs no CUDA paths",
+                ))
+            }
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => {
+                c.0.set_tuning(tuning);
+                Ok(())
+            }
+        }
     }
 
     /// Its backend.
@@ -448,9 +498,10 @@ impl Device {
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => {
+                let tuning = c.0.tuning();
                 let specs: Vec<_> = steps
                     .iter()
-                    .map(|s| crate::gpu_experts::cuda_specialization(s))
+                    .map(|s| crate::gpu_experts::cuda_specialization(s, &tuning))
                     .collect();
                 c.warm_up_kernels(&specs)
             }

@@ -1,0 +1,337 @@
+//! The switches of the CUDA paths that are still measured against each other.
+//!
+//! The expert kernels and the gather copies have alternative paths (staged weight tiles, a
+//! dependent launch of the down kernel, the split-sign e2m1 dot, a forced kernel
+//! instantiation, batched or split copies) whose defaults follow the A/B measurements of
+//! `experiments/gpu-backend` and `experiments/runtime-grid`. A script picks one with an
+//! environment variable; the variables are read **once**, when a CUDA device opens, and
+//! the result is a [`CudaTuning`] that the device keeps. So a decode step reads no
+//! environment (a lock and an allocation per read, several per layer otherwise), a
+//! malformed value is an error naming the variable instead of silently meaning "off", and
+//! every report (`ft run`, `ft probe`, `ft bench bw`) records in its `device` the paths it
+//! ran. A measurement that compares paths in one process (the `gpu_backend` micro-bench,
+//! the device tests) sets them with [`crate::Device::set_cuda_tuning`] rather than the
+//! environment, which is not safe to change while other threads may read it.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use crate::error::{Result, RuntimeError};
+
+/// `0` turns the staged weight tiles of the expert kernels off (default on): each block
+/// then reads its weights from global memory as it computes.
+pub const CUDA_STAGE_ENV: &str = "FT_CUDA_STAGE";
+
+/// `0` turns the programmatic dependent launch of the down kernel off (default on).
+pub const CUDA_PDL_ENV: &str = "FT_CUDA_PDL";
+
+/// `1` turns the one-token kernels' split-sign e2m1 dot on (default off until the GPU tests
+/// have passed with it): two byte permutes and two dp4a per four nvfp4/mxfp4 codes instead
+/// of a signed decode (`FT_E2M1_SPLIT` in `kernels/cuda/experts.cu`), the same exact
+/// integers.
+pub const CUDA_SPLIT_ENV: &str = "FT_CUDA_SPLIT";
+
+/// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
+/// for A/B measurements of the variants; unset: chosen by each launch's largest task.
+pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
+
+/// `1` submits a gather's copies in one batch (`cuMemcpyBatchAsync`, drivers of CUDA 13
+/// and later; one copy each, with a warning, on older ones) instead of one
+/// `cuMemcpyHtoDAsync` each: the copies of a batch may run in any order, possibly on
+/// several copy engines at once, which could hide the few microseconds each copy costs
+/// beyond its bytes. Off by default until measured.
+pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
+
+/// `1` splits a gather's copies over two streams (every other copy on a second stream
+/// forked from the copy stream and joined back), so that two copy engines run them at once
+/// and each copy's fixed cost hides behind the other engine's bytes. Off by default until
+/// measured. The host-emulated device copies the same either way.
+pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
+
+/// Every variable above, for scripts and error messages.
+pub const CUDA_TUNING_ENVS: [&str; 6] = [
+    CUDA_STAGE_ENV,
+    CUDA_PDL_ENV,
+    CUDA_SPLIT_ENV,
+    CUDA_VARIANT_ENV,
+    CUDA_COPY_BATCH_ENV,
+    CUDA_COPY_SPLIT_ENV,
+];
+
+/// The expert kernels' instantiations by tokens per pass (`gpu_experts`' variants).
+pub const CUDA_VARIANT_TOKENS: [usize; 4] = [1, 2, 4, 8];
+
+/// How a gather's copies are submitted to the copy engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CopySubmit {
+    /// One `cuMemcpyHtoDAsync` per region, in order on the copy stream.
+    #[default]
+    Each,
+    /// Every region in one `cuMemcpyBatchAsync` ([`CUDA_COPY_BATCH_ENV`]).
+    Batch,
+    /// Alternately on the copy stream and a sibling ([`CUDA_COPY_SPLIT_ENV`]).
+    Split,
+}
+
+impl CopySubmit {
+    /// Name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            CopySubmit::Each => "each",
+            CopySubmit::Batch => "batch",
+            CopySubmit::Split => "split",
+        }
+    }
+}
+
+/// Which of the alternative CUDA paths a device runs (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CudaTuning {
+    /// Stage each block's weight tile in shared memory before computing ([`CUDA_STAGE_ENV`]).
+    pub staged_tiles: bool,
+    /// Launch the down kernel as a programmatic dependent of gate/up ([`CUDA_PDL_ENV`]).
+    pub dependent_launch: bool,
+    /// The split-sign e2m1 dot of the one-token kernels ([`CUDA_SPLIT_ENV`]).
+    pub e2m1_split: bool,
+    /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
+    /// ([`CUDA_VARIANT_ENV`]).
+    pub expert_variant: Option<usize>,
+    /// How a gather's copies are submitted.
+    pub copies: CopySubmit,
+}
+
+impl Default for CudaTuning {
+    fn default() -> Self {
+        CudaTuning {
+            staged_tiles: true,
+            dependent_launch: true,
+            e2m1_split: false,
+            expert_variant: None,
+            copies: CopySubmit::Each,
+        }
+    }
+}
+
+/// The error of an [`CUDA_VARIANT_ENV`] value that names no instantiation.
+fn not_a_variant(value: &str) -> RuntimeError {
+    RuntimeError::invalid(
+        CUDA_VARIANT_ENV,
+        format!("'{value}' is not an instantiation of the expert kernels; tokens per pass: {CUDA_VARIANT_TOKENS:?}"),
+    )
+}
+
+impl CudaTuning {
+    /// The tuning the process environment asks for (module docs); a malformed value is a
+    /// [`RuntimeError::Invalid`] naming the variable.
+    pub fn from_env() -> Result<Self> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// The tuning `lookup` (variable name to value) asks for. An empty value counts as
+    /// unset.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let switch = |name: &str, default: bool| -> Result<bool> {
+            match get(name) {
+                None => Ok(default),
+                Some(v) => match v.trim() {
+                    "0" => Ok(false),
+                    "1" => Ok(true),
+                    other => Err(RuntimeError::invalid(
+                        name,
+                        format!("'{other}' is not a switch; use 0 or 1, or leave it unset"),
+                    )),
+                },
+            }
+        };
+        let d = CudaTuning::default();
+        let expert_variant = match get(CUDA_VARIANT_ENV) {
+            None => None,
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if CUDA_VARIANT_TOKENS.contains(&n) => Some(n),
+                _ => return Err(not_a_variant(v.trim())),
+            },
+        };
+        let copies = match (
+            switch(CUDA_COPY_BATCH_ENV, false)?,
+            switch(CUDA_COPY_SPLIT_ENV, false)?,
+        ) {
+            (false, false) => CopySubmit::Each,
+            (true, false) => CopySubmit::Batch,
+            (false, true) => CopySubmit::Split,
+            (true, true) => {
+                return Err(RuntimeError::invalid(
+                    CUDA_COPY_BATCH_ENV,
+                    format!("{CUDA_COPY_BATCH_ENV} and {CUDA_COPY_SPLIT_ENV} are both 1; a gather submits its copies one way, choose one"),
+                ))
+            }
+        };
+        Ok(CudaTuning {
+            staged_tiles: switch(CUDA_STAGE_ENV, d.staged_tiles)?,
+            dependent_launch: switch(CUDA_PDL_ENV, d.dependent_launch)?,
+            e2m1_split: switch(CUDA_SPLIT_ENV, d.e2m1_split)?,
+            expert_variant,
+            copies,
+        })
+    }
+
+    /// The environment that asks for this tuning (every variable, defaults included), so a
+    /// script can reproduce a run from its report.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        let bit = |b: bool| if b { "1" } else { "0" }.to_string();
+        vec![
+            (CUDA_STAGE_ENV, bit(self.staged_tiles)),
+            (CUDA_PDL_ENV, bit(self.dependent_launch)),
+            (CUDA_SPLIT_ENV, bit(self.e2m1_split)),
+            (
+                CUDA_VARIANT_ENV,
+                self.expert_variant
+                    .map(|n| n.to_string())
+                    .unwrap_or_default(),
+            ),
+            (CUDA_COPY_BATCH_ENV, bit(self.copies == CopySubmit::Batch)),
+            (CUDA_COPY_SPLIT_ENV, bit(self.copies == CopySubmit::Split)),
+        ]
+    }
+}
+
+impl CudaTuning {
+    /// The expert kernels' path as the micro-bench's `path` column names it: `staged` or
+    /// `direct`, then `+pdl` and `+split` where on (`staged+pdl`, `direct+split`, ...).
+    pub fn expert_path(&self) -> String {
+        let mut s = String::from(if self.staged_tiles {
+            "staged"
+        } else {
+            "direct"
+        });
+        if self.dependent_launch {
+            s.push_str("+pdl");
+        }
+        if self.e2m1_split {
+            s.push_str("+split");
+        }
+        s
+    }
+}
+
+impl fmt::Display for CudaTuning {
+    /// The expert path ([`CudaTuning::expert_path`]), the forced variant, and the copy
+    /// submission: `staged+pdl, copies each`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.expert_path())?;
+        if let Some(n) = self.expert_variant {
+            write!(f, ", variant {n}")?;
+        }
+        write!(f, ", copies {}", self.copies.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn from(pairs: &[(&str, &str)]) -> Result<CudaTuning> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        CudaTuning::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn unset_and_empty_variables_give_the_defaults() {
+        assert_eq!(from(&[]).unwrap(), CudaTuning::default());
+        let empty: Vec<(&str, &str)> = CUDA_TUNING_ENVS.iter().map(|k| (*k, "")).collect();
+        assert_eq!(from(&empty).unwrap(), CudaTuning::default());
+    }
+
+    #[test]
+    fn each_variable_sets_its_path() {
+        let t = from(&[
+            (CUDA_STAGE_ENV, "0"),
+            (CUDA_PDL_ENV, "0"),
+            (CUDA_SPLIT_ENV, "1"),
+            (CUDA_VARIANT_ENV, "4"),
+            (CUDA_COPY_SPLIT_ENV, "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            t,
+            CudaTuning {
+                staged_tiles: false,
+                dependent_launch: false,
+                e2m1_split: true,
+                expert_variant: Some(4),
+                copies: CopySubmit::Split,
+            }
+        );
+        assert_eq!(t.to_string(), "direct+split, variant 4, copies split");
+        assert_eq!(
+            from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
+                .unwrap()
+                .copies,
+            CopySubmit::Batch
+        );
+        assert_eq!(CudaTuning::default().to_string(), "staged+pdl, copies each");
+    }
+
+    #[test]
+    fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
+        for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
+            for bits in 0..8u32 {
+                for expert_variant in [None, Some(2)] {
+                    let t = CudaTuning {
+                        staged_tiles: bits & 1 != 0,
+                        dependent_launch: bits & 2 != 0,
+                        e2m1_split: bits & 4 != 0,
+                        expert_variant,
+                        copies,
+                    };
+                    let env = t.env();
+                    assert_eq!(env.len(), CUDA_TUNING_ENVS.len());
+                    let pairs: Vec<(&str, &str)> =
+                        env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+                    assert_eq!(from(&pairs).unwrap(), t);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn malformed_values_are_errors_naming_the_variable() {
+        for (name, value) in [
+            (CUDA_STAGE_ENV, "off"),
+            (CUDA_PDL_ENV, "2"),
+            (CUDA_SPLIT_ENV, "yes"),
+            (CUDA_VARIANT_ENV, "3"),
+            (CUDA_VARIANT_ENV, "many"),
+            (CUDA_COPY_SPLIT_ENV, "true"),
+        ] {
+            let e = from(&[(name, value)]).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(value), "{name}={value}: {e}");
+        }
+        let both = from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(both.contains("choose one"), "{both}");
+    }
+
+    #[test]
+    fn json_round_trips_and_refuses_unknown_fields() {
+        let t = CudaTuning {
+            e2m1_split: true,
+            copies: CopySubmit::Batch,
+            ..CudaTuning::default()
+        };
+        let s = serde_json::to_string(&t).unwrap();
+        assert_eq!(serde_json::from_str::<CudaTuning>(&s).unwrap(), t);
+        assert_eq!(
+            serde_json::from_str::<CudaTuning>("{}").unwrap(),
+            CudaTuning::default()
+        );
+        assert!(serde_json::from_str::<CudaTuning>(r#"{"stage": true}"#).is_err());
+    }
+}
