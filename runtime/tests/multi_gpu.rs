@@ -137,15 +137,37 @@ fn compare(
     (bit_identical(&a, &b), rel_l2(&a, &b))
 }
 
+/// Both combine orders, and layers whose fetched experts come in several chunks
+/// (`fetch_chunk_bounds`: 3 or more fetched experts), which both engines compute alike.
 fn one_gpu_is_the_single_engine_exactly(spec: &DeviceSpec) {
     let steps = routing_for(&model(), 4);
-    for s in [Strategy::Offload, hybrid(0.5), Strategy::Cpu] {
+    let orders = [CombineOrder::Fixed, CombineOrder::Fast];
+    for (s, combine) in [Strategy::Offload, hybrid(0.5), Strategy::Cpu]
+        .into_iter()
+        .flat_map(|s| orders.map(|o| (s, o)))
+    {
         for gpu in [ActivationPath::F32, ActivationPath::Int8] {
-            let cfg = config(s, 8, 1, gpu);
+            let cfg = EngineConfig {
+                combine,
+                ..config(s, 8, 1, gpu)
+            };
             let d = Device::open(spec).unwrap();
             let mut e = Engine::new(&d, &model(), &cfg, None).unwrap();
             let want =
                 decode(&mut e, &steps[..1], &steps[1..], &options(), &mut |_, _| {}).unwrap();
+            let most_fetched = want
+                .records
+                .iter()
+                .flat_map(|r| &r.layers)
+                .map(|l| l.counts.fetched)
+                .max()
+                .unwrap_or(0);
+            if s == Strategy::Offload {
+                assert!(
+                    most_fetched >= 3,
+                    "a layer in several chunks: {most_fetched}"
+                );
+            }
             for p in [GpuPlacement::Sharded, GpuPlacement::TensorParallel] {
                 let mut m = multi_engine(spec, GpuLayout::new(1, p).unwrap(), &cfg);
                 let got =
@@ -153,7 +175,7 @@ fn one_gpu_is_the_single_engine_exactly(spec: &DeviceSpec) {
                         .unwrap();
                 assert!(
                     bit_identical(&flat(&got.outputs()), &flat(&want.outputs)),
-                    "{s} {gpu:?} {p:?}"
+                    "{s} {gpu:?} {p:?} {combine:?}"
                 );
                 assert_eq!(m.cache(0).unwrap().stats(), e.cache().stats(), "{s} {p:?}");
                 assert_eq!(m.combine_method(), CombineMethod::None);

@@ -61,7 +61,7 @@ use serde::{Deserialize, Serialize};
 use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::dense::{DenseBuffers, DenseRead, DENSE_OUT_BYTES};
-use crate::device::{Device, DeviceBuffer, HostBuffer, Stream};
+use crate::device::{Device, DeviceBuffer, Event, HostBuffer, Stream};
 use crate::error::{Result, RuntimeError};
 use crate::gather::{self, GatherMethod};
 use crate::gpu_experts::{ActPath, ExpertStep};
@@ -265,6 +265,74 @@ pub fn fetch_chunk_bounds(fetched: usize) -> Vec<std::ops::Range<usize>> {
             r
         })
         .collect()
+}
+
+/// A layer's fetched experts in chunks ([`fetch_chunk_bounds`]): the chunked pipeline of
+/// both engines (single- and multi-GPU). Chunk `c`'s gathers are followed by an event on the
+/// copy stream, and its expert step waits for that event only and writes output rows of its
+/// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
+/// gather is one empty chunk (its step zeroes the output rows the CPU's rows go into).
+pub(crate) struct FetchChunks<'a> {
+    work: &'a work::LayerWork,
+    bounds: Vec<std::ops::Range<usize>>,
+}
+
+impl<'a> FetchChunks<'a> {
+    /// The chunks of `work`'s fetched experts.
+    pub fn of(work: &'a work::LayerWork) -> Self {
+        FetchChunks {
+            work,
+            bounds: fetch_chunk_bounds(work.moves.len()),
+        }
+    }
+
+    /// How many chunks (at least 1, at most [`MAX_FETCH_CHUNKS`]).
+    pub fn len(&self) -> usize {
+        self.bounds.len()
+    }
+
+    /// Queue chunk `c`'s gathers on `copy`, then record `landed` after them.
+    pub fn gather(
+        &self,
+        c: usize,
+        copy: &Stream,
+        bank: &HostBank,
+        slots: &SlotPool,
+        method: GatherMethod,
+        landed: &Event,
+    ) -> Result<()> {
+        let moves = &self.work.moves[self.bounds[c].clone()];
+        gather::gather(copy, bank, slots, moves, method)?;
+        copy.record(landed)
+    }
+
+    /// Queue every chunk's expert step on `compute`: chunk `c` reads the slots of `slots`
+    /// and the inputs `act`, writes `outs[c]`, and (where the layer gathers) starts after
+    /// `landed(c)`.
+    pub fn compute<'e>(
+        &self,
+        compute: &Stream,
+        slots: &SlotPool,
+        act: &DeviceBuffer,
+        outs: &[DeviceBuffer],
+        landed: impl Fn(usize) -> &'e Event,
+    ) -> Result<()> {
+        let link = !self.work.moves.is_empty();
+        for (c, r) in self.bounds.iter().enumerate() {
+            if link {
+                compute.wait(landed(c))?;
+            }
+            let part;
+            let step = if self.len() == 1 {
+                &self.work.fetched
+            } else {
+                part = self.work.fetched.part(r.clone());
+                &part
+            };
+            compute.launch_experts(step, slots.buffer(), act, &outs[c])?;
+        }
+        Ok(())
+    }
 }
 
 /// One step's inputs.
@@ -873,17 +941,15 @@ impl Engine {
             // so that the link starts as soon as the router has run: in a hybrid step the
             // host reaches this point only after the previous layer's CPU share, and every
             // call it makes before the first copy is time the link waits.
-            let bounds = fetch_chunk_bounds(work.moves.len());
-            let chunks = bounds.len();
+            let fetch = FetchChunks::of(&work);
+            let chunks = fetch.len();
             let (copy, bank, slots, method) =
                 (&self.copy, &self.bank, &self.slots, self.config.gather);
-            let issue_chunk = |c: usize, r: &std::ops::Range<usize>| -> Result<()> {
-                gather::gather(copy, bank, slots, &work.moves[r.clone()], method)?;
-                copy.record(ev.chunk_gathered(c, chunks))
-            };
+            let issue_chunk =
+                |c: usize| fetch.gather(c, copy, bank, slots, method, ev.chunk_gathered(c, chunks));
             if m.link {
                 self.copy.wait(&ev.router)?;
-                issue_chunk(0, &bounds[0])?;
+                issue_chunk(0)?;
             }
             if rows.order == CombineOrder::Fixed {
                 for (src, dst, n) in replicate_rounds(k) {
@@ -906,8 +972,8 @@ impl Engine {
             }
             // 3b. The remaining chunks' gathers (3a issued the first).
             if m.link {
-                for (c, r) in bounds.iter().enumerate().skip(1) {
-                    issue_chunk(c, r)?;
+                for c in 1..chunks {
+                    issue_chunk(c)?;
                 }
             }
             // 1b. The rest of the dense part, 4. the experts.
@@ -924,24 +990,13 @@ impl Engine {
             ev.record_timing(&self.compute, &ev.hits)?;
             let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
             if need_fetched {
-                for (c, r) in bounds.iter().enumerate() {
-                    if m.link {
-                        self.compute.wait(ev.chunk_gathered(c, chunks))?;
-                    }
-                    let part;
-                    let step = if chunks == 1 {
-                        &work.fetched
-                    } else {
-                        part = work.fetched.part(r.clone());
-                        &part
-                    };
-                    self.compute.launch_experts(
-                        step,
-                        self.slots.buffer(),
-                        &self.act,
-                        &self.y_fetched[c],
-                    )?;
-                }
+                fetch.compute(
+                    &self.compute,
+                    &self.slots,
+                    &self.act,
+                    &self.y_fetched,
+                    |c| ev.chunk_gathered(c, chunks),
+                )?;
             }
             ev.record_timing(&self.compute, &ev.fetched)?;
             m.submit_end = clock.now_us();

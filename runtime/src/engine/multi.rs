@@ -10,7 +10,8 @@
 //!   activations stream, host staging, and (for a CPU share) a [`CpuExecutor`]. Each layer,
 //!   GPU `g` plans with [`plan_layer`] on its own cache and the routes
 //!   [`GpuLayout::routes_on`]`(g, ..)`, then runs the single engine's layer pieces
-//!   ([`build_layer`], [`gather::gather`], the expert steps, [`run_cpu`]) unchanged.
+//!   ([`build_layer`], the chunked gathers and fetched steps of [`FetchChunks`], the hit
+//!   step, [`run_cpu`]) unchanged.
 //! - **Banks.** One pinned host bank of whole experts serves every GPU (the devices are
 //!   opened as one group, [`Device::open_group`], so any of them may copy from it). Under
 //!   [`GpuPlacement::Sharded`] each GPU gathers its own experts from it. Under
@@ -55,7 +56,7 @@ use super::decode::{token_input, DecodeOptions, INPUT_SALT_WARMUP};
 use super::work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 use super::{
     act_path, max_rows, residual_scale, resolve_fetch, run_cpu, slot_counts, split_dense,
-    CombineOrder, CpuSide, EngineConfig, EngineMemory, StepInput,
+    CombineOrder, CpuSide, EngineConfig, EngineMemory, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
 };
 use crate::bank::{slice_geometry, HostBank};
 use crate::cpu_pool::CpuExecutor;
@@ -193,7 +194,9 @@ struct GpuPart {
     act_stream: Stream,
     act: DeviceBuffer,
     y_hits: DeviceBuffer,
-    y_fetched: DeviceBuffer,
+    /// Fetched misses' outputs, one buffer per chunk ([`FetchChunks`]); in fixed order the
+    /// CPU's rows go to the first.
+    y_fetched: Vec<DeviceBuffer>,
     y_cpu: DeviceBuffer,
     x_host: HostBuffer,
     y_host: HostBuffer,
@@ -201,8 +204,10 @@ struct GpuPart {
     exec: Option<CpuExecutor>,
     workers: Range<usize>,
     template: ExpertStep,
-    /// Events of one layer: router done, inputs ready, activations down, gathers done.
-    ev: [Event; 4],
+    /// Events of one layer: router done, inputs ready, activations down.
+    ev: [Event; 3],
+    /// Copy stream, after each chunk of a layer's gathers (its fetched step waits for it).
+    landed: Vec<Event>,
     /// Combine timing events (GPU 0, NCCL), one pair per layer.
     combine_ev: Vec<(Event, Event)>,
 }
@@ -359,8 +364,10 @@ impl MultiEngine {
                 device.new_event(false)?,
                 device.new_event(false)?,
                 device.new_event(false)?,
-                device.new_event(false)?,
             ];
+            let landed = (0..MAX_FETCH_CHUNKS)
+                .map(|_| device.new_event(false))
+                .collect::<Result<Vec<_>>>()?;
             let combine_ev = if i == 0 && config.timeline {
                 (0..g.moe_layers)
                     .map(|_| Ok((device.new_event(true)?, device.new_event(true)?)))
@@ -385,7 +392,9 @@ impl MultiEngine {
                 act_stream: device.new_stream("activations")?,
                 act: device.alloc(rows * row, "expert inputs")?,
                 y_hits: device.alloc(rows * row, "hit experts' outputs")?,
-                y_fetched: device.alloc(rows * row, "fetched experts' outputs")?,
+                y_fetched: (0..MAX_FETCH_CHUNKS)
+                    .map(|_| device.alloc(rows * row, "fetched experts' outputs"))
+                    .collect::<Result<Vec<_>>>()?,
                 y_cpu: device.alloc(config.max_streams * row, "CPU experts' outputs")?,
                 x_host: device.alloc_host(config.max_streams * row, "activations for the CPU")?,
                 y_host: device.alloc_host(rows * row, "CPU experts' output rows")?,
@@ -394,6 +403,7 @@ impl MultiEngine {
                 workers,
                 template,
                 ev,
+                landed,
                 combine_ev,
             });
         }
@@ -581,25 +591,26 @@ impl MultiEngine {
                 works.push(w);
             }
             // 1-4 on every GPU: dense part, expert inputs, activations down, gathers, experts.
-            let mut need_fetched = vec![false; n];
+            let mut fetched_chunks = vec![0; n];
             for (gpu, work) in works.iter().enumerate() {
                 let p = &self.gpus[gpu];
                 let bank = p.slice_bank.as_ref().unwrap_or(&self.bank);
-                let [router, inputs, down, gathered] = &p.ev;
+                let [router, inputs, down] = &p.ev;
                 let reads = p.dense.reads(l, input.contexts)?;
                 let (pre, post) = split_dense(reads, self.dense_post_bytes);
                 if !pre.is_empty() {
                     p.compute.launch_dense(&pre, &p.dense_out)?;
                 }
                 p.compute.record(router)?;
-                // The gathers right after the router, before the input rows and the
-                // activations for the CPU (as the single-GPU engine issues its first chunk):
-                // the link starts as soon as the router has run.
+                // The first chunk's gathers right after the router, before the input rows
+                // and the activations for the CPU, the rest after them (as the single-GPU
+                // engine issues them): the link starts as soon as the router has run.
+                let fetch = FetchChunks::of(work);
                 let link = !work.moves.is_empty();
+                let method = self.config.gather;
                 if link {
                     p.copy.wait(router)?;
-                    gather::gather(&p.copy, bank, &p.slots, &work.moves, self.config.gather)?;
-                    p.copy.record(gathered)?;
+                    fetch.gather(0, &p.copy, bank, &p.slots, method, &p.landed[0])?;
                 }
                 if rows.order == CombineOrder::Fixed {
                     for (src, dst, nb) in replicate_rounds(k) {
@@ -620,22 +631,19 @@ impl MultiEngine {
                         .copy_d2h(&p.act, 0, &p.x_host, 0, block * F32_BYTES)?;
                     p.act_stream.record(down)?;
                 }
+                if link {
+                    for c in 1..fetch.len() {
+                        fetch.gather(c, &p.copy, bank, &p.slots, method, &p.landed[c])?;
+                    }
+                }
                 if !post.is_empty() {
                     p.compute.launch_dense(&post, &p.dense_out)?;
                 }
                 p.compute
                     .launch_experts(&work.hits, p.slots.buffer(), &p.act, &p.y_hits)?;
-                need_fetched[gpu] = link || (cpu && rows.order == CombineOrder::Fixed);
-                if link {
-                    p.compute.wait(gathered)?;
-                }
-                if need_fetched[gpu] {
-                    p.compute.launch_experts(
-                        &work.fetched,
-                        p.slots.buffer(),
-                        &p.act,
-                        &p.y_fetched,
-                    )?;
+                if link || (cpu && rows.order == CombineOrder::Fixed) {
+                    fetch.compute(&p.compute, &p.slots, &p.act, &p.y_fetched, |c| &p.landed[c])?;
+                    fetched_chunks[gpu] = fetch.len();
                 }
             }
             // 5. The CPU shares: every GPU's on its own pool, at the same time.
@@ -643,9 +651,8 @@ impl MultiEngine {
             // 6a. Each GPU's partial rows into y_hits.
             for (gpu, work) in works.iter().enumerate() {
                 let p = &self.gpus[gpu];
-                if need_fetched[gpu] {
-                    p.compute
-                        .add_f32(&p.y_hits, 0, &p.y_fetched, 0, n_rows * h)?;
+                for part in &p.y_fetched[..fetched_chunks[gpu]] {
+                    p.compute.add_f32(&p.y_hits, 0, part, 0, n_rows * h)?;
                 }
                 if !work.cpu.is_empty() && rows.order == CombineOrder::Fast {
                     p.compute.add_f32(&p.y_hits, 0, &p.y_cpu, 0, block)?;
@@ -722,7 +729,7 @@ impl MultiEngine {
             )?;
             let us = clock.now_us() - t;
             let dst = match rows.order {
-                CombineOrder::Fixed => &p.y_fetched,
+                CombineOrder::Fixed => &p.y_fetched[0],
                 CombineOrder::Fast => &p.y_cpu,
             };
             p.compute
