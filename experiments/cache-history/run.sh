@@ -39,12 +39,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../lib/runtime-half.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
-if [[ -z "${FT:-}" ]]; then
-    features=()
-    command -v nvidia-smi > /dev/null && features=(--features cuda)
-    (cd "$HERE/../.." && cargo build --release --quiet "${features[@]}")
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 QUICK="${FT_QUICK:-0}"
 HOST=rtx4090-2x-xeon4310
 MODEL=qwen3.8-flash-next

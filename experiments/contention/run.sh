@@ -33,12 +33,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$HERE/../.."
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw" "$OUT/hosts"
-if [[ -z "${FT:-}" ]]; then
-    features=()
-    command -v nvidia-smi > /dev/null && features=(--features cuda)
-    (cd "$ROOT" && cargo build --release --quiet "${features[@]}")
-    FT="$ROOT/target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 QUICK="${FT_QUICK:-0}"
 GPU_HOST=h200-xeon-emr
 MODEL=qwen3.8-flash-next

@@ -20,10 +20,9 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
-if [[ -z "${FT:-}" ]]; then
-    (cd "$HERE/../.." && cargo build --release --quiet)
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 QUICK="${FT_QUICK:-0}"
 MODEL=qwen3.8-flash-next
 FIELD=rtx4090-2x-xeon4310

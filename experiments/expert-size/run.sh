@@ -40,12 +40,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../lib/runtime-half.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw" "$OUT/models"
-if [[ -z "${FT:-}" ]]; then
-    features=()
-    command -v nvidia-smi > /dev/null && features=(--features cuda)
-    (cd "$HERE/../.." && cargo build --release --quiet "${features[@]}")
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 QUICK="${FT_QUICK:-0}"
 # intermediate:label pairs; expert bytes = 3 * 3072 * I * 9/16 + 2 * (2 I + 3072) in NVFP4.
 if [[ "$QUICK" == 1 ]]; then

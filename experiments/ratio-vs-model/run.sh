@@ -20,10 +20,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 rm -f "$OUT/raw/gpu_slots.csv"
-if [[ -z "${FT:-}" ]]; then
-    (cd "$HERE/../.." && cargo build --release --quiet)
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 QUICK="${FT_QUICK:-0}"
 
 HOSTS=(rtx4090-2x-xeon4310 rtxpro4000-gen3-epyc7302 gh200 h200-xeon-emr)

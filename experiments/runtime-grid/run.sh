@@ -20,12 +20,9 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/json" "$OUT/traces" "$OUT/logs"
-if [[ -z "${FT:-}" ]]; then
-    features=()
-    command -v nvidia-smi > /dev/null && features=(--features cuda)
-    (cd "$HERE/../.." && cargo build --release --quiet "${features[@]}")
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 # FT_DEVICE=host: the host-emulated device, a smoke test of the script anywhere (use a small
 # FT_LAYERS), never a measurement.
 DEVICE="${FT_DEVICE:-cuda}"
