@@ -15,10 +15,9 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
 DIR="$(cd "${1:?usage: reanalyze.sh RESULT_DIR}" && pwd)"
-if [[ -z "${FT:-}" ]]; then
-    (cd "$HERE/../.." && cargo build --release --quiet)
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 # A committed result folder keeps its raw runs in one archive.
 if [[ ! -d "$DIR/runs" && -f "$DIR/runs-predictions-probes.tar.gz" ]]; then
     tar -xzf "$DIR/runs-predictions-probes.tar.gz" -C "$DIR"

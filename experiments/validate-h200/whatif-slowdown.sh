@@ -22,10 +22,9 @@ SRC="${1:?usage: whatif-slowdown.sh RESULT_DIR OUT_DIR THREADS:SLOWDOWN ...}"
 OUT="${2:?usage: whatif-slowdown.sh RESULT_DIR OUT_DIR THREADS:SLOWDOWN ...}"
 shift 2
 (( $# > 0 )) || { echo "whatif-slowdown: give at least one THREADS:SLOWDOWN" >&2; exit 2; }
-if [[ -z "${FT:-}" ]]; then
-    (cd "$HERE/../.." && cargo build --release --quiet)
-    FT="$HERE/../../target/release/ft"
-fi
+# shellcheck source=../lib/ft-binary.sh
+source "$HERE/../lib/ft-binary.sh"
+resolve_ft
 [[ -e "$OUT" ]] && { echo "whatif-slowdown: $OUT exists; give a new folder" >&2; exit 2; }
 cp -r "$SRC" "$OUT"
 FT="$FT" "$HERE/reanalyze.sh" "$OUT" > "$OUT/summary-refit.txt"

@@ -87,6 +87,25 @@ pub(crate) struct Shared {
 /// The first driver version with `cuMemcpyBatchAsync_v2` (CUDA 13.0).
 const COPY_BATCH_DRIVER: i32 = 13000;
 
+/// `tuning` as a driver of `driver_version` runs it, so that what a device reports is what
+/// ran: batched copies need a CUDA 13 driver, and an older one copies one region at a time
+/// (with a warning).
+fn runnable(tuning: CudaTuning, driver_version: i32) -> CudaTuning {
+    if tuning.copies == CopySubmit::Batch && driver_version < COPY_BATCH_DRIVER {
+        tracing::warn!(
+            driver = driver_version,
+            "{} asks for batched copies, which need a CUDA {} driver: one copy each",
+            super::tuning::CUDA_COPY_BATCH_ENV,
+            COPY_BATCH_DRIVER / 1000
+        );
+        return CudaTuning {
+            copies: CopySubmit::Each,
+            ..tuning
+        };
+    }
+    tuning
+}
+
 // SAFETY: CUevent is a driver handle usable from any thread of the process.
 unsafe impl Send for Shared {}
 // SAFETY: as above; the function map is behind a mutex.
@@ -106,8 +125,10 @@ impl Shared {
         *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Take other paths from now on, as far as this driver runs them ([`runnable`]).
     pub(crate) fn set_tuning(&self, tuning: CudaTuning) {
-        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) = tuning;
+        *self.tuning.lock().unwrap_or_else(|p| p.into_inner()) =
+            runnable(tuning, self.driver_version);
     }
 
     fn bind(&self) -> Result<()> {
@@ -227,6 +248,7 @@ impl CudaDevice {
         let driver_version =
             driver_ok.then(|| format!("{}.{}", version / 1000, (version % 1000) / 10));
         let driver_version_num = if driver_ok { version } else { 0 };
+        let tuning = runnable(tuning, driver_version_num);
         // The origin of event timelines.
         ctx.bind_to_thread()
             .map_err(cu("binding the CUDA context"))?;
@@ -875,9 +897,7 @@ impl CudaStreamH {
         self.shared.bind()?;
         if regions.len() > 1 {
             match self.shared.tuning().copies {
-                CopySubmit::Batch if self.copy_batch_supported() => {
-                    return self.copy_h2d_batch(s, d, regions)
-                }
+                CopySubmit::Batch => return self.copy_h2d_batch(s, d, regions),
                 CopySubmit::Split => return self.copy_h2d_split(s, d, regions),
                 _ => {}
             }
@@ -921,24 +941,6 @@ impl CudaStreamH {
             copy_h2d_raw(s, d, r, if i % 2 == 0 { main } else { other })?;
         }
         order_after(sib.join, other, main)
-    }
-
-    /// Whether this driver has batched copies (a warning, once, where they are asked for
-    /// and it is older).
-    fn copy_batch_supported(&self) -> bool {
-        if self.shared.driver_version >= COPY_BATCH_DRIVER {
-            return true;
-        }
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            tracing::warn!(
-                driver = self.shared.driver_version,
-                "{} asks for batched copies, which need a CUDA {} driver: one copy each",
-                super::tuning::CUDA_COPY_BATCH_ENV,
-                COPY_BATCH_DRIVER / 1000
-            )
-        });
-        false
     }
 
     /// Every region in one `cuMemcpyBatchAsync_v2` call: the source read in stream order

@@ -380,7 +380,9 @@ impl Device {
     }
 
     /// Run other CUDA paths from now on (launches and copies queued later), for A/B
-    /// measurements in one process; a device opens with [`CudaTuning::from_env`]. The host
+    /// measurements in one process; a device opens with [`CudaTuning::from_env`]. A path
+    /// the driver lacks is replaced by the one that runs (batched copies before CUDA 13: one
+    /// copy each, with a warning), so [`Device::cuda_tuning`] says what runs. The host
     /// backend has no CUDA paths: an error.
     pub fn set_cuda_tuning(&self, tuning: CudaTuning) -> Result<()> {
         match &self.inner.backend {
