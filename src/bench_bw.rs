@@ -187,7 +187,7 @@ pub fn run(args: Args) -> Result<()> {
         rows.push(measure(&device, &mut cpu, spec, act, stream, &args)?);
     }
     let report = BwReport {
-        device: device.info().clone(),
+        device: device.info(),
         threads,
         simd: cpu.simd().to_string(),
         threshold: args.threshold,

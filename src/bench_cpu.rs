@@ -23,9 +23,6 @@ use ft_model::{ExpertFormat, ModelSpec};
 /// The share of STREAM read the issue asks of nvfp4 int8 at one token, 10 experts, all threads.
 const TARGET_RATIO: f64 = 0.75;
 
-/// Bank and STREAM buffer at least this many times the last-level cache, so reads are cold.
-const LLC_MULTIPLE: u64 = 4;
-
 /// Timed passes over the STREAM buffer per thread count.
 const STREAM_REPEATS: usize = 10;
 
@@ -164,20 +161,6 @@ struct Report {
     results: Vec<Row>,
 }
 
-fn llc_bytes() -> u64 {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
-        .unwrap_or_default();
-    let t = text.trim();
-    let (num, mul) = if let Some(k) = t.strip_suffix('K') {
-        (k, 1024)
-    } else if let Some(m) = t.strip_suffix('M') {
-        (m, 1024 * 1024)
-    } else {
-        (t, 1)
-    };
-    num.parse::<u64>().map(|n| n * mul).unwrap_or(0)
-}
-
 fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -287,7 +270,7 @@ fn plan(a: &Args) -> Result<Plan> {
     let default_bytes = if q {
         64 * mib
     } else {
-        (1024 * mib).max(LLC_MULTIPLE * llc_bytes())
+        ft_kernels::stream::cold_read_bytes(1024 * mib)
     };
     let working_set = a.working_set_mib.map_or(default_bytes, |m| m * mib);
     let stream_bytes = a.stream_mib.map_or(default_bytes, |m| m * mib);
@@ -514,7 +497,7 @@ pub fn run(a: Args) -> Result<()> {
         machine: Machine {
             cpu_model: cpu_model(),
             logical_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            llc_bytes: llc_bytes(),
+            llc_bytes: ft_kernels::stream::llc_bytes(),
             simd: p.simd,
             simd_detected: SimdLevel::detect(),
             wait: p.wait,

@@ -442,7 +442,7 @@ pub fn run(args: Args) -> Result<()> {
         .map(|b| LegacyRatio::from_bench(&b, args.threshold));
     let report = ProbeReport {
         model: model.clone(),
-        device: device.info().clone(),
+        device: device.info(),
         reused,
         reprobe_reasons: if reused { Vec::new() } else { reasons },
         profile_path: path.display().to_string(),

@@ -28,6 +28,13 @@ use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
 use ft_runtime::numerics::{compare_numerics, NumericsReport};
 
+/// Least window of the host bank the same-run STREAM read covers, bytes (four last-level
+/// caches where that is more, `ft_kernels::stream::cold_read_bytes`; a smaller bank is read
+/// whole).
+const CPU_CEILING_BYTES: u64 = 1 << 30;
+/// Repetitions of that read before each round (median).
+const CPU_CEILING_REPS: usize = 3;
+
 /// Share of the available RAM a run may plan to use (the rest is for the OS and the page
 /// cache).
 const RAM_SHARE: f64 = 0.9;
@@ -173,6 +180,103 @@ pub struct PcieBound {
     pub share_of_bound: f64,
 }
 
+/// The CPU share against what the same threads can merely read of the same bytes: a
+/// STREAM-style read (`ft_kernels::stream`) of the host bank with the run's threads, taken
+/// before each round of the process (runs with a CPU share). At one token per expert the CPU
+/// share is memory-bound, so `share_of_stream` says how close it came; the readings' spread
+/// says how much the machine itself moved during the run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CpuBound {
+    /// Threads that read (the run's computing threads).
+    pub threads: usize,
+    /// Bytes of the bank read per repetition.
+    pub bytes: u64,
+    /// The median of the readings, GB/s.
+    pub stream_read_gbs: f64,
+    /// Each round's reading (the median of its repetitions), in run order, GB/s.
+    pub stream_read_rounds_gbs: Vec<f64>,
+    /// Expert bytes the CPU computed per step (each CPU expert's weights read once).
+    pub cpu_bytes_per_step: f64,
+    /// Those bytes over the CPU pool's busy time per step, GB/s.
+    pub cpu_gbs_while_busy: f64,
+    /// `cpu_gbs_while_busy / stream_read_gbs`.
+    pub share_of_stream: f64,
+}
+
+impl CpuBound {
+    /// The bound of a run whose summary is `s`, from the readings of its process.
+    fn of(
+        s: &RunSummary,
+        layers: usize,
+        expert_bytes: u64,
+        threads: usize,
+        ceiling: &BankReads,
+    ) -> Option<Self> {
+        if s.cpu_per_layer <= 0.0 || ceiling.gbs.is_empty() {
+            return None;
+        }
+        let stream = ft_kernels::stream::median(&ceiling.gbs);
+        let bytes = s.cpu_per_layer * layers as f64 * expert_bytes as f64;
+        let busy = if s.cpu_busy_us > 0.0 {
+            bytes / (s.cpu_busy_us * 1e3)
+        } else {
+            0.0
+        };
+        Some(CpuBound {
+            threads,
+            bytes: ceiling.bytes,
+            stream_read_gbs: stream,
+            stream_read_rounds_gbs: ceiling.gbs.clone(),
+            cpu_bytes_per_step: bytes,
+            cpu_gbs_while_busy: busy,
+            share_of_stream: if stream > 0.0 { busy / stream } else { 0.0 },
+        })
+    }
+}
+
+/// The readings behind a [`CpuBound`]: one STREAM read of a window of the bank per round.
+struct BankReads {
+    pool: rayon::ThreadPool,
+    bytes: u64,
+    gbs: Vec<f64>,
+}
+
+impl BankReads {
+    fn new(threads: usize) -> Result<Self> {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("ft-stream-{i}"))
+            .build()
+            .context("starting the STREAM read's threads")?;
+        Ok(BankReads {
+            pool,
+            bytes: 0,
+            gbs: Vec::new(),
+        })
+    }
+
+    /// Read a window of `bank` (a different one each round where the bank is larger).
+    fn read(&mut self, bank: &[u8], round: usize) {
+        let window = ft_kernels::stream::cold_read_bytes(CPU_CEILING_BYTES);
+        let n = bank
+            .len()
+            .min(usize::try_from(window).unwrap_or(usize::MAX));
+        if n == 0 {
+            return;
+        }
+        let span = bank.len() - n;
+        let start = if span == 0 {
+            0
+        } else {
+            ((round * n) % span) & !4095
+        };
+        let r =
+            ft_kernels::stream::stream_read(&self.pool, &bank[start..start + n], CPU_CEILING_REPS);
+        self.bytes = n as u64;
+        self.gbs.push(r.median_gbs());
+    }
+}
+
 /// Everything `ft run` reports (the `--json` document).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunReport {
@@ -228,6 +332,8 @@ pub struct RunReport {
     pub summary: RunSummary,
     /// The link bound (runs that gather).
     pub pcie: Option<PcieBound>,
+    /// The CPU share against a same-run STREAM read (runs with a CPU share).
+    pub cpu: Option<CpuBound>,
     /// Numerics (with --compare-numerics).
     pub numerics: Option<NumericsReport>,
     /// Notes (fewer layers, defaults taken).
@@ -732,8 +838,20 @@ pub fn run(args: Args) -> Result<()> {
     let mut runs: Vec<Vec<ft_runtime::engine::Decoded>> =
         (0..n).map(|_| Vec::with_capacity(args.repeat)).collect();
     let mut steal = vec![ft_runtime::instrument::StealMeter::default(); n];
+    // The CPU's same-run ceiling, read before each round (runs with a CPU share).
+    let with_cpu = variants
+        .iter()
+        .any(|v| v.fetch < 1.0 && v.strategy.kind() != StrategyKind::Resident);
+    let mut bank_reads = if with_cpu {
+        Some(BankReads::new(threads)?)
+    } else {
+        None
+    };
     let mut done_runs = 0u64;
     for rep in 0..args.repeat {
+        if let Some(b) = bank_reads.as_mut() {
+            b.read(engine.bank().buffer().as_slice(), rep);
+        }
         for k in 0..n {
             let i = (rep + k) % n;
             let v = &variants[i];
@@ -807,6 +925,9 @@ pub fn run(args: Args) -> Result<()> {
                 },
             }
         });
+        let cpu = bank_reads
+            .as_ref()
+            .and_then(|b| CpuBound::of(&summary, g.moe_layers, model.expert_bytes(), threads, b));
         let mut notes = notes.clone();
         if n > 1 {
             let others: Vec<&str> = variants
@@ -839,7 +960,7 @@ pub fn run(args: Args) -> Result<()> {
             strategy: v.strategy.to_string(),
             fetch_fraction: v.fetch,
             fetch_source: v.fetch_source.clone(),
-            device: device.info().clone(),
+            device: device.info(),
             threads,
             pool_wait: pool_wait.name().into(),
             gpu_act: cfg.gpu_path.name().into(),
@@ -856,6 +977,7 @@ pub fn run(args: Args) -> Result<()> {
             memory,
             summary,
             pcie,
+            cpu,
             numerics,
             notes,
             step_records: decoded.records,
@@ -1007,6 +1129,23 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
             p.linear_h2d_gbs,
             p.bound_step_us,
             100.0 * p.share_of_bound
+        )?;
+    }
+    if let Some(c) = &r.cpu {
+        let rounds: Vec<String> = c
+            .stream_read_rounds_gbs
+            .iter()
+            .map(|g| format!("{g:.1}"))
+            .collect();
+        writeln!(
+            out,
+            "  {:<width$}  {:.1} GB/s while busy; STREAM read of the bank {:.1} GB/s ({} threads; rounds {}); at {:.0}% of it",
+            "CPU share",
+            c.cpu_gbs_while_busy,
+            c.stream_read_gbs,
+            c.threads,
+            rounds.join(", "),
+            100.0 * c.share_of_stream
         )?;
     }
     if let Some(n) = &r.numerics {
@@ -1180,7 +1319,7 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
         .enumerate()
         .map(|(i, c)| GpuReport {
             gpu: i,
-            device: devices[i].info().clone(),
+            device: devices[i].info(),
             cpu_workers: (workers[i].start, workers[i].end),
             miss_rate: c.miss_rate(),
             expert_bytes: engine.expert_bytes_per_gpu() as u64,

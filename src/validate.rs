@@ -556,6 +556,11 @@ pub struct GridRow {
     /// report's `host_steal_fraction`; empty where the report has none).
     #[serde(default)]
     pub host_steal: Option<f64>,
+    /// The same-run STREAM read of the host bank with the run's threads, GB/s (the run
+    /// report's `cpu.stream_read_gbs`: the machine's CPU ceiling while it ran; empty for
+    /// offload and for reports before it existed).
+    #[serde(default)]
+    pub stream_read_gbs: Option<f64>,
 }
 
 fn num(v: &serde_json::Value, path: &str) -> Option<f64> {
@@ -672,6 +677,7 @@ pub fn collect(dir: &Path) -> Result<(Vec<GridRow>, Vec<String>)> {
                 threshold: legacy::DEFAULT_THRESHOLD,
                 simulated_tok_s: None,
                 host_steal: num(&run, "host_steal_fraction"),
+                stream_read_gbs: num(&run, "cpu.stream_read_gbs"),
             });
         }
     }
@@ -916,6 +922,10 @@ pub struct Summary {
     pub errors_without_steal: Option<ErrorStats>,
     /// The configurations left out of `errors_without_steal`.
     pub stolen_configs: Vec<String>,
+    /// The machine's CPU ceiling over the grid's runs: the same-run STREAM reads of the rows
+    /// that recorded one, GB/s (absent where none did). Its spread is how far the machine
+    /// itself moved while the grid ran.
+    pub stream_read_gbs: Option<Spread>,
     /// The simulator's errors against the runtime over every simulated row (absent before
     /// `ft validate simulate`), and per strategy.
     pub sim_errors: Option<ErrorStats>,
@@ -933,6 +943,35 @@ pub struct Summary {
     pub targets_met: bool,
     /// The targets missed, in words.
     pub missed: Vec<String>,
+}
+
+/// The spread of a set of measurements.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// How many.
+    pub n: usize,
+    /// Their median.
+    pub median: f64,
+    /// The least.
+    pub min: f64,
+    /// The greatest.
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `v`; `None` when empty.
+    pub fn of(v: &[f64]) -> Option<Self> {
+        use statrs::statistics::{Data, OrderStatistics, Statistics};
+        if v.is_empty() {
+            return None;
+        }
+        Some(Spread {
+            n: v.len(),
+            median: Data::new(v.to_vec()).median(),
+            min: v.min(),
+            max: v.max(),
+        })
+    }
 }
 
 /// The row a choice names: `offload`, `cpu`, or for hybrid the fraction it would run at
@@ -1127,7 +1166,9 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
     } else {
         None
     };
+    let readings: Vec<f64> = rows.iter().filter_map(|r| r.stream_read_gbs).collect();
     Ok(Summary {
+        stream_read_gbs: Spread::of(&readings),
         rows: rows.len(),
         configs: outcomes.len(),
         errors,
@@ -1193,6 +1234,13 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
                 100.0 * STEAL_NOTABLE_FRACTION
             )?;
         }
+    }
+    if let Some(r) = &s.stream_read_gbs {
+        writeln!(
+            o,
+            "CPU ceiling during the runs (same-run STREAM read of the bank, {} runs): median {:.1} GB/s, {:.1} to {:.1}",
+            r.n, r.median, r.min, r.max
+        )?;
     }
     if let Some(e) = &s.sim_errors {
         writeln!(o)?;
@@ -1364,6 +1412,7 @@ mod tests {
             threshold: 2.0,
             simulated_tok_s: None,
             host_steal: None,
+            stream_read_gbs: None,
         };
         let mut rows = vec![
             row("offload", 1.0, t),

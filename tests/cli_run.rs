@@ -191,6 +191,33 @@ fn the_human_table_names_the_strategy_and_layers() {
     );
     assert!(text.contains("decode tok/s per stream"), "{text}");
     assert!(text.contains("link idle per layer"), "{text}");
+    assert!(
+        !text.contains("CPU share"),
+        "offload has no CPU share: {text}"
+    );
+    let cpu = ft(&[
+        "run",
+        "--device",
+        "host",
+        "--model",
+        &model,
+        "--strategy",
+        "cpu",
+        "--streams",
+        "1",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--context",
+        "8",
+    ]);
+    assert_ok(&cpu);
+    let text = String::from_utf8(cpu.stdout).unwrap();
+    assert!(
+        text.contains("CPU share") && text.contains("STREAM read of the bank"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -369,6 +396,30 @@ fn interleaved_variants_report_what_plain_runs_of_them_report() {
             file["notes"].to_string().contains("--interleave"),
             "{label}: says how it ran"
         );
+        // The CPU's same-run ceiling: one STREAM read of the bank per round, shared by every
+        // variant of the process, and the CPU share against it where there is one.
+        let cpu = &file["cpu"];
+        if label == "offload" {
+            assert!(cpu.is_null(), "offload computes nothing on the CPU: {cpu}");
+        } else {
+            let rounds = cpu["stream_read_rounds_gbs"].as_array().expect("rounds");
+            assert_eq!(rounds.len(), 2, "{label}: one reading per round");
+            assert!(rounds.iter().all(|g| g.as_f64().unwrap() > 0.0), "{cpu}");
+            let (busy, stream, share) = (
+                cpu["cpu_gbs_while_busy"].as_f64().unwrap(),
+                cpu["stream_read_gbs"].as_f64().unwrap(),
+                cpu["share_of_stream"].as_f64().unwrap(),
+            );
+            assert!(busy > 0.0 && stream > 0.0, "{label}: {cpu}");
+            assert!((share - busy / stream).abs() < 1e-9, "{label}: {cpu}");
+            let per_step = file["summary"]["cpu_per_layer"].as_f64().unwrap()
+                * file["layers"].as_f64().unwrap()
+                * file["expert_bytes"].as_f64().unwrap();
+            assert!(
+                (cpu["cpu_bytes_per_step"].as_f64().unwrap() - per_step).abs() < 1e-6 * per_step,
+                "{label}: {cpu}"
+            );
+        }
         let mut plain = common.to_vec();
         plain.extend(["--strategy", strategy]);
         if let Some(f) = fetch {

@@ -260,6 +260,57 @@ fn configurations_with_host_steal_are_reported_apart() {
     assert!(s["errors_without_steal"].is_null());
 }
 
+/// The runs' same-run STREAM reads (the machine's CPU ceiling while each ran) are summarised
+/// over the rows that have one: how many, the median (by sorting here), the extremes.
+#[test]
+fn the_cpu_ceiling_of_the_runs_is_summarised() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = grid(8, |i| ((i * 5) % 9) as f64 * 0.01);
+    let reading =
+        |i: usize, r: &Row| (r.strategy != "offload").then(|| 80.0 + ((i * 13) % 11) as f64);
+    let mut text = csv(&rows).replacen(HEADER, &format!("{HEADER},stream_read_gbs"), 1);
+    let lines: Vec<String> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| match i {
+            0 => l.to_string(),
+            _ => format!(
+                "{l},{}",
+                reading(i, &rows[i - 1]).map_or(String::new(), |g| g.to_string())
+            ),
+        })
+        .collect();
+    text = lines.join("\n") + "\n";
+    let path = dir.path().join("grid.csv");
+    std::fs::write(&path, text).unwrap();
+    let mut want: Vec<f64> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| reading(i + 1, r))
+        .collect();
+    want.sort_by(f64::total_cmp);
+    let n = want.len();
+    let median = if n % 2 == 1 {
+        want[n / 2]
+    } else {
+        0.5 * (want[n / 2 - 1] + want[n / 2])
+    };
+    let out = analyze(&path, &["--json"]);
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &s["stream_read_gbs"];
+    assert_eq!(c["n"], n, "{c}");
+    assert!((c["median"].as_f64().unwrap() - median).abs() < 1e-9, "{c}");
+    assert_eq!(c["min"].as_f64(), Some(want[0]));
+    assert_eq!(c["max"].as_f64(), Some(want[n - 1]));
+    let table = String::from_utf8_lossy(&analyze(&path, &[]).stdout).to_string();
+    assert!(table.contains("CPU ceiling during the runs"), "{table}");
+    let plain = dir.path().join("plain.csv");
+    std::fs::write(&plain, csv(&rows)).unwrap();
+    let s: serde_json::Value =
+        serde_json::from_slice(&analyze(&plain, &["--json"]).stdout).unwrap();
+    assert!(s["stream_read_gbs"].is_null());
+}
+
 #[test]
 fn missed_targets_fail_the_check_and_bad_files_are_named() {
     let dir = tempfile::tempdir().unwrap();

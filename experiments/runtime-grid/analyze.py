@@ -73,6 +73,7 @@ def row_of(doc):
     busy = {"gpu": s["gpu_busy_us"], "pcie": s["pcie_busy_us"], "cpu": s["cpu_busy_us"]}
     bound_by = max(busy, key=busy.get)
     pcie = doc.get("pcie") or {}
+    cpu = doc.get("cpu") or {}
     total_experts = layers * 512
     pl = per_layer(doc)
     return {
@@ -105,6 +106,9 @@ def row_of(doc):
         "linear_h2d_gbs": pcie.get("linear_h2d_gbs", ""),
         "pcie_bound_step_us": pcie.get("bound_step_us", ""),
         "share_of_pcie_bound": pcie.get("share_of_bound", ""),
+        "stream_read_gbs": cpu.get("stream_read_gbs", ""),
+        "cpu_gbs_while_busy": cpu.get("cpu_gbs_while_busy", ""),
+        "cpu_share_of_stream": cpu.get("share_of_stream", ""),
         "bound_by": bound_by,
         **rounds_columns(doc),
         **link_idle_columns(s),

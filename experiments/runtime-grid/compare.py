@@ -10,7 +10,9 @@ not by name, so grids of older layouts compare too. Per point: total tok/s of bo
 their ratio NEW / BASE; offload's and hybrid's share of their PCIe bound; the idle link per
 layer where both measured it. A ratio counts as a change only beyond the noise the two runs
 measured themselves: the larger of the two points' round spreads ((max - min) / median of
-their interleaved rounds), or NOISE_FLOOR where neither has rounds. The summary gives each
+their interleaved rounds), or NOISE_FLOOR where neither has rounds. Where both runs read
+the same-run STREAM ceiling of the CPU share, both readings are shown: a change of the
+machine itself between the runs. The summary gives each
 strategy's geometric mean ratio and its changes, and the paths each run took (env.txt's
 switches line, and `device.cuda_tuning` of the reports where json/ is there).
 """
@@ -117,6 +119,8 @@ def compare(base, new):
             "new_share_of_pcie_bound": num(b.get("share_of_pcie_bound")),
             "base_link_idle_layer_us": num(a.get("link_idle_layer_us")),
             "new_link_idle_layer_us": num(b.get("link_idle_layer_us")),
+            "base_stream_read_gbs": num(a.get("stream_read_gbs")),
+            "new_stream_read_gbs": num(b.get("stream_read_gbs")),
         })
     return rows
 
@@ -154,7 +158,8 @@ def print_table(base_dir, new_dir, rows, summary):
     print(f"base: {base_dir} ({paths_of(base_dir)})")
     print(f"new:  {new_dir} ({paths_of(new_dir)})")
     print(f"{'strategy':>14} {'B':>2} {'cache':>5} {'base tok/s':>11} {'new tok/s':>10} "
-          f"{'new/base':>8} {'noise':>6} {'verdict':>7} {'PCIe bound':>15} {'idle us/layer':>13}")
+          f"{'new/base':>8} {'noise':>6} {'verdict':>7} {'PCIe bound':>15} {'idle us/layer':>13} "
+          f"{'STREAM GB/s':>13}")
     for r in rows:
         name, streams, cache = label(r["key"])
         if "missing" in r:
@@ -166,11 +171,14 @@ def print_table(base_dir, new_dir, rows, summary):
         idle = ""
         if r["base_link_idle_layer_us"] is not None and r["new_link_idle_layer_us"] is not None:
             idle = f"{us(r['base_link_idle_layer_us'])}->{us(r['new_link_idle_layer_us'])}"
+        stream = ""
+        if r["base_stream_read_gbs"] is not None and r["new_stream_read_gbs"] is not None:
+            stream = f"{r['base_stream_read_gbs']:.0f}->{r['new_stream_read_gbs']:.0f}"
         ratio = "" if r["ratio"] is None else f"{r['ratio']:.3f}"
         base_t = "" if r["base_tok_s"] is None else f"{r['base_tok_s']:.1f}"
         new_t = "" if r["new_tok_s"] is None else f"{r['new_tok_s']:.1f}"
         print(f"{name:>14} {streams:>2} {cache:>5} {base_t:>11} {new_t:>10} {ratio:>8} "
-              f"{pct(r['noise']):>6} {r['verdict']:>7} {share:>15} {idle:>13}")
+              f"{pct(r['noise']):>6} {r['verdict']:>7} {share:>15} {idle:>13} {stream:>13}")
     print()
     for strategy, s in summary.items():
         print(f"{strategy}: {s['points']} point(s), geometric mean new/base {s['geomean_ratio']:.3f}, "

@@ -23,6 +23,36 @@ use crate::simd::SimdLevel;
 /// Concurrent sequential streams each thread reads (see the module docs).
 pub const STREAMS_PER_THREAD: usize = 4;
 
+/// A buffer read for bandwidth is at least this many times the last-level cache, so that
+/// its reads are cold.
+pub const LLC_MULTIPLE: u64 = 4;
+
+/// Bytes of this machine's last-level cache (Linux sysfs, CPU 0's level-3 cache), 0 where
+/// unknown.
+pub fn llc_bytes() -> u64 {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cache/index3/size")
+        .unwrap_or_default();
+    parse_cache_size(text.trim())
+}
+
+/// A sysfs cache size (`"32768K"`, `"480M"`, `"1024"`) in bytes; 0 where malformed.
+fn parse_cache_size(t: &str) -> u64 {
+    let (num, mul) = if let Some(k) = t.strip_suffix('K') {
+        (k, 1 << 10)
+    } else if let Some(m) = t.strip_suffix('M') {
+        (m, 1 << 20)
+    } else {
+        (t, 1)
+    };
+    num.parse::<u64>().map(|n| n * mul).unwrap_or(0)
+}
+
+/// Bytes of a buffer whose read measures memory, not cache: `at_least`, or
+/// [`LLC_MULTIPLE`] times the last-level cache where that is more.
+pub fn cold_read_bytes(at_least: u64) -> u64 {
+    at_least.max(LLC_MULTIPLE * llc_bytes())
+}
+
 /// Alignment of each thread's share of the buffer (bytes): one cache line.
 const SHARE_ALIGN: usize = 64;
 
@@ -221,6 +251,17 @@ unsafe fn sum_256(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_sizes_parse_and_cold_reads_cover_the_cache() {
+        assert_eq!(parse_cache_size("32768K"), 32 << 20);
+        assert_eq!(parse_cache_size("480M"), 480 << 20);
+        assert_eq!(parse_cache_size("1024"), 1024);
+        assert_eq!(parse_cache_size(""), 0);
+        assert_eq!(parse_cache_size("big"), 0);
+        let n = cold_read_bytes(1 << 30);
+        assert!(n >= 1 << 30 && n >= LLC_MULTIPLE * llc_bytes());
+    }
 
     #[test]
     fn sums_agree_across_levels_and_bandwidth_is_positive() {

@@ -429,7 +429,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let report = Report {
-        device: d.info().clone(),
+        device: d.info(),
         model: spec.name.clone(),
         expert_bytes: eb,
         copy_rw_gbs,
