@@ -28,10 +28,6 @@ use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
 use ft_runtime::numerics::{compare_numerics, NumericsReport};
 
-/// Least window of the host bank the same-run STREAM read covers, bytes (four last-level
-/// caches where that is more, `ft_kernels::stream::cold_read_bytes`; a smaller bank is read
-/// whole).
-const CPU_CEILING_BYTES: u64 = 1 << 30;
 /// Repetitions of that read before each round (median).
 const CPU_CEILING_REPS: usize = 3;
 
@@ -234,19 +230,17 @@ impl CpuBound {
     }
 }
 
-/// The readings behind a [`CpuBound`]: one STREAM read of a window of the bank per round.
+/// The readings behind a [`CpuBound`]: one STREAM read of a window of the bank per round
+/// (`ft_kernels::stream::read_window`, the reading `ft probe` takes too).
 struct BankReads {
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     bytes: u64,
     gbs: Vec<f64>,
 }
 
 impl BankReads {
     fn new(threads: usize) -> Result<Self> {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
-            .thread_name(|i| format!("ft-stream-{i}"))
-            .build()
+        let pool = ft_kernels::step::build_pool(threads.max(1))
             .context("starting the STREAM read's threads")?;
         Ok(BankReads {
             pool,
@@ -257,22 +251,17 @@ impl BankReads {
 
     /// Read a window of `bank` (a different one each round where the bank is larger).
     fn read(&mut self, bank: &[u8], round: usize) {
-        let window = ft_kernels::stream::cold_read_bytes(CPU_CEILING_BYTES);
-        let n = bank
-            .len()
-            .min(usize::try_from(window).unwrap_or(usize::MAX));
-        if n == 0 {
+        if bank.is_empty() {
             return;
         }
-        let span = bank.len() - n;
-        let start = if span == 0 {
-            0
-        } else {
-            ((round * n) % span) & !4095
-        };
-        let r =
-            ft_kernels::stream::stream_read(&self.pool, &bank[start..start + n], CPU_CEILING_REPS);
-        self.bytes = n as u64;
+        let r = ft_kernels::stream::read_window(
+            &self.pool,
+            bank,
+            ft_kernels::stream::CEILING_READ_BYTES,
+            round,
+            CPU_CEILING_REPS,
+        );
+        self.bytes = r.bytes;
         self.gbs.push(r.median_gbs());
     }
 }

@@ -561,6 +561,12 @@ pub struct GridRow {
     /// offload and for reports before it existed).
     #[serde(default)]
     pub stream_read_gbs: Option<f64>,
+    /// The same reading taken by the geometry's probe (`probes/<geometry>.json`'s
+    /// `outcome.stream_read_gbs`), where the row ran at the probe's thread count (empty
+    /// otherwise): `stream_read_gbs` over it is how far the machine's CPU ceiling moved
+    /// between the probe the prediction rests on and the run.
+    #[serde(default)]
+    pub probe_stream_read_gbs: Option<f64>,
 }
 
 fn num(v: &serde_json::Value, path: &str) -> Option<f64> {
@@ -580,7 +586,16 @@ pub fn collect(dir: &Path) -> Result<(Vec<GridRow>, Vec<String>)> {
     let mut rows = Vec::new();
     let mut missing = Vec::new();
     let mut profiles: BTreeMap<String, Option<Profile>> = BTreeMap::new();
+    // Each geometry's probe ceiling and the threads it read with.
+    let mut probe_ceilings: BTreeMap<String, Option<(f64, usize)>> = BTreeMap::new();
     for p in &plan {
+        let probe_ceiling = *probe_ceilings.entry(p.geometry.clone()).or_insert_with(|| {
+            let probe = read_json(&dir.join(format!("probes/{}.json", p.geometry)))?;
+            Some((
+                num(&probe, "outcome.stream_read_gbs")?,
+                num(&probe, "outcome.threads")? as usize,
+            ))
+        });
         let prof = profiles.entry(p.geometry.clone()).or_insert_with(|| {
             Profile::read(&dir.join(format!("profiles/{}.json", p.geometry))).ok()
         });
@@ -678,6 +693,9 @@ pub fn collect(dir: &Path) -> Result<(Vec<GridRow>, Vec<String>)> {
                 simulated_tok_s: None,
                 host_steal: num(&run, "host_steal_fraction"),
                 stream_read_gbs: num(&run, "cpu.stream_read_gbs"),
+                probe_stream_read_gbs: probe_ceiling
+                    .filter(|&(_, threads)| threads == p.threads)
+                    .map(|(gbs, _)| gbs),
             });
         }
     }
@@ -926,6 +944,11 @@ pub struct Summary {
     /// that recorded one, GB/s (absent where none did). Its spread is how far the machine
     /// itself moved while the grid ran.
     pub stream_read_gbs: Option<Spread>,
+    /// Over the rows that recorded both readings: each run's ceiling over its probe's
+    /// (`stream_read_gbs / probe_stream_read_gbs`), and the correlation of the rows'
+    /// signed prediction errors with it (a model that is right up to the machine's drift
+    /// errs high where the ratio is low).
+    pub ceiling_drift: Option<CeilingDrift>,
     /// The simulator's errors against the runtime over every simulated row (absent before
     /// `ft validate simulate`), and per strategy.
     pub sim_errors: Option<ErrorStats>,
@@ -970,6 +993,44 @@ impl Spread {
             median: Data::new(v.to_vec()).median(),
             min: v.min(),
             max: v.max(),
+        })
+    }
+}
+
+/// How the CPU ceiling moved between the probes and the runs (see [`Summary::ceiling_drift`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CeilingDrift {
+    /// Run ceiling over probe ceiling, per row.
+    pub ratio: Spread,
+    /// Pearson correlation of the signed error (predicted over measured, minus 1) with the
+    /// ratio; absent below 3 rows or without spread.
+    pub error_correlation: Option<f64>,
+}
+
+impl CeilingDrift {
+    fn of(rows: &[GridRow]) -> Option<Self> {
+        use statrs::statistics::Statistics;
+        let pairs: Vec<(f64, f64)> = rows
+            .iter()
+            .filter_map(|r| {
+                let (run, probe) = (r.stream_read_gbs?, r.probe_stream_read_gbs?);
+                (probe > 0.0 && r.measured_tok_s > 0.0)
+                    .then(|| (run / probe, r.predicted_tok_s / r.measured_tok_s - 1.0))
+            })
+            .collect();
+        let ratios: Vec<f64> = pairs.iter().map(|p| p.0).collect();
+        let errors: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+        let ratio = Spread::of(&ratios)?;
+        let error_correlation = (pairs.len() >= 3)
+            .then(|| {
+                let c = ratios.iter().covariance(errors.iter());
+                let d = ratios.iter().std_dev() * errors.iter().std_dev();
+                (d > 0.0).then(|| c / d)
+            })
+            .flatten();
+        Some(CeilingDrift {
+            ratio,
+            error_correlation,
         })
     }
 }
@@ -1169,6 +1230,7 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
     let readings: Vec<f64> = rows.iter().filter_map(|r| r.stream_read_gbs).collect();
     Ok(Summary {
         stream_read_gbs: Spread::of(&readings),
+        ceiling_drift: CeilingDrift::of(rows),
         rows: rows.len(),
         configs: outcomes.len(),
         errors,
@@ -1240,6 +1302,18 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
             o,
             "CPU ceiling during the runs (same-run STREAM read of the bank, {} runs): median {:.1} GB/s, {:.1} to {:.1}",
             r.n, r.median, r.min, r.max
+        )?;
+    }
+    if let Some(d) = &s.ceiling_drift {
+        writeln!(
+            o,
+            "  against the probes' (rows at the probe's threads, {}): run over probe median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
+            d.ratio.n,
+            d.ratio.median,
+            d.ratio.min,
+            d.ratio.max,
+            d.error_correlation
+                .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
         )?;
     }
     if let Some(e) = &s.sim_errors {
@@ -1413,6 +1487,7 @@ mod tests {
             simulated_tok_s: None,
             host_steal: None,
             stream_read_gbs: None,
+            probe_stream_read_gbs: None,
         };
         let mut rows = vec![
             row("offload", 1.0, t),

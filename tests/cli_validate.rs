@@ -268,15 +268,23 @@ fn the_cpu_ceiling_of_the_runs_is_summarised() {
     let rows = grid(8, |i| ((i * 5) % 9) as f64 * 0.01);
     let reading =
         |i: usize, r: &Row| (r.strategy != "offload").then(|| 80.0 + ((i * 13) % 11) as f64);
-    let mut text = csv(&rows).replacen(HEADER, &format!("{HEADER},stream_read_gbs"), 1);
+    // The probe read 85 GB/s at its threads (15); 4-thread rows have no probe reading.
+    let probe = |r: &Row| (threads_of(r.config) != 4).then_some(85.0);
+    let mut text = csv(&rows).replacen(
+        HEADER,
+        &format!("{HEADER},stream_read_gbs,probe_stream_read_gbs"),
+        1,
+    );
+    let cell = |v: Option<f64>| v.map_or(String::new(), |g| g.to_string());
     let lines: Vec<String> = text
         .lines()
         .enumerate()
         .map(|(i, l)| match i {
             0 => l.to_string(),
             _ => format!(
-                "{l},{}",
-                reading(i, &rows[i - 1]).map_or(String::new(), |g| g.to_string())
+                "{l},{},{}",
+                cell(reading(i, &rows[i - 1])),
+                cell(probe(&rows[i - 1]))
             ),
         })
         .collect();
@@ -302,13 +310,42 @@ fn the_cpu_ceiling_of_the_runs_is_summarised() {
     assert!((c["median"].as_f64().unwrap() - median).abs() < 1e-9, "{c}");
     assert_eq!(c["min"].as_f64(), Some(want[0]));
     assert_eq!(c["max"].as_f64(), Some(want[n - 1]));
+    // The drift: run over probe per row with both, and its Pearson correlation with the
+    // signed error, computed here the slow way.
+    let pairs: Vec<(f64, f64)> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let ratio = reading(i + 1, r)? / probe(r)?;
+            Some((ratio, r.predicted / r.measured - 1.0))
+        })
+        .collect();
+    let m = pairs.len() as f64;
+    let (mx, my) = (
+        pairs.iter().map(|p| p.0).sum::<f64>() / m,
+        pairs.iter().map(|p| p.1).sum::<f64>() / m,
+    );
+    let sxy: f64 = pairs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    let sxx: f64 = pairs.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    let syy: f64 = pairs.iter().map(|p| (p.1 - my).powi(2)).sum();
+    let pearson = sxy / (sxx * syy).sqrt();
+    let d = &s["ceiling_drift"];
+    assert_eq!(d["ratio"]["n"], pairs.len(), "{d}");
+    assert!(
+        (d["error_correlation"].as_f64().unwrap() - pearson).abs() < 1e-9,
+        "{d} against {pearson}"
+    );
+    let lowest = pairs.iter().map(|p| p.0).fold(f64::INFINITY, f64::min);
+    assert!((d["ratio"]["min"].as_f64().unwrap() - lowest).abs() < 1e-12);
     let table = String::from_utf8_lossy(&analyze(&path, &[]).stdout).to_string();
     assert!(table.contains("CPU ceiling during the runs"), "{table}");
+    assert!(table.contains("against the probes'"), "{table}");
     let plain = dir.path().join("plain.csv");
     std::fs::write(&plain, csv(&rows)).unwrap();
     let s: serde_json::Value =
         serde_json::from_slice(&analyze(&plain, &["--json"]).stdout).unwrap();
     assert!(s["stream_read_gbs"].is_null());
+    assert!(s["ceiling_drift"].is_null());
 }
 
 #[test]

@@ -53,6 +53,35 @@ pub fn cold_read_bytes(at_least: u64) -> u64 {
     at_least.max(LLC_MULTIPLE * llc_bytes())
 }
 
+/// The least window [`read_window`] reads: a ceiling read (the probe's and each `ft run`
+/// round's) covers this many bytes, or [`cold_read_bytes`] of it where the cache is larger.
+pub const CEILING_READ_BYTES: u64 = 512 << 20;
+
+/// A STREAM read of a window of `buf` (for example the host bank the CPU kernels read) with
+/// the threads of `pool`, `repeats` times: the window is [`cold_read_bytes`]`(at_least)`
+/// long (all of `buf` where it is shorter), page-aligned, and starts at a different place
+/// for each `round` where `buf` is longer, so that consecutive rounds read cold bytes. One
+/// definition for every ceiling taken of a buffer, so that readings of different runs
+/// compare.
+pub fn read_window(
+    pool: &ThreadPool,
+    buf: &[u8],
+    at_least: u64,
+    round: usize,
+    repeats: usize,
+) -> StreamRead {
+    let n = buf
+        .len()
+        .min(usize::try_from(cold_read_bytes(at_least)).unwrap_or(usize::MAX));
+    let span = buf.len() - n;
+    let start = if span == 0 {
+        0
+    } else {
+        (round.wrapping_mul(n) % span) & !4095
+    };
+    stream_read(pool, &buf[start..start + n], repeats)
+}
+
 /// Alignment of each thread's share of the buffer (bytes): one cache line.
 const SHARE_ALIGN: usize = 64;
 
@@ -251,6 +280,24 @@ unsafe fn sum_256(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_window_is_the_cold_read_or_the_whole_buffer() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let small = vec![1u8; 1 << 20];
+        for round in 0..3 {
+            let r = read_window(&pool, &small, CEILING_READ_BYTES, round, 2);
+            assert_eq!(r.bytes, small.len() as u64, "a short buffer is read whole");
+            assert_eq!(r.samples_gbs.len(), 2);
+            assert!(r.median_gbs() > 0.0);
+        }
+        let big = vec![2u8; 3 << 20];
+        let r = read_window(&pool, &big, 1 << 20, 1, 1);
+        assert_eq!(r.bytes, cold_read_bytes(1 << 20).min(big.len() as u64));
+    }
 
     #[test]
     fn cache_sizes_parse_and_cold_reads_cover_the_cache() {

@@ -117,9 +117,6 @@ pub const BENCH_MODEL: &str = "bench-nvfp4";
 /// Bytes of the link probe's single copy (prior of the linear H2D/D2H rates), at most.
 pub const LINK_PROBE_BYTES: usize = 64 << 20;
 
-/// Bytes the STREAM-read prior reads, at most.
-pub const STREAM_PROBE_BYTES: usize = 256 << 20;
-
 /// Share of the micro-probes' budget each gets, in `MICRO_PROBES` order: the gather and
 /// CPU probes have the most points and carry the most parameters.
 pub const MICRO_WEIGHTS: [f64; 7] = [0.22, 0.12, 0.26, 0.14, 0.12, 0.08, 0.06];
@@ -683,12 +680,14 @@ pub fn run(
         });
     }
     let (h2d_gbs, d2h_gbs) = link_probe(device, engine.bank())?;
+    // The same ceiling `ft run` reads before each round (`read_window` of the served bank
+    // with the serving threads), so that a run's reading compares with the probe's.
     let stream_read_gbs = {
         let pool = ft_kernels::step::build_pool(threads)
             .map_err(|e| RuntimeError::Kernel(e.to_string()))?;
-        let buf = alt_bank.buffer().as_slice();
-        let n = buf.len().min(STREAM_PROBE_BYTES);
-        ft_kernels::stream::stream_read(&pool, &buf[..n], 3).median_gbs()
+        let bank = engine.bank().buffer().as_slice();
+        ft_kernels::stream::read_window(&pool, bank, ft_kernels::stream::CEILING_READ_BYTES, 0, 3)
+            .median_gbs()
     };
     let bench_bw = if alt_is_bench || sizes.served_is_bench {
         bench.finish(if sizes.served_is_bench {
