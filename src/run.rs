@@ -4,7 +4,9 @@
 //! `--layers` applied), the strategy (hybrid's `auto` resolved by the performance model of
 //! `--host`), the cache size, and the memory the run needs on this machine, refused with an
 //! error naming the flag to change when it does not fit. Then the engine is built, the link's
-//! linear H2D bandwidth measured (for the PCIe bound), the warm-up and measured steps run,
+//! linear H2D bandwidth measured (for the PCIe bound), the bank read STREAM-style before
+//! each round where a CPU share runs (the CPU's same-run ceiling), the warm-up and measured
+//! steps run,
 //! and the summary printed (a table, or `--json`), with an optional Chrome trace and the
 //! numerics comparison. `--probe-overhead` instead measures hybrid's fixed cost per layer.
 
@@ -28,7 +30,8 @@ use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
 use ft_runtime::numerics::{compare_numerics, NumericsReport};
 
-/// Repetitions of that read before each round (median).
+/// Repetitions of the CPU ceiling's STREAM read of the bank before each round ([`CpuBound`];
+/// the median is the round's reading).
 const CPU_CEILING_REPS: usize = 3;
 
 /// Share of the available RAM a run may plan to use (the rest is for the OS and the page
