@@ -7,7 +7,9 @@
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
 # Steps: gpu-check, gpu-tests (only the GPU tests: every carried test binary with --ignored, or
 # those matching the glob FT_GPU_TESTS, e.g. 'ft_runtime-experts'),
-# bench (gpu_backend alone), cpu-kernels, runtime-grid, validate, serve-ab, diag, cpu-diag
+# bench (gpu_backend alone), cpu-kernels, runtime-grid, runtime-grid@VAR=VALUE (the grid with
+# one switch set, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1:170, compared with a runtime-grid
+# step run before it in the same call), validate, serve-ab, diag, cpu-diag
 # (scripts/cpu-layer-diag.sh), ab (scripts/binary-ab.sh: carry/ab/ft against carry/device/ft),
 # ncu, and exp-NAME for
 # any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
@@ -47,6 +49,25 @@ validate_step() { # limit
     [[ "$out" != "$R/validate-h200" ]] && cp -r "$out" "$R/validate-h200"
     return "$rc"
 }
+# The runtime grid with one switch set (runtime-grid@VAR=VALUE), into
+# runtime-grid-<var>-<value>/, and compared point by point with the plain runtime-grid step
+# of the same call where one ran before it (compare.txt beside its grid).
+runtime_grid_with() { # VAR=VALUE, limit
+    local sw="$1" limit="$2" dir rc
+    if [[ ! "$sw" =~ ^FT_[A-Z0-9_]+=[A-Za-z0-9._-]+$ ]]; then
+        echo "runtime-grid@$sw: give one switch, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1" >&2
+        return 2
+    fi
+    dir="$R/runtime-grid-$(echo "${sw,,}" | tr '=_' '--')"
+    env "$sw" FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
+        timeout "$limit" experiments/runtime-grid/run.sh "$dir"
+    rc=$?
+    if [[ -f "$R/runtime-grid/grid.csv" && -f "$dir/grid.csv" ]]; then
+        python3 experiments/runtime-grid/compare.py "$R/runtime-grid" "$dir" > "$dir/compare.txt"
+        cat "$dir/compare.txt"
+    fi
+    return "$rc"
+}
 echo "date: $(date -u +%FT%TZ)" >"$log"
 # The machine's CPU time split once a second (the /proc/stat "cpu" line: user nice system
 # idle iowait irq softirq steal ...), so that stalls in a step can be told apart: steal time
@@ -63,6 +84,7 @@ for spec in "$@"; do
     cpu-kernels) FT_MACHINE=gpu-host-16c timeout "$limit" experiments/cpu-kernels/run.sh "$R/cpu-kernels" ;;
     runtime-grid) FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
         timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
+    runtime-grid@*) runtime_grid_with "${name#runtime-grid@}" "$limit" ;;
     validate) validate_step "$limit" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
