@@ -195,23 +195,9 @@ fn the_human_table_names_the_strategy_and_layers() {
         !text.contains("CPU share"),
         "offload has no CPU share: {text}"
     );
-    let cpu = ft(&[
-        "run",
-        "--device",
-        "host",
-        "--model",
-        &model,
-        "--strategy",
-        "cpu",
-        "--streams",
-        "1",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "--context",
-        "8",
-    ]);
+    let mut cpu_run = tiny_run(&model);
+    cpu_run.extend(["--strategy", "cpu"]);
+    let cpu = ft(&cpu_run);
     assert_ok(&cpu);
     let text = String::from_utf8(cpu.stdout).unwrap();
     assert!(
