@@ -69,6 +69,11 @@ pub struct Args {
     /// Seed replacing the routing process's.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// What-if: the host's CPU side at this multiple of the speed its profile or spec gives
+    /// (rates times it, fixed costs divided by it; the link, the GPU and DRAM as they are),
+    /// e.g. a same-run STREAM read over the probe's. 1 = as given.
+    #[arg(long, default_value_t = 1.0)]
+    pub cpu_speed: f64,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -104,6 +109,22 @@ impl Args {
                 let label = format!("host {}", host.name);
                 (host.perf, host.bench, label)
             }
+        };
+        let (perf, host_label) = if self.cpu_speed == 1.0 {
+            (perf, host_label)
+        } else {
+            let params = perf
+                .params
+                .with_cpu_speed(self.cpu_speed)
+                .context("--cpu-speed")?;
+            (
+                PerfModel {
+                    params,
+                    source: format!("{}, CPU side at {}x (what-if)", perf.source, self.cpu_speed),
+                    ..perf
+                },
+                host_label,
+            )
         };
         let miss = match self.miss_rate {
             Some(r) => MissMode::FixedOffload { miss_rate: r },

@@ -34,6 +34,51 @@ fn predict_json_on_the_field_report() {
     assert_eq!(strategies[0]["bound"], "pcie");
 }
 
+/// `--cpu-speed`, a what-if: the CPU side at half speed takes twice the CPU time per token
+/// (the cpu strategy's CPU column), offload (no CPU share) is unchanged, and the source says
+/// it.
+#[test]
+fn a_cpu_speed_what_if_scales_the_cpu_side_only() {
+    let run = |speed: &str| -> serde_json::Value {
+        let mut args = vec![
+            "predict",
+            "--streams",
+            "2",
+            "--miss-rate",
+            "0.38",
+            "--cpu-speed",
+            speed,
+            "--json",
+        ];
+        args.extend(QUICK);
+        let out = ft(&args);
+        assert_ok(&out);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (full, half) = (run("1"), run("0.5"));
+    let get = |v: &serde_json::Value, kind: &str, path: &[&str]| -> f64 {
+        let s = v["prediction"]["strategies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["kind"] == kind)
+            .unwrap();
+        path.iter().fold(s, |x, k| &x[*k]).as_f64().unwrap()
+    };
+    assert_eq!(
+        get(&full, "offload", &["step_us"]),
+        get(&half, "offload", &["step_us"])
+    );
+    let (a, b) = (
+        get(&full, "cpu", &["busy", "cpu_us"]),
+        get(&half, "cpu", &["busy", "cpu_us"]),
+    );
+    assert!((b - 2.0 * a).abs() < 1e-6 * a, "cpu busy {a} -> {b}");
+    assert!(get(&half, "cpu", &["step_us"]) > get(&full, "cpu", &["step_us"]));
+    let source = half["prediction"]["source"].as_str().unwrap();
+    assert!(source.contains("CPU side at 0.5x"), "{source}");
+}
+
 #[test]
 fn predict_table_and_explain_text() {
     let mut args = vec!["predict", "--streams", "2"];
@@ -129,6 +174,8 @@ fn bad_input_is_an_error_naming_it() {
             vec!["predict", "--profile", "/nonexistent/p.json"],
             "p.json",
         ),
+        (vec!["predict", "--cpu-speed", "0"], "--cpu-speed"),
+        (vec!["predict", "--cpu-speed=-0.5"], "--cpu-speed"),
     ] {
         let out = ft(&args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

@@ -28,12 +28,14 @@ analyse_grid() {
         || echo "validate-h200: ft plot failed; the CSV is complete" >&2
 }
 
-# repredict_grid FT DIR: predictions/<config>.json again for every configuration of plan.csv
-# whose runs exist, from profiles/<G>-t<T>.json (as run.sh predicts, but with hybrid at the
-# fraction its run used: the prediction must describe the run that was measured).
+# repredict_grid FT DIR [EXTRA_FN]: predictions/<config>.json again for every configuration of
+# plan.csv whose runs exist, from profiles/<G>-t<T>.json (as run.sh predicts, but with hybrid
+# at the fraction its run used: the prediction must describe the run that was measured).
+# EXTRA_FN, a shell function called with DIR CONFIG GEOMETRY THREADS, prints further
+# `ft predict` arguments for that configuration (a what-if), or nothing.
 repredict_grid() {
-    local ft="$1" dir="$2" config geometry layers model_toml residency cache_slots streams threads context
-    local run_doc f_run steps warmup seed
+    local ft="$1" dir="$2" extra_fn="${3:-}" config geometry layers model_toml residency cache_slots streams threads context
+    local run_doc f_run steps warmup seed extra
     mkdir -p "$dir/predictions"
     while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
         [[ -f "$dir/runs/$config-hybrid.json" ]] || continue
@@ -46,10 +48,14 @@ repredict_grid() {
         steps=$("$ft" validate get "$run_doc" summary.steps)
         warmup=$("$ft" validate get "$run_doc" summary.warmup_steps)
         seed=$("$ft" validate get "$run_doc" seed)
+        extra=()
+        if [[ -n "$extra_fn" ]]; then
+            read -r -a extra < <("$extra_fn" "$dir" "$config" "$geometry" "$threads") || true
+        fi
         "$ft" predict --profile "$dir/profiles/$geometry-t$threads.json" --model "$dir/$model_toml" \
             --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
             --steps "$steps" --warmup "$warmup" --seed "$seed" \
-            --fetch-fraction "$f_run" --json < /dev/null > "$dir/predictions/$config.json"
+            --fetch-fraction "$f_run" "${extra[@]}" --json < /dev/null > "$dir/predictions/$config.json"
     done < <(tail -n +2 "$dir/plan.csv")
 }
 

@@ -207,6 +207,28 @@ impl PerfParams {
         q
     }
 
+    /// These parameters with the CPU side at `speed` times its probed speed: its streaming
+    /// and per-token rates (`cpu_gbs`, `cpu_token_gmacs`) times `speed`, its fixed costs per
+    /// layer and per expert (`cpu_layer_us`, `cpu_expert_us`) divided by it; the link, the
+    /// GPU, the DRAM the CPU shares with DMA and the calibrated overheads as they are. A
+    /// what-if: "the machine's CPU side ran at this share of what the probe saw" (for example
+    /// a same-run STREAM read over the probe's, `ft predict --cpu-speed`). `speed` must be a
+    /// positive number.
+    pub fn with_cpu_speed(&self, speed: f64) -> crate::error::Result<PerfParams> {
+        if !(speed.is_finite() && speed > 0.0) {
+            return Err(crate::ModelError::invalid(
+                "CPU speed",
+                format!("{speed} is not a positive number"),
+            ));
+        }
+        let mut q = self.clone();
+        q.cpu_gbs *= speed;
+        q.cpu_token_gmacs *= speed;
+        q.cpu_layer_us /= speed;
+        q.cpu_expert_us /= speed;
+        Ok(q)
+    }
+
     /// Cost of each expert beyond streaming its bytes at `threads` threads, in us: the
     /// measured `cpu_expert_us` scaled by the streaming rate's thread law.
     pub fn cpu_expert_cost_us(&self, threads: f64) -> f64 {
@@ -512,6 +534,35 @@ mod tests {
 
     fn shape() -> ExpertShape {
         ExpertShape::of(&ModelSpec::preset("qwen3.8-flash-next").unwrap())
+    }
+
+    /// At `speed` the CPU share of a layer takes `1 / speed` of its time, at every thread
+    /// count, and nothing outside the CPU changes.
+    #[test]
+    fn a_cpu_speed_scales_the_cpu_share_and_nothing_else() {
+        let p = params();
+        for speed in [0.5, 0.8, 1.0, 1.7] {
+            let q = p.with_cpu_speed(speed).unwrap();
+            q.validate().unwrap();
+            for threads in [1.0, 4.0, p.cpu_threads as f64] {
+                for (experts, tokens) in [(1.0, 1.0), (8.0, 8.0), (20.0, 64.0)] {
+                    let a = p.cpu_share_us(experts, tokens, shape(), threads);
+                    let b = q.cpu_share_us(experts, tokens, shape(), threads);
+                    assert!(
+                        (b * speed - a).abs() < 1e-9 * a,
+                        "{speed} {threads} {experts}"
+                    );
+                }
+            }
+            assert_eq!(q.gather_gbs, p.gather_gbs);
+            assert_eq!(q.dram_gbs, p.dram_gbs);
+            assert_eq!(q.gpu_hbm_gbs, p.gpu_hbm_gbs);
+            assert_eq!(q.overhead.cpu_us, p.overhead.cpu_us);
+        }
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = p.with_cpu_speed(bad).unwrap_err().to_string();
+            assert!(e.contains("CPU speed"), "{e}");
+        }
     }
 
     #[test]
