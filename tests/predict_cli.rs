@@ -10,22 +10,20 @@ use ft_model::ModelSpec;
 /// Short traffic runs keep the tests fast.
 const QUICK: [&str; 4] = ["--steps", "60", "--warmup", "40"];
 
-#[test]
-fn predict_json_on_the_field_report() {
-    let mut args = vec![
-        "predict",
-        "--streams",
-        "2",
-        "--miss-rate",
-        "0.38",
-        "--context",
-        "1200",
-        "--json",
-    ];
+/// `ft predict --json` of the field report's host at 2 streams and a 38% offload miss rate,
+/// with `extra` arguments.
+fn predict_json(extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["predict", "--streams", "2", "--miss-rate", "0.38", "--json"];
+    args.extend(extra);
     args.extend(QUICK);
     let out = ft(&args);
     assert_ok(&out);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn predict_json_on_the_field_report() {
+    let v = predict_json(&["--context", "1200"]);
     assert_eq!(v["decision"]["kind"], "hybrid");
     assert_eq!(v["decision"]["legacy_verdict"], "offload");
     assert_eq!(v["prediction"]["legacy"]["verdict"], "offload");
@@ -39,23 +37,10 @@ fn predict_json_on_the_field_report() {
 /// it.
 #[test]
 fn a_cpu_speed_what_if_scales_the_cpu_side_only() {
-    let run = |speed: &str| -> serde_json::Value {
-        let mut args = vec![
-            "predict",
-            "--streams",
-            "2",
-            "--miss-rate",
-            "0.38",
-            "--cpu-speed",
-            speed,
-            "--json",
-        ];
-        args.extend(QUICK);
-        let out = ft(&args);
-        assert_ok(&out);
-        serde_json::from_slice(&out.stdout).unwrap()
-    };
-    let (full, half) = (run("1"), run("0.5"));
+    let (full, half) = (
+        predict_json(&["--cpu-speed", "1"]),
+        predict_json(&["--cpu-speed", "0.5"]),
+    );
     let get = |v: &serde_json::Value, kind: &str, path: &[&str]| -> f64 {
         let s = v["prediction"]["strategies"]
             .as_array()
