@@ -58,7 +58,7 @@ pub struct HostFingerprint {
     /// NUMA nodes.
     pub numa_nodes: u32,
     /// The runtime's GPU paths where they are chosen at run time (the CUDA device's
-    /// tuning, e.g. `staged+pdl, copies each`): a profile probed on other kernel or copy
+    /// tuning, e.g. `staged+pdl+split, copies batch`): a profile probed on other kernel or copy
     /// paths timed other GPU work, so it is re-probed. Empty for simulated hosts and the
     /// host-emulated device (and in profiles written before the field existed).
     #[serde(default)]

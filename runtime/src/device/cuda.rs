@@ -92,10 +92,9 @@ const COPY_BATCH_DRIVER: i32 = 13000;
 /// (with a warning).
 fn runnable(tuning: CudaTuning, driver_version: i32) -> CudaTuning {
     if tuning.copies == CopySubmit::Batch && driver_version < COPY_BATCH_DRIVER {
-        tracing::warn!(
+        tracing::info!(
             driver = driver_version,
-            "{} asks for batched copies, which need a CUDA {} driver: one copy each",
-            super::tuning::CUDA_COPY_BATCH_ENV,
+            "batched gather copies need a CUDA {} driver: one copy each",
             COPY_BATCH_DRIVER / 1000
         );
         return CudaTuning {
