@@ -137,12 +137,13 @@ impl CudaTuning {
     /// unset.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let switch = |name: &str, default: bool| -> Result<bool> {
+        // A switch as set (`None` where unset).
+        let switch = |name: &str| -> Result<Option<bool>> {
             match get(name) {
-                None => Ok(default),
+                None => Ok(None),
                 Some(v) => match v.trim() {
-                    "0" => Ok(false),
-                    "1" => Ok(true),
+                    "0" => Ok(Some(false)),
+                    "1" => Ok(Some(true)),
                     other => Err(RuntimeError::invalid(
                         name,
                         format!("'{other}' is not a switch; use 0 or 1, or leave it unset"),
@@ -160,12 +161,7 @@ impl CudaTuning {
         };
         // Split where asked, batched where asked (the default), one each where batching is
         // turned off; both asked is a contradiction.
-        let batch = get(CUDA_COPY_BATCH_ENV)
-            .map(|_| switch(CUDA_COPY_BATCH_ENV, true))
-            .transpose()?;
-        let split = get(CUDA_COPY_SPLIT_ENV)
-            .map(|_| switch(CUDA_COPY_SPLIT_ENV, false))
-            .transpose()?;
+        let (batch, split) = (switch(CUDA_COPY_BATCH_ENV)?, switch(CUDA_COPY_SPLIT_ENV)?);
         let copies = match (batch, split) {
             (Some(true), Some(true)) => {
                 return Err(RuntimeError::invalid(
@@ -179,9 +175,9 @@ impl CudaTuning {
             (None, _) => d.copies,
         };
         Ok(CudaTuning {
-            staged_tiles: switch(CUDA_STAGE_ENV, d.staged_tiles)?,
-            dependent_launch: switch(CUDA_PDL_ENV, d.dependent_launch)?,
-            e2m1_split: switch(CUDA_SPLIT_ENV, d.e2m1_split)?,
+            staged_tiles: switch(CUDA_STAGE_ENV)?.unwrap_or(d.staged_tiles),
+            dependent_launch: switch(CUDA_PDL_ENV)?.unwrap_or(d.dependent_launch),
+            e2m1_split: switch(CUDA_SPLIT_ENV)?.unwrap_or(d.e2m1_split),
             expert_variant,
             copies,
         })
