@@ -1300,7 +1300,7 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
     if let Some(r) = &s.stream_read_gbs {
         writeln!(
             o,
-            "CPU ceiling during the runs (same-run STREAM read of the bank, {} runs): median {:.1} GB/s, {:.1} to {:.1}",
+            "CPU ceiling during the runs (same-run STREAM read of the bank, {} rows): median {:.1} GB/s, {:.1} to {:.1}",
             r.n, r.median, r.min, r.max
         )?;
     }

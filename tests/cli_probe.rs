@@ -55,16 +55,11 @@ fn json(out: &Output) -> serde_json::Value {
 #[test]
 fn probe_fits_caches_reuses_and_exports() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.toml");
-    std::fs::write(&model, TINY).unwrap();
+    let m = &common::write(dir.path(), "tiny.toml", TINY);
     let cache = dir.path().join("cache");
     let copy = dir.path().join("copy.json");
     let bb = dir.path().join("benchbw.json");
-    let (m, c, b) = (
-        model.to_str().unwrap(),
-        copy.to_str().unwrap(),
-        bb.to_str().unwrap(),
-    );
+    let (c, b) = (copy.to_str().unwrap(), bb.to_str().unwrap());
 
     let mut args = vec![
         "probe",
@@ -208,11 +203,10 @@ fn probe_fits_caches_reuses_and_exports() {
 #[test]
 fn a_second_thread_count_calibrates_the_slowdown_there() {
     let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny.toml");
-    std::fs::write(&model, TINY).unwrap();
+    let m = &common::write(dir.path(), "tiny.toml", TINY);
     let cache = dir.path().join("cache");
     let copy = dir.path().join("copy.json");
-    let (m, c) = (model.to_str().unwrap(), copy.to_str().unwrap());
+    let c = copy.to_str().unwrap();
     let mut args = vec!["probe", "--model", m, "--json", "--profile-out", c];
     // FAST with two serving threads and a second count of one.
     let mut fast = FAST.to_vec();
@@ -286,9 +280,7 @@ fn bad_input_is_an_error_naming_it() {
         "{err}"
     );
 
-    let model = dir.path().join("tiny.toml");
-    std::fs::write(&model, TINY).unwrap();
-    let m = model.to_str().unwrap();
+    let m = &common::write(dir.path(), "tiny.toml", TINY);
     let out = ft(
         dir.path(),
         &[

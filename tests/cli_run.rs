@@ -1,9 +1,7 @@
 //! `ft run` end to end on the host-emulated device with a tiny model TOML.
 
 mod common;
-use common::{assert_ok, ft};
-
-use std::path::Path;
+use common::{assert_ok, ft, write};
 
 const TINY: &str = r#"
 name = "tiny-cli"
@@ -21,12 +19,6 @@ shared_experts = 1
 weight_bytes_per_layer = 65536
 kv_bytes_per_token = 64
 "#;
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p.to_str().unwrap().to_string()
-}
 
 /// The tiny run the tests start from: the host device, 2 streams, 4 steps after 2 warm-up,
 /// 24 cache slots, context 16, one CPU thread.

@@ -4,7 +4,15 @@
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
+use std::path::Path;
 use std::process::{Command, Output};
+
+/// Write `text` to `dir/name` (a model TOML, a host file) and return its path as an argument.
+pub fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
 
 /// Run `ft` with `args`, capturing its output.
 pub fn ft(args: &[&str]) -> Output {
