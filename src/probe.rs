@@ -364,7 +364,8 @@ pub fn run(args: Args) -> Result<()> {
     }
     let device = device_of(&args)?;
     let cpu = CpuTopology::detect();
-    let key = ProfileKey::new(rprobe::host_fingerprint(&device, &cpu), &model);
+    let gpu_act = ft_kernels::ActivationPath::preferred(model.format);
+    let key = ProfileKey::new(rprobe::host_fingerprint(&device, &cpu, gpu_act), &model);
     let dir = profile::profile_dir()?;
     let mut reasons = Vec::new();
     let cached = if args.force {

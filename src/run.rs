@@ -18,7 +18,9 @@ use std::path::PathBuf;
 use ft_kernels::ActivationPath;
 use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
-use ft_model::{FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy, StrategyKind};
+use ft_model::{
+    ExpertFormat, FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy, StrategyKind,
+};
 use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceConfig};
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
@@ -124,12 +126,13 @@ pub struct Args {
     /// Also run fresh (no warm-up) and as offload, and report the outputs' deviations.
     #[arg(long)]
     compare_numerics: bool,
-    /// GPU expert activation path: f32 or int8 (W4A8/W8A8).
-    #[arg(long, default_value = "f32")]
-    gpu_act: String,
-    /// CPU expert activation path: int8 (W4A8/W8A8) or f32.
-    #[arg(long, default_value = "int8")]
-    cpu_act: String,
+    /// GPU expert activation path: int8 (W4A8/W8A8) or f32. Default: int8 where the format
+    /// has it (the same bits as the CPU's int8 path), else f32.
+    #[arg(long)]
+    gpu_act: Option<String>,
+    /// CPU expert activation path: int8 (W4A8/W8A8) or f32. Default as `--gpu-act`.
+    #[arg(long)]
+    cpu_act: Option<String>,
     /// Combine order of expert outputs: fixed (placement-independent) or fast.
     #[arg(long, default_value = "fixed")]
     combine: String,
@@ -356,9 +359,14 @@ fn available_ram() -> Option<u64> {
     Some(kib * 1024)
 }
 
-fn parse_path(flag: &str, s: &str) -> Result<ActivationPath> {
-    s.parse::<ActivationPath>()
-        .with_context(|| flag.to_string())
+/// An activation path flag, or the format's preferred path where it is not given.
+fn parse_path(flag: &str, s: Option<&str>, format: ExpertFormat) -> Result<ActivationPath> {
+    match s {
+        Some(s) => s
+            .parse::<ActivationPath>()
+            .with_context(|| flag.to_string()),
+        None => Ok(ActivationPath::preferred(format)),
+    }
 }
 
 /// Check the run's memory against this machine; errors name the flag to change.
@@ -705,8 +713,8 @@ pub fn run(args: Args) -> Result<()> {
         max_context: args.context + args.warmup + args.steps,
         threads,
         pool_wait,
-        gpu_path: parse_path("--gpu-act", &args.gpu_act)?,
-        cpu_path: parse_path("--cpu-act", &args.cpu_act)?,
+        gpu_path: parse_path("--gpu-act", args.gpu_act.as_deref(), model.format)?,
+        cpu_path: parse_path("--cpu-act", args.cpu_act.as_deref(), model.format)?,
         combine: args.combine.parse::<CombineOrder>()?,
         gather: match args.gather.as_str() {
             "copy-engine" => GatherMethod::CopyEngine,

@@ -246,7 +246,11 @@ fn perf_model(
         );
     };
     let key = ProfileKey::new(
-        rprobe::host_fingerprint(device, &rprobe::CpuTopology::detect()),
+        rprobe::host_fingerprint(
+            device,
+            &rprobe::CpuTopology::detect(),
+            ft_kernels::ActivationPath::preferred(model.format),
+        ),
         model,
     );
     let dir = profile::profile_dir()?;
@@ -428,13 +432,11 @@ pub fn run(args: Args) -> Result<()> {
                 max_streams: args.max_streams.max(args.prefill_chunk),
                 max_context: args.context_limit,
                 seed: args.seed,
-                // The CPU path quantizes activations to int8 (W4A8 / W8A8) where the format
-                // has that path, as the reference engine does; bf16 experts run in f32.
-                cpu_path: if model.format.has_int8_activation_path() {
-                    ft_kernels::ActivationPath::Int8
-                } else {
-                    ft_kernels::ActivationPath::F32
-                },
+                // Both sides quantize activations to int8 (W4A8 / W8A8) where the format
+                // has that path, as the reference engine does: an expert's output is the
+                // same wherever it ran. bf16 experts run in f32.
+                gpu_path: ft_kernels::ActivationPath::preferred(model.format),
+                cpu_path: ft_kernels::ActivationPath::preferred(model.format),
                 ..EngineConfig::default()
             };
             cfg.threads = args.threads.unwrap_or_else(default_pool_threads);

@@ -56,8 +56,6 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         "hybrid",
         "--fetch-fraction",
         "0.5",
-        "--gpu-act",
-        "int8",
         "--compare-numerics",
         "--json",
         "--trace-out",
@@ -123,11 +121,14 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         total <= s["step_us"]["max"].as_f64().unwrap() / 4.0 + 1e-6,
         "{idle}"
     );
-    // W4A8 on both sides and the fixed combine: fresh and warmed are bit-identical.
+    // W4A8 on both sides by default and the fixed combine: fresh, warmed and offload are
+    // bit-identical.
     let n = &v["numerics"];
+    assert_eq!(n["gpu_act"], "int8");
+    assert_eq!(n["cpu_act"], "int8");
     assert_eq!(n["expect_bit_identical"], true);
     assert_eq!(n["fresh_vs_warmed"]["bit_identical"], true);
-    assert!(n["vs_offload"]["max_rel_l2"].as_f64().unwrap().is_finite());
+    assert_eq!(n["vs_offload"]["max_rel_l2"].as_f64().unwrap(), 0.0, "{n}");
     // The trace parses and has the four lanes.
     let t: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&trace).unwrap()).unwrap();

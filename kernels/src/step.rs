@@ -63,6 +63,19 @@ impl ActivationPath {
     pub fn supports(self, format: ExpertFormat) -> bool {
         self == ActivationPath::F32 || W4a8Spec::of(format).is_some()
     }
+
+    /// The path every default takes, on the GPU and the CPU alike: int8 where `format` has
+    /// it, f32 otherwise (`bf16`). With int8 on both sides an expert's output is the same
+    /// bits wherever it ran, so a hybrid step gives what offload gives; it is also the
+    /// faster GPU path at decode sizes (the weights are read once either way, and the
+    /// integer dot products do less work per byte).
+    pub fn preferred(format: ExpertFormat) -> ActivationPath {
+        if ActivationPath::Int8.supports(format) {
+            ActivationPath::Int8
+        } else {
+            ActivationPath::F32
+        }
+    }
 }
 
 impl std::fmt::Display for ActivationPath {

@@ -312,3 +312,16 @@ fn every_wait_mode_gives_the_same_bits() {
         }
     }
 }
+
+#[test]
+fn the_preferred_path_is_int8_wherever_a_format_has_it() {
+    for f in ExpertFormat::ALL {
+        let want = if f == ExpertFormat::Bf16 {
+            ActivationPath::F32
+        } else {
+            ActivationPath::Int8
+        };
+        assert_eq!(ActivationPath::preferred(f), want, "{f}");
+        assert!(ActivationPath::preferred(f).supports(f), "{f}");
+    }
+}

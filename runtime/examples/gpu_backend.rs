@@ -18,13 +18,14 @@
 use std::io::Write;
 use std::time::Instant;
 
+use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
 use ft_model::{ExpertFormat, ExpertId, ModelSpec};
 use ft_runtime::bank::HostBank;
 use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
 use ft_runtime::device::{CopySubmit, CudaTuning, Device, DeviceKind};
 use ft_runtime::gather::{self, GatherMethod};
-use ft_runtime::gpu_experts::{ActPath, ExpertStep, ExpertTask, TokenWeight};
+use ft_runtime::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
 use serde::Serialize;
 
@@ -156,8 +157,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let c = d.new_stream("copy")?;
     let (e0, e1) = (d.new_event(true)?, d.new_event(true)?);
     d.warm_up_kernels(&[
-        &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActPath::F32, 0),
-        &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActPath::Int8, 0),
+        &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActivationPath::F32, 0),
+        &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActivationPath::Int8, 0),
     ])?;
 
     // Device copy ceiling.
@@ -294,23 +295,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    let cases: [(ActPath, usize, Option<usize>, &str); 16] = [
-        (ActPath::F32, 1, None, "staged+pdl"),
-        (ActPath::Int8, 1, None, "staged+pdl"),
-        (ActPath::Int8, 1, None, "staged+pdl+split"),
-        (ActPath::Int8, 1, None, "direct+split"),
-        (ActPath::Int8, 1, None, "staged"),
-        (ActPath::Int8, 1, None, "direct"),
-        (ActPath::Int8, 1, Some(8), "staged+pdl"),
-        (ActPath::Int8, 0, None, "staged+pdl"),
-        (ActPath::Int8, 0, None, "direct"),
-        (ActPath::Int8, 4, None, "staged+pdl"),
-        (ActPath::Int8, 4, None, "direct"),
-        (ActPath::Int8, 4, Some(8), "staged+pdl"),
-        (ActPath::Int8, 8, None, "staged+pdl"),
-        (ActPath::Int8, 8, None, "direct"),
-        (ActPath::F32, 8, None, "staged+pdl"),
-        (ActPath::F32, 8, None, "direct"),
+    let cases: [(ActivationPath, usize, Option<usize>, &str); 16] = [
+        (ActivationPath::F32, 1, None, "staged+pdl"),
+        (ActivationPath::Int8, 1, None, "staged+pdl"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split"),
+        (ActivationPath::Int8, 1, None, "direct+split"),
+        (ActivationPath::Int8, 1, None, "staged"),
+        (ActivationPath::Int8, 1, None, "direct"),
+        (ActivationPath::Int8, 1, Some(8), "staged+pdl"),
+        (ActivationPath::Int8, 0, None, "staged+pdl"),
+        (ActivationPath::Int8, 0, None, "direct"),
+        (ActivationPath::Int8, 4, None, "staged+pdl"),
+        (ActivationPath::Int8, 4, None, "direct"),
+        (ActivationPath::Int8, 4, Some(8), "staged+pdl"),
+        (ActivationPath::Int8, 8, None, "staged+pdl"),
+        (ActivationPath::Int8, 8, None, "direct"),
+        (ActivationPath::F32, 8, None, "staged+pdl"),
+        (ActivationPath::F32, 8, None, "direct"),
     ];
     for (act, tokens, forced, path) in cases {
         let tuning = CudaTuning {
@@ -410,7 +411,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let add_us = per_call(&mut || Ok(s.add_f32(&y, 0, &x, 0, 1)?))?;
         let record_us = per_call(&mut || Ok(s.record(&e0)?))?;
-        let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActPath::Int8, 1);
+        let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActivationPath::Int8, 1);
         st.experts = (0..LAYER_EXPERTS)
             .map(|e| ExpertTask {
                 weights_offset: e * pool.stride(),

@@ -11,6 +11,7 @@
 //! where `FFN_e(x) = down_e(silu(gate_e x) * up_e x)` and a token with no pair gets 0.
 //! The sum runs in task order, so the engine decides the order (and with it the rounding).
 
+use ft_kernels::ActivationPath;
 use ft_model::{ExpertFormat, MoeGeometry};
 use serde::{Deserialize, Serialize};
 
@@ -21,27 +22,6 @@ use crate::error::{Result, RuntimeError};
 /// alignment): 256 bytes keeps every matrix start aligned for 16-byte vector loads and
 /// matches `cuMemAlloc`'s own alignment.
 pub const WEIGHTS_ALIGN: usize = 256;
-
-/// Activation path of the expert kernels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ActPath {
-    /// f32 activations, weights decoded to f32, f32 accumulation.
-    F32,
-    /// int8 activations and integer dot products (W4A8 for the 4-bit formats, W8A8 for
-    /// int8), following the exact arithmetic of `ft-kernels`; not available for bf16.
-    Int8,
-}
-
-impl ActPath {
-    /// Name used in tables and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            ActPath::F32 => "f32",
-            ActPath::Int8 => "int8",
-        }
-    }
-}
 
 /// One token routed to an expert, with its routing weight.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -72,7 +52,7 @@ pub struct ExpertStep {
     /// Expert FFN width, elements.
     pub intermediate: usize,
     /// Activation path.
-    pub act: ActPath,
+    pub act: ActivationPath,
     /// Rows of `x` and `y`.
     pub tokens: usize,
     /// The experts, in summation order.
@@ -81,7 +61,12 @@ pub struct ExpertStep {
 
 impl ExpertStep {
     /// An empty step for a geometry.
-    pub fn new(format: ExpertFormat, geometry: &MoeGeometry, act: ActPath, tokens: usize) -> Self {
+    pub fn new(
+        format: ExpertFormat,
+        geometry: &MoeGeometry,
+        act: ActivationPath,
+        tokens: usize,
+    ) -> Self {
         ExpertStep {
             format,
             hidden: geometry.hidden,
@@ -127,7 +112,7 @@ impl ExpertStep {
         self.format.check_cols("expert step hidden", self.hidden)?;
         self.format
             .check_cols("expert step intermediate", self.intermediate)?;
-        if self.act == ActPath::Int8 && !self.format.has_int8_activation_path() {
+        if self.act == ActivationPath::Int8 && !self.format.has_int8_activation_path() {
             return Err(RuntimeError::invalid(
                 "expert step act",
                 format!("{} has no int8 activation path", self.format),
@@ -221,7 +206,7 @@ pub(crate) fn host_expert_step(
         })
         .collect();
     y.fill(0.0);
-    cpu.run_layer(step.format, &geometry, kernel_path(step.act), &work, x, y)
+    cpu.run_layer(step.format, &geometry, step.act, &work, x, y)
         .map(|_| ())
         .map_err(|e| RuntimeError::Kernel(e.to_string()))
 }
@@ -235,14 +220,6 @@ pub fn step_geometry(step: &ExpertStep) -> MoeGeometry {
         top_k: 1,
         moe_layers: 1,
         shared_experts: 0,
-    }
-}
-
-/// The `ft-kernels` activation path of an [`ActPath`].
-pub fn kernel_path(a: ActPath) -> ft_kernels::step::ActivationPath {
-    match a {
-        ActPath::F32 => ft_kernels::step::ActivationPath::F32,
-        ActPath::Int8 => ft_kernels::step::ActivationPath::Int8,
     }
 }
 
@@ -282,10 +259,10 @@ pub fn cuda_format_code(f: ExpertFormat) -> i32 {
 }
 
 /// The kernels' activation path code (`ACT_*` in experts.cu).
-pub fn cuda_act_code(a: ActPath) -> i32 {
+pub fn cuda_act_code(a: ActivationPath) -> i32 {
     match a {
-        ActPath::F32 => 0,
-        ActPath::Int8 => 1,
+        ActivationPath::F32 => 0,
+        ActivationPath::Int8 => 1,
     }
 }
 
@@ -380,7 +357,7 @@ pub fn cuda_specialization(
 ) -> ft_kernels::cuda_sources::Specialization {
     let split = tuning.e2m1_split
         && matches!(step.format, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4)
-        && step.act == ActPath::Int8;
+        && step.act == ActivationPath::Int8;
     ft_kernels::cuda_sources::Specialization::experts(
         cuda_format_code(step.format),
         cuda_act_code(step.act),
@@ -469,8 +446,8 @@ fn forced_cuda_variant(tuning: &CudaTuning) -> Option<CudaVariant> {
 fn cuda_token_shared_bytes(step: &ExpertStep) -> usize {
     let g = cuda_group(step.format);
     match step.act {
-        ActPath::Int8 => step.hidden + 4 * (step.hidden / g),
-        ActPath::F32 => 4 * step.hidden,
+        ActivationPath::Int8 => step.hidden + 4 * (step.hidden / g),
+        ActivationPath::F32 => 4 * step.hidden,
     }
 }
 
@@ -771,11 +748,11 @@ mod tests {
         assert_eq!(cu_define(experts, "MAXT"), CUDA_MAX_TOKENS_PER_PASS);
         assert_eq!(
             cu_define(experts, "ACT_F32") as i32,
-            cuda_act_code(ActPath::F32)
+            cuda_act_code(ActivationPath::F32)
         );
         assert_eq!(
             cu_define(experts, "ACT_INT8") as i32,
-            cuda_act_code(ActPath::Int8)
+            cuda_act_code(ActivationPath::Int8)
         );
         assert_eq!(
             cu_define(COMMON, "FT_PARAM_TABLE_BYTES"),
@@ -818,7 +795,7 @@ mod tests {
         let optin = 227 * 1024;
         // qwen3.8-flash-next at one token: activations (2560 codes + 160 scales) then the
         // two 16-row tiles of 1442 bytes a row (1280 values, 160 scales, 2 factor bytes).
-        let st = ExpertStep::new(ExpertFormat::Nvfp4, &g(2560, 640), ActPath::Int8, 1);
+        let st = ExpertStep::new(ExpertFormat::Nvfp4, &g(2560, 640), ActivationPath::Int8, 1);
         let v = cuda_variant(1);
         let p = cuda_staging(&st, v, 1, optin, true).unwrap();
         assert_eq!(
@@ -843,7 +820,7 @@ mod tests {
             (0, 2560 + 4 * 160, false, 0)
         );
         // bf16 at the same width: 160 KiB of tiles, read from global memory instead.
-        let wide = ExpertStep::new(ExpertFormat::Bf16, &g(2560, 640), ActPath::F32, 1);
+        let wide = ExpertStep::new(ExpertFormat::Bf16, &g(2560, 640), ActivationPath::F32, 1);
         let p = cuda_staging(&wide, v, 1, optin, true).unwrap();
         assert_eq!(p.gate_up_stage_off, 0);
         assert!(p.gate_up_shared <= CUDA_SHARED_BUDGET);
@@ -864,7 +841,7 @@ mod tests {
             shared_experts: 0,
         };
         for tokens in [1usize, 8] {
-            let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActPath::Int8, tokens);
+            let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActivationPath::Int8, tokens);
             st.experts = (0..10 * tokens)
                 .map(|e| ExpertTask {
                     weights_offset: e * 4096,
@@ -919,7 +896,7 @@ mod tests {
             moe_layers: 1,
             shared_experts: 0,
         };
-        let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActPath::Int8, 3);
+        let mut st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActivationPath::Int8, 3);
         let tw = |token, weight| TokenWeight { token, weight };
         st.experts = vec![
             ExpertTask {

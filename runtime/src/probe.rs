@@ -69,7 +69,7 @@ use crate::device::{Device, DeviceKind, Event, Stream};
 use crate::engine::{decode, draw_routing, token_input, DecodeOptions, Engine, EngineConfig};
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
-use crate::gpu_experts::{ActPath, ExpertStep, ExpertTask, TokenWeight};
+use crate::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
 use crate::instrument::{LayerCounts as RunCounts, RunSummary, StepRecord};
 use crate::slots::{SlotPool, DEFAULT_RESERVE_BYTES};
 
@@ -349,8 +349,14 @@ impl CpuTopology {
 }
 
 /// The host fingerprint of a profile measured on `device` (GPU name and driver as the
-/// device reports them, the CPU model, hardware threads and NUMA nodes).
-pub fn host_fingerprint(device: &Device, cpu: &CpuTopology) -> HostFingerprint {
+/// device reports them, the CPU model, hardware threads and NUMA nodes), serving with
+/// `gpu_act` on a CUDA device (recorded beside its kernel and copy paths: a profile that
+/// timed the f32 GPU path does not predict the int8 one).
+pub fn host_fingerprint(
+    device: &Device,
+    cpu: &CpuTopology,
+    gpu_act: ActivationPath,
+) -> HostFingerprint {
     let info = device.info();
     HostFingerprint {
         gpu_name: info.name.clone(),
@@ -361,7 +367,10 @@ pub fn host_fingerprint(device: &Device, cpu: &CpuTopology) -> HostFingerprint {
         cpu_model: cpu.model.clone(),
         threads: cpu.threads,
         numa_nodes: cpu.numa_nodes,
-        gpu_paths: info.cuda_tuning.map(|t| t.to_string()).unwrap_or_default(),
+        gpu_paths: info
+            .cuda_tuning
+            .map(|t| format!("{t}, {gpu_act} activations"))
+            .unwrap_or_default(),
     }
 }
 
@@ -500,11 +509,8 @@ pub fn run(
     let model_l = model.with_layers(layers);
     let g = model_l.geometry;
     let max_streams = config.max_streams();
-    let cpu_path = if ActivationPath::Int8.supports(model.format) {
-        ActivationPath::Int8
-    } else {
-        ActivationPath::F32
-    };
+    // The paths the engine serves with (`ActivationPath::preferred`), on both sides.
+    let act = ActivationPath::preferred(model.format);
     let mut timings = Vec::new();
     let mut notes = vec![format!(
         "the end-to-end probe ran {layers} of the model's {} layers (same geometry; per-layer costs are what is fitted)",
@@ -525,7 +531,8 @@ pub fn run(
         max_context: config.context + config.warmup_steps + config.steps + 1,
         threads,
         pool_wait: wait,
-        cpu_path,
+        gpu_path: act,
+        cpu_path: act,
         seed: config.seed,
         timeline: true,
         reserve_bytes: DEFAULT_RESERVE_BYTES.min(device.free_mem_bytes()? / RESERVE_SHARE_MAX),
@@ -643,7 +650,7 @@ pub fn run(
         sizes: &sizes,
         threads,
         wait,
-        cpu_path,
+        act,
         max_streams,
         config,
         hw_threads: cpu.threads as usize,
@@ -952,7 +959,8 @@ struct MicroContext<'a> {
     sizes: &'a Sizes<'a>,
     threads: usize,
     wait: PoolWait,
-    cpu_path: ActivationPath,
+    /// The activation path of the served engine, on the GPU and the CPU alike.
+    act: ActivationPath,
     max_streams: usize,
     config: &'a ProbeConfig,
     /// Hardware threads of the host.
@@ -1108,7 +1116,7 @@ fn gather_probe(
         let load = contended.map(|threads| {
             let (stop, started) = (&stop, &started);
             let sizes = ctx.sizes;
-            let (format, path, wait, k) = (ctx.model.format, ctx.cpu_path, ctx.wait, k);
+            let (format, path, wait, k) = (ctx.model.format, ctx.act, ctx.wait, k);
             scope.spawn(move || cpu_load(sizes, format, path, threads, wait, k, stop, started))
         });
         if load.is_some() {
@@ -1332,14 +1340,7 @@ fn cpu_probe(
                         .collect::<Result<Vec<_>>>()?;
                     flat = (flat + n) % total;
                     let t0 = Instant::now();
-                    exec.run_layer(
-                        ctx.model.format,
-                        &geometry,
-                        ctx.cpu_path,
-                        &experts,
-                        &x,
-                        &mut y,
-                    )?;
+                    exec.run_layer(ctx.model.format, &geometry, ctx.act, &experts, &x, &mut y)?;
                     Ok(t0.elapsed().as_secs_f64() * 1e6)
                 });
                 exec.end_step();
@@ -1406,7 +1407,7 @@ fn gpu_probe(
     let per_point = share.div_f64(points.len().max(1) as f64);
     let stream = ctx.device.new_stream("probe compute")?;
     let (e0, e1) = (ctx.device.new_event(true)?, ctx.device.new_event(true)?);
-    let act = ActPath::F32;
+    let act = ctx.act;
     let mut reps_total = 0;
     for size in [ExpertSize::Served, ExpertSize::Alt] {
         let (bank, bytes, geometry) = ctx.sizes.of(size);
@@ -1920,8 +1921,13 @@ mod tests {
         );
 
         let cpu = CpuTopology::detect();
-        let (profile, report, host) =
-            fit_profile(&d, &out, host_fingerprint(&d, &cpu), &FitConfig::default()).unwrap();
+        let (profile, report, host) = fit_profile(
+            &d,
+            &out,
+            host_fingerprint(&d, &cpu, ActivationPath::preferred(out.model.format)),
+            &FitConfig::default(),
+        )
+        .unwrap();
         profile.params.validate().unwrap();
         assert_eq!(host.gpu.name, d.info().name);
         assert_eq!(
@@ -1971,8 +1977,13 @@ mod tests {
         assert_eq!(tagged.len(), 4 * 2, "four runs of two blocks");
         assert!(tagged.iter().all(|s| s.layers.iter().any(|c| c.cpu > 0.0)));
         let cpu = CpuTopology::detect();
-        let (profile, _, _) =
-            fit_profile(&d, &out, host_fingerprint(&d, &cpu), &FitConfig::default()).unwrap();
+        let (profile, _, _) = fit_profile(
+            &d,
+            &out,
+            host_fingerprint(&d, &cpu, ActivationPath::preferred(out.model.format)),
+            &FitConfig::default(),
+        )
+        .unwrap();
         let k = &profile.params.cpu_serving_slowdown_at;
         assert_eq!(k.len(), 1, "{k:?}");
         assert_eq!(k[0].threads, 1);

@@ -3,12 +3,10 @@
 //! on the host-emulated device (always) and on CUDA (`cuda_*`, on the GPU machine).
 
 use ft_kernels::reference::{reference_layer, relative_error};
-use ft_kernels::step::{CpuExperts, ExpertWork};
+use ft_kernels::step::{ActivationPath, CpuExperts, ExpertWork};
 use ft_model::{ExpertFormat, MoeGeometry};
 use ft_runtime::device::{Device, HostDeviceConfig};
-use ft_runtime::gpu_experts::{
-    kernel_path, step_geometry, ActPath, ExpertStep, ExpertTask, TokenWeight, WEIGHTS_ALIGN,
-};
+use ft_runtime::gpu_experts::{step_geometry, ExpertStep, ExpertTask, TokenWeight, WEIGHTS_ALIGN};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -32,7 +30,7 @@ struct Case {
 #[allow(clippy::too_many_arguments)]
 fn case(
     format: ExpertFormat,
-    act: ActPath,
+    act: ActivationPath,
     hidden: usize,
     inter: usize,
     n_experts: usize,
@@ -139,7 +137,7 @@ fn cpu(c: &Case) -> Vec<f32> {
     k.run_layer(
         c.step.format,
         &step_geometry(&c.step),
-        kernel_path(c.step.act),
+        c.step.act,
         &works(c, &tl),
         &c.x,
         &mut y,
@@ -166,7 +164,7 @@ fn f32_path_matches_reference(d: &Device) {
         for (hidden, inter, ne, tokens, k) in [(64, 32, 3, 1, 2), (128, 96, 7, 11, 3)] {
             let c = case(
                 f,
-                ActPath::F32,
+                ActivationPath::F32,
                 hidden,
                 inter,
                 ne,
@@ -193,7 +191,16 @@ fn int8_path_is_bit_identical_to_cpu(d: &Device, shapes: &[(usize, usize, usize,
         .filter(|f| f.has_int8_activation_path())
     {
         for (n, &(hidden, inter, ne, tokens, k)) in shapes.iter().enumerate() {
-            let c = case(f, ActPath::Int8, hidden, inter, ne, tokens, k, 7 + n as u64);
+            let c = case(
+                f,
+                ActivationPath::Int8,
+                hidden,
+                inter,
+                ne,
+                tokens,
+                k,
+                7 + n as u64,
+            );
             let got = run_on(d, &c);
             let want = cpu(&c);
             let differ = got
@@ -225,7 +232,7 @@ fn int8_path_is_bit_identical_to_cpu(d: &Device, shapes: &[(usize, usize, usize,
 }
 
 fn empty_and_unrouted(d: &Device) {
-    let mut c = case(ExpertFormat::Nvfp4, ActPath::F32, 64, 32, 2, 3, 1, 5);
+    let mut c = case(ExpertFormat::Nvfp4, ActivationPath::F32, 64, 32, 2, 3, 1, 5);
     c.step.experts[0].tokens.clear();
     c.step.experts[1].tokens.retain(|t| t.token != 1);
     let got = run_on(d, &c);
@@ -237,7 +244,7 @@ fn empty_and_unrouted(d: &Device) {
     let got = run_on(d, &c);
     assert!(got.iter().all(|&v| v == 0.0));
     // A bad step is refused when queued.
-    let mut bad = case(ExpertFormat::Bf16, ActPath::Int8, 64, 32, 1, 1, 1, 5);
+    let mut bad = case(ExpertFormat::Bf16, ActivationPath::Int8, 64, 32, 1, 1, 1, 5);
     let s = d.new_stream("s").unwrap();
     let w = d.alloc(bad.weights.len(), "w").unwrap();
     let x = d.alloc(256, "x").unwrap();
@@ -246,7 +253,7 @@ fn empty_and_unrouted(d: &Device) {
         .unwrap_err()
         .to_string();
     assert!(e.contains("int8"), "{e}");
-    bad.step.act = ActPath::F32;
+    bad.step.act = ActivationPath::F32;
     bad.step.experts[0].weights_offset = 256;
     let e = s
         .launch_experts(&bad.step, &w, &x, &x)

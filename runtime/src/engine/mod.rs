@@ -64,7 +64,7 @@ use crate::dense::{DenseBuffers, DenseRead, DENSE_OUT_BYTES};
 use crate::device::{Device, DeviceBuffer, Event, HostBuffer, Stream};
 use crate::error::{Result, RuntimeError};
 use crate::gather::{self, GatherMethod};
-use crate::gpu_experts::{ActPath, ExpertStep};
+use crate::gpu_experts::ExpertStep;
 use crate::instrument::{ns_of_us, Span, StepRecord, StepTimeline};
 use crate::numerics::StepOutputs;
 use crate::slots::{SlotPool, DEFAULT_RESERVE_BYTES};
@@ -109,7 +109,9 @@ pub struct EngineConfig {
     pub threads: usize,
     /// How the CPU pool waits between layers.
     pub pool_wait: PoolWait,
-    /// Activation path of the GPU expert kernels.
+    /// Activation path of the GPU expert kernels. The default is int8 on both sides, the
+    /// same bits wherever an expert runs; a caller building for a format without it
+    /// (`bf16`) takes [`ActivationPath::preferred`] for both.
     pub gpu_path: ActivationPath,
     /// Activation path of the CPU expert kernels.
     pub cpu_path: ActivationPath,
@@ -138,7 +140,7 @@ impl Default for EngineConfig {
             threads: std::thread::available_parallelism()
                 .map_or(1, |n| n.get().saturating_sub(1).max(1)),
             pool_wait: PoolWait::Spin,
-            gpu_path: ActivationPath::F32,
+            gpu_path: ActivationPath::Int8,
             cpu_path: ActivationPath::Int8,
             combine: CombineOrder::Fixed,
             gather: GatherMethod::CopyEngine,
@@ -414,14 +416,6 @@ impl std::fmt::Debug for Engine {
     }
 }
 
-/// The GPU activation path of a kernels' activation path.
-fn act_path(p: ActivationPath) -> ActPath {
-    match p {
-        ActivationPath::F32 => ActPath::F32,
-        ActivationPath::Int8 => ActPath::Int8,
-    }
-}
-
 /// View the first `n` f32 values of a host buffer (page-aligned, so f32-aligned).
 fn host_f32(buf: &HostBuffer, n: usize) -> Result<&[f32]> {
     let bytes = buf.as_slice().get(..n * F32_BYTES).ok_or_else(|| {
@@ -657,7 +651,7 @@ impl Engine {
         let events = (0..g.moe_layers)
             .map(|_| LayerEvents::new(device, config.timeline, MAX_FETCH_CHUNKS - 1))
             .collect::<Result<Vec<_>>>()?;
-        let template = ExpertStep::new(model.format, &g, act_path(config.gpu_path), 0);
+        let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
         device.warm_up_kernels(&[&template])?;
         let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
         let mut engine = Engine {

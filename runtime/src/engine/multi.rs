@@ -55,8 +55,8 @@ use serde::{Deserialize, Serialize};
 use super::decode::{token_input, DecodeOptions, INPUT_SALT_WARMUP};
 use super::work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 use super::{
-    act_path, max_rows, residual_scale, resolve_fetch, run_cpu, slot_counts, split_dense,
-    CombineOrder, CpuSide, EngineConfig, EngineMemory, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
+    max_rows, residual_scale, resolve_fetch, run_cpu, slot_counts, split_dense, CombineOrder,
+    CpuSide, EngineConfig, EngineMemory, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
 };
 use crate::bank::{slice_geometry, HostBank};
 use crate::cpu_pool::CpuExecutor;
@@ -375,8 +375,7 @@ impl MultiEngine {
             } else {
                 Vec::new()
             };
-            let template =
-                ExpertStep::new(model.format, &part_geometry, act_path(config.gpu_path), 0);
+            let template = ExpertStep::new(model.format, &part_geometry, config.gpu_path, 0);
             device.warm_up_kernels(&[&template])?;
             gpus.push(GpuPart {
                 device: device.clone(),
