@@ -53,7 +53,7 @@ use ft_model::cache::CachePolicy;
 use ft_model::host::{CpuSpec, EngineSpec, GpuSpec, HostSpec, PcieSpec, GIB};
 use ft_model::perf::fit::{
     fit, CpuStepSample, DenseSample, FitConfig, FitReport, GatherSample, GpuExpertSample,
-    ProbeSamples, RoundTripSample, SampleRole, StepSample,
+    HostSample, ProbeSamples, RoundTripSample, SampleRole, StepSample,
 };
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::{ExpertShape, LayerCounts as PerfCounts, PerfModel, PerfParams, StepShape};
@@ -860,6 +860,11 @@ fn e2e_run(
             time_us: block.iter().map(|r| r.wall_us).sum(),
             threads: Some(engine.threads() as u32),
         });
+        if b % 2 == 0 {
+            if let Some(h) = host_sample(kind, streams, block) {
+                samples.host.push(h);
+            }
+        }
     }
     let s: &RunSummary = &decoded.summary;
     Ok(E2eRun {
@@ -875,6 +880,38 @@ fn e2e_run(
         tok_s_per_stream: s.tok_s_per_stream,
         step_us: s.step_us.mean,
         miss_rate: s.miss_rate,
+    })
+}
+
+/// The `host` sample of a calibration block whose layers have a CPU share (the host's
+/// planning and submitting spans per layer, and the mean counts); `None` without one.
+fn host_sample(kind: StrategyKind, streams: usize, block: &[&StepRecord]) -> Option<HostSample> {
+    let layers: Vec<_> = block
+        .iter()
+        .flat_map(|r| r.layers.iter())
+        .filter(|l| l.counts.cpu > 0)
+        .collect();
+    if layers.is_empty() {
+        return None;
+    }
+    let n = layers.len() as f64;
+    let mut counts = PerfCounts::default();
+    let mut time_us = 0.0;
+    for l in &layers {
+        let c = perf_counts(&l.counts);
+        counts.hits += c.hits / n;
+        counts.hit_tokens += c.hit_tokens / n;
+        counts.fetched += c.fetched / n;
+        counts.fetched_tokens += c.fetched_tokens / n;
+        counts.cpu += c.cpu / n;
+        counts.cpu_tokens += c.cpu_tokens / n;
+        time_us += l.host_submit_us / n;
+    }
+    (time_us > 0.0).then_some(HostSample {
+        strategy: kind,
+        streams: streams as u32,
+        counts,
+        time_us,
     })
 }
 
@@ -1915,6 +1952,16 @@ mod tests {
             .find(|st| st.strategy == StrategyKind::Offload)
             .unwrap();
         assert!(offload.layers.iter().all(|c| c.cpu == 0.0));
+        // The host's own time per layer from every calibration block with a CPU share (cpu
+        // and hybrid at both stream counts), none from the others.
+        assert_eq!(s.host.len(), 2 * 2, "{:?}", s.host);
+        for h in &s.host {
+            assert!(matches!(
+                h.strategy,
+                StrategyKind::Cpu | StrategyKind::Hybrid
+            ));
+            assert!(h.counts.cpu > 0.0 && h.time_us > 0.0, "{h:?}");
+        }
         assert!(
             out.bench_bw.is_none(),
             "the tiny model's geometries are not the bench's"

@@ -14,7 +14,7 @@
 //! | gather (H2D copy stream) | `gather_layer_us` once, then per expert `gather_copy_us` + bytes at `gather_gbs` |
 //! | CPU share | `cpu_fixed_us` (less the pool wake-up, paid only when parked), then bytes (times `1 + cpu_serving_slowdown`) at `cpu_rate_gbs(threads)` |
 //! | contention | `dram_shares(cpu rate, gather rate)` while both stream bytes |
-//! | round trip | activations to the host at `activation_link_gbs`, `sync_us`, the partial output back; the host's gather issue beyond the dense part (`host_issue_wait_us`) before the CPU share |
+//! | round trip | activations to the host at `activation_link_gbs`, `sync_us`, the partial output back; the host's own time in the layer (planning, submitting) beyond the dense part (`host_issue_wait_us`) before the CPU share |
 //! | combine | `combine_us` (a launch) |
 //! | overhead | `overhead.get(kind)` after the layer |
 //! | several GPUs | per GPU: `gpu_expert_shape` experts, `gpu_cpu_threads` CPU workers, one link; `peer_combine_us` after all |
@@ -246,11 +246,11 @@ impl CostModel {
                 per_transfer_ns: 0.0,
             },
             sync_ns: us(p.sync_us),
-            // The host issues the gather before it runs the CPU share
+            // The host plans and submits the layer before it runs the CPU share
             // (`PerfParams::host_issue_wait_us`, beyond the dense part).
             fixed_ns: (us(p.cpu_fixed_us(c.cpu, c.cpu_tokens, s, threads)) - us(self.wake_us))
                 .max(0.0)
-                + us(p.host_issue_wait_us(c.fetched, dense_ns / NS_PER_US)),
+                + us(p.host_issue_wait_us(c, streams as f64, dense_ns / NS_PER_US)),
             // The decode layer's stream: the serving slowdown as bytes streamed at the same
             // demand (`PerfParams::cpu_serving_stream_us`).
             bytes: c.cpu * s.bytes * (1.0 + p.serving_slowdown(threads)),

@@ -16,6 +16,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::step::LayerCounts;
 use super::{PerfParams, ACTIVATION_BYTES_PER_ELEMENT};
 use crate::placement::GpuPlacement;
 use crate::preset::{DenseSpec, ModelSpec};
@@ -134,16 +135,30 @@ impl PerfParams {
             + self.gather_stream_us(experts, bytes) * self.gather_gbs / dma
     }
 
-    /// Time the CPU share of a hybrid layer waits for the host beyond the layer's dense
-    /// part, in us: the runtime's one host thread issues the layer's gather (one copy call
-    /// per fetched expert) before it runs the CPU share, and issuing runs while the GPU
-    /// computes the dense part, so the CPU share starts at `max(dense, issue)` after the
-    /// layer's start. The issue time is the gather's fixed part
+    /// The host thread's own time in one layer doing `c` at `streams` streams, in us: the
+    /// fitted [`HostCost`] (`layer_us + expert_us x (hits + fetched) + cpu_expert_us x cpu +
+    /// stream_us x streams`), and never less than issuing the layer's gather
     /// ([`PerfParams::gather_fixed_us`]: the `gather` probe's per-layer and per-copy costs,
-    /// timed from the first copy's submission). `dense_us` is the layer's dense part, in
-    /// us; 0 without fetched experts.
-    pub fn host_issue_wait_us(&self, fetched: f64, dense_us: f64) -> f64 {
-        (self.gather_fixed_us(fetched) - dense_us).max(0.0)
+    /// timed from the first copy's submission), which is all a profile without the fitted
+    /// term has.
+    pub fn host_layer_us(&self, c: &LayerCounts, streams: f64) -> f64 {
+        let h = &self.host;
+        let fitted = h.layer_us
+            + h.expert_us * (c.hits + c.fetched)
+            + h.cpu_expert_us * c.cpu
+            + h.stream_us * streams;
+        fitted.max(self.gather_fixed_us(c.fetched))
+    }
+
+    /// Time the CPU share of a layer waits for the host beyond the layer's dense part, in
+    /// us: the runtime's one host thread plans and submits the layer's GPU work (the
+    /// gather's copies among it) and, after the CPU share, the merge and the combine
+    /// ([`PerfParams::host_layer_us`]), and it is one of the CPU pool's workers, so none of
+    /// that overlaps the CPU share. Submitting runs while the GPU computes the dense part,
+    /// so the CPU path waits for what the host's time takes beyond it. `dense_us` is the
+    /// layer's dense part, in us.
+    pub fn host_issue_wait_us(&self, c: &LayerCounts, streams: f64, dense_us: f64) -> f64 {
+        (self.host_layer_us(c, streams) - dense_us).max(0.0)
     }
 
     // ------------------------------------------------------------------ CPU
@@ -805,10 +820,34 @@ mod tests {
         let mut p = params();
         p.gather_layer_us = 3.0;
         p.gather_copy_us = 4.0;
-        // 10 copies: 3 + 10 x 4 = 43 us of issue.
-        assert_eq!(p.host_issue_wait_us(10.0, 20.0), 23.0);
-        assert_eq!(p.host_issue_wait_us(10.0, 50.0), 0.0);
-        assert_eq!(p.host_issue_wait_us(0.0, 0.0), 0.0);
+        let layer = |hits: f64, fetched: f64, cpu: f64| LayerCounts {
+            hits,
+            hit_tokens: hits,
+            fetched,
+            fetched_tokens: fetched,
+            cpu,
+            cpu_tokens: cpu,
+        };
+        // Without the fitted term, the gather's issue: 10 copies, 3 + 10 x 4 = 43 us.
+        assert_eq!(
+            p.host_issue_wait_us(&layer(0.0, 10.0, 5.0), 2.0, 20.0),
+            23.0
+        );
+        assert_eq!(p.host_issue_wait_us(&layer(0.0, 10.0, 5.0), 2.0, 50.0), 0.0);
+        assert_eq!(p.host_issue_wait_us(&layer(0.0, 0.0, 5.0), 1.0, 0.0), 0.0);
+        // The fitted host time, where it is longer: 60 + 2 x (3 + 10) + 1.5 x 5 + 4 x 2.
+        p.host = super::super::HostCost {
+            layer_us: 60.0,
+            expert_us: 2.0,
+            cpu_expert_us: 1.5,
+            stream_us: 4.0,
+        };
+        let c = layer(3.0, 10.0, 5.0);
+        assert_eq!(p.host_layer_us(&c, 2.0), 101.5);
+        assert_eq!(p.host_issue_wait_us(&c, 2.0, 20.0), 81.5);
+        // A fitted time shorter than the gather's issue is floored at it.
+        p.host.layer_us = 0.0;
+        assert_eq!(p.host_layer_us(&layer(0.0, 10.0, 0.0), 0.0), 43.0);
     }
 
     #[test]

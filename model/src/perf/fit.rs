@@ -28,6 +28,11 @@
 //!   work: GPU records an event after writing `streams x hidden` activations, the host
 //!   copies them out, signals a GPU-visible flag with a partial output of the same size,
 //!   the GPU waits on it; from the event record to the GPU's wait returning.
+//! - [`HostSample`] (`host`): the host thread's own time per layer (planning the layer,
+//!   submitting its GPU work, launching the merge and combine after a CPU share: the
+//!   runtime's host spans) over the layers of one calibration block of the `step` probe
+//!   below that has a CPU share (`cpu`, `hybrid`), with the block's mean counts: no probe
+//!   time of its own. In such a layer the host's time is serial with the CPU share.
 //! - [`StepSample`] (`step`): one decode step of a strategy end to end on the served model,
 //!   with the per-layer counts the planner produced: the calibration runs fit the
 //!   per-strategy overheads and the run noise; the **validation** runs are never fitted
@@ -45,7 +50,9 @@
 //! 3. `gpu-experts` and `dense`: `gpu_hbm_gbs`, `gpu_launch_us`, `gpu_token_gmacs`,
 //!    `dense_layer_us`;
 //! 4. `round-trip`: `sync_us`;
-//! 5. contended `gather` and `cpu-step`: `dram_gbs`, `dma_dram_weight`, with 1 and 2 fixed.
+//! 5. contended `gather` and `cpu-step`: `dram_gbs`, `dma_dram_weight`, with 1 and 2 fixed,
+//!    then `host`: the [`PerfParams::host`] costs (`layer_us`, `expert_us`,
+//!    `cpu_expert_us`, `stream_us`) from the `host` samples.
 //!
 //! A parameter the stage's samples cannot determine (its Jacobian column is zero or a
 //! combination of the others', e.g. the thread exponent when every sample ran at the
@@ -167,6 +174,22 @@ pub struct RoundTripSample {
     pub time_us: f64,
 }
 
+/// One `host` measurement (module docs): the host thread's own time per layer (its
+/// planning and submitting spans) over the layers of one calibration block of the `step`
+/// probe, with the block's mean counts per layer.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostSample {
+    /// Strategy of the block (for reports).
+    pub strategy: StrategyKind,
+    /// Streams of the block.
+    pub streams: u32,
+    /// Mean counts per layer.
+    pub counts: LayerCounts,
+    /// Mean host time per layer, in us.
+    pub time_us: f64,
+}
+
 /// Whether an end-to-end sample calibrates the model or only validates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -221,6 +244,8 @@ pub struct ProbeSamples {
     pub dense: Vec<DenseSample>,
     /// `round-trip` samples.
     pub round_trip: Vec<RoundTripSample>,
+    /// `host` samples (from the `step` probe's calibration blocks with a CPU share).
+    pub host: Vec<HostSample>,
     /// `step` samples.
     pub step: Vec<StepSample>,
 }
@@ -291,6 +316,15 @@ impl Predict for DenseSample {
 impl Predict for RoundTripSample {
     fn predict_us(&self, p: &PerfParams) -> f64 {
         p.sync_round_trip_us(self.streams as f64, self.hidden as f64)
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for HostSample {
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        p.host_layer_us(&self.counts, self.streams as f64)
     }
     fn measured_us(&self) -> f64 {
         self.time_us
@@ -701,6 +735,8 @@ fn run_stage(
 /// Move the start of a stage where its samples can see every parameter: the contention
 /// stage starts with DRAM short of the summed demand of its samples (the shares have no
 /// gradient where nothing contends).
+/// The host stage starts from half the mean measured time per layer and 1 us per expert
+/// and stream where the prior has no host term (a zero has no log).
 fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
     if name == "contention" && !samples.is_empty() {
         let demand = p.cpu_gbs + p.gather_gbs;
@@ -708,7 +744,22 @@ fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
             p.dram_gbs = CONTENTION_START * demand;
         }
     }
+    if name == "host" && !samples.is_empty() {
+        let mean = samples.iter().map(|s| s.measured_us()).sum::<f64>() / samples.len() as f64;
+        let h = &mut p.host;
+        if h.layer_us <= 0.0 {
+            h.layer_us = 0.5 * mean;
+        }
+        for v in [&mut h.expert_us, &mut h.cpu_expert_us, &mut h.stream_us] {
+            if *v <= 0.0 {
+                *v = HOST_START_US;
+            }
+        }
+    }
 }
+
+/// Where the host stage starts a per-expert or per-stream cost the prior has at zero, in us.
+const HOST_START_US: f64 = 1.0;
 
 /// How far above its start a fitted parameter may go: a factor of 100.
 ///
@@ -1031,6 +1082,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         .iter()
         .map(|s| s as &dyn Predict)
         .collect();
+    let host: Vec<&dyn Predict> = samples.host.iter().map(|s| s as &dyn Predict).collect();
     let contended: Vec<&dyn Predict> = samples
         .gather
         .iter()
@@ -1045,7 +1097,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         )
         .collect();
 
-    let stages: [(&'static str, &[ParamId], Vec<&dyn Predict>); 5] = [
+    let stages: [(&'static str, &[ParamId], Vec<&dyn Predict>); 6] = [
         (
             "gather",
             &[
@@ -1081,6 +1133,16 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             "contention",
             &[ParamId::DramGbs, ParamId::DmaDramWeight],
             contended,
+        ),
+        (
+            "host",
+            &[
+                ParamId::HostLayerUs,
+                ParamId::HostExpertUs,
+                ParamId::HostCpuExpertUs,
+                ParamId::HostStreamUs,
+            ],
+            host,
         ),
     ];
     for (name, ids, s) in stages {
@@ -1278,6 +1340,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
     residuals_of("gpu-experts", &samples.gpu_experts, &params, &mut residuals);
     residuals_of("dense", &samples.dense, &params, &mut residuals);
     residuals_of("round-trip", &samples.round_trip, &params, &mut residuals);
+    residuals_of("host", &samples.host, &params, &mut residuals);
     let step_res: Vec<Residual> = samples
         .step
         .iter()
@@ -1336,6 +1399,12 @@ mod tests {
         p.gpu_token_gmacs = 40_000.0;
         p.dense_layer_us = 8.0;
         p.sync_us = 15.0;
+        p.host = super::super::HostCost {
+            layer_us: 60.0,
+            expert_us: 2.5,
+            cpu_expert_us: 1.5,
+            stream_us: 4.0,
+        };
         p.overhead.offload_us = 6.0;
         p.overhead.hybrid_us = 11.0;
         p.cpu_serving_slowdown = 0.2;
@@ -1465,6 +1534,29 @@ mod tests {
                 };
                 r.time_us = noisy(&mut rng, r.predict_us(t));
                 s.round_trip.push(r);
+            }
+        }
+        // Host spans of blocks with a CPU share: 1 to 8 streams, various splits.
+        for streams in [1u32, 2, 4, 8] {
+            for k in 0..4 {
+                let gpu = (4 * k + streams) as f64;
+                let cpu = (3 + k * k) as f64 + streams as f64;
+                let counts = LayerCounts {
+                    hits: gpu / 2.0,
+                    hit_tokens: gpu / 2.0,
+                    fetched: gpu / 2.0,
+                    fetched_tokens: gpu / 2.0,
+                    cpu,
+                    cpu_tokens: cpu,
+                };
+                let mut h = HostSample {
+                    strategy: StrategyKind::Hybrid,
+                    streams,
+                    counts,
+                    time_us: 0.0,
+                };
+                h.time_us = noisy(&mut rng, h.predict_us(t));
+                s.host.push(h);
             }
         }
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();

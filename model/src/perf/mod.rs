@@ -78,6 +78,32 @@ impl StrategyOverheads {
     }
 }
 
+/// The host thread's own time per layer, in us: planning the layer, submitting its GPU
+/// work (the dense launches, the gather's copies, events, the expert launches) and, after a
+/// CPU share, launching the merge and the combine. The runtime's one host thread does this
+/// between CPU shares (it is one of the pool's workers), so in a layer with a CPU share it
+/// is serial with the CPU work ([`PerfParams::host_issue_wait_us`]).
+///
+/// `layer_us + expert_us x (hits + fetched) + cpu_expert_us x cpu + stream_us x streams`
+/// ([`PerfParams::host_layer_us`]). Probe `step`: the host spans the runtime records in
+/// each layer of the calibration blocks that have a CPU share ([`fit::HostSample`]). Zero
+/// (no such term) in a host spec and in profiles written before it existed: there the
+/// host's time is the gather's issue alone ([`PerfParams::gather_fixed_us`]). On the H200
+/// (2026-12-05, 02:02Z grid) it was 83 to 336 us per hybrid layer against a 15 to 45 us
+/// round trip: a quarter of a 1-stream qwen3.8-flash-next layer.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HostCost {
+    /// Per layer, in us.
+    pub layer_us: f64,
+    /// Per expert computed on the GPU (hits and fetched), in us.
+    pub expert_us: f64,
+    /// Per expert computed on the CPU, in us.
+    pub cpu_expert_us: f64,
+    /// Per stream of the step, in us.
+    pub stream_us: f64,
+}
+
 /// The CPU share's serving slowdown measured at a thread count other than the profile's
 /// serving one ([`PerfParams::cpu_serving_slowdown_at`]).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -169,6 +195,10 @@ pub struct PerfParams {
     /// One GPU-to-CPU-to-GPU round trip of a hybrid layer without its activation bytes
     /// (event record, host wait, signal back), in us. Probe `round-trip`.
     pub sync_us: f64,
+    /// The host thread's own time per layer (planning and submitting), in us ([`HostCost`]).
+    /// Probe `step`: the host spans of the calibration blocks.
+    #[serde(default)]
+    pub host: HostCost,
 
     // ---- end-to-end calibration (probe: `step`) ----
     /// How much longer the CPU share of a decode layer takes to stream its expert weights
@@ -280,6 +310,14 @@ pub enum ParamId {
     SyncUs,
     /// [`PerfParams::cpu_serving_slowdown`].
     CpuServingSlowdown,
+    /// [`HostCost::layer_us`].
+    HostLayerUs,
+    /// [`HostCost::expert_us`].
+    HostExpertUs,
+    /// [`HostCost::cpu_expert_us`].
+    HostCpuExpertUs,
+    /// [`HostCost::stream_us`].
+    HostStreamUs,
     /// [`StrategyOverheads::offload_us`].
     OverheadOffloadUs,
     /// [`StrategyOverheads::hybrid_us`].
@@ -292,7 +330,7 @@ pub enum ParamId {
 
 impl ParamId {
     /// Every parameter, in report order.
-    pub const ALL: [ParamId; 20] = [
+    pub const ALL: [ParamId; 24] = [
         ParamId::GatherGbs,
         ParamId::GatherLayerUs,
         ParamId::GatherCopyUs,
@@ -308,6 +346,10 @@ impl ParamId {
         ParamId::GpuTokenGmacs,
         ParamId::DenseLayerUs,
         ParamId::SyncUs,
+        ParamId::HostLayerUs,
+        ParamId::HostExpertUs,
+        ParamId::HostCpuExpertUs,
+        ParamId::HostStreamUs,
         ParamId::CpuServingSlowdown,
         ParamId::OverheadOffloadUs,
         ParamId::OverheadHybridUs,
@@ -333,6 +375,10 @@ impl ParamId {
             ParamId::GpuTokenGmacs => "gpu_token_gmacs",
             ParamId::DenseLayerUs => "dense_layer_us",
             ParamId::SyncUs => "sync_us",
+            ParamId::HostLayerUs => "host.layer_us",
+            ParamId::HostExpertUs => "host.expert_us",
+            ParamId::HostCpuExpertUs => "host.cpu_expert_us",
+            ParamId::HostStreamUs => "host.stream_us",
             ParamId::CpuServingSlowdown => "cpu_serving_slowdown",
             ParamId::OverheadOffloadUs => "overhead.offload_us",
             ParamId::OverheadHybridUs => "overhead.hybrid_us",
@@ -626,6 +672,7 @@ impl PerfParams {
             gpu_token_gmacs: e.gpu_token_gmacs,
             dense_layer_us: e.dense_layer_us,
             sync_us: e.hybrid_round_trip_us,
+            host: HostCost::default(),
             cpu_serving_slowdown: 0.0,
             cpu_serving_slowdown_at: Vec::new(),
             overhead: StrategyOverheads::default(),
@@ -717,6 +764,10 @@ impl PerfParams {
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs,
             ParamId::DenseLayerUs => self.dense_layer_us,
             ParamId::SyncUs => self.sync_us,
+            ParamId::HostLayerUs => self.host.layer_us,
+            ParamId::HostExpertUs => self.host.expert_us,
+            ParamId::HostCpuExpertUs => self.host.cpu_expert_us,
+            ParamId::HostStreamUs => self.host.stream_us,
             ParamId::CpuServingSlowdown => self.cpu_serving_slowdown,
             ParamId::OverheadOffloadUs => self.overhead.offload_us,
             ParamId::OverheadHybridUs => self.overhead.hybrid_us,
@@ -743,6 +794,10 @@ impl PerfParams {
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs = v,
             ParamId::DenseLayerUs => self.dense_layer_us = v,
             ParamId::SyncUs => self.sync_us = v,
+            ParamId::HostLayerUs => self.host.layer_us = v,
+            ParamId::HostExpertUs => self.host.expert_us = v,
+            ParamId::HostCpuExpertUs => self.host.cpu_expert_us = v,
+            ParamId::HostStreamUs => self.host.stream_us = v,
             ParamId::CpuServingSlowdown => self.cpu_serving_slowdown = v,
             ParamId::OverheadOffloadUs => self.overhead.offload_us = v,
             ParamId::OverheadHybridUs => self.overhead.hybrid_us = v,
@@ -781,6 +836,10 @@ impl PerfParams {
             ("gpu_launch_us", self.gpu_launch_us),
             ("dense_layer_us", self.dense_layer_us),
             ("sync_us", self.sync_us),
+            ("host.layer_us", self.host.layer_us),
+            ("host.expert_us", self.host.expert_us),
+            ("host.cpu_expert_us", self.host.cpu_expert_us),
+            ("host.stream_us", self.host.stream_us),
             ("run_noise_rel", self.run_noise_rel),
             ("gpu_reserve_bytes", self.gpu_reserve_bytes),
             ("peer_latency_us", self.peer_latency_us),

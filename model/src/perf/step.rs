@@ -12,9 +12,12 @@
 //!    - the **CPU** path of hybrid and cpu: activations to the host, the CPU expert step,
 //!      the partial output back (`cpu + sync`), contending with the gather for DRAM. The
 //!      CPU step is the decode layer's (`cpu_share_us`: the probe's with the calibrated
-//!      serving slowdown on its weight stream), and it starts only once the host thread
-//!      has issued the layer's gather (`host_issue_wait_us`, counted in `sync`: issuing
-//!      overlaps the dense part, so only what it takes beyond the dense part delays it).
+//!      serving slowdown on its weight stream), and it waits for the host thread's own
+//!      time in the layer: planning it, submitting its GPU work (the gather's copies among
+//!      it), launching the merge and combine after the CPU share (`host_issue_wait_us`,
+//!      counted in `sync`). The host thread is one of the CPU pool's workers, so that time
+//!      is serial with the CPU share; it overlaps the dense part, so only what it takes
+//!      beyond the dense part delays the CPU path.
 //! 3. The **fetched** experts are computed on the GPU once the whole gather has landed and
 //!    the hits are done (one launch over them).
 //! 4. Where the CPU computed experts, the GPU **combines** the CPU's partial output once both
@@ -293,7 +296,7 @@ impl PerfParams {
         let (sync, combine) = if has_cpu {
             (
                 self.sync_round_trip_us(shape.streams, shape.hidden)
-                    + self.host_issue_wait_us(c.fetched, dense),
+                    + self.host_issue_wait_us(c, shape.streams, dense),
                 self.combine_us(),
             )
         } else {
@@ -398,7 +401,7 @@ impl PerfParams {
             contention += o.gather_lost_us + o.cpu_lost_us;
             let (sync_g, sum) = if has_cpu {
                 (
-                    sync + self.host_issue_wait_us(c.fetched, dense),
+                    sync + self.host_issue_wait_us(c, shape.streams, dense),
                     self.combine_us(),
                 )
             } else {

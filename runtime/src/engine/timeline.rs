@@ -121,12 +121,19 @@ pub(crate) fn add_spans(
     };
     let (mut prev_compute, mut prev_copy, mut prev_act) = (t0, t0, t0);
     for (l, (m, ev)) in marks.iter().zip(events).enumerate() {
+        // The host's own time in the layer: planning and submitting it (with a CPU share,
+        // up to its wait for the activations: planning the next layer is in it), and after
+        // the CPU share the merge and the combine. Without one, all of it in one span.
         span(
             Lane::HostSync,
             SpanKind::Submit,
             l,
             m.submit_start,
-            m.submit_end,
+            if m.cpu {
+                m.wait_start
+            } else {
+                m.layer_end_submit
+            },
             0,
             0,
         );
