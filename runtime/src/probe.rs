@@ -53,7 +53,7 @@ use ft_model::cache::CachePolicy;
 use ft_model::host::{CpuSpec, EngineSpec, GpuSpec, HostSpec, PcieSpec, GIB};
 use ft_model::perf::fit::{
     fit, CpuStepSample, DenseSample, FitConfig, FitReport, GatherSample, GpuExpertSample,
-    HostSample, ProbeSamples, RoundTripSample, SampleRole, StepSample,
+    HostSample, LinkSample, ProbeSamples, RoundTripSample, SampleRole, StepSample,
 };
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::{ExpertShape, LayerCounts as PerfCounts, PerfModel, PerfParams, StepShape};
@@ -70,7 +70,7 @@ use crate::engine::{decode, draw_routing, token_input, DecodeOptions, Engine, En
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
 use crate::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
-use crate::instrument::{LayerCounts as RunCounts, RunSummary, StepRecord};
+use crate::instrument::{LayerCounts as RunCounts, LayerRecord, RunSummary, StepRecord};
 use crate::slots::{SlotPool, DEFAULT_RESERVE_BYTES};
 
 /// Default wall-clock budget of the whole probe, in s (the limit on the GPU machine).
@@ -864,6 +864,9 @@ fn e2e_run(
             if let Some(h) = host_sample(kind, streams, block) {
                 samples.host.push(h);
             }
+            if let Some(l) = link_sample(model_l, streams, engine.threads(), block) {
+                samples.link.push(l);
+            }
         }
     }
     let s: &RunSummary = &decoded.summary;
@@ -886,18 +889,57 @@ fn e2e_run(
 /// The `host` sample of a calibration block whose layers have a CPU share (the host's
 /// planning and submitting spans per layer, and the mean counts); `None` without one.
 fn host_sample(kind: StrategyKind, streams: usize, block: &[&StepRecord]) -> Option<HostSample> {
-    let layers: Vec<_> = block
+    let layers: Vec<&LayerRecord> = block
         .iter()
         .flat_map(|r| r.layers.iter())
         .filter(|l| l.counts.cpu > 0)
         .collect();
+    let (counts, time_us) = mean_counts(&layers, |l| l.host_submit_us)?;
+    Some(HostSample {
+        strategy: kind,
+        streams: streams as u32,
+        counts,
+        time_us,
+    })
+}
+
+/// The `link` sample of a calibration block whose layers both gathered and computed on the
+/// CPU (a hybrid block: the link's busy time per layer, the mean counts, the pool's
+/// threads); `None` without such layers or without timed copies.
+fn link_sample(
+    model: &ModelSpec,
+    streams: usize,
+    threads: usize,
+    block: &[&StepRecord],
+) -> Option<LinkSample> {
+    let layers: Vec<&LayerRecord> = block
+        .iter()
+        .flat_map(|r| r.layers.iter())
+        .filter(|l| l.counts.cpu > 0 && l.counts.fetched > 0)
+        .collect();
+    let (counts, time_us) = mean_counts(&layers, |l| l.pcie_busy_us)?;
+    Some(LinkSample {
+        streams: streams as u32,
+        threads: Some(threads as u32),
+        expert: ExpertShape::of(model),
+        counts,
+        time_us,
+    })
+}
+
+/// The mean counts of `layers` and the mean of `time` over them, in us; `None` without
+/// layers or where that mean is not positive (the spans were not timed).
+fn mean_counts(
+    layers: &[&LayerRecord],
+    time: impl Fn(&LayerRecord) -> f64,
+) -> Option<(PerfCounts, f64)> {
     if layers.is_empty() {
         return None;
     }
     let n = layers.len() as f64;
     let mut counts = PerfCounts::default();
     let mut time_us = 0.0;
-    for l in &layers {
+    for l in layers {
         let c = perf_counts(&l.counts);
         counts.hits += c.hits / n;
         counts.hit_tokens += c.hit_tokens / n;
@@ -905,14 +947,9 @@ fn host_sample(kind: StrategyKind, streams: usize, block: &[&StepRecord]) -> Opt
         counts.fetched_tokens += c.fetched_tokens / n;
         counts.cpu += c.cpu / n;
         counts.cpu_tokens += c.cpu_tokens / n;
-        time_us += l.host_submit_us / n;
+        time_us += time(l) / n;
     }
-    (time_us > 0.0).then_some(HostSample {
-        strategy: kind,
-        streams: streams as u32,
-        counts,
-        time_us,
-    })
+    (time_us > 0.0).then_some((counts, time_us))
 }
 
 /// The model's counts of a layer from the engine's record. The record carries the GPU's
@@ -1961,6 +1998,12 @@ mod tests {
                 StrategyKind::Cpu | StrategyKind::Hybrid
             ));
             assert!(h.counts.cpu > 0.0 && h.time_us > 0.0, "{h:?}");
+        }
+        // The link's busy time beside a CPU share, from the hybrid blocks alone.
+        assert!(!s.link.is_empty());
+        for l in &s.link {
+            assert!(l.counts.fetched > 0.0 && l.counts.cpu > 0.0, "{l:?}");
+            assert!(l.time_us > 0.0 && l.threads.is_some(), "{l:?}");
         }
         assert!(
             out.bench_bw.is_none(),

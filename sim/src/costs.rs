@@ -11,7 +11,7 @@
 //! |---|---|
 //! | dense part (GPU stream) | `dense_us(dense, streams, context)` |
 //! | hit / fetched kernel | `gpu_experts_us` = launch + kernel (the launch hides when queued) |
-//! | gather (H2D copy stream) | `gather_layer_us` once, then per expert `gather_copy_us` + bytes at `gather_gbs` |
+//! | gather (H2D copy stream) | `gather_layer_us` once, then per expert `gather_copy_us` + bytes (times `link_serving_factor(threads)` beside a CPU share) at `gather_gbs` |
 //! | CPU share | `cpu_fixed_us` (less the pool wake-up, paid only when parked), then bytes (times `1 + cpu_serving_slowdown`) at `cpu_rate_gbs(threads)` |
 //! | contention | `dram_shares(cpu rate, gather rate)` while both stream bytes |
 //! | round trip | activations to the host at `activation_link_gbs`, `sync_us`, the partial output back; the host's own time in the layer (planning, submitting) beyond the dense part (`host_issue_wait_us`) before the CPU share |
@@ -228,10 +228,17 @@ impl CostModel {
         let threads = self.lane_threads(gpu);
         let launch = us(p.gpu_launch_us);
         let kernel = |n: f64, t: f64| (us(p.gpu_experts_us(n, t, s)) - launch).max(0.0);
+        // Beside a CPU share the gather streams longer than its probe
+        // (`PerfParams::link_serving_factor`): as bytes at the same rate, like the CPU's.
+        let link_factor = if c.cpu > 0.0 {
+            p.link_serving_factor(threads)
+        } else {
+            1.0
+        };
         let gather = (c.fetched > 0.0).then(|| TransferJob {
             tag: TAG_GATHER,
             count: c.fetched as u32,
-            bytes_each: s.bytes,
+            bytes_each: s.bytes * link_factor,
             setup_ns: us(p.gather_layer_us),
             per_transfer_ns: us(p.gather_copy_us),
         });

@@ -283,6 +283,20 @@ impl PerfParams {
         self.cpu_stream_us(experts, shape, threads) * (1.0 + self.serving_slowdown(threads))
     }
 
+    /// How much longer a decode layer's gather streams beside a CPU share of `threads`
+    /// threads than the contended probe's, as a factor: `1 + link_serving_slowdown x
+    /// cpu_rate(threads) / cpu_rate(cpu_threads)` (the slowdown is measured at the serving
+    /// threads and follows the pool's DRAM demand elsewhere).
+    pub fn link_serving_factor(&self, threads: f64) -> f64 {
+        let serving = self.cpu_rate_gbs(self.cpu_threads as f64);
+        let demand = if serving > 0.0 {
+            self.cpu_rate_gbs(threads) / serving
+        } else {
+            1.0
+        };
+        1.0 + self.link_serving_slowdown * demand
+    }
+
     /// Time of the CPU share of a decode layer over `experts` experts serving `tokens`
     /// (token, expert) pairs with `threads` threads, alone, in us: [`PerfParams::cpu_fixed_us`]
     /// plus [`PerfParams::cpu_serving_stream_us`] (the `cpu-step` probe's time with the
@@ -334,9 +348,10 @@ impl PerfParams {
     /// Both byte streams are assumed to start at the same time (their fixed costs are added
     /// after, which overstates the overlap slightly and so the contention): while both
     /// stream, each runs at its contended rate ([`PerfParams::dram_shares`]); when one
-    /// finishes the other continues alone at its isolated rate. The CPU's stream is the
-    /// decode layer's ([`PerfParams::cpu_serving_stream_us`]): its serving slowdown makes it
-    /// longer at the same DRAM demand.
+    /// finishes the other continues alone at its isolated rate. Both streams are the decode
+    /// layer's: the CPU's with its serving slowdown ([`PerfParams::cpu_serving_stream_us`]),
+    /// the gather's, where a CPU share runs beside it, with the link's
+    /// ([`PerfParams::link_serving_factor`]); each is longer at the same DRAM demand.
     pub fn overlapped(
         &self,
         gather_experts: f64,
@@ -345,8 +360,13 @@ impl PerfParams {
         shape: ExpertShape,
         threads: f64,
     ) -> Overlap {
-        let sg = self.gather_stream_us(gather_experts, shape.bytes);
         let sc = self.cpu_serving_stream_us(cpu_experts, shape, threads);
+        let sg = self.gather_stream_us(gather_experts, shape.bytes)
+            * if sc > 0.0 {
+                self.link_serving_factor(threads)
+            } else {
+                1.0
+            };
         let fg = self.gather_fixed_us(gather_experts);
         let fc = self.cpu_fixed_us(cpu_experts, cpu_tokens, shape, threads);
         let (mut end_g, mut end_c) = (sg, sc);
@@ -387,8 +407,13 @@ impl PerfParams {
         let mut streams: Vec<(f64, f64, bool, usize)> = Vec::with_capacity(2 * gpus.len());
         let mut alone = vec![(0.0f64, 0.0f64); gpus.len()];
         for (i, g) in gpus.iter().enumerate() {
-            let sg = self.gather_stream_us(g.gather_experts, shape.bytes);
             let sc = self.cpu_serving_stream_us(g.cpu_experts, shape, g.threads);
+            let sg = self.gather_stream_us(g.gather_experts, shape.bytes)
+                * if sc > 0.0 {
+                    self.link_serving_factor(g.threads)
+                } else {
+                    1.0
+                };
             alone[i] = (sg, sc);
             if sg > 0.0 {
                 streams.push((sg, self.gather_gbs, false, i));
@@ -813,6 +838,28 @@ mod tests {
         // Alone in a hybrid layer (no gather), the same.
         let o = p.overlapped(0.0, 6.0, 7.0, s, 24.0);
         assert!((o.cpu_us - probe - extra).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_links_serving_slowdown_follows_the_pools_demand_and_needs_a_cpu_share() {
+        let mut p = params();
+        let s = shape();
+        let serving = p.cpu_threads as f64;
+        let alone = p.overlapped(6.0, 0.0, 0.0, s, serving);
+        let beside = p.overlapped(6.0, 4.0, 4.0, s, serving);
+        assert_eq!(p.link_serving_factor(serving), 1.0);
+        p.link_serving_slowdown = 0.1;
+        assert!((p.link_serving_factor(serving) - 1.1).abs() < 1e-12);
+        // Fewer threads ask less of DRAM: the slowdown shrinks with their rate.
+        let few = serving / 4.0;
+        let want = 1.0 + 0.1 * p.cpu_rate_gbs(few) / p.cpu_rate_gbs(serving);
+        assert!((p.link_serving_factor(few) - want).abs() < 1e-12);
+        // A gather alone is the probe's; beside a CPU share its stream is 10% longer.
+        assert_eq!(p.overlapped(6.0, 0.0, 0.0, s, serving), alone);
+        let slowed = p.overlapped(6.0, 4.0, 4.0, s, serving);
+        assert!(slowed.gather_us > beside.gather_us, "{slowed:?} {beside:?}");
+        let stream = p.gather_stream_us(6.0, s.bytes);
+        assert!(slowed.gather_us - beside.gather_us >= 0.1 * stream - 1e-9);
     }
 
     #[test]

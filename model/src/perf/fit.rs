@@ -33,6 +33,11 @@
 //!   runtime's host spans) over the layers of one calibration block of the `step` probe
 //!   below that has a CPU share (`cpu`, `hybrid`), with the block's mean counts: no probe
 //!   time of its own. In such a layer the host's time is serial with the CPU share.
+//! - [`LinkSample`] (`link`): the link's busy time per layer (the runtime's copy spans) over
+//!   the layers of one hybrid calibration block of the `step` probe that both gathered and
+//!   computed on the CPU, with the block's mean counts and threads: the gather as it runs
+//!   beside a decode layer's CPU share, which the contended `gather` probe (a CPU kernel
+//!   streaming throughout) does not slow as much.
 //! - [`StepSample`] (`step`): one decode step of a strategy end to end on the served model,
 //!   with the per-layer counts the planner produced: the calibration runs fit the
 //!   per-strategy overheads and the run noise; the **validation** runs are never fitted
@@ -51,8 +56,13 @@
 //!    `dense_layer_us`;
 //! 4. `round-trip`: `sync_us`;
 //! 5. contended `gather` and `cpu-step`: `dram_gbs`, `dma_dram_weight`, with 1 and 2 fixed,
-//!    then `host`: the [`PerfParams::host`] costs (`layer_us`, `expert_us`,
-//!    `cpu_expert_us`, `stream_us`) from the `host` samples.
+//!    then `host`: the [`PerfParams::host`] costs (`layer_us`, `expert_us`, `cpu_expert_us`,
+//!    `stream_us`) from the `host` samples.
+//!
+//! Then `link`: `link_serving_slowdown` from the `link` samples at the serving threads, with
+//! the serving slowdown of stage 6 below estimated once before it (a link sample's gather
+//! overlaps a CPU share as long as that slowdown makes it); stage 6 then fits the slowdown
+//! again with the link's.
 //!
 //! A parameter the stage's samples cannot determine (its Jacobian column is zero or a
 //! combination of the others', e.g. the thread exponent when every sample ran at the
@@ -190,6 +200,25 @@ pub struct HostSample {
     pub time_us: f64,
 }
 
+/// One `link` measurement (module docs): the link's busy time per layer over the layers
+/// of one hybrid calibration block of the `step` probe that both gathered and computed on
+/// the CPU, with the block's mean counts.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSample {
+    /// Streams of the block.
+    pub streams: u32,
+    /// Threads of the CPU pool; `None`: the serving threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// The routed expert.
+    pub expert: ExpertShape,
+    /// Mean counts per layer.
+    pub counts: LayerCounts,
+    /// Mean busy time of the link per layer, in us.
+    pub time_us: f64,
+}
+
 /// Whether an end-to-end sample calibrates the model or only validates it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -246,6 +275,8 @@ pub struct ProbeSamples {
     pub round_trip: Vec<RoundTripSample>,
     /// `host` samples (from the `step` probe's calibration blocks with a CPU share).
     pub host: Vec<HostSample>,
+    /// `link` samples (from the `step` probe's hybrid calibration blocks).
+    pub link: Vec<LinkSample>,
     /// `step` samples.
     pub step: Vec<StepSample>,
 }
@@ -325,6 +356,27 @@ impl Predict for RoundTripSample {
 impl Predict for HostSample {
     fn predict_us(&self, p: &PerfParams) -> f64 {
         p.host_layer_us(&self.counts, self.streams as f64)
+    }
+    fn measured_us(&self) -> f64 {
+        self.time_us
+    }
+}
+
+impl Predict for LinkSample {
+    /// The gather of [`PerfParams::overlapped`] under `p` re-expressed at the block's
+    /// threads where they differ (as [`StepSample`]).
+    fn predict_us(&self, p: &PerfParams) -> f64 {
+        let t = self.threads.unwrap_or(p.cpu_threads);
+        let at;
+        let p = if t != p.cpu_threads {
+            at = p.at_threads(t);
+            &at
+        } else {
+            p
+        };
+        let c = &self.counts;
+        p.overlapped(c.fetched, c.cpu, c.cpu_tokens, self.expert, t as f64)
+            .gather_us
     }
     fn measured_us(&self) -> f64 {
         self.time_us
@@ -744,6 +796,9 @@ fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
             p.dram_gbs = CONTENTION_START * demand;
         }
     }
+    if name == "link" && !samples.is_empty() && p.link_serving_slowdown <= 0.0 {
+        p.link_serving_slowdown = LINK_SLOWDOWN_START;
+    }
     if name == "host" && !samples.is_empty() {
         let mean = samples.iter().map(|s| s.measured_us()).sum::<f64>() / samples.len() as f64;
         let h = &mut p.host;
@@ -760,6 +815,10 @@ fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
 
 /// Where the host stage starts a per-expert or per-stream cost the prior has at zero, in us.
 const HOST_START_US: f64 = 1.0;
+
+/// Where the link stage starts a serving slowdown the prior has at zero (it is fitted in
+/// log space, so the fit keeps it positive: a link never faster than its contended probe).
+const LINK_SLOWDOWN_START: f64 = 0.05;
 
 /// How far above its start a fitted parameter may go: a factor of 100.
 ///
@@ -1182,6 +1241,31 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             ));
         }
     }
+    // The link's serving slowdown (stage `link`): its samples' gathers overlap a decode
+    // layer's CPU share, whose length is the serving slowdown's, so a first estimate of that
+    // comes before (from the blocks, without the link's), and the final one after.
+    let link: Vec<&dyn Predict> = samples
+        .link
+        .iter()
+        .filter(|s| s.threads.is_none_or(|t| t == serving))
+        .map(|s| s as &dyn Predict)
+        .collect();
+    if !link.is_empty() {
+        let mut first = params.clone();
+        if let Some(sd) = fit_serving_slowdown(&first, &calibration) {
+            first.cpu_serving_slowdown = sd.value;
+        }
+        if let Some(o) = run_stage(
+            "link",
+            &mut first,
+            &[ParamId::LinkServingSlowdown],
+            link,
+            config,
+        )? {
+            outcomes.push(o);
+        }
+        params.link_serving_slowdown = first.link_serving_slowdown;
+    }
     let mut step_ids = Vec::new();
     let mut step_est = Vec::new();
     let mut step_var = Vec::new();
@@ -1341,6 +1425,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
     residuals_of("dense", &samples.dense, &params, &mut residuals);
     residuals_of("round-trip", &samples.round_trip, &params, &mut residuals);
     residuals_of("host", &samples.host, &params, &mut residuals);
+    residuals_of("link", &samples.link, &params, &mut residuals);
     let step_res: Vec<Residual> = samples
         .step
         .iter()
@@ -1405,6 +1490,7 @@ mod tests {
             cpu_expert_us: 1.5,
             stream_us: 4.0,
         };
+        p.link_serving_slowdown = 0.08;
         p.overhead.offload_us = 6.0;
         p.overhead.hybrid_us = 11.0;
         p.cpu_serving_slowdown = 0.2;
@@ -1557,6 +1643,18 @@ mod tests {
                 };
                 h.time_us = noisy(&mut rng, h.predict_us(t));
                 s.host.push(h);
+                let mut l = LinkSample {
+                    streams,
+                    threads: None,
+                    expert: ExpertShape {
+                        bytes: 2.77e6,
+                        macs: 3.0 * 2048.0 * 768.0,
+                    },
+                    counts,
+                    time_us: 0.0,
+                };
+                l.time_us = noisy(&mut rng, l.predict_us(t));
+                s.link.push(l);
             }
         }
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
@@ -1774,8 +1872,12 @@ mod tests {
             }
             st.time_us = st.predict_us(&t);
         }
+        // The link's samples saw the truth's CPU slowdown, which these blocks cannot
+        // recover; this test is about the CPU's, so the link is given.
+        s.link.clear();
         let mut pr = prior(&t);
         pr.cpu_serving_slowdown = 0.1;
+        pr.link_serving_slowdown = t.link_serving_slowdown;
         let r = fit(&s, &pr, &FitConfig::default()).unwrap();
         let e = r.estimate(ParamId::CpuServingSlowdown).unwrap();
         assert!(e.stage.is_none(), "{e:?}");

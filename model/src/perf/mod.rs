@@ -226,6 +226,16 @@ pub struct PerfParams {
     /// property of the bytes alone.
     #[serde(default)]
     pub cpu_serving_slowdown_at: Vec<ThreadSlowdown>,
+    /// How much longer a decode layer's gather streams beside its CPU share than the
+    /// contended `gather` probe predicts, at the serving threads, as a fraction of the
+    /// gather's streaming time (0 = as the probe), dimensionless. It scales with the CPU
+    /// pool's DRAM demand at other thread counts ([`PerfParams::link_serving_factor`]).
+    /// Probe `step`: the link's busy time in the layers of the hybrid calibration blocks
+    /// ([`fit::LinkSample`]). On the H200 (2026-12-05, 02:02Z grid) hybrid's link was busy
+    /// 7.6% longer than modelled at 15 threads and 3.5% at 4, while the contended probe (a
+    /// CPU kernel of 14 threads streaming throughout) slowed the gather by 2.5% only.
+    #[serde(default)]
+    pub link_serving_slowdown: f64,
     /// Residual per-layer cost of each strategy, in us. Probe `step` (calibration runs).
     #[serde(default)]
     pub overhead: StrategyOverheads,
@@ -310,6 +320,8 @@ pub enum ParamId {
     SyncUs,
     /// [`PerfParams::cpu_serving_slowdown`].
     CpuServingSlowdown,
+    /// [`PerfParams::link_serving_slowdown`].
+    LinkServingSlowdown,
     /// [`HostCost::layer_us`].
     HostLayerUs,
     /// [`HostCost::expert_us`].
@@ -330,7 +342,7 @@ pub enum ParamId {
 
 impl ParamId {
     /// Every parameter, in report order.
-    pub const ALL: [ParamId; 24] = [
+    pub const ALL: [ParamId; 25] = [
         ParamId::GatherGbs,
         ParamId::GatherLayerUs,
         ParamId::GatherCopyUs,
@@ -346,6 +358,7 @@ impl ParamId {
         ParamId::GpuTokenGmacs,
         ParamId::DenseLayerUs,
         ParamId::SyncUs,
+        ParamId::LinkServingSlowdown,
         ParamId::HostLayerUs,
         ParamId::HostExpertUs,
         ParamId::HostCpuExpertUs,
@@ -375,6 +388,7 @@ impl ParamId {
             ParamId::GpuTokenGmacs => "gpu_token_gmacs",
             ParamId::DenseLayerUs => "dense_layer_us",
             ParamId::SyncUs => "sync_us",
+            ParamId::LinkServingSlowdown => "link_serving_slowdown",
             ParamId::HostLayerUs => "host.layer_us",
             ParamId::HostExpertUs => "host.expert_us",
             ParamId::HostCpuExpertUs => "host.cpu_expert_us",
@@ -673,6 +687,7 @@ impl PerfParams {
             dense_layer_us: e.dense_layer_us,
             sync_us: e.hybrid_round_trip_us,
             host: HostCost::default(),
+            link_serving_slowdown: 0.0,
             cpu_serving_slowdown: 0.0,
             cpu_serving_slowdown_at: Vec::new(),
             overhead: StrategyOverheads::default(),
@@ -764,6 +779,7 @@ impl PerfParams {
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs,
             ParamId::DenseLayerUs => self.dense_layer_us,
             ParamId::SyncUs => self.sync_us,
+            ParamId::LinkServingSlowdown => self.link_serving_slowdown,
             ParamId::HostLayerUs => self.host.layer_us,
             ParamId::HostExpertUs => self.host.expert_us,
             ParamId::HostCpuExpertUs => self.host.cpu_expert_us,
@@ -794,6 +810,7 @@ impl PerfParams {
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs = v,
             ParamId::DenseLayerUs => self.dense_layer_us = v,
             ParamId::SyncUs => self.sync_us = v,
+            ParamId::LinkServingSlowdown => self.link_serving_slowdown = v,
             ParamId::HostLayerUs => self.host.layer_us = v,
             ParamId::HostExpertUs => self.host.expert_us = v,
             ParamId::HostCpuExpertUs => self.host.cpu_expert_us = v,
@@ -836,6 +853,7 @@ impl PerfParams {
             ("gpu_launch_us", self.gpu_launch_us),
             ("dense_layer_us", self.dense_layer_us),
             ("sync_us", self.sync_us),
+            ("link_serving_slowdown", self.link_serving_slowdown),
             ("host.layer_us", self.host.layer_us),
             ("host.expert_us", self.host.expert_us),
             ("host.cpu_expert_us", self.host.cpu_expert_us),
