@@ -6,7 +6,10 @@
    reported round, so that steps stalled by the machine (the 15-thread runs on the H200 VM)
    weigh no more than one step each.
 2. Hybrid's busy time per resource (PCIe, GPU, CPU) per layer, measured over predicted
-   (the prediction's `busy`), as 10th, 50th and 90th percentiles over the grid.
+   (the prediction's `busy`), as 10th, 50th and 90th percentiles over the grid; and the
+   host's side of it: the host thread's own time plus its wait for the activations per
+   layer (the runs' `host_submit_us` and `host_wait_us`) over the prediction's `sync` (the
+   round trip and the host's time beyond the dense part).
 Percentiles are nearest-rank (they can differ from `ft validate analyze`'s by a point).
 Usage: diagnose.py RESULT_DIR (grid.csv, and runs/ and predictions/ or the folder's
 runs-predictions-probes.tar.gz). Standard library only.
@@ -28,7 +31,7 @@ def main(d):
         runs = os.path.join(tmp.name, "runs")
     predictions = os.path.join(os.path.dirname(runs), "predictions")
     groups = {}
-    busy = {"pcie": [], "gpu": [], "cpu": []}
+    busy = {"pcie": [], "gpu": [], "cpu": [], "host": []}
     for r in csv.DictReader(open(os.path.join(d, "grid.csv"))):
         doc = json.load(open(os.path.join(runs, f"{r['config']}-{r['strategy']}.json")))
         median_tok_s = doc["streams"] / (doc["summary"]["step_us"]["p50"] * 1e-6)
@@ -40,15 +43,22 @@ def main(d):
         if r["strategy"] == "hybrid":
             p = json.load(open(os.path.join(predictions, f"{r['config']}.json")))["prediction"]
             hy = next(s for s in p["strategies"] if s["kind"] == "hybrid")["busy"]
-            for k in busy:
+            for k in ("pcie", "gpu", "cpu"):
                 if hy[f"{k}_us"] > 0:
                     busy[k].append(doc["summary"][f"{k}_busy_us"] / hy[f"{k}_us"] - 1)
+            layers = [l for st in doc["step_records"] if not st.get("warmup")
+                      for l in st["layers"]]
+            host = sum(l["host_submit_us"] + l["host_wait_us"] for l in layers)
+            steps = len(layers) / max(1, doc["layers"])
+            if hy["sync_us"] > 0 and steps > 0:
+                busy["host"].append(host / steps / hy["sync_us"] - 1)
     print(f"{'rows':<16} {'n':>4} {'mean step: median':>18} {'p90':>7} {'median step: median':>20} {'p90':>7}")
     for key, (m, s) in groups.items():
         print(f"{key:<16} {len(m):>4} {100 * statistics.median(m):>17.1f}% {100 * q(m, .9):>6.1f}%"
               f" {100 * statistics.median(s):>19.1f}% {100 * q(s, .9):>6.1f}%")
     print()
-    print("hybrid busy per resource, measured over predicted - 1 (p10 / median / p90)")
+    print("hybrid busy per resource, measured over predicted - 1 (p10 / median / p90;")
+    print("host: the host's own time and wait over the predicted sync)")
     for k, v in busy.items():
         print(f"{k:<6} {len(v):>3} runs {100 * q(v, .1):+6.0f}% {100 * q(v, .5):+6.0f}% {100 * q(v, .9):+6.0f}%")
 
