@@ -1765,6 +1765,19 @@ mod tests {
     use super::*;
     use crate::device::HostDeviceConfig;
 
+    /// The profile of a probe outcome on `d`, keyed as `ft probe` keys it.
+    fn fit_on(d: &Device, out: &ProbeOutcome) -> (Profile, FitReport, HostSpec) {
+        let cpu = CpuTopology::detect();
+        let act = ActivationPath::preferred(out.model.format);
+        fit_profile(
+            d,
+            out,
+            host_fingerprint(d, &cpu, act),
+            &FitConfig::default(),
+        )
+        .unwrap()
+    }
+
     fn tiny() -> ModelSpec {
         ModelSpec {
             name: "tiny".into(),
@@ -2010,14 +2023,7 @@ mod tests {
             "the tiny model's geometries are not the bench's"
         );
 
-        let cpu = CpuTopology::detect();
-        let (profile, report, host) = fit_profile(
-            &d,
-            &out,
-            host_fingerprint(&d, &cpu, ActivationPath::preferred(out.model.format)),
-            &FitConfig::default(),
-        )
-        .unwrap();
+        let (profile, report, host) = fit_on(&d, &out);
         profile.params.validate().unwrap();
         assert_eq!(host.gpu.name, d.info().name);
         assert_eq!(
@@ -2066,14 +2072,7 @@ mod tests {
             .collect();
         assert_eq!(tagged.len(), 4 * 2, "four runs of two blocks");
         assert!(tagged.iter().all(|s| s.layers.iter().any(|c| c.cpu > 0.0)));
-        let cpu = CpuTopology::detect();
-        let (profile, _, _) = fit_profile(
-            &d,
-            &out,
-            host_fingerprint(&d, &cpu, ActivationPath::preferred(out.model.format)),
-            &FitConfig::default(),
-        )
-        .unwrap();
+        let (profile, _, _) = fit_on(&d, &out);
         let k = &profile.params.cpu_serving_slowdown_at;
         assert_eq!(k.len(), 1, "{k:?}");
         assert_eq!(k[0].threads, 1);
