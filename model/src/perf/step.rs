@@ -122,7 +122,8 @@ pub enum Resource {
     Cpu,
     /// GPU expert compute (hits, fetched, combine).
     Gpu,
-    /// The hybrid round trip between GPU and CPU.
+    /// The hybrid round trip between GPU and CPU, and the host thread's own time in a layer
+    /// with a CPU share beyond the dense part (planning, submitting: serial with the CPU).
     Sync,
     /// The dense part of the layers (attention, router, shared experts) on the GPU.
     Dense,
@@ -170,7 +171,7 @@ pub struct TimeSplit {
     pub cpu_us: f64,
     /// GPU expert compute, in us.
     pub gpu_us: f64,
-    /// Hybrid round trips, in us.
+    /// Hybrid round trips and the host's time before the CPU share, in us.
     pub sync_us: f64,
     /// Dense part, in us.
     pub dense_us: f64,
