@@ -5,7 +5,7 @@
 
 use ft_model::host::HostSpec;
 use ft_model::perf::predict::{MissMode, PredictConfig};
-use ft_model::perf::{decide, explain, predict, LegacyVerdict, PerfModel, Resource};
+use ft_model::perf::{decide, explain, predict, LegacyVerdict, PerfModel, Reason, Resource};
 use ft_model::{ModelSpec, StrategyKind};
 
 fn field(streams: usize) -> ft_model::perf::Prediction {
@@ -84,6 +84,24 @@ fn two_streams_offload_is_pcie_bound_and_hybrid_wins_against_the_ratio() {
         "{}",
         e.text
     );
+    // The host's time per hybrid layer: a host spec has no fitted term, so it is the
+    // gather's issue at hybrid's mean fetched experts per layer.
+    let hy = p.get(StrategyKind::Hybrid);
+    let per_layer = hy.counts.scaled(1.0 / p.layers as f64);
+    let issue = perf.params.gather_fixed_us(per_layer.fetched);
+    let host_us = e
+        .reasons
+        .iter()
+        .find_map(|r| match r {
+            Reason::FixedCosts { host_layer_us, .. } => Some(*host_layer_us),
+            _ => None,
+        })
+        .expect("a fixed-cost reason");
+    assert!(
+        issue > 0.0 && (host_us - issue).abs() < 1e-9 * issue,
+        "{host_us} vs {issue}"
+    );
+    assert!(e.text.contains("planning and submitting"), "{}", e.text);
     // The reference engine's automatic fraction (the report: 27.7%).
     let f = p.legacy.fetch_fraction.unwrap();
     assert!((f - 0.277).abs() < 0.005, "reference fraction {f}");

@@ -212,6 +212,10 @@ pub enum Reason {
         cpu_fixed_ms: f64,
         /// Hybrid's round trips per step, in ms.
         sync_ms: f64,
+        /// The host thread's own time (planning, submitting) per hybrid layer at its mean
+        /// counts, in us ([`PerfParams::host_layer_us`]).
+        #[serde(default)]
+        host_layer_us: f64,
         /// The sentence.
         text: String,
     },
@@ -466,15 +470,19 @@ pub fn explain(pred: &Prediction, p: &PerfParams) -> Explanation {
         } else {
             0.0
         };
+        let per_layer = hy.counts.scaled(1.0 / (pred.layers as f64).max(1.0));
+        let host = p.host_layer_us(&per_layer, pred.config.streams as f64);
         reasons.push(Reason::FixedCosts {
             cpu_fixed_ms: fixed / 1e3,
             sync_ms: hy.busy.sync_us / 1e3,
+            host_layer_us: host,
             text: format!(
-                "Fixed costs the bandwidths do not show: hybrid's CPU pays up to {:.0} us per layer and {:.1} us per expert ({:.2} ms per step), and {:.2} ms of GPU-CPU round trips.",
+                "Fixed costs the bandwidths do not show: hybrid's CPU pays up to {:.0} us per layer and {:.1} us per expert ({:.2} ms per step), and {:.2} ms of GPU-CPU round trips, the host's own time among them: {:.0} us per layer planning and submitting the layer, which the one host thread does between CPU shares.",
                 p.cpu_layer_us,
                 p.cpu_expert_us,
                 fixed / 1e3,
-                hy.busy.sync_us / 1e3
+                hy.busy.sync_us / 1e3,
+                host
             ),
         });
     }

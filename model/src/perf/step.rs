@@ -81,6 +81,18 @@ impl LayerCounts {
     pub fn unique(&self) -> f64 {
         self.hits + self.misses()
     }
+
+    /// Every count times `k` (a step's sums to one layer's means with `1 / layers`).
+    pub fn scaled(&self, k: f64) -> LayerCounts {
+        LayerCounts {
+            hits: self.hits * k,
+            hit_tokens: self.hit_tokens * k,
+            fetched: self.fetched * k,
+            fetched_tokens: self.fetched_tokens * k,
+            cpu: self.cpu * k,
+            cpu_tokens: self.cpu_tokens * k,
+        }
+    }
 }
 
 /// The step-wide inputs of the cost terms: the model's shapes, the streams and the context.
