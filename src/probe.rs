@@ -97,6 +97,14 @@ pub struct Args {
     /// Wall-clock budget of the probes, seconds.
     #[arg(long, default_value_t = rprobe::DEFAULT_BUDGET_S)]
     budget_s: f64,
+    /// Largest share of the CPU time the hypervisor may take (steal) during the probe
+    /// before it is repeated (0 to 1): a probe of a VM whose vCPUs were stolen fits a slower
+    /// host than the one that serves.
+    #[arg(long, default_value_t = ft_runtime::instrument::STEAL_NOTABLE_FRACTION)]
+    max_steal: f64,
+    /// Most probes while the steal stays above --max-steal; the one with the least is fitted.
+    #[arg(long, default_value_t = 2)]
+    steal_attempts: usize,
     /// How the CPU pool waits between layers: spin, spin-beside or park (`ft run
     /// --pool-wait`; default: spin where a core stays free).
     #[arg(long)]
@@ -299,6 +307,8 @@ impl Args {
             routing: self.routing.clone(),
             seed: self.seed.unwrap_or(rprobe::PROBE_SEED),
             budget_s: self.budget_s,
+            max_steal: self.max_steal,
+            steal_attempts: self.steal_attempts,
         };
         c.validate()?;
         Ok(c)
@@ -486,6 +496,15 @@ fn write_tables(out: &mut impl Write, r: &ProbeReport) -> Result<()> {
         writeln!(out, "copy: {c}")?;
     }
     if let Some(o) = &r.outcome {
+        if let Some(f) = o.host_steal_fraction {
+            writeln!(
+                out,
+                "hypervisor steal during the probe: {:.1}% of the CPU time ({} probe{})",
+                100.0 * f,
+                o.attempts,
+                if o.attempts == 1 { "" } else { "s" }
+            )?;
+        }
         writeln!(out)?;
         writeln!(
             out,

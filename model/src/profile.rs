@@ -300,6 +300,11 @@ pub struct Profile {
     pub samples: ProbeSamples,
     /// The `ft bench bw` measurements (the legacy rule's inputs).
     pub bench_bw: Option<BenchBw>,
+    /// Share of the machine's CPU time the hypervisor took while the probes ran (absent in
+    /// profiles written before 2026-12-05, or where it cannot be read): above a few percent
+    /// the CPU costs are fitted slow.
+    #[serde(default)]
+    pub probe_steal_fraction: Option<f64>,
 }
 
 impl Profile {
@@ -317,6 +322,7 @@ impl Profile {
             fit: None,
             samples: ProbeSamples::default(),
             bench_bw: None,
+            probe_steal_fraction: None,
         })
     }
 
