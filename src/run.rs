@@ -26,7 +26,7 @@ use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceC
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
 use ft_runtime::engine::{
     decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig, EngineMemory, GpuCounts, MultiEngine,
+    EngineConfig, EngineMemory, GpuCounts, HostSubmit, MultiEngine,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
@@ -144,6 +144,11 @@ pub struct Args {
     /// park (default: spin on CUDA, park on the host device).
     #[arg(long)]
     pool_wait: Option<String>,
+    /// When the host queues the GPU work a hybrid layer's CPU share does not wait for:
+    /// overlapped (while it waits for the activations and beside the share) or serial (all
+    /// of it before the share).
+    #[arg(long, default_value = "overlapped")]
+    host_submit: String,
     /// Host device only: emulated link bandwidth, GB/s.
     #[arg(long)]
     link_gbps: Option<f64>,
@@ -299,6 +304,9 @@ pub struct RunReport {
     pub threads: usize,
     /// How the pool waited.
     pub pool_wait: String,
+    /// When the host queued the GPU work the CPU share does not wait for.
+    #[serde(default)]
+    pub host_submit: String,
     /// GPU / CPU activation paths.
     pub gpu_act: String,
     /// CPU activation path.
@@ -722,6 +730,10 @@ pub fn run(args: Args) -> Result<()> {
             other => bail!("--gather: '{other}' is neither copy-engine nor zero-copy"),
         },
         seed: args.seed,
+        host_submit: args
+            .host_submit
+            .parse::<HostSubmit>()
+            .context("--host-submit")?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
         reserve_bytes: match kind {
@@ -963,6 +975,7 @@ pub fn run(args: Args) -> Result<()> {
             device: device.info(),
             threads,
             pool_wait: pool_wait.name().into(),
+            host_submit: cfg.host_submit.name().into(),
             gpu_act: cfg.gpu_path.name().into(),
             cpu_act: cfg.cpu_path.name().into(),
             combine: cfg.combine.name().into(),

@@ -7,6 +7,11 @@
 # arrangements alternating so that a slow stretch of a shared machine falls on both. The
 # summary counts the stalled steps (over twice their run's median step) beside tok/s.
 #
+# The same A/B serves other engine switches of the host's arrangement: KNOB names an `ft run`
+# flag and VALUES its two values (default KNOB=pool-wait VALUES="spin spin-beside";
+# experiments/host-submit runs KNOB=host-submit VALUES="overlapped serial"), with EXTRA_ARGS
+# added to every `ft run` (e.g. "--pool-wait spin").
+#
 # Usage: run.sh OUTDIR. Env: FT (binary; default target/release/ft, built when missing),
 # DEVICE (auto: cuda where a GPU is usable, else the host-emulated device), THREADS (default:
 # cores - 1 on CUDA, all cores on the host device, so that the pool fills the machine there
@@ -35,6 +40,13 @@ if [[ -z "${THREADS:-}" ]]; then
 fi
 STEPS=48
 [[ "${FT_QUICK:-0}" == 1 ]] && STEPS=24
+KNOB="${KNOB:-pool-wait}"
+read -r -a VALUES <<< "${VALUES:-spin spin-beside}"
+read -r -a EXTRA <<< "${EXTRA_ARGS:-}"
+if [[ ${#VALUES[@]} -ne 2 || ! "$KNOB" =~ ^[a-z-]+$ ]]; then
+    echo "run.sh: KNOB must name one ft run flag and VALUES give two of its values" >&2
+    exit 2
+fi
 MODEL=qwen3.8-flash-next
 LAYERS=2
 # 5% of the two layers' 1024 experts: most of every step's experts miss.
@@ -46,15 +58,16 @@ SLOTS=51
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
     lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' || true
     echo "device: $DEVICE, threads: $THREADS of $cores cores, model: $MODEL ($LAYERS layers), cache: $SLOTS slots, steps: $STEPS (+16 warm-up), repeat 3"
-    echo "command: experiments/pool-wait/run.sh OUTDIR (DEVICE=$DEVICE THREADS=$THREADS FT_QUICK=${FT_QUICK:-0})"
+    echo "A/B: --$KNOB ${VALUES[0]} against --$KNOB ${VALUES[1]}${EXTRA_ARGS:+ (with $EXTRA_ARGS)}"
+    echo "command: experiments/pool-wait/run.sh OUTDIR (KNOB=$KNOB VALUES=\"${VALUES[*]}\" DEVICE=$DEVICE THREADS=$THREADS FT_QUICK=${FT_QUICK:-0})"
 } > "$OUT/env.txt"
 for streams in 1 4; do
     for strategy in cpu hybrid; do
-        for wait in spin spin-beside; do
-            tag="$strategy-s$streams-$wait"
+        for value in "${VALUES[@]}"; do
+            tag="$strategy-s$streams-$value"
             args=(--model "$MODEL" --layers "$LAYERS" --strategy "$strategy" --streams "$streams"
                 --steps "$STEPS" --warmup 16 --cache-slots "$SLOTS" --threads "$THREADS"
-                --pool-wait "$wait" --device "$DEVICE" --repeat 3 --json)
+                "--$KNOB" "$value" --device "$DEVICE" --repeat 3 --json ${EXTRA[@]+"${EXTRA[@]}"})
             [[ "$strategy" == hybrid ]] && args+=(--fetch-fraction 0.5)
             if ! "$FT" run "${args[@]}" > "$OUT/raw/$tag.json" 2> "$OUT/raw/$tag.log"; then
                 echo "pool-wait: ft run $tag failed (raw/$tag.log)" >&2
@@ -63,8 +76,8 @@ for streams in 1 4; do
         done
     done
 done
-python3 "$here/summarize.py" "$OUT"
-"$FT" plot "$OUT/steps.csv" --kind cdf --x step_over_median --series pool_wait \
+python3 "$here/summarize.py" "$OUT" "$KNOB" "${VALUES[@]}"
+"$FT" plot "$OUT/steps.csv" --kind cdf --x step_over_median --series "${KNOB//-/_}" \
     --title "decode steps over their run's median (all runs)" --out "$OUT/steps-cdf.svg"
-"$FT" plot "$OUT/pairs.csv" --x spin_beside_tok_s --y spin_tok_s --series strategy --diagonal \
-    --title "tok/s: host computing (spin) against host idle (spin-beside)" --out "$OUT/pairs.svg"
+"$FT" plot "$OUT/pairs.csv" --x b_tok_s --y a_tok_s --series strategy --diagonal \
+    --title "tok/s: --$KNOB ${VALUES[0]} (y) against ${VALUES[1]} (x)" --out "$OUT/pairs.svg"

@@ -209,25 +209,72 @@ impl Spread<'_> {
             Spread::Team { pool, helpers } => crate::team::for_each(pool, helpers, n, &f),
         }
     }
+
+    /// As [`Spread::for_each`], with the caller's `beside` work run on the caller while the
+    /// helpers take the phase's first tiles ([`crate::team::for_each_after`]); where the
+    /// phase runs on the pool, `beside` has already run (see [`run_phases`]).
+    fn for_each_after(self, n: usize, f: impl Fn(usize) + Sync + Send, beside: &mut Beside<'_>) {
+        match (self, beside.0.take()) {
+            (Spread::Team { pool, helpers }, Some(first)) => {
+                crate::team::for_each_after(pool, helpers, n, &f, first)
+            }
+            (spread, first) => {
+                if let Some(first) = first {
+                    first();
+                }
+                spread.for_each(n, f)
+            }
+        }
+    }
+}
+
+/// The caller's own work during a layer call ([`CpuExperts::run_layer_beside`]), run once, on
+/// the calling thread, by the first place that can overlap it with the pool's tiles.
+struct Beside<'b>(Option<&'b mut dyn FnMut()>);
+
+impl Beside<'_> {
+    /// Run the work now unless it has run.
+    fn run(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
 }
 
 /// Run a call's phases (`body`, given how to spread each phase's tiles) as `mode` says: on
 /// the caller with the pool helping ([`WaitMode::Help`]), or on the pool ([`run_on`]).
-fn run_phases<F: FnOnce(Spread<'_>) + Send>(pool: &ThreadPool, mode: WaitMode, body: F) {
+///
+/// The caller's `beside` work runs inside the body's phase that takes it (on the caller, with
+/// the pool taking tiles) with [`WaitMode::Help`]; otherwise the body runs on the pool and
+/// `beside` runs on the caller while it waits ([`WaitMode::Spin`]) or before ([`WaitMode::Block`],
+/// or a caller inside the pool).
+fn run_phases<F: FnOnce(Spread<'_>, &mut Beside<'_>) + Send>(
+    pool: &ThreadPool,
+    mode: WaitMode,
+    beside: &mut Beside<'_>,
+    body: F,
+) {
     if mode == WaitMode::Help && pool.current_thread_index().is_none() {
-        body(Spread::Team {
-            pool,
-            helpers: pool.current_num_threads(),
-        });
+        body(
+            Spread::Team {
+                pool,
+                helpers: pool.current_num_threads(),
+            },
+            beside,
+        );
     } else {
         let threads = pool.current_num_threads();
-        run_on(pool, mode, || body(Spread::Rayon { threads }));
+        run_on(pool, mode, beside, || {
+            body(Spread::Rayon { threads }, &mut Beside(None))
+        });
     }
 }
 
-/// Run `f` on `pool` and wait for it as `mode` says; from inside the pool, run it inline.
-fn run_on<F: FnOnce() + Send>(pool: &ThreadPool, mode: WaitMode, f: F) {
+/// Run `f` on `pool` and wait for it as `mode` says, running `beside` on the caller
+/// meanwhile (before, where the caller blocks); from inside the pool, run it inline.
+fn run_on<F: FnOnce() + Send>(pool: &ThreadPool, mode: WaitMode, beside: &mut Beside<'_>, f: F) {
     if mode == WaitMode::Block || pool.current_thread_index().is_some() {
+        beside.run();
         pool.install(f);
         return;
     }
@@ -246,8 +293,13 @@ fn run_on<F: FnOnce() + Send>(pool: &ThreadPool, mode: WaitMode, f: F) {
     // (caught above), so every borrow outlives its use.
     let job: Box<dyn FnOnce() + Send + 'static> = unsafe { std::mem::transmute(job) };
     pool.spawn(job);
+    // The caller's own work while the pool computes; a panic in it waits for the job too.
+    let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| beside.run()));
     while !done.load(Ordering::Acquire) {
         std::thread::yield_now();
+    }
+    if let Err(e) = mine {
+        std::panic::resume_unwind(e);
     }
     let payload = panic.lock().unwrap_or_else(|e| e.into_inner()).take();
     if let Some(e) = payload {
@@ -352,6 +404,45 @@ impl CpuExperts {
         x: &[f32],
         y: &mut [f32],
     ) -> Result<LayerTiming> {
+        self.run_layer_beside(format, geometry, path, experts, x, y, &mut || {})
+    }
+
+    /// [`CpuExperts::run_layer`], with `beside` run once on the calling thread while the
+    /// pool computes: with [`WaitMode::Help`] during the gate/up phase (the pool's workers
+    /// take its first tiles, the caller joins when `beside` returns), with
+    /// [`WaitMode::Spin`] while the caller waits for the pool, with [`WaitMode::Block`]
+    /// before the call. It runs whatever the call's outcome (also when the call has no work
+    /// or fails its checks), so a caller may put work there that must happen in any case.
+    /// The hybrid runtime submits the GPU work its CPU share does not wait for this way.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_layer_beside(
+        &mut self,
+        format: ExpertFormat,
+        geometry: &MoeGeometry,
+        path: ActivationPath,
+        experts: &[ExpertWork<'_>],
+        x: &[f32],
+        y: &mut [f32],
+        beside: &mut dyn FnMut(),
+    ) -> Result<LayerTiming> {
+        let mut beside = Beside(Some(beside));
+        let r = self.layer_call(format, geometry, path, experts, x, y, &mut beside);
+        beside.run();
+        r
+    }
+
+    /// The body of [`CpuExperts::run_layer_beside`].
+    #[allow(clippy::too_many_arguments)]
+    fn layer_call(
+        &mut self,
+        format: ExpertFormat,
+        geometry: &MoeGeometry,
+        path: ActivationPath,
+        experts: &[ExpertWork<'_>],
+        x: &[f32],
+        y: &mut [f32],
+        beside: &mut Beside<'_>,
+    ) -> Result<LayerTiming> {
         let layout = ExpertLayout::new(format, geometry)?;
         let (hidden, inter) = (geometry.hidden, geometry.intermediate);
         if !x.len().is_multiple_of(hidden) {
@@ -426,31 +517,36 @@ impl CpuExperts {
                 let h_ptr = SharedMut(s.h_f32.as_mut_ptr());
                 let slot0 = &s.slot0;
                 let h_f32 = &s.h_f32;
-                run_phases(&pool, wait, |spread| {
+                run_phases(&pool, wait, beside, |spread, beside| {
                     let t0 = std::time::Instant::now();
-                    spread.for_each(tiles1, |tile| {
-                        let (e, r0) = (tile / tiles_per_expert, (tile % tiles_per_expert) * tile1);
-                        let r1 = (r0 + tile1).min(inter);
-                        let work = &experts[e];
-                        let acts: Vec<&[f32]> = work
-                            .tokens
-                            .iter()
-                            .map(|&(t, _)| &x[t as usize * hidden..(t as usize + 1) * hidden])
-                            .collect();
-                        let n = acts.len();
-                        let mut g = vec![0f32; (r1 - r0) * n];
-                        let mut u = vec![0f32; (r1 - r0) * n];
-                        let (gate, up, _) = split(&layout, work.weights);
-                        rows::f32_rows(level, &layout.gate_up, gate, r0..r1, &acts, &mut g);
-                        rows::f32_rows(level, &layout.gate_up, up, r0..r1, &acts, &mut u);
-                        for (k, slot) in (slot0[e]..slot0[e + 1]).enumerate() {
-                            for r in r0..r1 {
-                                let i = (r - r0) * n + k;
-                                // SAFETY: (slot, r) is written by this tile only.
-                                unsafe { *h_ptr.at(slot * inter + r) = silu(g[i]) * u[i] };
+                    spread.for_each_after(
+                        tiles1,
+                        |tile| {
+                            let (e, r0) =
+                                (tile / tiles_per_expert, (tile % tiles_per_expert) * tile1);
+                            let r1 = (r0 + tile1).min(inter);
+                            let work = &experts[e];
+                            let acts: Vec<&[f32]> = work
+                                .tokens
+                                .iter()
+                                .map(|&(t, _)| &x[t as usize * hidden..(t as usize + 1) * hidden])
+                                .collect();
+                            let n = acts.len();
+                            let mut g = vec![0f32; (r1 - r0) * n];
+                            let mut u = vec![0f32; (r1 - r0) * n];
+                            let (gate, up, _) = split(&layout, work.weights);
+                            rows::f32_rows(level, &layout.gate_up, gate, r0..r1, &acts, &mut g);
+                            rows::f32_rows(level, &layout.gate_up, up, r0..r1, &acts, &mut u);
+                            for (k, slot) in (slot0[e]..slot0[e + 1]).enumerate() {
+                                for r in r0..r1 {
+                                    let i = (r - r0) * n + k;
+                                    // SAFETY: (slot, r) is written by this tile only.
+                                    unsafe { *h_ptr.at(slot * inter + r) = silu(g[i]) * u[i] };
+                                }
                             }
-                        }
-                    });
+                        },
+                        beside,
+                    );
                     let t1 = std::time::Instant::now();
                     timing_ref.gate_up_us = (t1 - t0).as_secs_f64() * 1e6;
                     spread.for_each(tiles2, |tile| {
@@ -509,7 +605,7 @@ impl CpuExperts {
                 let slot0 = &s.slot0;
                 let x_act = &s.x_act;
                 let h_act = &s.h_act;
-                run_phases(&pool, wait, |spread| {
+                run_phases(&pool, wait, beside, |spread, beside| {
                     let t0 = std::time::Instant::now();
                     // (token, block chunk) tasks: few tokens still spread over the threads.
                     let chunks = prep_chunks(xshape.blocks, used_count, spread.threads());
@@ -528,39 +624,52 @@ impl CpuExperts {
                     });
                     let t1 = std::time::Instant::now();
                     timing_ref.prep_us = (t1 - t0).as_secs_f64() * 1e6;
-                    spread.for_each(tiles1, |tile| {
-                        let (e, r0) = (tile / tiles_per_expert, (tile % tiles_per_expert) * tile1);
-                        let r1 = (r0 + tile1).min(inter);
-                        let work = &experts[e];
-                        let acts: Vec<&QuantAct> = work
-                            .tokens
-                            .iter()
-                            .map(|&(t, _)| &x_act[t as usize])
-                            .collect();
-                        let n = acts.len();
-                        let mut g = vec![0f32; (r1 - r0) * n];
-                        let mut u = vec![0f32; (r1 - r0) * n];
-                        let (gate, up, _) = split(&layout, work.weights);
-                        rows::int8_rows(
-                            level,
-                            format,
-                            &layout.gate_up,
-                            gate,
-                            r0..r1,
-                            &acts,
-                            &mut g,
-                        );
-                        rows::int8_rows(level, format, &layout.gate_up, up, r0..r1, &acts, &mut u);
-                        let mut h = vec![0f32; r1 - r0];
-                        for (k, slot) in (slot0[e]..slot0[e + 1]).enumerate() {
-                            for r in r0..r1 {
-                                let i = (r - r0) * n + k;
-                                h[r - r0] = silu(g[i]) * u[i];
+                    spread.for_each_after(
+                        tiles1,
+                        |tile| {
+                            let (e, r0) =
+                                (tile / tiles_per_expert, (tile % tiles_per_expert) * tile1);
+                            let r1 = (r0 + tile1).min(inter);
+                            let work = &experts[e];
+                            let acts: Vec<&QuantAct> = work
+                                .tokens
+                                .iter()
+                                .map(|&(t, _)| &x_act[t as usize])
+                                .collect();
+                            let n = acts.len();
+                            let mut g = vec![0f32; (r1 - r0) * n];
+                            let mut u = vec![0f32; (r1 - r0) * n];
+                            let (gate, up, _) = split(&layout, work.weights);
+                            rows::int8_rows(
+                                level,
+                                format,
+                                &layout.gate_up,
+                                gate,
+                                r0..r1,
+                                &acts,
+                                &mut g,
+                            );
+                            rows::int8_rows(
+                                level,
+                                format,
+                                &layout.gate_up,
+                                up,
+                                r0..r1,
+                                &acts,
+                                &mut u,
+                            );
+                            let mut h = vec![0f32; r1 - r0];
+                            for (k, slot) in (slot0[e]..slot0[e + 1]).enumerate() {
+                                for r in r0..r1 {
+                                    let i = (r - r0) * n + k;
+                                    h[r - r0] = silu(g[i]) * u[i];
+                                }
+                                // SAFETY: blocks r0/G.. of this slot belong to this tile only.
+                                unsafe { hptrs[slot].write_blocks(r0 / spec.group, &h) };
                             }
-                            // SAFETY: blocks r0/G.. of this slot belong to this tile only.
-                            unsafe { hptrs[slot].write_blocks(r0 / spec.group, &h) };
-                        }
-                    });
+                        },
+                        beside,
+                    );
                     let t2 = std::time::Instant::now();
                     timing_ref.gate_up_us = (t2 - t1).as_secs_f64() * 1e6;
                     spread.for_each(tiles2, |tile| {

@@ -15,7 +15,7 @@
 //! left. Tiles are handed out one at a time, so a worker that starts late (asleep,
 //! descheduled) takes none and holds nothing back: the caller waits only for tiles in flight.
 //! A helper job that starts after the phase closed returns without touching the phase's
-//! borrowed tile function (the handshake is in [`for_each`]).
+//! borrowed tile function (the handshake is in [`run_phase`]).
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 
 use rayon::ThreadPool;
 
-/// The tile function, with its lifetime erased (see [`for_each`] for why that is sound).
+/// The tile function, with its lifetime erased (see [`run_phase`] for why that is sound).
 type TileFn = dyn Fn(usize) + Sync + 'static;
 
 /// One phase's shared state; helper jobs hold it through an `Arc`, so a late job never
@@ -44,7 +44,7 @@ struct Phase {
 }
 
 // SAFETY: `f` points to a `Sync` closure, called from several threads only while the caller
-// keeps it alive (see `for_each`); everything else is atomics and a mutex.
+// keeps it alive (see `run_phase`); everything else is atomics and a mutex.
 unsafe impl Send for Phase {}
 unsafe impl Sync for Phase {}
 
@@ -52,7 +52,7 @@ impl Phase {
     /// Take and run tiles until none is left.
     ///
     /// # Safety
-    /// The caller of [`for_each`] must still be inside it (so `f` is alive).
+    /// The caller of [`run_phase`] must still be inside it (so `f` is alive).
     unsafe fn drain(&self) {
         let f = &*self.f;
         loop {
@@ -72,7 +72,7 @@ impl Phase {
         // nothing) or the caller sees the helper in `active` (and waits for it).
         self.active.fetch_add(1, Ordering::SeqCst);
         if !self.closed.load(Ordering::SeqCst) {
-            // SAFETY: the caller is still in `for_each`: it cannot leave while `active` > 0.
+            // SAFETY: the caller is still in `run_phase`: it cannot leave while `active` > 0.
             let r =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { self.drain() }));
             if let Err(e) = r {
@@ -99,8 +99,39 @@ pub(crate) fn for_each(
     tiles: usize,
     f: &(dyn Fn(usize) + Sync),
 ) {
-    let helpers = helpers.min(tiles.saturating_sub(1));
+    run_phase(pool, helpers.min(tiles.saturating_sub(1)), tiles, f, None);
+}
+
+/// As [`for_each`], but the calling thread first runs `first` (once, whatever the tile
+/// count) while the helpers already take tiles, and joins them afterwards. This is how the
+/// hybrid runtime's host thread submits the GPU work that the CPU share does not wait for
+/// while the pool computes: the helpers start at once, and the caller takes the tiles still
+/// left when it is done. A panic in `first` reaches the caller after every tile in flight
+/// has finished (the caller then takes no tiles).
+pub(crate) fn for_each_after(
+    pool: &ThreadPool,
+    helpers: usize,
+    tiles: usize,
+    f: &(dyn Fn(usize) + Sync),
+    first: &mut dyn FnMut(),
+) {
+    // The caller is busy first: even a single tile goes to a helper.
+    run_phase(pool, helpers.min(tiles), tiles, f, Some(first));
+}
+
+/// One phase on the caller and `helpers` workers, the caller running `first` before its
+/// tiles.
+fn run_phase(
+    pool: &ThreadPool,
+    helpers: usize,
+    tiles: usize,
+    f: &(dyn Fn(usize) + Sync),
+    mut first: Option<&mut dyn FnMut()>,
+) {
     if helpers == 0 {
+        if let Some(first) = first {
+            first();
+        }
         (0..tiles).for_each(f);
         return;
     }
@@ -122,8 +153,13 @@ pub(crate) fn for_each(
         let p = Arc::clone(&phase);
         pool.spawn(move || p.help());
     }
-    // SAFETY: we are inside `for_each`, so `f` is alive.
-    let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe { phase.drain() }));
+    // SAFETY: we are inside `run_phase`, so `f` is alive.
+    let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        if let Some(first) = first.as_mut() {
+            first();
+        }
+        unsafe { phase.drain() }
+    }));
     phase.closed.store(true, Ordering::SeqCst);
     while phase.active.load(Ordering::SeqCst) != 0 {
         std::hint::spin_loop();
@@ -220,6 +256,87 @@ mod tests {
             });
             assert_eq!(n.load(Ordering::Relaxed), 10);
         }
+    }
+
+    #[test]
+    fn work_first_runs_once_on_the_caller_while_helpers_take_tiles() {
+        let p = pool(2);
+        let caller = std::thread::current().id();
+        for helpers in [0, 1, 2] {
+            for tiles in [0, 1, 5, 200] {
+                let hits: Vec<AtomicU32> = (0..tiles).map(|_| AtomicU32::new(0)).collect();
+                let mut first = Vec::new();
+                for_each_after(
+                    &p,
+                    helpers,
+                    tiles,
+                    &|i| {
+                        hits[i].fetch_add(1, Ordering::Relaxed);
+                    },
+                    &mut || first.push(std::thread::current().id()),
+                );
+                assert_eq!(first, vec![caller], "helpers {helpers}, tiles {tiles}");
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "helpers {helpers}, tiles {tiles}"
+                );
+            }
+        }
+        // While the caller is held in `first`, the helpers run the whole phase.
+        let done = AtomicU32::new(0);
+        let others = AtomicU32::new(0);
+        for_each_after(
+            &p,
+            2,
+            8,
+            &|_| {
+                if std::thread::current().id() != caller {
+                    others.fetch_add(1, Ordering::Relaxed);
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+            },
+            &mut || {
+                let t0 = std::time::Instant::now();
+                while done.load(Ordering::Relaxed) < 8 && t0.elapsed().as_secs() < 5 {
+                    std::hint::spin_loop();
+                }
+            },
+        );
+        assert_eq!(done.load(Ordering::Relaxed), 8);
+        assert_eq!(
+            others.load(Ordering::Relaxed),
+            8,
+            "the caller ran tiles while held"
+        );
+    }
+
+    #[test]
+    fn a_panic_in_the_work_first_reaches_the_caller_after_the_helpers() {
+        let p = pool(2);
+        let ran = AtomicU32::new(0);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for_each_after(
+                &p,
+                2,
+                64,
+                &|_| {
+                    ran.fetch_add(1, Ordering::Relaxed);
+                },
+                &mut || panic!("first"),
+            )
+        }));
+        let msg = r
+            .unwrap_err()
+            .downcast_ref::<&str>()
+            .copied()
+            .unwrap_or_default();
+        assert_eq!(msg, "first");
+        // The pool still works afterwards.
+        let n = AtomicU32::new(0);
+        for_each(&p, 2, 10, &|_| {
+            n.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(n.load(Ordering::Relaxed), 10);
     }
 
     #[test]

@@ -314,6 +314,55 @@ fn every_wait_mode_gives_the_same_bits() {
 }
 
 #[test]
+fn work_beside_a_layer_call_runs_once_on_the_caller_and_changes_no_bit() {
+    // The hybrid runtime's host submits GPU work beside the pool's tiles
+    // (`run_layer_beside`): in every wait mode it runs exactly once, on the calling thread,
+    // the layer's bits are those of `run_layer`; also when the call has no work or fails.
+    use ft_kernels::WaitMode;
+    let g = small();
+    let f = ExpertFormat::Nvfp4;
+    let c = case(f, &g, 33);
+    let caller = std::thread::current().id();
+    for threads in [1, 3] {
+        let mut k = CpuExperts::new(threads).unwrap();
+        for mode in [WaitMode::Block, WaitMode::Spin, WaitMode::Help] {
+            k.set_wait_mode(mode);
+            for p in [ActivationPath::Int8, ActivationPath::F32] {
+                let want = run(&mut k, f, &g, p, &c);
+                let mut ran = Vec::new();
+                let mut y = c.y0.clone();
+                k.run_layer_beside(f, &g, p, &work(&c), &c.x, &mut y, &mut || {
+                    ran.push(std::thread::current().id())
+                })
+                .unwrap();
+                assert_eq!(ran, vec![caller], "{threads} threads, {mode:?}, {p}");
+                assert_eq!(y, want, "{threads} threads, {mode:?}, {p}");
+            }
+            // No work: it still runs; a refused call: it still runs, and the error comes back.
+            let mut n = 0;
+            let mut y = c.y0.clone();
+            let t = k.run_layer_beside(f, &g, ActivationPath::Int8, &[], &c.x, &mut y, &mut || {
+                n += 1
+            });
+            assert_eq!(t.unwrap(), Default::default());
+            assert_eq!(y, c.y0);
+            let mut short = vec![0f32; 3];
+            let e = k.run_layer_beside(
+                f,
+                &g,
+                ActivationPath::Int8,
+                &work(&c),
+                &c.x,
+                &mut short,
+                &mut || n += 1,
+            );
+            assert!(e.unwrap_err().to_string().contains('y'));
+            assert_eq!(n, 2, "{threads} threads, {mode:?}");
+        }
+    }
+}
+
+#[test]
 fn the_preferred_path_is_int8_wherever_a_format_has_it() {
     for f in ExpertFormat::ALL {
         let want = if f == ExpertFormat::Bf16 {

@@ -262,6 +262,25 @@ impl CpuExecutor {
         x: &[f32],
         y: &mut [f32],
     ) -> Result<LayerTiming> {
+        self.run_layer_beside(format, geometry, path, experts, x, y, &mut || {})
+    }
+
+    /// [`CpuExecutor::run_layer`], with `beside` run once on the calling (host) thread while
+    /// the pool computes ([`CpuExperts::run_layer_beside`]: with [`PoolWait::Spin`] the
+    /// spinners start the layer's gate/up tiles and the host joins when `beside` returns;
+    /// with [`PoolWait::SpinBeside`] the host runs it instead of spinning idle; with
+    /// [`PoolWait::Park`] before the call). It runs whatever the call's outcome.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_layer_beside(
+        &mut self,
+        format: ExpertFormat,
+        geometry: &MoeGeometry,
+        path: ActivationPath,
+        experts: &[ExpertWork<'_>],
+        x: &[f32],
+        y: &mut [f32],
+        beside: &mut dyn FnMut(),
+    ) -> Result<LayerTiming> {
         self.jobs += 1;
         let kernel_err = |e: ft_kernels::KernelError| RuntimeError::Kernel(e.to_string());
         // Spin: the host computes with the spinners helping (the kernels' `Help` mode); Park,
@@ -269,7 +288,7 @@ impl CpuExecutor {
         if !(self.in_step && self.wait == PoolWait::SpinBeside) {
             return self
                 .kernels
-                .run_layer(format, geometry, path, experts, x, y)
+                .run_layer_beside(format, geometry, path, experts, x, y, beside)
                 .map_err(kernel_err);
         }
         let done = AtomicBool::new(false);
@@ -296,8 +315,13 @@ impl CpuExecutor {
             let job = ErasedJob(erased);
             pool.spawn(move || (job.0)());
         }
+        // The host's own work while the pool computes; a panic in it waits for the job too.
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(beside));
         while !done.load(Ordering::Acquire) {
             std::hint::spin_loop();
+        }
+        if let Err(e) = mine {
+            std::panic::resume_unwind(e);
         }
         match outcome.into_inner().unwrap_or_else(|e| e.into_inner()) {
             Some(Ok(r)) => r.map_err(kernel_err),

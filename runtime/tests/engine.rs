@@ -64,6 +64,7 @@ fn config(strategy: Strategy, slots: usize, streams: usize) -> EngineConfig {
         seed: 11,
         timeline: true,
         reserve_bytes: 0,
+        host_submit: ft_runtime::engine::HostSubmit::default(),
     }
 }
 
@@ -306,6 +307,60 @@ fn cpu_and_hybrid_at_zero_agree(d: &Device) {
     }
 }
 
+fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
+    // The host queues a CPU layer's remaining GPU work while it waits and beside the CPU
+    // share (overlapped) or all before (serial): the same work on the same streams in the
+    // same order per stream, so the same placements and outputs, in every pool-wait mode.
+    use ft_runtime::engine::HostSubmit;
+    let model = tiny();
+    let streams = 3;
+    let steps = routing_for(&model, streams, 5);
+    for strategy in [hybrid(0.5), Strategy::Cpu, hybrid(1.0)] {
+        let mut base: Option<ft_runtime::engine::Decoded> = None;
+        for (pool_wait, threads) in [
+            (PoolWait::Park, 1),
+            (PoolWait::Spin, 2),
+            (PoolWait::SpinBeside, 1),
+        ] {
+            for host_submit in [HostSubmit::Serial, HostSubmit::Overlapped] {
+                let cfg = EngineConfig {
+                    pool_wait,
+                    threads,
+                    host_submit,
+                    gpu_path: ActivationPath::Int8,
+                    ..config(strategy, 20, streams)
+                };
+                let mut engine = Engine::new(d, &model, &cfg, None).unwrap();
+                let run = decode(
+                    &mut engine,
+                    &steps[..2],
+                    &steps[2..],
+                    &options(),
+                    &mut |_, _| {},
+                )
+                .unwrap();
+                let what = format!("{strategy} {pool_wait:?} {host_submit:?}");
+                // Every CPU layer's share ran after its wait, on the CPU lane.
+                for r in run.records.iter().filter(|r| !r.warmup) {
+                    for l in &r.layers {
+                        assert_eq!(l.cpu_busy_us > 0.0, l.counts.cpu > 0, "{what}: {l:?}");
+                    }
+                }
+                match &base {
+                    None => base = Some(run),
+                    Some(b) => {
+                        let dev = Deviation::between(&what, &b.outputs, &run.outputs);
+                        assert!(dev.bit_identical, "{dev:?}");
+                        for (x, y) in b.records.iter().zip(&run.records) {
+                            assert_eq!(x.totals, y.totals, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 fn chrome_trace_has_a_lane_per_resource(d: &Device) {
     let model = tiny();
     let steps = routing_for(&model, 2, 2);
@@ -386,6 +441,7 @@ on_devices!(
     offload_and_resident_match_the_f64_reference,
     hybrid_w4a8_is_bit_identical_fresh_and_warmed,
     cpu_and_hybrid_at_zero_agree,
+    host_submit_overlapped_and_serial_decode_the_same_bits,
     chrome_trace_has_a_lane_per_resource,
     bad_inputs_are_errors_naming_them,
 );

@@ -76,6 +76,7 @@ fn config(strategy: Strategy, slots: usize, threads: usize, gpu: ActivationPath)
         seed: 5,
         timeline: true,
         reserve_bytes: 0,
+        host_submit: ft_runtime::engine::HostSubmit::default(),
     }
 }
 

@@ -300,6 +300,7 @@ mod tests {
             fit: None,
             samples: Default::default(),
             bench_bw: None,
+            probe_steal_fraction: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h200.json");

@@ -22,8 +22,13 @@
 //!    stream; the host waits for them (the layer's one host round trip; a layer without CPU
 //!    work has none), runs the CPU experts on the pool ([`crate::cpu_pool::CpuExecutor`])
 //!    from the host bank while the GPU computes the hits, and queues a zero-copy read of the
-//!    CPU's output rows into the GPU's. While the activations travel, the host plans the
-//!    next layer (plans still run in layer order), so planning is off the critical path.
+//!    CPU's output rows into the GPU's. The host is the only thread that talks to the device
+//!    and also one of the CPU share's threads, so it queues before the share only what the
+//!    share waits for (the dense part up to the router, the gathers, the activations' copy
+//!    down); the post-router dense part, the experts' kernels and the next layer's plan
+//!    ([`HostSubmit::Overlapped`]) go in while the activations travel and, what is left,
+//!    beside the share while the pool's workers take its first tiles. Plans still run in
+//!    layer order.
 //! 6. **Combine** (compute stream): the expert outputs are summed per stream in a fixed order
 //!    ([`CombineOrder`]) and added to the residual stream.
 //!
@@ -127,6 +132,55 @@ pub struct EngineConfig {
     /// Device memory left free beside everything the engine allocates (slots, dense
     /// buffers, activations), bytes: the CUDA context, kernel scratch, other processes.
     pub reserve_bytes: u64,
+    /// When the host queues the GPU work a layer's CPU share does not wait for.
+    pub host_submit: HostSubmit,
+}
+
+/// When the host thread queues the GPU work of a layer with a CPU share that the share does
+/// not wait for (the dense part after the router, the hits' and fetched experts' kernels,
+/// planning the next layer).
+///
+/// The host thread is the only one that talks to the device, and in a hybrid layer it is
+/// also one of the CPU share's threads: every call it makes before the share starts delays
+/// the share. On the H200 machine (2026-12-05T02:02Z grid) the host's calls were 83 to 336 us
+/// of each hybrid layer, serial with the share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostSubmit {
+    /// Only the work the share waits for (the dense part up to the router, the gathers,
+    /// the activations' copy down) before the share; the rest while the host waits for
+    /// the activations, and what is left beside the share, the pool's workers taking the
+    /// share's first tiles ([`CpuExecutor::run_layer_beside`]).
+    #[default]
+    Overlapped,
+    /// Everything queued and the next layer planned before the host waits for the
+    /// activations (the arrangement before 2026-12-05, for comparison).
+    Serial,
+}
+
+impl HostSubmit {
+    /// Name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            HostSubmit::Overlapped => "overlapped",
+            HostSubmit::Serial => "serial",
+        }
+    }
+}
+
+impl std::str::FromStr for HostSubmit {
+    type Err = RuntimeError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "overlapped" => Ok(HostSubmit::Overlapped),
+            "serial" => Ok(HostSubmit::Serial),
+            _ => Err(RuntimeError::invalid(
+                "--host-submit",
+                format!("'{s}' is not overlapped or serial"),
+            )),
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -147,6 +201,7 @@ impl Default for EngineConfig {
             seed: 0,
             timeline: true,
             reserve_bytes: DEFAULT_RESERVE_BYTES,
+            host_submit: HostSubmit::default(),
         }
     }
 }
@@ -319,20 +374,107 @@ impl<'a> FetchChunks<'a> {
         outs: &[DeviceBuffer],
         landed: impl Fn(usize) -> &'e Event,
     ) -> Result<()> {
-        let link = !self.work.moves.is_empty();
-        for (c, r) in self.bounds.iter().enumerate() {
-            if link {
-                compute.wait(landed(c))?;
-            }
-            let part;
-            let step = if self.len() == 1 {
-                &self.work.fetched
-            } else {
-                part = self.work.fetched.part(r.clone());
-                &part
-            };
-            compute.launch_experts(step, slots.buffer(), act, &outs[c])?;
+        for (c, out) in outs.iter().enumerate().take(self.len()) {
+            self.compute_chunk(c, compute, slots, act, out, landed(c))?;
         }
+        Ok(())
+    }
+
+    /// Queue chunk `c`'s expert step on `compute` ([`FetchChunks::compute`] for one chunk):
+    /// it writes `out` and, where the layer gathers, starts after `landed`.
+    pub fn compute_chunk(
+        &self,
+        c: usize,
+        compute: &Stream,
+        slots: &SlotPool,
+        act: &DeviceBuffer,
+        out: &DeviceBuffer,
+        landed: &Event,
+    ) -> Result<()> {
+        if !self.work.moves.is_empty() {
+            compute.wait(landed)?;
+        }
+        let part;
+        let step = if self.len() == 1 {
+            &self.work.fetched
+        } else {
+            part = self.work.fetched.part(self.bounds[c].clone());
+            &part
+        };
+        compute.launch_experts(step, slots.buffer(), act, out)
+    }
+}
+
+/// The part of a layer's GPU submission that its CPU share does not wait for: the dense part
+/// after the router, the hits' kernel and the fetched experts' kernels (a chunk each), with
+/// their timing events, queued on the compute stream in that order one item at a time
+/// ([`LayerRest::submit_next`]). With [`HostSubmit::Overlapped`] the host queues them
+/// while it waits for the activations and then beside the CPU share, instead of before the
+/// wait (a hybrid layer's CPU share starts 30 to 60 us of host calls earlier).
+struct LayerRest<'a> {
+    compute: &'a Stream,
+    slots: &'a SlotPool,
+    act: &'a DeviceBuffer,
+    y_hits: &'a DeviceBuffer,
+    y_fetched: &'a [DeviceBuffer],
+    dense_out: &'a DeviceBuffer,
+    ev: &'a LayerEvents,
+    work: &'a work::LayerWork,
+    fetch: &'a FetchChunks<'a>,
+    post: &'a [DenseRead<'a>],
+    need_fetched: bool,
+    /// The next item: 0 the post-router dense part, 1 the hits, 2 + c fetched chunk `c`,
+    /// then the fetched event.
+    next: usize,
+    clock: crate::device::Clock,
+    /// When the first item was queued (device clock, us): the GPU cannot start it before.
+    first_queued_us: f64,
+}
+
+impl LayerRest<'_> {
+    /// Queue the next item; false when everything is queued.
+    fn submit_next(&mut self) -> Result<bool> {
+        let chunks = self.fetch.len();
+        let fetched_items = if self.need_fetched { chunks } else { 0 };
+        let ev = self.ev;
+        match self.next {
+            0 => {
+                self.first_queued_us = self.clock.now_us();
+                if !self.post.is_empty() {
+                    self.compute.launch_dense(self.post, self.dense_out)?;
+                }
+                ev.record_timing(self.compute, &ev.post)?;
+            }
+            1 => {
+                self.compute.launch_experts(
+                    &self.work.hits,
+                    self.slots.buffer(),
+                    self.act,
+                    self.y_hits,
+                )?;
+                ev.record_timing(self.compute, &ev.hits)?;
+            }
+            i if i < 2 + fetched_items => {
+                let c = i - 2;
+                self.fetch.compute_chunk(
+                    c,
+                    self.compute,
+                    self.slots,
+                    self.act,
+                    &self.y_fetched[c],
+                    ev.chunk_gathered(c, chunks),
+                )?;
+            }
+            i if i == 2 + fetched_items => ev.record_timing(self.compute, &ev.fetched)?,
+            _ => return Ok(false),
+        }
+        self.next += 1;
+        Ok(true)
+    }
+
+    /// Queue everything left.
+    fn submit_all(&mut self) -> Result<()> {
+        while self.submit_next()? {}
         Ok(())
     }
 }
@@ -964,50 +1106,87 @@ impl Engine {
                     .copy_d2h(&self.act, 0, &self.x_host, 0, block * F32_BYTES)?;
                 self.act_stream.record(&ev.down)?;
             }
-            // 3b. The remaining chunks' gathers (3a issued the first).
+            // 3b. The remaining chunks' gathers (3a issued the first): before any other
+            // call, so that the link never waits for the host.
             if m.link {
                 for c in 1..chunks {
                     issue_chunk(c)?;
                 }
             }
-            // 1b. The rest of the dense part, 4. the experts.
-            if m.post {
-                self.compute.launch_dense(&post, self.dense_out())?;
-            }
-            ev.record_timing(&self.compute, &ev.post)?;
-            self.compute.launch_experts(
-                &work.hits,
-                self.slots.buffer(),
-                &self.act,
-                &self.y_hits,
-            )?;
-            ev.record_timing(&self.compute, &ev.hits)?;
+            // 1b. The rest of the dense part, 4. the experts: queued now, or with a CPU share
+            // and `HostSubmit::Overlapped`, while the host waits for the activations and
+            // beside the CPU share (the CPU share does not wait for them).
             let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
-            if need_fetched {
-                fetch.compute(
-                    &self.compute,
-                    &self.slots,
-                    &self.act,
-                    &self.y_fetched,
-                    |c| ev.chunk_gathered(c, chunks),
-                )?;
+            let mut rest = LayerRest {
+                compute: &self.compute,
+                slots: &self.slots,
+                act: &self.act,
+                y_hits: &self.y_hits,
+                y_fetched: &self.y_fetched,
+                dense_out: &self.dense_out,
+                ev,
+                work: &work,
+                fetch: &fetch,
+                post: &post,
+                need_fetched,
+                next: 0,
+                clock,
+                first_queued_us: 0.0,
+            };
+            let overlap = m.cpu && self.config.host_submit == HostSubmit::Overlapped;
+            if !overlap {
+                rest.submit_all()?;
             }
-            ev.record_timing(&self.compute, &ev.fetched)?;
             m.submit_end = clock.now_us();
 
             // 5b. The CPU share: the layer's one host round trip.
             if m.cpu {
                 // Plan the next layer while the activations come down (host work off the
                 // critical path; the plans run in layer order all the same).
-                if l + 1 < layers {
-                    ahead = Some(self.plan_work(l + 1, input, rows)?);
+                let mut planner = Planner {
+                    cache: &mut self.cache,
+                    fetch: self.fetch,
+                    cx: BuildContext {
+                        rows,
+                        slots: &self.slots,
+                        cache_slots: self.cache_slots,
+                        staging_slots: self.staging_slots,
+                        weight_scale: self.alpha,
+                        template: &self.template,
+                        hidden: self.model.geometry.hidden,
+                    },
+                };
+                let plan_next = l + 1 < layers;
+                if plan_next && !overlap {
+                    ahead = Some(planner.plan(l + 1, input)?);
                 }
                 m.wait_start = clock.now_us();
-                let ev = &self.events[l];
                 while !ev.down.is_complete()? {
+                    if overlap {
+                        if rest.submit_next()? {
+                            continue;
+                        }
+                        if plan_next && ahead.is_none() {
+                            ahead = Some(planner.plan(l + 1, input)?);
+                            continue;
+                        }
+                    }
                     std::hint::spin_loop();
                 }
                 m.wait_end = clock.now_us();
+                // What the wait left of the host's work, beside the CPU share.
+                let mut beside_result: Result<()> = Ok(());
+                let mut beside = || {
+                    if !overlap {
+                        return;
+                    }
+                    beside_result = rest.submit_all().and_then(|()| {
+                        if plan_next && ahead.is_none() {
+                            ahead = Some(planner.plan(l + 1, input)?);
+                        }
+                        Ok(())
+                    });
+                };
                 run_cpu(
                     CpuSide {
                         exec: self.exec.as_mut(),
@@ -1020,7 +1199,9 @@ impl Engine {
                     },
                     &work,
                     rows,
+                    &mut beside,
                 )?;
+                beside_result?;
                 m.cpu_end = clock.now_us();
                 let dst = match rows.order {
                     CombineOrder::Fixed => &self.y_fetched[0],
@@ -1031,6 +1212,7 @@ impl Engine {
                 ev.record_timing(&self.compute, &ev.merged)?;
                 m.merge_end = clock.now_us();
             }
+            m.rest_submit = rest.first_queued_us;
             let ev = &self.events[l];
 
             // 6. Combine in a fixed order, add to the residual stream.
@@ -1092,22 +1274,43 @@ impl Engine {
         input: &StepInput<'_>,
         rows: Rows,
     ) -> Result<work::LayerWork> {
-        let plan = plan_layer(l, &input.routing.layers[l], &mut self.cache, self.fetch);
-        let cx = BuildContext {
-            rows,
-            slots: &self.slots,
-            cache_slots: self.cache_slots,
-            staging_slots: self.staging_slots,
-            weight_scale: self.alpha,
-            template: &self.template,
-            hidden: self.model.geometry.hidden,
-        };
-        build_layer(&plan, &input.routing.layers[l], &cx)
+        Planner {
+            cache: &mut self.cache,
+            fetch: self.fetch,
+            cx: BuildContext {
+                rows,
+                slots: &self.slots,
+                cache_slots: self.cache_slots,
+                staging_slots: self.staging_slots,
+                weight_scale: self.alpha,
+                template: &self.template,
+                hidden: self.model.geometry.hidden,
+            },
+        }
+        .plan(l, input)
     }
 
     /// The dense kernel's output buffer.
     fn dense_out(&self) -> &DeviceBuffer {
         &self.dense_out
+    }
+}
+
+/// What planning a layer borrows from the engine (the cache, mutably; the slots and the
+/// kernel template): split from the engine so that the host can plan the next layer while
+/// other fields are borrowed by the layer in flight.
+struct Planner<'a> {
+    cache: &'a mut ExpertCache,
+    fetch: f64,
+    cx: BuildContext<'a>,
+}
+
+impl Planner<'_> {
+    /// Plan layer `l` (updating the cache) and turn the plan into device work.
+    fn plan(&mut self, l: usize, input: &StepInput<'_>) -> Result<work::LayerWork> {
+        let routes = &input.routing.layers[l];
+        let plan = plan_layer(l, routes, self.cache, self.fetch);
+        build_layer(&plan, routes, &self.cx)
     }
 }
 
@@ -1122,8 +1325,30 @@ struct CpuSide<'a> {
     cpu_x: &'a mut Vec<f32>,
 }
 
-/// Compute a layer's CPU share into the host output rows.
-fn run_cpu(side: CpuSide<'_>, work: &work::LayerWork, rows: Rows) -> Result<()> {
+/// Compute a layer's CPU share into the host output rows, running `beside` on the host
+/// thread while the pool computes ([`CpuExecutor::run_layer_beside`]; exactly once, also
+/// when the share fails).
+fn run_cpu(
+    side: CpuSide<'_>,
+    work: &work::LayerWork,
+    rows: Rows,
+    beside: &mut dyn FnMut(),
+) -> Result<()> {
+    let mut beside = Some(beside);
+    let r = run_cpu_share(side, work, rows, &mut beside);
+    if let Some(b) = beside {
+        b();
+    }
+    r
+}
+
+/// [`run_cpu`]'s body; takes `beside` where the pool runs it.
+fn run_cpu_share(
+    side: CpuSide<'_>,
+    work: &work::LayerWork,
+    rows: Rows,
+    beside: &mut Option<&mut dyn FnMut()>,
+) -> Result<()> {
     let h = side.model.geometry.hidden;
     let cpu_rows = work.cpu.rows();
     let x_all = host_f32(side.x_host, rows.streams * h)?;
@@ -1159,13 +1384,14 @@ fn run_cpu(side: CpuSide<'_>, work: &work::LayerWork, rows: Rows) -> Result<()> 
             "a CPU share was planned but no CPU executor exists",
         )
     })?;
-    exec.run_layer(
+    exec.run_layer_beside(
         side.model.format,
         &side.model.geometry,
         side.path,
         &experts,
         x,
         y,
+        beside.take().unwrap_or(&mut || {}),
     )?;
     Ok(())
 }

@@ -725,6 +725,8 @@ impl MultiEngine {
                 },
                 work,
                 rows,
+                // Every GPU's work is queued before any CPU share starts (see the module docs).
+                &mut || {},
             )?;
             let us = clock.now_us() - t;
             let dst = match rows.order {

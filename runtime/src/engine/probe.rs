@@ -130,6 +130,7 @@ pub fn probe_hybrid_overhead(
             seed: 1,
             timeline: false,
             reserve_bytes: 0,
+            host_submit: super::HostSubmit::default(),
         };
         let mut e = Engine::new(device, &model, &cfg, None)?;
         Ok(decode(&mut e, warm, measured, &options, &mut |_, _| {})?.summary)

@@ -78,6 +78,9 @@ pub(crate) struct LayerMarks {
     pub submit_start: f64,
     pub dense_submit: f64,
     pub submit_end: f64,
+    /// When the host queued the post-router dense part (the first of the work a CPU share
+    /// does not wait for; later than `submit_end` with `HostSubmit::Overlapped`).
+    pub rest_submit: f64,
     pub wait_start: f64,
     pub wait_end: f64,
     pub cpu_end: f64,
@@ -189,14 +192,17 @@ pub(crate) fn add_spans(
         if input > router {
             span(Lane::GpuCompute, SpanKind::Prepare, l, router, input, 0, 0);
         }
+        // The rest of the layer's GPU work starts once queued (after the CPU share's wait
+        // began, with the host's submission overlapped).
+        let rest_start = input.max(m.rest_submit);
         if m.post {
-            span(Lane::GpuCompute, SpanKind::Dense, l, input, post, 0, 0);
+            span(Lane::GpuCompute, SpanKind::Dense, l, rest_start, post, 0, 0);
         }
         span(
             Lane::GpuCompute,
             SpanKind::HitExperts,
             l,
-            post,
+            post.max(rest_start),
             hits,
             0,
             m.hit_experts,
