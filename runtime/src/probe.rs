@@ -196,9 +196,11 @@ pub struct ProbeConfig {
     pub budget_s: f64,
     /// Largest share of the machine's CPU time the hypervisor may take (steal) during a
     /// probe before it is repeated: a probe of a VM whose vCPUs were stolen fits a slower
-    /// host than the one that serves (the H200 grid of 2026-12-05T04:48Z: 4 to 17% steal
-    /// during its first minutes, the CPU probes 25% slow, every 15-thread CPU share then
-    /// predicted 12 to 20% slower than it ran).
+    /// host than the one that serves (in the H200 grid of 2026-12-05T04:48Z the
+    /// configurations whose runs lost 4 to 17% of the CPU time ran up to 50% slower than
+    /// predicted; the grid re-runs those, and the probe now does the same). Steal does not
+    /// show a neighbour's DRAM traffic: that grid's probes saw 0.2 to 1.1% steal but a
+    /// STREAM read 35% below the previous grid's.
     pub max_steal: f64,
     /// Most probes while the steal stays above `max_steal` (at least 1); the one with the
     /// least steal is fitted.
