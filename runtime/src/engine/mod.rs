@@ -1044,11 +1044,26 @@ impl Engine {
 
         // A layer planned ahead, while the host waited for the previous layer's activations.
         let mut ahead: Option<work::LayerWork> = None;
+        // The planner borrows the cache for the whole step; the layers in flight borrow
+        // the other fields.
+        let mut planner = Planner {
+            cache: &mut self.cache,
+            fetch: self.fetch,
+            cx: BuildContext {
+                rows,
+                slots: &self.slots,
+                cache_slots: self.cache_slots,
+                staging_slots: self.staging_slots,
+                weight_scale: self.alpha,
+                template: &self.template,
+                hidden: self.model.geometry.hidden,
+            },
+        };
         for (l, m) in marks.iter_mut().enumerate() {
             m.submit_start = clock.now_us();
             let work = match ahead.take() {
                 Some(w) => w,
-                None => self.plan_work(l, input, rows)?,
+                None => planner.plan(l, input)?,
             };
             tl.set_counts(l, work.counts);
             m.link = !work.moves.is_empty();
@@ -1067,7 +1082,7 @@ impl Engine {
             m.post = !post.is_empty();
             m.dense_submit = clock.now_us();
             if !pre.is_empty() {
-                self.compute.launch_dense(&pre, self.dense_out())?;
+                self.compute.launch_dense(&pre, &self.dense_out)?;
             }
             self.compute.record(&ev.router)?;
             // 3a. Gathers, after the router, in chunks of experts: each chunk's copies are
@@ -1143,19 +1158,6 @@ impl Engine {
             if m.cpu {
                 // Plan the next layer while the activations come down (host work off the
                 // critical path; the plans run in layer order all the same).
-                let mut planner = Planner {
-                    cache: &mut self.cache,
-                    fetch: self.fetch,
-                    cx: BuildContext {
-                        rows,
-                        slots: &self.slots,
-                        cache_slots: self.cache_slots,
-                        staging_slots: self.staging_slots,
-                        weight_scale: self.alpha,
-                        template: &self.template,
-                        hidden: self.model.geometry.hidden,
-                    },
-                };
                 let plan_next = l + 1 < layers;
                 if plan_next && !overlap {
                     ahead = Some(planner.plan(l + 1, input)?);
@@ -1265,34 +1267,6 @@ impl Engine {
             spans,
             outputs,
         })
-    }
-
-    /// Plan layer `l` (updating the cache) and turn the plan into device work.
-    fn plan_work(
-        &mut self,
-        l: usize,
-        input: &StepInput<'_>,
-        rows: Rows,
-    ) -> Result<work::LayerWork> {
-        Planner {
-            cache: &mut self.cache,
-            fetch: self.fetch,
-            cx: BuildContext {
-                rows,
-                slots: &self.slots,
-                cache_slots: self.cache_slots,
-                staging_slots: self.staging_slots,
-                weight_scale: self.alpha,
-                template: &self.template,
-                hidden: self.model.geometry.hidden,
-            },
-        }
-        .plan(l, input)
-    }
-
-    /// The dense kernel's output buffer.
-    fn dense_out(&self) -> &DeviceBuffer {
-        &self.dense_out
     }
 }
 
