@@ -1049,10 +1049,11 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {}, {} CPU workers ({}), act gpu {} / cpu {}, combine {}, gather {}",
+        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {}",
         r.device.label(),
         r.threads,
         r.pool_wait,
+        r.host_submit,
         r.gpu_act,
         r.cpu_act,
         r.combine,

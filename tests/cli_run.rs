@@ -70,6 +70,7 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
     assert_eq!(v["strategy"], "hybrid(f=0.500)");
     assert_eq!(v["layers"], 4);
     assert_eq!(v["device"]["kind"], "host");
+    assert_eq!(v["host_submit"], "overlapped", "the engine's default");
     let s = &v["summary"];
     assert_eq!(s["steps"], 4);
     assert_eq!(s["warmup_steps"], 2);
@@ -272,6 +273,19 @@ fn flags_are_checked_before_any_work() {
                 "8",
             ],
             "--fetch-fraction",
+        ),
+        (
+            &[
+                "--strategy",
+                "hybrid",
+                "--fetch-fraction",
+                "0.5",
+                "--cache-slots",
+                "8",
+                "--host-submit",
+                "sideways",
+            ],
+            "--host-submit",
         ),
     ];
     for (extra, flag) in cases {
