@@ -98,13 +98,17 @@ pub struct Args {
     #[arg(long, default_value_t = rprobe::DEFAULT_BUDGET_S)]
     budget_s: f64,
     /// Largest share of the CPU time the hypervisor may take (steal) during the probe
-    /// before it is repeated (0 to 1): a probe of a VM whose vCPUs were stolen fits a slower
-    /// host than the one that serves.
+    /// before it counts as disturbed (0 to 1): a probe of a VM whose vCPUs were stolen fits
+    /// a slower host than the one that serves.
     #[arg(long, default_value_t = ft_runtime::instrument::STEAL_NOTABLE_FRACTION)]
     max_steal: f64,
-    /// Most probes while the steal stays above --max-steal; the one with the least is fitted.
+    /// Largest change of the bank's read rate between the probe's start and end, as a share,
+    /// before it counts as disturbed (a neighbour's memory traffic shows here, not as steal).
+    #[arg(long, default_value_t = 0.15)]
+    max_ceiling_drift: f64,
+    /// Most probes while they are disturbed; the least disturbed is fitted.
     #[arg(long, default_value_t = 2)]
-    steal_attempts: usize,
+    attempts: usize,
     /// How the CPU pool waits between layers: spin, spin-beside or park (`ft run
     /// --pool-wait`; default: spin where a core stays free).
     #[arg(long)]
@@ -308,7 +312,8 @@ impl Args {
             seed: self.seed.unwrap_or(rprobe::PROBE_SEED),
             budget_s: self.budget_s,
             max_steal: self.max_steal,
-            steal_attempts: self.steal_attempts,
+            max_ceiling_drift: self.max_ceiling_drift,
+            attempts: self.attempts,
         };
         c.validate()?;
         Ok(c)
@@ -503,6 +508,13 @@ fn write_tables(out: &mut impl Write, r: &ProbeReport) -> Result<()> {
                 100.0 * f,
                 o.attempts,
                 if o.attempts == 1 { "" } else { "s" }
+            )?;
+        }
+        if let Some(start) = o.stream_read_start_gbs {
+            writeln!(
+                out,
+                "bank read rate (the CPU's ceiling): {start:.1} GB/s at the start, {:.1} at the end",
+                o.stream_read_gbs
             )?;
         }
         writeln!(out)?;

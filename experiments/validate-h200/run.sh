@@ -107,9 +107,10 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     retarget_profiles "$FT" "$OUT" "$g"
     "$FT" validate peer --profile "$OUT/profiles/$g.json" > "$OUT/profiles/$g.peer.txt"
     "$FT" validate peer --profile "$OUT/profiles/$g.json" --field fraction > "$OUT/profiles/$g.legacy-fraction"
-    # The probe repeats itself (twice at most) while the hypervisor steals more than 2%.
-    steal=$("$FT" validate get "$OUT/profiles/$g.json" probe_steal_fraction 2>/dev/null) || steal="unrecorded"
-    echo "probe $g: $(( SECONDS - t0 )) s cumulative; host steal during it $steal; $(cat "$OUT/profiles/$g.peer.txt")" >> "$OUT/env.txt"
+    # The probe repeats itself (twice at most) while it is disturbed: the hypervisor
+    # stealing more than 2%, or the bank's read rate moving by more than 15% while it ran.
+    get() { "$FT" validate get "$OUT/probes/$g.json" "outcome.$1" 2>/dev/null || echo "unrecorded"; }
+    echo "probe $g: $(( SECONDS - t0 )) s cumulative; $(get attempts) probe(s), steal $(get host_steal_fraction), bank read $(get stream_read_start_gbs) -> $(get stream_read_gbs) GB/s; $(cat "$OUT/profiles/$g.peer.txt")" >> "$OUT/env.txt"
 done
 
 all_runs_exist() { # config: true when every strategy of it has its run document

@@ -195,16 +195,19 @@ pub struct ProbeConfig {
     /// Wall-clock budget of the whole probe, in s.
     pub budget_s: f64,
     /// Largest share of the machine's CPU time the hypervisor may take (steal) during a
-    /// probe before it is repeated: a probe of a VM whose vCPUs were stolen fits a slower
-    /// host than the one that serves (in the H200 grid of 2026-12-05T04:48Z the
+    /// probe before it counts as disturbed: a probe of a VM whose vCPUs were stolen fits a
+    /// slower host than the one that serves (in the H200 grid of 2026-12-05T04:48Z the
     /// configurations whose runs lost 4 to 17% of the CPU time ran up to 50% slower than
-    /// predicted; the grid re-runs those, and the probe now does the same). Steal does not
-    /// show a neighbour's DRAM traffic: that grid's probes saw 0.2 to 1.1% steal but a
-    /// STREAM read 35% below the previous grid's.
+    /// predicted; the grid re-runs those, and the probe now does the same).
     pub max_steal: f64,
-    /// Most probes while the steal stays above `max_steal` (at least 1); the one with the
-    /// least steal is fitted.
-    pub steal_attempts: usize,
+    /// Largest change of the bank's read rate (the CPU's ceiling, read at the start and at
+    /// the end of the probe) before a probe counts as disturbed, as a share of the first
+    /// reading. Steal does not show a neighbour's memory traffic: the 04:48Z grid's probes
+    /// saw 0.2 to 1.1% steal and a read rate 35% below the previous grid's, and the rate
+    /// moved by as much between two probes 20 s apart.
+    pub max_ceiling_drift: f64,
+    /// Most probes while they are disturbed (at least 1); the least disturbed is fitted.
+    pub attempts: usize,
 }
 
 impl Default for ProbeConfig {
@@ -227,7 +230,8 @@ impl Default for ProbeConfig {
             seed: PROBE_SEED,
             budget_s: DEFAULT_BUDGET_S,
             max_steal: STEAL_NOTABLE_FRACTION,
-            steal_attempts: 2,
+            max_ceiling_drift: 0.15,
+            attempts: 2,
         }
     }
 }
@@ -287,11 +291,14 @@ impl ProbeConfig {
                 format!("{} is not a share of the CPU time (0 to 1)", self.max_steal),
             ));
         }
-        if self.steal_attempts == 0 {
+        if !(self.max_ceiling_drift.is_finite() && self.max_ceiling_drift > 0.0) {
             return Err(RuntimeError::invalid(
-                "--steal-attempts",
-                "must be at least 1",
+                "--max-ceiling-drift",
+                format!("{} is not a positive share", self.max_ceiling_drift),
             ));
+        }
+        if self.attempts == 0 {
+            return Err(RuntimeError::invalid("--attempts", "must be at least 1"));
         }
         Ok(())
     }
@@ -508,12 +515,16 @@ pub struct ProbeOutcome {
     pub notes: Vec<String>,
     /// Wall time of the probes (setup included), in s.
     pub wall_s: f64,
+    /// The same read of the bank at the start of the probe (after setup), GB/s: with
+    /// `stream_read_gbs` (the end), how much the CPU's ceiling moved while it ran.
+    #[serde(default)]
+    pub stream_read_start_gbs: Option<f64>,
     /// Share of the machine's CPU time the hypervisor took during the probe (steal, from
     /// `/proc/stat`); `None` where it cannot be read.
     #[serde(default)]
     pub host_steal_fraction: Option<f64>,
-    /// Probes run to get this one (more than 1 when the steal exceeded
-    /// [`ProbeConfig::max_steal`]).
+    /// Probes run to get this one (more than 1 when the earlier ones were disturbed,
+    /// [`ProbeOutcome::disturbance`]).
     #[serde(default = "one")]
     pub attempts: usize,
 }
@@ -522,13 +533,58 @@ fn one() -> usize {
     1
 }
 
+impl ProbeOutcome {
+    /// How much the bank's read rate moved between the probe's start and end, as a share of
+    /// the start's (`None` without a start reading).
+    pub fn ceiling_drift(&self) -> Option<f64> {
+        let start = self.stream_read_start_gbs.filter(|&g| g > 0.0)?;
+        Some((self.stream_read_gbs / start - 1.0).abs())
+    }
+
+    /// How disturbed the probe was against `config`'s limits: the larger of steal over
+    /// [`ProbeConfig::max_steal`] and ceiling drift over [`ProbeConfig::max_ceiling_drift`]
+    /// (unreadable ones count 0); above 1 the probe is repeated.
+    pub fn disturbance(&self, config: &ProbeConfig) -> f64 {
+        let over = |value: Option<f64>, limit: f64| match value {
+            Some(v) if limit > 0.0 => v / limit,
+            Some(v) if v > 0.0 => f64::INFINITY,
+            _ => 0.0,
+        };
+        over(self.host_steal_fraction, config.max_steal)
+            .max(over(self.ceiling_drift(), config.max_ceiling_drift))
+    }
+
+    /// What disturbed the probe, in words (empty when nothing passed its limit).
+    fn disturbed_by(&self, config: &ProbeConfig) -> Vec<String> {
+        let mut why = Vec::new();
+        if let Some(f) = self.host_steal_fraction.filter(|&f| f > config.max_steal) {
+            why.push(format!(
+                "the hypervisor took {:.1}% of the CPU time (limit {:.1}%)",
+                100.0 * f,
+                100.0 * config.max_steal
+            ));
+        }
+        if let (Some(d), Some(start)) = (self.ceiling_drift(), self.stream_read_start_gbs) {
+            if d > config.max_ceiling_drift {
+                why.push(format!(
+                    "the bank's read rate moved from {start:.1} to {:.1} GB/s (limit {:.0}%)",
+                    self.stream_read_gbs,
+                    100.0 * config.max_ceiling_drift
+                ));
+            }
+        }
+        why
+    }
+}
+
 /// Progress of a probe: phase name and share of the budget spent (0 to 1).
 pub type Progress<'a> = &'a mut dyn FnMut(&str, f64);
 
-/// Run every probe on `device` for `model` (see the module docs). A probe during which the
-/// hypervisor took more than [`ProbeConfig::max_steal`] of the CPU time is repeated, up to
-/// [`ProbeConfig::steal_attempts`] probes; the one with the least steal is returned, with a
-/// note (and a warning) when even that one is above the limit.
+/// Run every probe on `device` for `model` (see the module docs). A disturbed probe (the
+/// hypervisor took more than [`ProbeConfig::max_steal`] of the CPU time, or the bank's read
+/// rate moved by more than [`ProbeConfig::max_ceiling_drift`] while it ran) is repeated, up
+/// to [`ProbeConfig::attempts`] probes; the least disturbed is returned, with a note (and a
+/// warning) when even that one is disturbed.
 pub fn run(
     device: &Device,
     model: &ModelSpec,
@@ -537,72 +593,59 @@ pub fn run(
 ) -> Result<ProbeOutcome> {
     config.validate()?;
     model.validate()?;
-    let (mut outcome, attempts) = least_steal_of(
-        config.steal_attempts,
-        config.max_steal,
-        |attempt| {
-            let start = HostCpuTimes::now();
-            let mut outcome = probe_once(device, model, config, progress)?;
-            if let (Some(a), Some(b)) = (start, HostCpuTimes::now()) {
-                let mut meter = StealMeter::default();
-                meter.add(&a, &b);
-                outcome.host_steal_fraction = meter.fraction();
-            }
-            if attempt < config.steal_attempts
-                && outcome.host_steal_fraction.unwrap_or(0.0) > config.max_steal
-            {
-                tracing::warn!(
-                    steal_pct = format!("{:.1}", 100.0 * outcome.host_steal_fraction.unwrap_or(0.0)),
-                    attempt,
-                    "the hypervisor took more than {:.1}% of the CPU time during the probe: probing again",
-                    100.0 * config.max_steal
-                );
-            }
-            let steal = outcome.host_steal_fraction;
-            Ok((outcome, steal))
-        },
-    )?;
+    let (mut outcome, attempts) = least_disturbed_of(config.attempts, |attempt| {
+        let start = HostCpuTimes::now();
+        let mut outcome = probe_once(device, model, config, progress)?;
+        if let (Some(a), Some(b)) = (start, HostCpuTimes::now()) {
+            let mut meter = StealMeter::default();
+            meter.add(&a, &b);
+            outcome.host_steal_fraction = meter.fraction();
+        }
+        let why = outcome.disturbed_by(config);
+        if attempt < config.attempts && !why.is_empty() {
+            tracing::warn!(
+                attempt,
+                "{} during the probe: probing again",
+                why.join(" and ")
+            );
+        }
+        let score = outcome.disturbance(config);
+        Ok((outcome, score))
+    })?;
     outcome.attempts = attempts;
-    if let Some(steal) = outcome
-        .host_steal_fraction
-        .filter(|&f| f > config.max_steal)
-    {
+    let why = outcome.disturbed_by(config);
+    if !why.is_empty() {
         let msg = format!(
-            "the hypervisor took {:.1}% of the CPU time during the probe (the least of {} probes; limit {:.1}%): the CPU costs are fitted slower than an undisturbed host runs them",
-            100.0 * steal,
-            outcome.attempts,
-            100.0 * config.max_steal
+            "{} during the probe (the least disturbed of {} probes): its costs describe a busier machine than an undisturbed one",
+            why.join(" and "),
+            outcome.attempts
         );
         tracing::warn!("{msg}");
         outcome.notes.push(msg);
     } else if outcome.attempts > 1 {
         outcome.notes.push(format!(
-            "probed {} times: the earlier probes lost more than {:.1}% of the CPU time to the hypervisor",
-            outcome.attempts,
-            100.0 * config.max_steal
+            "probed {} times: the earlier probes were disturbed (steal or a moving memory read rate)",
+            outcome.attempts
         ));
     }
     Ok(outcome)
 }
 
-/// Run `attempt(1)`, `attempt(2)`, ... until one reports a steal share of at most
-/// `max_steal` (or none: unreadable) or `attempts` have run; returns the one with the least
-/// steal (the first of equals) and how many ran.
-fn least_steal_of<T>(
+/// Run `attempt(1)`, `attempt(2)`, ... until one reports a disturbance of at most 1 or
+/// `attempts` have run; returns the least disturbed (the first of equals) and how many ran.
+fn least_disturbed_of<T>(
     attempts: usize,
-    max_steal: f64,
-    mut attempt: impl FnMut(usize) -> Result<(T, Option<f64>)>,
+    mut attempt: impl FnMut(usize) -> Result<(T, f64)>,
 ) -> Result<(T, usize)> {
     let mut best: Option<(T, f64)> = None;
     let mut ran = 0;
     for i in 1..=attempts.max(1) {
-        let (value, steal) = attempt(i)?;
+        let (value, score) = attempt(i)?;
         ran = i;
-        let steal = steal.unwrap_or(0.0);
-        if best.as_ref().is_none_or(|(_, b)| steal < *b) {
-            best = Some((value, steal));
+        if best.as_ref().is_none_or(|(_, b)| score < *b) {
+            best = Some((value, score));
         }
-        if steal <= max_steal {
+        if score <= 1.0 {
             break;
         }
     }
@@ -610,7 +653,7 @@ fn least_steal_of<T>(
     Ok((value, ran))
 }
 
-/// One probe of every kind ([`run`] repeats it while the hypervisor steals).
+/// One probe of every kind ([`run`] repeats it while it is disturbed).
 fn probe_once(
     device: &Device,
     model: &ModelSpec,
@@ -671,6 +714,7 @@ fn probe_once(
         ..alt_geometry
     };
     let alt_bank = HostBank::from_seed(device, model.format, &alt_geometry, config.seed ^ 0xA17)?;
+    let stream_read_start_gbs = bank_ceiling_gbs(threads, engine.bank())?;
     timings.push(ProbeTiming {
         name: "setup (device, banks, kernels)".into(),
         points: 0,
@@ -810,15 +854,7 @@ fn probe_once(
         });
     }
     let (h2d_gbs, d2h_gbs) = link_probe(device, engine.bank())?;
-    // The same ceiling `ft run` reads before each round (`read_window` of the served bank
-    // with the serving threads), so that a run's reading compares with the probe's.
-    let stream_read_gbs = {
-        let pool = ft_kernels::step::build_pool(threads)
-            .map_err(|e| RuntimeError::Kernel(e.to_string()))?;
-        let bank = engine.bank().buffer().as_slice();
-        ft_kernels::stream::read_window(&pool, bank, ft_kernels::stream::CEILING_READ_BYTES, 0, 3)
-            .median_gbs()
-    };
+    let stream_read_gbs = bank_ceiling_gbs(threads, engine.bank())?;
     let bench_bw = if alt_is_bench || sizes.served_is_bench {
         bench.finish(if sizes.served_is_bench {
             sizes.served_bytes
@@ -856,9 +892,22 @@ fn probe_once(
         timings,
         notes,
         wall_s: started.elapsed().as_secs_f64(),
+        stream_read_start_gbs: Some(stream_read_start_gbs),
         host_steal_fraction: None,
         attempts: 1,
     })
+}
+
+/// The CPU's ceiling as `ft run` reads it before each round (`read_window` of the served
+/// bank with the serving threads), so that a run's reading compares with the probe's, GB/s.
+fn bank_ceiling_gbs(threads: usize, bank: &HostBank) -> Result<f64> {
+    let pool =
+        ft_kernels::step::build_pool(threads).map_err(|e| RuntimeError::Kernel(e.to_string()))?;
+    let bytes = bank.buffer().as_slice();
+    Ok(
+        ft_kernels::stream::read_window(&pool, bytes, ft_kernels::stream::CEILING_READ_BYTES, 0, 3)
+            .median_gbs(),
+    )
 }
 
 /// The second expert geometry: the bench's in the served format when the sizes are distinct
@@ -1892,34 +1941,62 @@ mod tests {
     use crate::device::HostDeviceConfig;
 
     #[test]
-    fn a_probe_is_repeated_while_the_hypervisor_steals_and_the_least_stolen_is_kept() {
-        // Scripted steal per attempt: (attempts allowed, steals) -> (kept attempt, ran).
-        let cases: [(usize, &[Option<f64>], usize, usize); 6] = [
-            (2, &[Some(0.001)], 1, 1),            // quiet: one probe
-            (2, &[Some(0.10), Some(0.01)], 2, 2), // noisy, then quiet: the second
-            (2, &[Some(0.05), Some(0.12)], 1, 2), // both noisy: the lesser
-            (3, &[Some(0.08), Some(0.05), Some(0.06)], 2, 3),
-            (1, &[Some(0.50)], 1, 1), // one attempt allowed
-            (2, &[None], 1, 1),       // unreadable: taken as quiet
+    fn a_disturbed_probe_is_repeated_and_the_least_disturbed_is_kept() {
+        // Scripted disturbance per attempt: (attempts allowed, scores) -> (kept, ran).
+        let cases: [(usize, &[f64], usize, usize); 5] = [
+            (2, &[0.1], 1, 1),           // quiet: one probe
+            (2, &[3.0, 0.5], 2, 2),      // disturbed, then quiet: the second
+            (2, &[2.5, 6.0], 1, 2),      // both disturbed: the lesser
+            (3, &[4.0, 2.5, 3.0], 2, 3), // all three disturbed
+            (1, &[25.0], 1, 1),          // one attempt allowed
         ];
-        for (attempts, steals, kept, ran) in cases {
+        for (attempts, scores, kept, ran) in cases {
             let mut calls = 0;
-            let (value, n) = least_steal_of(attempts, 0.02, |i| {
+            let (value, n) = least_disturbed_of(attempts, |i| {
                 calls += 1;
-                Ok((i, steals[i - 1]))
+                Ok((i, scores[i - 1]))
             })
             .unwrap();
-            assert_eq!((value, n, calls), (kept, ran, ran), "{steals:?}");
+            assert_eq!((value, n, calls), (kept, ran, ran), "{scores:?}");
         }
         // An error ends the attempts.
-        let r: Result<(usize, usize)> = least_steal_of(3, 0.02, |i| {
+        let r: Result<(usize, usize)> = least_disturbed_of(3, |i| {
             if i == 2 {
                 Err(RuntimeError::invalid("probe", "broken"))
             } else {
-                Ok((i, Some(0.5)))
+                Ok((i, 5.0))
             }
         });
         assert!(r.unwrap_err().to_string().contains("broken"));
+    }
+
+    #[test]
+    fn steal_and_a_moving_ceiling_each_disturb_a_probe() {
+        let d = host_device();
+        let out = run(&d, &tiny(), &quick(), &mut |_, _| {}).unwrap();
+        let config = ProbeConfig::default();
+        let with = |steal: Option<f64>, start: Option<f64>, end: f64| ProbeOutcome {
+            host_steal_fraction: steal,
+            stream_read_start_gbs: start,
+            stream_read_gbs: end,
+            ..out.clone()
+        };
+        // Quiet: little steal, the ceiling where it was.
+        let quiet = with(Some(0.01), Some(100.0), 95.0);
+        assert!(quiet.disturbance(&config) <= 1.0);
+        assert!(quiet.disturbed_by(&config).is_empty());
+        // Steal over its limit, or the ceiling moving by more than its limit either way.
+        for (o, what) in [
+            (with(Some(0.05), Some(100.0), 100.0), "hypervisor"),
+            (with(Some(0.0), Some(100.0), 70.0), "read rate"),
+            (with(Some(0.0), Some(70.0), 100.0), "read rate"),
+        ] {
+            assert!(o.disturbance(&config) > 1.0, "{what}");
+            let why = o.disturbed_by(&config).join("; ");
+            assert!(why.contains(what), "{why}");
+        }
+        // Nothing readable: not disturbed.
+        assert_eq!(with(None, None, 80.0).disturbance(&config), 0.0);
     }
 
     #[test]
@@ -1934,10 +2011,17 @@ mod tests {
             ),
             (
                 ProbeConfig {
-                    steal_attempts: 0,
+                    attempts: 0,
                     ..ProbeConfig::default()
                 },
-                "--steal-attempts",
+                "--attempts",
+            ),
+            (
+                ProbeConfig {
+                    max_ceiling_drift: 0.0,
+                    ..ProbeConfig::default()
+                },
+                "--max-ceiling-drift",
             ),
         ] {
             let e = c.validate().unwrap_err().to_string();
@@ -2197,7 +2281,9 @@ mod tests {
             let f = out.host_steal_fraction.expect("steal read from /proc/stat");
             assert!((0.0..=1.0).contains(&f), "{f}");
         }
-        assert!((1..=ProbeConfig::default().steal_attempts).contains(&out.attempts));
+        assert!((1..=ProbeConfig::default().attempts).contains(&out.attempts));
+        assert!(out.stream_read_start_gbs.is_some_and(|g| g > 0.0));
+        assert!(out.ceiling_drift().is_some());
         // The link's busy time beside a CPU share, from the hybrid blocks alone.
         assert!(!s.link.is_empty());
         for l in &s.link {
