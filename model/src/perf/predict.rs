@@ -205,15 +205,7 @@ impl TrafficSamples {
             s.cpu += c.cpu;
             s.cpu_tokens += c.cpu_tokens;
         }
-        let k = 1.0 / self.steps().max(1) as f64;
-        LayerCounts {
-            hits: s.hits * k,
-            hit_tokens: s.hit_tokens * k,
-            fetched: s.fetched * k,
-            fetched_tokens: s.fetched_tokens * k,
-            cpu: s.cpu * k,
-            cpu_tokens: s.cpu_tokens * k,
-        }
+        s.scaled(1.0 / self.steps().max(1) as f64)
     }
 
     /// Expert-level miss rate: misses over distinct experts.
