@@ -374,7 +374,7 @@ impl<'a> FetchChunks<'a> {
         outs: &[DeviceBuffer],
         landed: impl Fn(usize) -> &'e Event,
     ) -> Result<()> {
-        for (c, out) in outs.iter().enumerate().take(self.len()) {
+        for (c, out) in outs[..self.len()].iter().enumerate() {
             self.compute_chunk(c, compute, slots, act, out, landed(c))?;
         }
         Ok(())
@@ -419,7 +419,7 @@ struct LayerRest<'a> {
     y_fetched: &'a [DeviceBuffer],
     dense_out: &'a DeviceBuffer,
     ev: &'a LayerEvents,
-    work: &'a work::LayerWork,
+    /// The layer's fetched chunks, and through them its work (the hits' step).
     fetch: &'a FetchChunks<'a>,
     post: &'a [DenseRead<'a>],
     need_fetched: bool,
@@ -447,7 +447,7 @@ impl LayerRest<'_> {
             }
             1 => {
                 self.compute.launch_experts(
-                    &self.work.hits,
+                    &self.fetch.work.hits,
                     self.slots.buffer(),
                     self.act,
                     self.y_hits,
@@ -1140,7 +1140,6 @@ impl Engine {
                 y_fetched: &self.y_fetched,
                 dense_out: &self.dense_out,
                 ev,
-                work: &work,
                 fetch: &fetch,
                 post: &post,
                 need_fetched,
@@ -1163,25 +1162,21 @@ impl Engine {
                     ahead = Some(planner.plan(l + 1, input)?);
                 }
                 m.wait_start = clock.now_us();
+                // Whatever is not queued or planned yet (nothing, when serial) while the
+                // activations come down, the rest beside the CPU share.
                 while !ev.down.is_complete()? {
-                    if overlap {
-                        if rest.submit_next()? {
-                            continue;
-                        }
-                        if plan_next && ahead.is_none() {
-                            ahead = Some(planner.plan(l + 1, input)?);
-                            continue;
-                        }
+                    if rest.submit_next()? {
+                        continue;
+                    }
+                    if plan_next && ahead.is_none() {
+                        ahead = Some(planner.plan(l + 1, input)?);
+                        continue;
                     }
                     std::hint::spin_loop();
                 }
                 m.wait_end = clock.now_us();
-                // What the wait left of the host's work, beside the CPU share.
                 let mut beside_result: Result<()> = Ok(());
                 let mut beside = || {
-                    if !overlap {
-                        return;
-                    }
                     beside_result = rest.submit_all().and_then(|()| {
                         if plan_next && ahead.is_none() {
                             ahead = Some(planner.plan(l + 1, input)?);
@@ -1300,28 +1295,13 @@ struct CpuSide<'a> {
 }
 
 /// Compute a layer's CPU share into the host output rows, running `beside` on the host
-/// thread while the pool computes ([`CpuExecutor::run_layer_beside`]; exactly once, also
-/// when the share fails).
+/// thread while the pool computes ([`CpuExecutor::run_layer_beside`]). A share that fails
+/// before it reaches the pool fails the step without running `beside`.
 fn run_cpu(
     side: CpuSide<'_>,
     work: &work::LayerWork,
     rows: Rows,
     beside: &mut dyn FnMut(),
-) -> Result<()> {
-    let mut beside = Some(beside);
-    let r = run_cpu_share(side, work, rows, &mut beside);
-    if let Some(b) = beside {
-        b();
-    }
-    r
-}
-
-/// [`run_cpu`]'s body; takes `beside` where the pool runs it.
-fn run_cpu_share(
-    side: CpuSide<'_>,
-    work: &work::LayerWork,
-    rows: Rows,
-    beside: &mut Option<&mut dyn FnMut()>,
 ) -> Result<()> {
     let h = side.model.geometry.hidden;
     let cpu_rows = work.cpu.rows();
@@ -1365,7 +1345,7 @@ fn run_cpu_share(
         &experts,
         x,
         y,
-        beside.take().unwrap_or(&mut || {}),
+        beside,
     )?;
     Ok(())
 }
