@@ -367,13 +367,9 @@ impl Predict for LinkSample {
     /// threads where they differ (as [`StepSample`]).
     fn predict_us(&self, p: &PerfParams) -> f64 {
         let t = self.threads.unwrap_or(p.cpu_threads);
-        let at;
-        let p = if t != p.cpu_threads {
-            at = p.at_threads(t);
-            &at
-        } else {
-            p
-        };
+        if t != p.cpu_threads {
+            return self.predict_us(&p.at_threads(t));
+        }
         let c = &self.counts;
         p.overlapped(c.fetched, c.cpu, c.cpu_tokens, self.expert, t as f64)
             .gather_us
