@@ -279,17 +279,22 @@ __device__ __forceinline__ u64 staged_tile_bytes(int fmt, u64 cols, u64 n) {
 // sm_80 and later as asynchronous 16-byte copies (cp.async, L1 bypassed) where both ends and
 // the size are 16-byte aligned, so that the whole range is in flight at once and the block
 // can do other work meanwhile; otherwise with plain loads. `stage_wait` completes them.
-__device__ __forceinline__ void stage_async(u8* dst, const u8* src, u64 bytes) {
+// `stage_async_by` is the same with `n` threads taking part, this one being thread `k` of
+// them (a warp staging its own rows: k = its lane, n = 32).
+__device__ __forceinline__ void stage_async_by(u8* dst, const u8* src, u64 bytes, u32 k, u32 n) {
 #if __CUDA_ARCH__ >= 800
     if ((((u64)src | (u64)dst | bytes) & 15) == 0) {
         const u32 d = (u32)__cvta_generic_to_shared(dst);
-        for (u64 i = (u64)threadIdx.x * 16; i < bytes; i += (u64)blockDim.x * 16)
+        for (u64 i = (u64)k * 16; i < bytes; i += (u64)n * 16)
             asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d + (u32)i), "l"(src + i)
                          : "memory");
         return;
     }
 #endif
-    for (u64 i = threadIdx.x; i < bytes; i += blockDim.x) dst[i] = src[i];
+    for (u64 i = k; i < bytes; i += n) dst[i] = src[i];
+}
+__device__ __forceinline__ void stage_async(u8* dst, const u8* src, u64 bytes) {
+    stage_async_by(dst, src, bytes, threadIdx.x, blockDim.x);
 }
 
 // Wait for this thread's asynchronous copies; a __syncthreads must follow before any thread
@@ -300,18 +305,93 @@ __device__ __forceinline__ void stage_wait() {
 #endif
 }
 
+// The tile of n rows of a matrix of `cols` columns staged in shared memory at `dst`
+// (staged_tile_bytes long): values, then block scales, then row factors.
+__device__ __forceinline__ Tile tile_in(int fmt, u64 cols, u64 n, u8* dst) {
+    u8* ds = dst + round16(n * values_row_bytes(fmt, cols));
+    return {dst, ds, ds + round16(n * scale_row_bytes(fmt, cols))};
+}
+
 // Start staging rows r0 .. r0 + n of m into shared memory at `dst` (staged_tile_bytes long)
 // and return the tile that reads them there (valid after stage_wait and a barrier).
 __device__ __forceinline__ Tile stage_tile(int fmt, const Mat& m, u64 r0, u64 n, u8* dst) {
-    const Tile g = tile_at(fmt, m, r0);
-    const u64 vb = n * values_row_bytes(fmt, m.cols), sb = n * scale_row_bytes(fmt, m.cols);
-    const u64 fb = n * factor_row_bytes(fmt);
-    u8* ds = dst + round16(vb);
-    u8* df = ds + round16(sb);
-    stage_async(dst, g.vals, vb);
-    if (sb) stage_async(ds, g.scales, sb);
-    if (fb) stage_async(df, g.factors, fb);
-    return {dst, ds, df};
+    const Tile g = tile_at(fmt, m, r0), t = tile_in(fmt, m.cols, n, dst);
+    const u64 sb = n * scale_row_bytes(fmt, m.cols), fb = n * factor_row_bytes(fmt);
+    stage_async(dst, g.vals, n * values_row_bytes(fmt, m.cols));
+    if (sb) stage_async((u8*)t.scales, g.scales, sb);
+    if (fb) stage_async((u8*)t.factors, g.factors, fb);
+    return t;
+}
+
+// Pipelined staging (FT_PIPE_STAGES > 1, the gate/up kernels' staged path): instead of the
+// whole block staging its tile and waiting for all of it, each warp stages the rows its own
+// half-warps compute, in FT_PIPE_STAGES column stages (one cp.async group each, every stage
+// a whole number of 16-block lane rounds), and computes stage s as soon as stage s has
+// landed while the later ones are still in flight. A one-token layer is one wave of blocks
+// that all request their tiles at once, so without it every warp waits for about the
+// whole layer's bytes before it computes anything; with it the decode of the first columns
+// overlaps the transfer of the last. Each lane still accumulates its blocks l, l + 16, ...
+// in increasing order, so the results are the same bits. 1 (the default): whole tiles.
+#ifndef FT_PIPE_STAGES
+#define FT_PIPE_STAGES 1
+#endif
+
+// Blocks of a row per pipeline stage: nb blocks in at most `stages` stages, each a multiple
+// of HW (a lane's blocks l, l + 16, ... split between stages at the same round for every lane).
+__device__ __forceinline__ int pipe_stage_blocks(int nb, int stages) {
+    const int rounds = (nb + HW - 1) / HW;
+    return HW * ((rounds + stages - 1) / stages);
+}
+
+__device__ __forceinline__ void stage_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+
+// Wait until at most `pending` (0 to 3) of this thread's committed groups are in flight.
+__device__ __forceinline__ void stage_wait_pending(int pending) {
+#if __CUDA_ARCH__ >= 800
+    switch (pending) {
+    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
+    }
+#endif
+}
+
+// Stage, for each of a G-row tile's matrices a and b (tiles at da, db), the rows the calling
+// warp's half-warps compute (rr = hw, hw + nhw, ... below G), `kb` blocks of columns per
+// stage, one commit group per stage holding both matrices' slices (and, in the first, the
+// rows' factors). Every thread of the warp calls it.
+__device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat& b, u64 r0, int G,
+                                                int nhw, int nb, int kb, Tile da, Tile db) {
+    const u32 wl = threadIdx.x & 31;
+    const int hw0 = (threadIdx.x / 32) * 2;
+    const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
+    const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
+    const u64 frb = factor_row_bytes(fmt);
+    const u64 vbb = vrb / nb, sbb = srb / nb;   // bytes per block of 16 or 32 columns
+    for (int b0 = 0; b0 < nb; b0 += kb) {
+        const u64 n = (u64)(min(b0 + kb, nb) - b0);
+        for (int hw = hw0; hw < hw0 + 2; hw++) {
+            for (int rr = hw; rr < G; rr += nhw) {
+                const u64 v = rr * vrb + b0 * vbb, s = rr * srb + b0 * sbb;
+                stage_async_by((u8*)da.vals + v, ga.vals + v, n * vbb, wl, 32);
+                stage_async_by((u8*)db.vals + v, gb.vals + v, n * vbb, wl, 32);
+                if (sbb) {
+                    stage_async_by((u8*)da.scales + s, ga.scales + s, n * sbb, wl, 32);
+                    stage_async_by((u8*)db.scales + s, gb.scales + s, n * sbb, wl, 32);
+                }
+                if (b0 == 0 && frb) {
+                    stage_async_by((u8*)da.factors + rr * frb, ga.factors + rr * frb, frb, wl, 32);
+                    stage_async_by((u8*)db.factors + rr * frb, gb.factors + rr * frb, frb, wl, 32);
+                }
+            }
+        }
+        stage_commit();
+    }
 }
 
 // Programmatic dependent launch (sm_90): a primary kernel lets the next kernel of its stream
@@ -522,8 +602,17 @@ __device__ __forceinline__ void gate_up_impl(
     const Mat up = {(const u8*)task.weights + matrix_bytes(fmt, I, H), (u64)I, (u64)H};
     const u64 vrb = values_row_bytes(fmt, H);
     const u32 e2m1_lo = e2m1_table_lo();
+    // Pipelined (FT_PIPE_STAGES > 1): each warp stages its own rows in column stages of kb
+    // blocks and waits for them stage by stage; otherwise kb = nb, one stage.
+    constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1;
+    const int kb = PIPE ? pipe_stage_blocks(nb, FT_PIPE_STAGES) : nb;
+    const int stages = (nb + kb - 1) / kb;
     Tile tg, tu;
-    if (STAGED) {
+    if (PIPE) {
+        tg = tile_in(fmt, H, G, smem + stage_off);
+        tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
+        stage_warp_rows(fmt, gate, up, r0, G, nhw, nb, kb, tg, tu);
+    } else if (STAGED) {
         tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
         tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
     } else {
@@ -552,7 +641,8 @@ __device__ __forceinline__ void gate_up_impl(
                 ((float4*)(sx + (u64)t * H))[k] = ((const float4*)(x + (u64)tok * H))[k];
             }
         }
-        stage_wait();
+        // (Pipelined, each warp waits for its own stages below.)
+        if (!PIPE) stage_wait();
         __syncthreads();
         for (int rr = hw; rr < G; rr += nhw) {
             float ga[MT], ua[MT];
@@ -560,46 +650,55 @@ __device__ __forceinline__ void gate_up_impl(
             for (int t = 0; t < MT; t++) { ga[t] = 0.0f; ua[t] = 0.0f; }
             const u8* grow = tg.vals + (u64)rr * vrb;
             const u8* urow = tu.vals + (u64)rr * vrb;
-            // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
+            for (int s = 0; s < stages; s++) {
+                if (PIPE) {
+                    // This warp's copies of stage s (and those before) have landed; the barrier
+                    // makes each lane's visible to the others.
+                    stage_wait_pending(stages - 1 - s);
+                    __syncwarp();
+                }
+                const int b_end = PIPE ? min((s + 1) * kb, nb) : nb;
+                // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
-            for (int b = lane; b < nb; b += HW) {
-                if (act == ACT_INT8 && split_sign(MT, fmt)) {
-                    // One token (t = 0 < nt): the loop below's arithmetic, split-sign dots.
-                    const int4* qa = (const int4*)(sq + (u64)b * G);
-                    const int4 a0 = qa[0], a1 = G == 32 ? qa[1] : make_int4(0, 0, 0, 0);
-                    const float sg = block_scale(fmt, tg, H, rr, b);
-                    const float su = block_scale(fmt, tu, H, rr, b);
-                    const float sc = ss[b];
-                    const int dg = e2m1_block_dot(grow, b, G, a0, a1, e2m1_lo);
-                    const int du = e2m1_block_dot(urow, b, G, a0, a1, e2m1_lo);
-                    ga[0] = __fadd_rn(ga[0], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
-                    ua[0] = __fadd_rn(ua[0], __fmul_rn((float)du, __fmul_rn(su, sc)));
-                } else if (act == ACT_INT8) {
-                    u32 Wg[8], Wu[8];
-                    load_w8(fmt, grow, b, Wg);
-                    load_w8(fmt, urow, b, Wu);
-                    float sg = block_scale(fmt, tg, H, rr, b);
-                    float su = block_scale(fmt, tu, H, rr, b);
+                for (int b = s * kb + lane; b < b_end; b += HW) {
+                    if (act == ACT_INT8 && split_sign(MT, fmt)) {
+                        // One token (t = 0 < nt): the loop below's arithmetic, split-sign dots.
+                        const int4* qa = (const int4*)(sq + (u64)b * G);
+                        const int4 a0 = qa[0], a1 = G == 32 ? qa[1] : make_int4(0, 0, 0, 0);
+                        const float sg = block_scale(fmt, tg, H, rr, b);
+                        const float su = block_scale(fmt, tu, H, rr, b);
+                        const float sc = ss[b];
+                        const int dg = e2m1_block_dot(grow, b, G, a0, a1, e2m1_lo);
+                        const int du = e2m1_block_dot(urow, b, G, a0, a1, e2m1_lo);
+                        ga[0] = __fadd_rn(ga[0], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
+                        ua[0] = __fadd_rn(ua[0], __fmul_rn((float)du, __fmul_rn(su, sc)));
+                    } else if (act == ACT_INT8) {
+                        u32 Wg[8], Wu[8];
+                        load_w8(fmt, grow, b, Wg);
+                        load_w8(fmt, urow, b, Wu);
+                        float sg = block_scale(fmt, tg, H, rr, b);
+                        float su = block_scale(fmt, tu, H, rr, b);
 #pragma unroll
-                    for (int t = 0; t < MT; t++) {
-                        if (t < nt) {
-                            const i8* qb = sq + (u64)t * H + (u64)b * G;
-                            float sc = ss[t * nb + b];
-                            int dg = block_dot_i8(Wg, G, qb);
-                            int du = block_dot_i8(Wu, G, qb);
-                            ga[t] = __fadd_rn(ga[t], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
-                            ua[t] = __fadd_rn(ua[t], __fmul_rn((float)du, __fmul_rn(su, sc)));
+                        for (int t = 0; t < MT; t++) {
+                            if (t < nt) {
+                                const i8* qb = sq + (u64)t * H + (u64)b * G;
+                                float sc = ss[t * nb + b];
+                                int dg = block_dot_i8(Wg, G, qb);
+                                int du = block_dot_i8(Wu, G, qb);
+                                ga[t] = __fadd_rn(ga[t], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
+                                ua[t] = __fadd_rn(ua[t], __fmul_rn((float)du, __fmul_rn(su, sc)));
+                            }
                         }
-                    }
-                } else {
-                    float sg = block_scale(fmt, tg, H, rr, b);
-                    float su = block_scale(fmt, tu, H, rr, b);
+                    } else {
+                        float sg = block_scale(fmt, tg, H, rr, b);
+                        float su = block_scale(fmt, tu, H, rr, b);
 #pragma unroll
-                    for (int t = 0; t < MT; t++) {
-                        if (t < nt) {
-                            const float* xb = sx + (u64)t * H + (u64)b * G;
-                            ga[t] = fmaf(block_dot_f32(fmt, grow, b, G, xb), sg, ga[t]);
-                            ua[t] = fmaf(block_dot_f32(fmt, urow, b, G, xb), su, ua[t]);
+                        for (int t = 0; t < MT; t++) {
+                            if (t < nt) {
+                                const float* xb = sx + (u64)t * H + (u64)b * G;
+                                ga[t] = fmaf(block_dot_f32(fmt, grow, b, G, xb), sg, ga[t]);
+                                ua[t] = fmaf(block_dot_f32(fmt, urow, b, G, xb), su, ua[t]);
+                            }
                         }
                     }
                 }

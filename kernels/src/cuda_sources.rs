@@ -94,6 +94,9 @@ pub struct Specialization {
     /// The one-token variants' split-sign dot of e2m1 codes (`-DFT_E2M1_SPLIT=1`; nvfp4 and
     /// mxfp4 on the int8 path; see `cuda/experts.cu`).
     pub e2m1_split: bool,
+    /// Column stages of the gate/up kernels' pipelined staged tiles (`-DFT_PIPE_STAGES=n`
+    /// where above 1; see `cuda/experts.cu`); 1: whole tiles.
+    pub pipe_stages: u8,
 }
 
 impl Specialization {
@@ -102,6 +105,7 @@ impl Specialization {
         format: None,
         act: None,
         e2m1_split: false,
+        pipe_stages: 1,
     };
 
     /// The expert kernels for one format and activation path.
@@ -110,6 +114,7 @@ impl Specialization {
             format: Some(format),
             act: Some(act),
             e2m1_split: false,
+            pipe_stages: 1,
         }
     }
 
@@ -117,6 +122,15 @@ impl Specialization {
     pub fn with_e2m1_split(self, on: bool) -> Self {
         Specialization {
             e2m1_split: on,
+            ..self
+        }
+    }
+
+    /// The same with the gate/up tiles staged in `stages` pipelined column stages (1: whole
+    /// tiles).
+    pub fn with_pipe_stages(self, stages: u8) -> Self {
+        Specialization {
+            pipe_stages: stages,
             ..self
         }
     }
@@ -132,6 +146,9 @@ impl Specialization {
         }
         if self.e2m1_split {
             d.push("-DFT_E2M1_SPLIT=1".to_string());
+        }
+        if self.pipe_stages > 1 {
+            d.push(format!("-DFT_PIPE_STAGES={}", self.pipe_stages));
         }
         d
     }
@@ -165,9 +182,19 @@ mod tests {
             Specialization::experts(3, 1).with_e2m1_split(true),
             "a module per choice"
         );
+        assert_eq!(
+            Specialization::experts(3, 1).with_pipe_stages(1).defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1"],
+            "one stage is the whole tile, no definition"
+        );
+        assert_eq!(
+            Specialization::experts(3, 1).with_pipe_stages(4).defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_PIPE_STAGES=4"]
+        );
         let src = KernelId::Experts.source();
         assert!(src.contains("#ifdef FT_FMT") && src.contains("#ifdef FT_ACT"));
         assert!(src.contains("#ifndef FT_E2M1_SPLIT"));
+        assert!(src.contains("#ifndef FT_PIPE_STAGES"));
     }
 
     #[test]

@@ -73,10 +73,11 @@ struct KernelRow {
     tokens: usize,
     /// Tokens per pass of the kernel instantiation: "auto" (chosen by the launch) or forced.
     variant: String,
-    /// How the weights reach the kernels: "staged+pdl" (the default: tiles staged in shared
-    /// memory, the down kernel launched as a programmatic dependent launch), "staged" (no
-    /// dependent launch) or "direct" (read from global memory as computed: the path before
-    /// staging).
+    /// How the weights reach the kernels: "staged+pdl" (tiles staged in shared memory, the
+    /// down kernel launched as a programmatic dependent launch), "staged" (no dependent
+    /// launch) or "direct" (read from global memory as computed: the path before staging);
+    /// then "+split" (the one-token split-sign e2m1 dot) and "+pipeN" (gate/up tiles staged
+    /// in N pipelined column stages) where on (`CudaTuning::expert_path`).
     path: String,
     bytes: u64,
     /// Device time per launch with the queue kept full: a batch of launches queued behind a
@@ -295,10 +296,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    let cases: [(ActivationPath, usize, Option<usize>, &str); 16] = [
+    let cases: [(ActivationPath, usize, Option<usize>, &str); 20] = [
         (ActivationPath::F32, 1, None, "staged+pdl"),
         (ActivationPath::Int8, 1, None, "staged+pdl"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe2"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe4"),
         (ActivationPath::Int8, 1, None, "direct+split"),
         (ActivationPath::Int8, 1, None, "staged"),
         (ActivationPath::Int8, 1, None, "direct"),
@@ -306,9 +309,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (ActivationPath::Int8, 0, None, "staged+pdl"),
         (ActivationPath::Int8, 0, None, "direct"),
         (ActivationPath::Int8, 4, None, "staged+pdl"),
+        (ActivationPath::Int8, 4, None, "staged+pdl+pipe4"),
         (ActivationPath::Int8, 4, None, "direct"),
         (ActivationPath::Int8, 4, Some(8), "staged+pdl"),
         (ActivationPath::Int8, 8, None, "staged+pdl"),
+        (ActivationPath::Int8, 8, None, "staged+pdl+pipe4"),
         (ActivationPath::Int8, 8, None, "direct"),
         (ActivationPath::F32, 8, None, "staged+pdl"),
         (ActivationPath::F32, 8, None, "direct"),
@@ -317,7 +322,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tuning = CudaTuning {
             staged_tiles: path.starts_with("staged"),
             dependent_launch: path.contains("+pdl"),
-            e2m1_split: path.ends_with("+split"),
+            e2m1_split: path.contains("+split"),
+            pipe_stages: path
+                .split_once("+pipe")
+                .map_or(1, |(_, n)| n.parse().expect("a number of stages")),
             expert_variant: forced,
             ..opened
         };
@@ -529,7 +537,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!(
-        "{:>6} {:>7} {:>9} {:>11} {:>8} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>12} {:>9} {:>5}",
+        "{:>6} {:>7} {:>9} {:>22} {:>8} {:>10} {:>10} {:>10} {:>11} {:>10} {:>12} {:>12} {:>9} {:>5}",
         "act",
         "tokens",
         "variant",
@@ -547,7 +555,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for r in &report.kernel {
         println!(
-            "{:>6} {:>7} {:>9} {:>11} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2} {:>5}",
+            "{:>6} {:>7} {:>9} {:>22} {:>8} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>10.1} {:>12.3} {:>12.3} {:>9.2} {:>5}",
             r.act,
             r.tokens,
             r.variant,

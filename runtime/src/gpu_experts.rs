@@ -350,7 +350,8 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 
 /// The module of the expert kernels that runs `step`: specialized for its format and
 /// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where `tuning`
-/// asks for it and the step can use it (nvfp4 and mxfp4, int8 path).
+/// asks for it and the step can use it (nvfp4 and mxfp4, int8 path), and the gate/up tiles
+/// in pipelined column stages where `tuning` stages tiles in more than one.
 pub fn cuda_specialization(
     step: &ExpertStep,
     tuning: &CudaTuning,
@@ -363,6 +364,11 @@ pub fn cuda_specialization(
         cuda_act_code(step.act),
     )
     .with_e2m1_split(split)
+    .with_pipe_stages(if tuning.staged_tiles {
+        tuning.pipe_stages
+    } else {
+        1
+    })
 }
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and

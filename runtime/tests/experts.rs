@@ -291,23 +291,28 @@ mod cuda {
     }
 
     /// Run `check` on a GPU once per way the weights can reach the CUDA kernels (staged
-    /// tiles with a dependent launch, staged tiles alone, global reads) and per way the
-    /// one-token kernels dot e2m1 codes (decoded, split signs): each must give the same bits.
+    /// tiles with a dependent launch, staged tiles alone, staged in 2 or 4 pipelined column
+    /// stages, global reads) and per way the one-token kernels dot e2m1 codes (decoded,
+    /// split signs): each must give the same bits.
     fn on_every_path(check: impl Fn(&Device)) {
         use ft_runtime::device::CudaTuning;
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
-        for (staged_tiles, dependent_launch, e2m1_split) in [
-            (true, true, false),
-            (true, false, false),
-            (false, false, false),
-            (true, true, true),
-            (false, false, true),
+        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages) in [
+            (true, true, false, 1),
+            (true, false, false, 1),
+            (false, false, false, 1),
+            (true, true, true, 1),
+            (false, false, true, 1),
+            (true, true, true, 2),
+            (true, true, false, 4),
+            (true, true, true, 4),
         ] {
             let t = CudaTuning {
                 staged_tiles,
                 dependent_launch,
                 e2m1_split,
+                pipe_stages,
                 ..opened
             };
             d.set_cuda_tuning(t).unwrap();

@@ -395,6 +395,7 @@ impl Device {
             }
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => {
+                tuning.check()?;
                 c.0.set_tuning(tuning);
                 Ok(())
             }

@@ -32,6 +32,15 @@ pub const CUDA_PDL_ENV: &str = "FT_CUDA_PDL";
 /// (`experiments/gpu-backend/results/20261205T0157Z-split-batch`).
 pub const CUDA_SPLIT_ENV: &str = "FT_CUDA_SPLIT";
 
+/// Column stages (1 to 4) of the gate/up kernels' pipelined staged tiles (default 1, whole
+/// tiles): each warp stages the rows it computes in that many column stages and computes
+/// each as soon as it has landed (`FT_PIPE_STAGES` in `kernels/cuda/experts.cu`), the same
+/// bits. Off by default until the GPU tests and `gpu_backend` have run it.
+pub const CUDA_PIPE_ENV: &str = "FT_CUDA_PIPE";
+
+/// The most column stages [`CUDA_PIPE_ENV`] takes (the kernels' `cp.async.wait_group` waits).
+pub const CUDA_PIPE_MAX_STAGES: u8 = 4;
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -53,10 +62,11 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 6] = [
+pub const CUDA_TUNING_ENVS: [&str; 7] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
+    CUDA_PIPE_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -99,6 +109,9 @@ pub struct CudaTuning {
     pub dependent_launch: bool,
     /// The split-sign e2m1 dot of the one-token kernels ([`CUDA_SPLIT_ENV`]).
     pub e2m1_split: bool,
+    /// Column stages of the staged gate/up tiles, 1 (whole tiles) to
+    /// [`CUDA_PIPE_MAX_STAGES`] ([`CUDA_PIPE_ENV`]); staged tiles only.
+    pub pipe_stages: u8,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -112,6 +125,7 @@ impl Default for CudaTuning {
             staged_tiles: true,
             dependent_launch: true,
             e2m1_split: true,
+            pipe_stages: 1,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -159,6 +173,18 @@ impl CudaTuning {
                 _ => return Err(not_a_variant(v.trim())),
             },
         };
+        let pipe_stages = match get(CUDA_PIPE_ENV) {
+            None => d.pipe_stages,
+            Some(v) => match v.trim().parse::<u8>() {
+                Ok(n) if (1..=CUDA_PIPE_MAX_STAGES).contains(&n) => n,
+                _ => {
+                    return Err(RuntimeError::invalid(
+                        CUDA_PIPE_ENV,
+                        format!("'{}' is not a number of column stages; use 1 (whole tiles) to {CUDA_PIPE_MAX_STAGES}", v.trim()),
+                    ))
+                }
+            },
+        };
         // Split where asked, batched where asked (the default), one each where batching is
         // turned off; both asked is a contradiction.
         let (batch, split) = (switch(CUDA_COPY_BATCH_ENV)?, switch(CUDA_COPY_SPLIT_ENV)?);
@@ -178,6 +204,7 @@ impl CudaTuning {
             staged_tiles: switch(CUDA_STAGE_ENV)?.unwrap_or(d.staged_tiles),
             dependent_launch: switch(CUDA_PDL_ENV)?.unwrap_or(d.dependent_launch),
             e2m1_split: switch(CUDA_SPLIT_ENV)?.unwrap_or(d.e2m1_split),
+            pipe_stages,
             expert_variant,
             copies,
         })
@@ -191,6 +218,7 @@ impl CudaTuning {
             (CUDA_STAGE_ENV, bit(self.staged_tiles)),
             (CUDA_PDL_ENV, bit(self.dependent_launch)),
             (CUDA_SPLIT_ENV, bit(self.e2m1_split)),
+            (CUDA_PIPE_ENV, self.pipe_stages.to_string()),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -204,8 +232,27 @@ impl CudaTuning {
 }
 
 impl CudaTuning {
+    /// A [`RuntimeError::Invalid`] naming the field where one is out of range: column stages
+    /// outside 1 to [`CUDA_PIPE_MAX_STAGES`], a forced variant that is no instantiation.
+    pub fn check(&self) -> Result<()> {
+        if !(1..=CUDA_PIPE_MAX_STAGES).contains(&self.pipe_stages) {
+            return Err(RuntimeError::invalid(
+                "CUDA tuning pipe_stages",
+                format!(
+                    "{} column stages; use 1 (whole tiles) to {CUDA_PIPE_MAX_STAGES}",
+                    self.pipe_stages
+                ),
+            ));
+        }
+        match self.expert_variant {
+            Some(n) if !CUDA_VARIANT_TOKENS.contains(&n) => Err(not_a_variant(&n.to_string())),
+            _ => Ok(()),
+        }
+    }
+
     /// The expert kernels' path as the micro-bench's `path` column names it: `staged` or
-    /// `direct`, then `+pdl` and `+split` where on (`staged+pdl`, `direct+split`, ...).
+    /// `direct`, then `+pdl` and `+split` where on, and `+pipeN` for N pipelined column
+    /// stages of staged tiles (`staged+pdl`, `direct+split`, `staged+pdl+split+pipe4`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
             "staged"
@@ -217,6 +264,9 @@ impl CudaTuning {
         }
         if self.e2m1_split {
             s.push_str("+split");
+        }
+        if self.staged_tiles && self.pipe_stages > 1 {
+            s.push_str(&format!("+pipe{}", self.pipe_stages));
         }
         s
     }
@@ -260,6 +310,7 @@ mod tests {
             (CUDA_STAGE_ENV, "0"),
             (CUDA_PDL_ENV, "0"),
             (CUDA_SPLIT_ENV, "1"),
+            (CUDA_PIPE_ENV, "3"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -270,11 +321,21 @@ mod tests {
                 staged_tiles: false,
                 dependent_launch: false,
                 e2m1_split: true,
+                pipe_stages: 3,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
         );
+        // Pipelining stages staged tiles only, so a direct path does not name it.
         assert_eq!(t.to_string(), "direct+split, variant 4, copies split");
+        assert_eq!(
+            CudaTuning {
+                staged_tiles: true,
+                ..t
+            }
+            .expert_path(),
+            "staged+split+pipe3"
+        );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
                 .unwrap()
@@ -305,11 +366,12 @@ mod tests {
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
             for bits in 0..8u32 {
-                for expert_variant in [None, Some(2)] {
+                for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
                         dependent_launch: bits & 2 != 0,
                         e2m1_split: bits & 4 != 0,
+                        pipe_stages,
                         expert_variant,
                         copies,
                     };
@@ -329,6 +391,9 @@ mod tests {
             (CUDA_STAGE_ENV, "off"),
             (CUDA_PDL_ENV, "2"),
             (CUDA_SPLIT_ENV, "yes"),
+            (CUDA_PIPE_ENV, "0"),
+            (CUDA_PIPE_ENV, "5"),
+            (CUDA_PIPE_ENV, "two"),
             (CUDA_VARIANT_ENV, "3"),
             (CUDA_VARIANT_ENV, "many"),
             (CUDA_COPY_SPLIT_ENV, "true"),
@@ -340,6 +405,23 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(both.contains("choose one"), "{both}");
+        for bad in [
+            CudaTuning {
+                pipe_stages: 0,
+                ..CudaTuning::default()
+            },
+            CudaTuning {
+                pipe_stages: CUDA_PIPE_MAX_STAGES + 1,
+                ..CudaTuning::default()
+            },
+            CudaTuning {
+                expert_variant: Some(3),
+                ..CudaTuning::default()
+            },
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+        assert!(CudaTuning::default().check().is_ok());
     }
 
     #[test]
