@@ -272,12 +272,16 @@ impl CostModel {
             },
             sum_ns: (us(p.combine_us()) - launch).max(0.0),
         });
+        let fetched = p.fetched_kernels(c.fetched, c.fetched_tokens, s);
         LayerCosts {
             dense_ns,
             launch_ns: launch,
             hit_kernel_ns: kernel(c.hits, c.hit_tokens),
             has_hits: c.hits > 0.0,
-            fetched_kernel_ns: kernel(c.fetched, c.fetched_tokens),
+            fetched_early_ns: (us(fetched.early_us) - fetched.early_chunks as f64 * launch)
+                .max(0.0),
+            fetched_early_launches: fetched.early_chunks as u32,
+            fetched_kernel_ns: (us(fetched.last_us) - launch).max(0.0),
             overhead_ns: us(p.overhead.get(kind)),
             gather,
             cpu,

@@ -494,6 +494,7 @@ impl<'a> DecodeProcess<'a> {
         }
         c.dense_ns = self.jittered(c.dense_ns, s);
         c.hit_kernel_ns = self.jittered(c.hit_kernel_ns, s);
+        c.fetched_early_ns = self.jittered(c.fetched_early_ns, s);
         c.fetched_kernel_ns = self.jittered(c.fetched_kernel_ns, s);
         if let Some(g) = c.gather.as_mut() {
             g.bytes_each = self.jittered(g.bytes_each, s);

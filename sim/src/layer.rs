@@ -38,7 +38,15 @@ pub struct LayerCosts {
     pub hit_kernel_ns: f64,
     /// Whether there is a hit kernel (a layer without hits launches none).
     pub has_hits: bool,
-    /// GPU time of the fetched experts' kernel after its launch, ns.
+    /// GPU time of the fetched chunks before the last ([`ft_model::plan::fetch_chunk_bounds`])
+    /// after their launches, ns: queued on the GPU stream after the hits, one launch each
+    /// (`fetched_early_launches` x `launch_ns`, paid one after another), beside the gather
+    /// whose earlier copies they compute (the analytic model's `early`).
+    pub fetched_early_ns: f64,
+    /// How many chunks come before the last.
+    pub fetched_early_launches: u32,
+    /// GPU time of the last fetched chunk's kernel after its launch, ns: it follows the
+    /// gather's last copy and the kernels before it, its launch paid after both.
     pub fetched_kernel_ns: f64,
     /// Calibrated per-layer overhead of the strategy, ns, added after the layer's last
     /// kernel (the analytic model's `overhead`; 0 until an end-to-end probe fits it).
@@ -387,6 +395,11 @@ impl LayerMachine {
                         r.gpu
                             .submit(now, self.costs.launch_ns, self.costs.hit_kernel_ns);
                 }
+                if self.costs.fetched_early_launches > 0 {
+                    let ready = r.gpu.busy_until().max(now);
+                    let launches = self.costs.fetched_early_launches as f64 * self.costs.launch_ns;
+                    r.gpu.submit(ready, launches, self.costs.fetched_early_ns);
+                }
                 if let Some(g) = self.costs.gather {
                     self.submit_h2d(now, g, r, s);
                 }
@@ -437,8 +450,9 @@ impl LayerMachine {
                 }
                 match done.map(|d| d.tag) {
                     Some(TAG_GATHER) => {
+                        let ready = r.gpu.busy_until().max(now);
                         r.gpu
-                            .submit(now, self.costs.launch_ns, self.costs.fetched_kernel_ns);
+                            .submit(ready, self.costs.launch_ns, self.costs.fetched_kernel_ns);
                         self.gather_pending = false;
                         self.times.gather_end = now;
                         self.times.gpu_side_end = r.gpu.busy_until();

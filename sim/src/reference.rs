@@ -100,6 +100,10 @@ pub fn reference_layer(c: &LayerCosts, p: &ReferenceParams) -> u64 {
     if c.has_hits {
         gpu_free = (dense_end + c.launch_ns).max(gpu_free) + c.hit_kernel_ns;
     }
+    // The fetched chunks before the last, queued after the hits, one launch each.
+    if c.fetched_early_launches > 0 {
+        gpu_free += c.fetched_early_launches as f64 * c.launch_ns + c.fetched_early_ns;
+    }
     let mut gather = c.gather.map(|g| Work {
         pieces: transfer_work(&g, p.in_flight, p.dram.dma_isolated_gbs),
         i: 0,
@@ -190,9 +194,10 @@ pub fn reference_layer(c: &LayerCosts, p: &ReferenceParams) -> u64 {
         }
         assert!(t < limit, "reference did not finish");
     }
-    // GPU tail: fetched kernel after the gather, sum after the result.
+    // GPU tail: the last fetched chunk after the gather and the kernels before it, its
+    // launch after both; the sum after the result.
     if let (Some(g), Some(_)) = (gather_done_at, c.gather) {
-        gpu_free = (g + c.launch_ns).max(gpu_free) + c.fetched_kernel_ns;
+        gpu_free = g.max(gpu_free) + c.launch_ns + c.fetched_kernel_ns;
     }
     if let (Some(r), Some(cpu)) = (result_done_at, c.cpu) {
         gpu_free = (r + c.launch_ns).max(gpu_free) + cpu.sum_ns;

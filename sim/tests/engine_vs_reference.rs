@@ -73,6 +73,12 @@ fn random_case(rng: &mut impl Rng) -> (LayerCosts, ReferenceParams) {
         launch_ns: rng.random_range(0.0..5_000.0),
         hit_kernel_ns: rng.random_range(1_000.0..80_000.0),
         has_hits: rng.random_bool(0.8),
+        fetched_early_ns: rng.random_range(0.0..40_000.0),
+        fetched_early_launches: if gather.is_some() {
+            rng.random_range(0..4)
+        } else {
+            0
+        },
         fetched_kernel_ns: rng.random_range(1_000.0..30_000.0),
         overhead_ns: rng.random_range(0.0..3_000.0),
         gather,
@@ -130,6 +136,9 @@ fn offload_layer_is_the_closed_form() {
         launch_ns: 4_000.0,
         hit_kernel_ns: 20_000.0,
         has_hits: true,
+        // Four experts gather in chunks of 3 and 1 (`fetch_chunk_bounds`).
+        fetched_early_ns: 15_000.0,
+        fetched_early_launches: 1,
         fetched_kernel_ns: 10_000.0,
         overhead_ns: 0.0,
         gather: Some(TransferJob {

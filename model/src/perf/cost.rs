@@ -27,9 +27,6 @@ pub const BYTES_PER_US_PER_GBS: f64 = 1e3;
 /// Multiply-accumulates per microsecond in one GMAC/s.
 pub const MACS_PER_US_PER_GMACS: f64 = 1e3;
 
-/// Bytes per parameter of the dense part (bf16, as [`DenseSpec`] counts its bytes).
-pub const DENSE_BYTES_PER_PARAM: f64 = 2.0;
-
 /// Size of one routed expert: what a gather moves and what a kernel reads and computes.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -89,6 +86,19 @@ pub struct GpuStreams {
     pub cpu_tokens: f64,
     /// CPU workers of this GPU's share ([`crate::GpuLayout::cpu_workers`]).
     pub threads: f64,
+}
+
+/// A layer's fetched experts on the GPU, in the runtime's chunks
+/// ([`PerfParams::fetched_kernels`]).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FetchedKernels {
+    /// The launches of every chunk but the last, one after another, each launch included,
+    /// in us.
+    pub early_us: f64,
+    /// How many chunks come before the last (0 or more).
+    pub early_chunks: usize,
+    /// The last chunk's launch, launch included, in us (0 without fetched experts).
+    pub last_us: f64,
 }
 
 /// The two sides of a hybrid layer run at once (see [`PerfParams::overlapped`]).
@@ -536,16 +546,50 @@ impl PerfParams {
             + tokens.max(0.0) * shape.macs / (self.gpu_token_gmacs * MACS_PER_US_PER_GMACS)
     }
 
+    /// The GPU time of a layer's fetched experts, computed in the runtime's chunks
+    /// ([`crate::plan::fetch_chunk_bounds`]): the launches of every chunk but the last (each
+    /// runs as soon as its copies land, beside the gather of the next) and the last chunk's
+    /// launch, which follows the gather's last copy. Counts may be means: the chunks of the
+    /// nearest whole count, scaled to `experts`; tokens spread evenly over the experts.
+    /// Nothing for no expert.
+    pub fn fetched_kernels(&self, experts: f64, tokens: f64, shape: ExpertShape) -> FetchedKernels {
+        if experts <= 0.0 {
+            return FetchedKernels::default();
+        }
+        let n = experts.round().max(1.0) as usize;
+        let scale = experts / n as f64;
+        let per_expert_tokens = tokens.max(0.0) / experts;
+        let chunks = crate::plan::fetch_chunk_bounds(n);
+        let kernel = |len: usize| {
+            let e = len as f64 * scale;
+            self.gpu_experts_us(e, e * per_expert_tokens, shape)
+        };
+        let (last, early) = chunks.split_last().expect("at least one chunk");
+        FetchedKernels {
+            early_us: early.iter().map(|r| kernel(r.len())).sum(),
+            early_chunks: early.len(),
+            last_us: kernel(last.len()),
+        }
+    }
+
+    /// The dense part's streaming rate, in GB/s: [`PerfParams::dense_hbm_gbs`], or the
+    /// experts' `gpu_hbm_gbs` in a profile written before the dense part had its own.
+    pub fn dense_rate_gbs(&self) -> f64 {
+        self.dense_hbm_gbs.unwrap_or(self.gpu_hbm_gbs)
+    }
+
     /// Time of one layer's dense part (attention, router, shared experts) for `streams`
-    /// streams at `context` tokens of context each, in us: the fixed cost, the dense weights
-    /// (read once for all streams) and each stream's KV bytes over the effective memory
-    /// bandwidth, and each stream's compute.
+    /// streams at `context` tokens of context each, in us: the fixed cost, and the dense
+    /// weights (read once for all streams) and each stream's KV bytes over the dense part's
+    /// memory bandwidth. At decode batch sizes the dense part is memory-bound: its compute
+    /// (two flops per weight and stream) is far below the GPU's rate, and the `dense` probe
+    /// shows no cost per stream beyond the KV bytes (18.4 us at 1 and at 4 streams of one
+    /// token on the H200, 2026-12-05). An earlier per-stream compute term at the expert
+    /// kernels' token rate (a different kernel's cost) put 15 us per stream there.
     pub fn dense_us(&self, dense: &DenseSpec, streams: f64, context: f64) -> f64 {
         let w = dense.weight_bytes_per_layer as f64;
         let kv = streams * context * dense.kv_bytes_per_token as f64;
-        self.dense_layer_us
-            + (w + kv) / (self.gpu_hbm_gbs * BYTES_PER_US_PER_GBS)
-            + streams * (w / DENSE_BYTES_PER_PARAM) / (self.gpu_token_gmacs * MACS_PER_US_PER_GMACS)
+        self.dense_layer_us + (w + kv) / (self.dense_rate_gbs() * BYTES_PER_US_PER_GBS)
     }
 
     /// Time of the GPU summing the CPU's partial output into the layer's, in us (one launch).
@@ -925,6 +969,32 @@ mod tests {
     }
 
     #[test]
+    fn fetched_experts_run_in_the_runtimes_chunks() {
+        let p = params();
+        let s = ExpertShape {
+            bytes: 2.77e6,
+            macs: 4.9e6,
+        };
+        assert_eq!(p.fetched_kernels(0.0, 0.0, s), FetchedKernels::default());
+        // One expert: one chunk, nothing before it.
+        let one = p.fetched_kernels(1.0, 2.0, s);
+        assert_eq!(one.early_chunks, 0);
+        assert!((one.last_us - p.gpu_experts_us(1.0, 2.0, s)).abs() < 1e-12);
+        // Six: chunks of 3, 2 and 1, each its own launch; tokens spread evenly.
+        let six = p.fetched_kernels(6.0, 12.0, s);
+        assert_eq!(six.early_chunks, 2);
+        let k = |n: f64| p.gpu_experts_us(n, 2.0 * n, s);
+        assert!((six.early_us - (k(3.0) + k(2.0))).abs() < 1e-9);
+        assert!((six.last_us - k(1.0)).abs() < 1e-12);
+        // A mean count takes the chunks of the nearest whole count, scaled to it: the
+        // kernels' experts still add up to the mean.
+        let mean = p.fetched_kernels(5.6, 5.6, s);
+        let whole = p.fetched_kernels(6.0, 6.0, s);
+        assert_eq!(mean.early_chunks, whole.early_chunks);
+        assert!(mean.last_us < whole.last_us && mean.early_us < whole.early_us);
+    }
+
+    #[test]
     fn dense_grows_with_context_and_streams() {
         let p = params();
         let d = ModelSpec::preset("qwen3.8-flash-next").unwrap().dense();
@@ -933,6 +1003,17 @@ mod tests {
         let two = p.dense_us(&d, 2.0, 100_000.0);
         assert!(short < long && long < two);
         let slope = (long - short) / 99_000.0;
-        assert!((slope - d.kv_bytes_per_token as f64 / (p.gpu_hbm_gbs * 1e3)).abs() < 1e-12);
+        assert!((slope - d.kv_bytes_per_token as f64 / (p.dense_rate_gbs() * 1e3)).abs() < 1e-12);
+        // Its own rate where it has one; the experts' where a profile predates it.
+        let mut own = p.clone();
+        own.dense_hbm_gbs = Some(2.0 * p.gpu_hbm_gbs);
+        own.gpu_hbm_gbs *= 10.0;
+        let kv = 1000.0 * d.kv_bytes_per_token as f64;
+        let bytes = d.weight_bytes_per_layer as f64 + kv;
+        let want = own.dense_layer_us + bytes / (2.0 * p.gpu_hbm_gbs * 1e3);
+        assert!((own.dense_us(&d, 1.0, 1000.0) - want).abs() < 1e-9 * want);
+        own.dense_hbm_gbs = None;
+        let want = own.dense_layer_us + bytes / (own.gpu_hbm_gbs * 1e3);
+        assert!((own.dense_us(&d, 1.0, 1000.0) - want).abs() < 1e-9 * want);
     }
 }

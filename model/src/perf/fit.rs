@@ -52,8 +52,8 @@
 //! 1. `gather` (isolated): `gather_gbs`, `gather_layer_us`, `gather_copy_us`;
 //! 2. `cpu-step` (isolated): `cpu_gbs`, `cpu_thread_exponent`, `cpu_layer_us`,
 //!    `cpu_expert_us`, `cpu_token_gmacs`;
-//! 3. `gpu-experts` and `dense`: `gpu_hbm_gbs`, `gpu_launch_us`, `gpu_token_gmacs`,
-//!    `dense_layer_us`;
+//! 3. `gpu-experts`: `gpu_hbm_gbs`, `gpu_launch_us`, `gpu_token_gmacs`; then `dense`:
+//!    `dense_hbm_gbs`, `dense_layer_us` (its per-stream compute at the experts' token rate);
 //! 4. `round-trip`: `sync_us`;
 //! 5. contended `gather` and `cpu-step`: `dram_gbs`, `dma_dram_weight`, with 1 and 2 fixed,
 //!    then `host`: the [`PerfParams::host`] costs (`layer_us`, `expert_us`, `cpu_expert_us`,
@@ -785,7 +785,11 @@ fn run_stage(
 /// gradient where nothing contends).
 /// The host stage starts from half the mean measured time per layer and 1 us per expert
 /// and stream where the prior has no host term (a zero has no log).
+/// The dense stage starts from the straight line through its samples ([`linear_start`]).
 fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
+    if name == "dense" {
+        linear_start(p, samples, ParamId::DenseHbmGbs, ParamId::DenseLayerUs);
+    }
     if name == "contention" && !samples.is_empty() {
         let demand = p.cpu_gbs + p.gather_gbs;
         if p.dram_gbs >= demand {
@@ -808,6 +812,45 @@ fn start_point(name: &str, p: &mut PerfParams, samples: &[&dyn Predict]) {
         }
     }
 }
+
+/// Start a stage whose samples are linear in a fixed cost and a rate's bytes (`time = fixed
+/// + bytes / rate + terms of neither`) at the least-squares line through them: a start far
+/// from the data (a prior with no fixed cost, whose zero has no log; a rate so high that its
+/// bytes cost nothing) leaves the stage no gradient to follow. The bytes and the other terms
+/// of each sample are read off the samples' own predictions at two rates with the fixed
+/// cost at zero, so any sample type of such a form works. Keeps `p` where the line does not
+/// rise with the bytes; a fixed cost at or below zero starts at [`LINEAR_START_MIN_FIXED_US`].
+fn linear_start(p: &mut PerfParams, samples: &[&dyn Predict], rate: ParamId, fixed: ParamId) {
+    let r0 = p.get(rate);
+    if samples.len() < 2 || !(r0.is_finite() && r0 > 0.0) {
+        return;
+    }
+    let (mut at_r0, mut at_2r0) = (p.clone(), p.clone());
+    at_r0.set(fixed, 0.0);
+    at_2r0.set(fixed, 0.0);
+    at_2r0.set(rate, 2.0 * r0);
+    // u: the bytes' time at r0; y: what is left of the measurement for fixed + bytes.
+    let (mut u, mut y) = (Vec::new(), Vec::new());
+    for s in samples {
+        let (a, b) = (s.predict_us(&at_r0), s.predict_us(&at_2r0));
+        let bytes_us = 2.0 * (a - b);
+        u.push(bytes_us);
+        y.push(s.measured_us() - (a - bytes_us));
+    }
+    let n = u.len() as f64;
+    let (mu, my) = (u.iter().sum::<f64>() / n, y.iter().sum::<f64>() / n);
+    let sxx: f64 = u.iter().map(|x| (x - mu).powi(2)).sum();
+    let sxy: f64 = u.iter().zip(&y).map(|(x, v)| (x - mu) * (v - my)).sum();
+    if !(sxx > 0.0 && sxy > 0.0) {
+        return;
+    }
+    let slope = sxy / sxx; // measured time per us of bytes at r0: the rate is r0 / slope
+    p.set(rate, r0 / slope);
+    p.set(fixed, (my - slope * mu).max(LINEAR_START_MIN_FIXED_US));
+}
+
+/// Where [`linear_start`] starts a fixed cost its line puts at or below zero, in us.
+const LINEAR_START_MIN_FIXED_US: f64 = 0.1;
 
 /// Where the host stage starts a per-expert or per-stream cost the prior has at zero, in us.
 const HOST_START_US: f64 = 1.0;
@@ -1130,8 +1173,8 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         .gpu_experts
         .iter()
         .map(|s| s as &dyn Predict)
-        .chain(samples.dense.iter().map(|s| s as &dyn Predict))
         .collect();
+    let dense: Vec<&dyn Predict> = samples.dense.iter().map(|s| s as &dyn Predict).collect();
     let sync: Vec<&dyn Predict> = samples
         .round_trip
         .iter()
@@ -1152,7 +1195,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         )
         .collect();
 
-    let stages: [(&'static str, &[ParamId], Vec<&dyn Predict>); 6] = [
+    let stages: [(&'static str, &[ParamId], Vec<&dyn Predict>); 7] = [
         (
             "gather",
             &[
@@ -1174,14 +1217,18 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             iso_cpu,
         ),
         (
-            "gpu",
+            "gpu-experts",
             &[
                 ParamId::GpuHbmGbs,
                 ParamId::GpuLaunchUs,
-                ParamId::DenseLayerUs,
                 ParamId::GpuTokenGmacs,
             ],
             gpu,
+        ),
+        (
+            "dense",
+            &[ParamId::DenseHbmGbs, ParamId::DenseLayerUs],
+            dense,
         ),
         ("round-trip", &[ParamId::SyncUs], sync),
         (
@@ -2115,6 +2162,28 @@ mod tests {
     }
 
     #[test]
+    fn the_dense_stage_starts_on_its_samples_line_from_a_prior_far_from_it() {
+        let t = truth();
+        let s = samples(&t, 3);
+        // A prior with no fixed dense cost (a zero has no log) and a dense rate so high that
+        // its bytes cost nothing: without the line through the samples neither has a
+        // gradient and the stage would hold both.
+        let mut pr = prior(&t);
+        pr.dense_layer_us = 0.0;
+        pr.dense_hbm_gbs = Some(1000.0 * t.dense_rate_gbs());
+        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
+        let dense = r.stages.iter().find(|st| st.name == "dense").unwrap();
+        assert!(dense.held.is_empty(), "{dense:?}");
+        for id in [ParamId::DenseHbmGbs, ParamId::DenseLayerUs] {
+            let (got, want) = (r.params.get(id), t.get(id));
+            assert!(
+                (got / want - 1.0).abs() < 0.03,
+                "{id}: {got} against {want}"
+            );
+        }
+    }
+
+    #[test]
     fn a_parameter_the_samples_stop_seeing_stays_bounded() {
         let t = truth();
         let mut s = samples(&t, 5);
@@ -2130,7 +2199,7 @@ mod tests {
             hbm.is_finite() && hbm <= pr.gpu_hbm_gbs * MAX_FIT_FACTOR * 1.000001,
             "{hbm}"
         );
-        let gpu = r.stages.iter().find(|st| st.name == "gpu").unwrap();
+        let gpu = r.stages.iter().find(|st| st.name == "gpu-experts").unwrap();
         assert!(
             gpu.held.contains(&ParamId::GpuHbmGbs),
             "{gpu:?} hbm {hbm} prior {}",

@@ -178,8 +178,8 @@ pub struct PerfParams {
     pub dma_dram_weight: f64,
 
     // ---- GPU (probes: `gpu-experts`, `dense`) ----
-    /// Effective memory bandwidth of decode kernels (experts and dense), in GB/s.
-    /// Probes `gpu-experts` and `dense`: slope over bytes.
+    /// Effective memory bandwidth of the expert kernels, in GB/s. Probe `gpu-experts`: slope
+    /// over bytes.
     pub gpu_hbm_gbs: f64,
     /// Fixed cost of one GPU kernel launch (an expert group, a combine), in us.
     /// Probe `gpu-experts`: intercept.
@@ -190,6 +190,15 @@ pub struct PerfParams {
     /// Fixed GPU cost of one layer's dense part (attention, router, shared experts), in us.
     /// Probe `dense`: intercept.
     pub dense_layer_us: f64,
+    /// Effective memory bandwidth of the dense part (its weights and each stream's KV
+    /// bytes), in GB/s. Probe `dense`: slope over bytes. The dense kernels stream long
+    /// contiguous regions and the one-token expert kernels do not, so one rate cannot serve
+    /// both: on the H200 (2026-12-05) the dense probe streamed at about 4.1 TB/s where the
+    /// expert launches reached about 1 TB/s, and one shared rate fitted neither (the GPU
+    /// stage's residuals 44% rms, the dense part at one stream predicted twice as long as
+    /// measured). `None` (profiles written before it): the experts' `gpu_hbm_gbs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dense_hbm_gbs: Option<f64>,
 
     // ---- hybrid sync (probe: `round-trip`) ----
     /// One GPU-to-CPU-to-GPU round trip of a hybrid layer without its activation bytes
@@ -316,6 +325,8 @@ pub enum ParamId {
     GpuTokenGmacs,
     /// [`PerfParams::dense_layer_us`].
     DenseLayerUs,
+    /// [`PerfParams::dense_hbm_gbs`].
+    DenseHbmGbs,
     /// [`PerfParams::sync_us`].
     SyncUs,
     /// [`PerfParams::cpu_serving_slowdown`].
@@ -342,7 +353,7 @@ pub enum ParamId {
 
 impl ParamId {
     /// Every parameter, in report order.
-    pub const ALL: [ParamId; 25] = [
+    pub const ALL: [ParamId; 26] = [
         ParamId::GatherGbs,
         ParamId::GatherLayerUs,
         ParamId::GatherCopyUs,
@@ -357,6 +368,7 @@ impl ParamId {
         ParamId::GpuLaunchUs,
         ParamId::GpuTokenGmacs,
         ParamId::DenseLayerUs,
+        ParamId::DenseHbmGbs,
         ParamId::SyncUs,
         ParamId::LinkServingSlowdown,
         ParamId::HostLayerUs,
@@ -387,6 +399,7 @@ impl ParamId {
             ParamId::GpuLaunchUs => "gpu_launch_us",
             ParamId::GpuTokenGmacs => "gpu_token_gmacs",
             ParamId::DenseLayerUs => "dense_layer_us",
+            ParamId::DenseHbmGbs => "dense_hbm_gbs",
             ParamId::SyncUs => "sync_us",
             ParamId::LinkServingSlowdown => "link_serving_slowdown",
             ParamId::HostLayerUs => "host.layer_us",
@@ -601,8 +614,8 @@ impl PerfParams {
     ///   engine.cpu_kernel_efficiency` scaled to the pool's threads.
     /// - DRAM: `dram_gbs` from the host (`HostSpec::dram_gbs`), `dma_dram_weight` from the
     ///   engine.
-    /// - GPU: `gpu_hbm_gbs = gpu.hbm_gbs * engine.gpu_hbm_efficiency`; launch, token rate
-    ///   and dense fixed cost from the engine.
+    /// - GPU: `gpu_hbm_gbs = dense_hbm_gbs = gpu.hbm_gbs * engine.gpu_hbm_efficiency`;
+    ///   launch, token rate and dense fixed cost from the engine.
     /// - Sync: `engine.hybrid_round_trip_us`; activations over `min(h2d, d2h)`.
     ///
     /// Errors when the bench bandwidths are slower than the engine's fixed costs alone can
@@ -685,6 +698,7 @@ impl PerfParams {
             gpu_launch_us: e.gpu_launch_us,
             gpu_token_gmacs: e.gpu_token_gmacs,
             dense_layer_us: e.dense_layer_us,
+            dense_hbm_gbs: Some(host.gpu.hbm_gbs * e.gpu_hbm_efficiency),
             sync_us: e.hybrid_round_trip_us,
             host: HostCost::default(),
             link_serving_slowdown: 0.0,
@@ -778,6 +792,7 @@ impl PerfParams {
             ParamId::GpuLaunchUs => self.gpu_launch_us,
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs,
             ParamId::DenseLayerUs => self.dense_layer_us,
+            ParamId::DenseHbmGbs => self.dense_rate_gbs(),
             ParamId::SyncUs => self.sync_us,
             ParamId::LinkServingSlowdown => self.link_serving_slowdown,
             ParamId::HostLayerUs => self.host.layer_us,
@@ -809,6 +824,7 @@ impl PerfParams {
             ParamId::GpuLaunchUs => self.gpu_launch_us = v,
             ParamId::GpuTokenGmacs => self.gpu_token_gmacs = v,
             ParamId::DenseLayerUs => self.dense_layer_us = v,
+            ParamId::DenseHbmGbs => self.dense_hbm_gbs = Some(v),
             ParamId::SyncUs => self.sync_us = v,
             ParamId::LinkServingSlowdown => self.link_serving_slowdown = v,
             ParamId::HostLayerUs => self.host.layer_us = v,
@@ -834,6 +850,7 @@ impl PerfParams {
             ("dram_gbs", self.dram_gbs),
             ("dma_dram_weight", self.dma_dram_weight),
             ("gpu_hbm_gbs", self.gpu_hbm_gbs),
+            ("dense_hbm_gbs", self.dense_rate_gbs()),
             ("gpu_token_gmacs", self.gpu_token_gmacs),
             ("gpu_memory_bytes", self.gpu_memory_bytes),
             ("peer_gbs", self.peer_gbs),

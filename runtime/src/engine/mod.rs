@@ -59,7 +59,7 @@ pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
-use ft_model::plan::{fetch_fraction, plan_layer};
+use ft_model::plan::{fetch_chunk_bounds, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
 use ft_model::{ModelSpec, Strategy, StrategyKind};
 use serde::{Deserialize, Serialize};
 
@@ -289,39 +289,6 @@ impl EngineMemory {
             host_staging_bytes: (rows + config.max_streams as u64) * row,
         }
     }
-}
-
-/// Most chunks a layer's fetched experts are gathered and computed in (one device buffer of
-/// output rows each).
-pub const MAX_FETCH_CHUNKS: usize = 4;
-
-/// The chunks a layer's `fetched` experts are gathered and computed in: index ranges in
-/// gather order covering `0..fetched` (one empty range when there are none, which zeroes the
-/// output rows). Each chunk's copies are followed by an event and its kernel runs as soon as
-/// they land, so only the last chunk's kernel follows the last copy: the part of an offload
-/// layer that cannot overlap the link. The chunks therefore shrink towards the end: from the
-/// last, 1, 2, 4 ... experts while what is left is at least twice the next size, the first
-/// chunk taking the rest, at most [`MAX_FETCH_CHUNKS`]. A chunk's kernel (a few us per
-/// expert at decode, about 5 us of launch on the H200 machine, `experiments/gpu-backend`) is
-/// far shorter than the next chunk's copies (about 50 us per 2.77 MB expert), so the GPU
-/// keeps up; the last kernel is one expert's instead of a quarter of the layer's.
-pub fn fetch_chunk_bounds(fetched: usize) -> Vec<std::ops::Range<usize>> {
-    let mut tail = Vec::new(); // sizes, from the last chunk back
-    let (mut rest, mut size) = (fetched, 1);
-    while tail.len() + 1 < MAX_FETCH_CHUNKS && rest >= 2 * size {
-        tail.push(size);
-        rest -= size;
-        size *= 2;
-    }
-    let mut start = 0;
-    std::iter::once(rest)
-        .chain(tail.into_iter().rev())
-        .map(|len| {
-            let r = start..start + len;
-            start += len;
-            r
-        })
-        .collect()
 }
 
 /// A layer's fetched experts in chunks ([`fetch_chunk_bounds`]): the chunked pipeline of
@@ -1365,36 +1332,6 @@ pub fn resolve_fetch(strategy: &Strategy) -> Result<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fetched_experts_split_into_chunks_that_shrink_to_one() {
-        let sizes = |n| -> Vec<usize> { fetch_chunk_bounds(n).iter().map(|r| r.len()).collect() };
-        assert_eq!(sizes(0), [0]);
-        assert_eq!(sizes(1), [1]);
-        assert_eq!(sizes(2), [1, 1]);
-        assert_eq!(sizes(3), [2, 1]);
-        assert_eq!(sizes(6), [3, 2, 1]);
-        assert_eq!(sizes(7), [4, 2, 1]);
-        assert_eq!(sizes(38), [31, 4, 2, 1]);
-        for n in 0..200 {
-            let b = fetch_chunk_bounds(n);
-            // Every expert once, in gather order; at most MAX_FETCH_CHUNKS, none empty but
-            // the only one of an empty layer.
-            let flat: Vec<usize> = b.iter().flat_map(|r| r.clone()).collect();
-            assert_eq!(flat, (0..n).collect::<Vec<_>>(), "{n}");
-            assert!((1..=MAX_FETCH_CHUNKS).contains(&b.len()));
-            assert!(n == 0 || b.iter().all(|r| !r.is_empty()), "{n}: {b:?}");
-            // The last chunk is one expert as soon as there are two; after the first, each
-            // chunk is half the one before, and the first is at least the second.
-            if n >= 2 {
-                assert_eq!(b.last().unwrap().len(), 1, "{n}");
-                assert!(b[0].len() >= b[1].len(), "{n}: {b:?}");
-            }
-            for w in b[1..].windows(2) {
-                assert_eq!(w[1].len() * 2, w[0].len(), "{n}: {b:?}");
-            }
-        }
-    }
 
     #[test]
     fn a_bad_step_input_is_refused_naming_what_is_wrong() {
