@@ -2,10 +2,13 @@
 //!
 //! The order is the runtime's (see `docs/ARCHITECTURE.md` and the strategy docs):
 //! 1. the dense part (attention, router, shared experts) on the GPU stream;
-//! 2. then, at once: the hit experts' kernel on the GPU stream; the gather of the fetched
-//!    misses on the H2D copy stream; for a CPU share, the activations' copy to the host
-//!    (D2H) followed by the event round trip that tells the CPU they are there;
-//! 3. the fetched experts' kernel after their copies (and after the hit kernel: one stream);
+//! 2. then, at once: the hit experts' kernel on the GPU stream, and behind it the fetched
+//!    chunks before the last (`ft_model::plan::fetch_chunk_bounds`: each computes its
+//!    copies as they land, beside the gather of the next); the gather of the fetched misses
+//!    on the H2D copy stream; for a CPU share, the activations' copy to the host (D2H)
+//!    followed by the event round trip that tells the CPU they are there;
+//! 3. the last fetched chunk's kernel after the gather's last copy (and after the kernels
+//!    before it: one stream);
 //! 4. the CPU share: wake-up (unless the pool spins), fixed costs, then the weight bytes at
 //!    the CPU's DRAM bandwidth, contended while a copy runs;
 //! 5. its result copied back on the same copy stream (behind the gather if that is still
