@@ -38,7 +38,7 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use super::cost::{ExpertShape, GpuStreams};
+use super::cost::{ExpertShape, FetchedKernels, GpuStreams};
 use super::PerfParams;
 use crate::plan::LayerPlan;
 use crate::preset::{DenseSpec, ModelSpec};
@@ -321,27 +321,15 @@ impl PerfParams {
             (0.0, 0.0)
         };
         let overhead = self.overhead.get(kind);
-        // The GPU stream runs the hits, then each fetched chunk as its copies land: the last
-        // chunk starts when both the gather and the kernels before it are done.
-        let gpu_side = gather.max(hits + early) + last;
-        let cpu_side = if has_cpu { cpu + sync } else { 0.0 };
-
-        let mut critical = TimeSplit {
-            dense_us: dense,
-            other_us: overhead,
-            ..TimeSplit::default()
-        };
-        if cpu_side > gpu_side {
-            critical.cpu_us += cpu;
-            critical.sync_us += sync;
-        } else {
-            if gather >= hits + early && c.fetched > 0.0 {
-                critical.pcie_us += gather;
-            } else {
-                critical.gpu_us += hits + early;
-            }
-            critical.gpu_us += last;
-        }
+        let (side, mut critical) = longer_side(
+            gather,
+            hits,
+            &k,
+            c.fetched > 0.0,
+            has_cpu.then_some((cpu, sync)),
+        );
+        critical.dense_us = dense;
+        critical.other_us = overhead;
         critical.gpu_us += combine;
         let busy = TimeSplit {
             pcie_us: gather,
@@ -352,12 +340,43 @@ impl PerfParams {
             other_us: overhead,
         };
         LayerTime {
-            total_us: dense + gpu_side.max(cpu_side) + combine + overhead,
+            total_us: dense + side + combine + overhead,
             critical,
             busy,
             contention_us: contention,
         }
     }
+}
+
+/// The two paths of a layer after its dense part (module docs): the GPU side, `max(gather,
+/// hits + early) + last` (the hits, then each fetched chunk as its copies land, the last
+/// after the gather and the kernels before it), and, with a CPU share, the CPU path `cpu +
+/// sync` (`cpu_path`: the share's time and its sync). Returns the longer one's duration and
+/// how it splits by resource (the CPU path where it is strictly longer).
+fn longer_side(
+    gather: f64,
+    hits: f64,
+    fetched: &FetchedKernels,
+    has_fetched: bool,
+    cpu_path: Option<(f64, f64)>,
+) -> (f64, TimeSplit) {
+    let (early, last) = (fetched.early_us, fetched.last_us);
+    let gpu_side = gather.max(hits + early) + last;
+    let (cpu, sync) = cpu_path.unwrap_or((0.0, 0.0));
+    let cpu_side = if cpu_path.is_some() { cpu + sync } else { 0.0 };
+    let mut split = TimeSplit::default();
+    if cpu_side > gpu_side {
+        split.cpu_us += cpu;
+        split.sync_us += sync;
+        return (cpu_side, split);
+    }
+    if gather >= hits + early && has_fetched {
+        split.pcie_us += gather;
+    } else {
+        split.gpu_us += hits + early;
+    }
+    split.gpu_us += last;
+    (gpu_side, split)
 }
 
 impl PerfParams {
@@ -428,21 +447,14 @@ impl PerfParams {
             } else {
                 (0.0, 0.0)
             };
-            let gpu_side = gather.max(hits + early) + last;
-            let cpu_side = if has_cpu { cpu + sync_g } else { 0.0 };
-            let body = gpu_side.max(cpu_side) + sum;
-            let mut crit = TimeSplit::default();
-            if cpu_side > gpu_side {
-                crit.cpu_us += cpu;
-                crit.sync_us += sync_g;
-            } else {
-                if gather >= hits + early && c.fetched > 0.0 {
-                    crit.pcie_us += gather;
-                } else {
-                    crit.gpu_us += hits + early;
-                }
-                crit.gpu_us += last;
-            }
+            let (side, mut crit) = longer_side(
+                gather,
+                hits,
+                &k,
+                c.fetched > 0.0,
+                has_cpu.then_some((cpu, sync_g)),
+            );
+            let body = side + sum;
             crit.gpu_us += sum;
             if slowest.is_none_or(|(b, _)| body > b) {
                 slowest = Some((body, crit));
