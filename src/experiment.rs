@@ -124,12 +124,12 @@ pub fn run(args: Args) -> Result<()> {
     match args.command {
         ExperimentCommand::List { json } => {
             if json {
-                println!("{}", serde_json::to_string_pretty(&all)?);
+                outln!("{}", serde_json::to_string_pretty(&all)?)?;
             } else {
-                println!("{:<16} {:<4} finding", "experiment", "gpu");
+                outln!("{:<16} {:<4} finding", "experiment", "gpu")?;
                 for e in &all {
                     let gpu = if e.needs_gpu { "yes" } else { "no" };
-                    println!("{:<16} {:<4} {}", e.name, gpu, e.finding);
+                    outln!("{:<16} {:<4} {}", e.name, gpu, e.finding)?;
                 }
             }
             Ok(())
@@ -140,10 +140,10 @@ pub fn run(args: Args) -> Result<()> {
                 bail!("unknown experiment '{name}'; known: {}", known.join(", "));
             };
             if config.needs_gpu && !ft_runtime::cuda_available() {
-                println!(
+                outln!(
                     "skipped: experiment '{name}' needs an NVIDIA GPU and none is usable here ({})",
                     ft_runtime::cuda_driver_status()
-                );
+                )?;
                 return Ok(());
             }
             let out = out.unwrap_or_else(|| PathBuf::from("results").join(&name));
@@ -165,7 +165,7 @@ pub fn run(args: Args) -> Result<()> {
                     script.display()
                 );
             }
-            println!("experiment '{name}' done; results in {}", out.display());
+            outln!("experiment '{name}' done; results in {}", out.display())?;
             Ok(())
         }
     }

@@ -90,12 +90,12 @@ pub fn run(args: Args) -> Result<()> {
         };
         let report = rt.block_on(ft_serve::loadgen::stress(&cfg))?;
         if args.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::to_string_pretty(
                     &serde_json::json!({"config": cfg, "report": report})
                 )?
-            );
+            )?;
         } else {
             print!("{}", report.table());
         }
@@ -122,7 +122,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let report = rt.block_on(ft_serve::loadgen::replay(&cfg))?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
         print!("{}", report.table());
     }

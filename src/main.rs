@@ -4,6 +4,16 @@
 //! before any work, data goes to stdout, logs (tracing) to stderr. Exit codes: 0 success,
 //! 1 ran but a check failed, 2 error.
 
+/// `println!` that returns the write's error instead of panicking: a reader that closes the
+/// pipe early (`ft --version | head -1`) ends `ft` quietly (see `main`), where `println!`
+/// would abort with a panic.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)
+    }};
+}
+
 mod bench;
 mod bench_bw;
 mod bench_cpu;

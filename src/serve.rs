@@ -403,12 +403,12 @@ pub fn run(args: Args) -> Result<()> {
     info!("decision: {line}");
     if args.predict_only {
         if args.json {
-            println!(
+            outln!(
                 "{}",
                 serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "decision": decision})
-            );
+            )?;
         } else {
-            println!("decision: {line}");
+            outln!("decision: {line}")?;
         }
         return Ok(());
     }
@@ -489,10 +489,10 @@ pub fn run(args: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr()?;
         if args.json {
-            println!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "decision": decision}));
+            outln!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "decision": decision}))?;
         } else {
-            println!("decision: {line}");
-            println!("listening on http://{bound} (model {}, strategy {strategy}, {})", info.model, info.device);
+            outln!("decision: {line}")?;
+            outln!("listening on http://{bound} (model {}, strategy {strategy}, {})", info.model, info.device)?;
         }
         use std::io::Write as _;
         let _ = std::io::stdout().flush();

@@ -433,7 +433,7 @@ fn run_sweep(args: &Args, streams: &[usize]) -> Result<()> {
         None => {}
     }
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        outln!("{}", serde_json::to_string_pretty(&rows)?)?;
     }
     Ok(())
 }

@@ -207,8 +207,8 @@ pub fn run(args: Args) -> Result<()> {
         Command::Get { file, path } => {
             let v = json_at(&file, &path)?;
             match v {
-                serde_json::Value::String(s) => println!("{s}"),
-                other => println!("{other}"),
+                serde_json::Value::String(s) => outln!("{s}")?,
+                other => outln!("{other}")?,
             }
             Ok(())
         }
@@ -369,7 +369,7 @@ fn plan(out: &Path, quick: bool) -> Result<()> {
         )?;
     }
     write_csv(&out.join("plan.csv"), &rows)?;
-    println!("{}", rows.len());
+    outln!("{}", rows.len())?;
     Ok(())
 }
 
@@ -468,15 +468,15 @@ fn peer_cmd(profile: &Path, threshold: f64, field: Option<&str>, json: bool) -> 
         threshold,
     )?;
     match field {
-        Some("verdict") => println!("{}", a.verdict),
-        Some("fraction") => println!("{}", a.fraction),
-        Some("ratio-verdict") => println!("{}", a.ratio_verdict),
+        Some("verdict") => outln!("{}", a.verdict)?,
+        Some("fraction") => outln!("{}", a.fraction)?,
+        Some("ratio-verdict") => outln!("{}", a.ratio_verdict)?,
         Some(other) => bail!("--field {other}: one of verdict, fraction, ratio-verdict"),
-        None if json => println!("{}", serde_json::to_string_pretty(&a)?),
-        None => println!(
+        None if json => outln!("{}", serde_json::to_string_pretty(&a)?)?,
+        None => outln!(
             "ferrox-core: {} at fetch fraction {:.5} (Q16 {}); ratio rule: {}; splits agree with ft's planner: {}",
             a.verdict, a.fraction, a.fraction_q16, a.ratio_verdict, a.split_agrees
-        ),
+        )?,
     }
     Ok(())
 }

@@ -4,20 +4,20 @@ use anyhow::Result;
 
 /// Print the version, git revision, SIMD level compiled in and detected, and CUDA status.
 pub fn print() -> Result<()> {
-    println!("ft {}", env!("CARGO_PKG_VERSION"));
-    println!("git revision: {}", env!("FT_GIT_REV"));
-    println!(
+    outln!("ft {}", env!("CARGO_PKG_VERSION"))?;
+    outln!("git revision: {}", env!("FT_GIT_REV"))?;
+    outln!(
         "simd compiled in: {}",
         ft_kernels::simd::SimdLevel::compiled()
-    );
-    println!(
+    )?;
+    outln!(
         "simd detected at run time: {}",
         ft_kernels::simd::SimdLevel::detect()
-    );
-    println!(
+    )?;
+    outln!(
         "cuda feature: {}",
         if cfg!(feature = "cuda") { "on" } else { "off" }
-    );
-    println!("cuda driver: {}", ft_runtime::cuda_driver_status());
+    )?;
+    outln!("cuda driver: {}", ft_runtime::cuda_driver_status())?;
     Ok(())
 }
