@@ -10,6 +10,13 @@
    host's side of it: the host thread's own time plus its wait for the activations per
    layer (the runs' `host_submit_us` and `host_wait_us`) over the prediction's `sync` (the
    round trip and the host's time beyond the dense part).
+3. Model-free: the probe's own end-to-end `cpu` blocks against the grid's `cpu` runs of the
+   same geometry, threads and streams (context 1024, the probe's; every expert on the CPU
+   in both, so a layer does the same work; only the step's own costs are shared by another
+   number of layers where the probe ran more or fewer): the runs' time per layer over the median of the
+   probe's blocks (its `step` samples). What a profile cannot know: where the machine ran
+   the runs faster or slower than it ran the probe, no model fitted to that probe predicts
+   those runs closer than this ratio says.
 Percentiles are nearest-rank (they can differ from `ft validate analyze`'s by a point).
 Usage: diagnose.py RESULT_DIR (grid.csv, and runs/ and predictions/ or the folder's
 runs-predictions-probes.tar.gz). Standard library only.
@@ -61,6 +68,44 @@ def main(d):
     print("host: the host's own time and wait over the predicted sync)")
     for k, v in busy.items():
         print(f"{k:<6} {len(v):>3} runs {100 * q(v, .1):+6.0f}% {100 * q(v, .5):+6.0f}% {100 * q(v, .9):+6.0f}%")
+
+    drift = probe_against_runs(d, runs)
+    if drift:
+        print()
+        print("the probe's own cpu blocks against the grid's cpu runs (model-free): runs' time per")
+        print("layer over the probe's median block, per geometry, threads and streams (context 1024)")
+        for (g, t, n), (probe_us, ratios) in sorted(drift.items()):
+            print(f"{g:<20} {t:>2} threads {n} streams: probe {probe_us:7.0f} us/layer, runs "
+                  + " ".join(f"{x:.2f}" for x in ratios))
+        every = [x for _, ratios in drift.values() for x in ratios]
+        print(f"all {len(every)} runs: median {statistics.median(every):.2f}, "
+              f"{min(every):.2f} to {max(every):.2f}; off by more than 10%: "
+              f"{sum(abs(x - 1) > 0.1 for x in every)}")
+
+def probe_against_runs(d, runs):
+    """(geometry, threads, streams) -> (probe's median us per layer, [run / probe])."""
+    out = {}
+    rows = [r for r in csv.DictReader(open(os.path.join(d, "grid.csv")))
+            if r["strategy"] == "cpu" and r["context"] == "1024"]
+    for r in rows:
+        path = os.path.join(d, "profiles", f"{r['geometry']}.json")
+        if not os.path.exists(path):
+            continue
+        t, n = int(r["threads"]), int(r["streams"])
+        key = (r["geometry"], t, n)
+        if key not in out:
+            prof = json.load(open(path))
+            serving = prof["params"]["cpu_threads"]
+            blocks = [s["time_us"] / len(s["layers"]) for s in prof["samples"]["step"]
+                      if s["strategy"] == "cpu" and s["shape"]["streams"] == n
+                      and s.get("threads", serving) == t]
+            if not blocks:
+                continue
+            out[key] = (statistics.median(blocks), [])
+        doc = json.load(open(os.path.join(runs, f"{r['config']}-cpu.json")))
+        run_us = doc["summary"]["step_us"]["mean"] / doc["layers"]
+        out[key][1].append(run_us / out[key][0])
+    return out
 
 if __name__ == "__main__":
     main(sys.argv[1])
