@@ -9,7 +9,8 @@
 # those matching the glob FT_GPU_TESTS, e.g. 'ft_runtime-experts'),
 # bench (gpu_backend alone), cpu-kernels, runtime-grid, runtime-grid@VAR=VALUE (the grid with
 # one switch set, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1:170, compared with a runtime-grid
-# step run before it in the same call), validate, serve-ab, diag, cpu-diag
+# step run before it in the same call), validate, drift (experiments/validate-h200/drift.sh),
+# serve-ab, diag, cpu-diag
 # (scripts/cpu-layer-diag.sh), ab (scripts/binary-ab.sh: carry/ab/ft against carry/device/ft),
 # ncu, and exp-NAME for
 # any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
@@ -86,6 +87,7 @@ for spec in "$@"; do
         timeout "$limit" experiments/runtime-grid/run.sh "$R/runtime-grid" ;;
     runtime-grid@*) runtime_grid_with "${name#runtime-grid@}" "$limit" ;;
     validate) validate_step "$limit" ;;
+    drift) timeout "$limit" experiments/validate-h200/drift.sh "$R/drift" ;;
     serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
     cpu-diag) timeout "$limit" scripts/cpu-layer-diag.sh "$R/cpu-diag" ;;
