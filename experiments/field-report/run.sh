@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Reproduce the field report with the simulator: `run.sh OUTDIR` (default: this folder).
+# Reproduce the field report with the simulator: `run.sh OUTDIR` (the committed results are in
+# results/).
 # Uses $FT (the ft binary; `ft` on PATH by default). FT_QUICK=1 runs fewer steps.
 set -euo pipefail
 export NO_COLOR=1
-OUT="${1:-$(dirname "$0")}"
+OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
+{
+  echo "experiment: field-report"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') ($(nproc) cores visible)"
+  "$FT" --version
+} > "$OUT/env.txt"
 STEPS=256
 if [ "${FT_QUICK:-0}" = "1" ]; then STEPS=64; fi
 

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Simulator speed: `run.sh OUTDIR` (default: this folder). Uses $FT (the ft binary; `ft` on
-# PATH by default) and cargo for the engine micro-benchmark. FT_QUICK=1 sweeps 100 points.
+# Simulator speed: `run.sh OUTDIR` (the committed results are in results/). Uses $FT (the ft
+# binary; `ft` on PATH by default) and cargo for the engine micro-benchmark. FT_QUICK=1 sweeps
+# 100 points.
 set -euo pipefail
 export NO_COLOR=1
 HERE="$(cd "$(dirname "$0")" && pwd)"
-OUT="${1:-$HERE}"
+OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
 {

@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# The simulator against the analytic model on a grid: `run.sh OUTDIR` (default: this folder).
+# The simulator against the analytic model on a grid: `run.sh OUTDIR` (the committed results are in
+# results/).
 # Uses $FT (the ft binary; `ft` on PATH by default). FT_QUICK=1 runs a small grid.
 set -euo pipefail
 export NO_COLOR=1
-OUT="${1:-$(dirname "$0")}"
+OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
+{
+  echo "experiment: sim-vs-model"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') ($(nproc) cores visible)"
+  "$FT" --version
+} > "$OUT/env.txt"
 HOSTS=rtx4090-2x-xeon4310,rtxpro4000-gen3-epyc7302,gh200,h200-xeon-emr
 MODELS=qwen3.8-flash-next,qwen3.6-35b-a3b,gpt-oss-120b,deepseek-v4-flash
 STREAMS=1,2,4,8
