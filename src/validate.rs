@@ -949,6 +949,10 @@ pub struct Summary {
     /// signed prediction errors with it (a model that is right up to the machine's drift
     /// errs high where the ratio is low).
     pub ceiling_drift: Option<CeilingDrift>,
+    /// How often the measured tok/s fell inside the predicted interval (`ft predict`'s, 95%
+    /// by default), over every row that has one (`all`) and per strategy: a model that knows
+    /// its uncertainty covers about its confidence; empty where no row has an interval.
+    pub interval_coverage: BTreeMap<String, Coverage>,
     /// The simulator's errors against the runtime over every simulated row (absent before
     /// `ft validate simulate`), and per strategy.
     pub sim_errors: Option<ErrorStats>,
@@ -994,6 +998,42 @@ impl Spread {
             min: v.min(),
             max: v.max(),
         })
+    }
+}
+
+/// How many measurements fell inside their predicted interval (see
+/// [`Summary::interval_coverage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Coverage {
+    /// Rows with an interval.
+    pub n: usize,
+    /// Of those, the rows whose measured tok/s is inside it.
+    pub inside: usize,
+}
+
+impl Coverage {
+    /// The coverage of `rows` (those without an interval do not count); `None` when none has
+    /// one.
+    pub fn of(rows: &[&GridRow]) -> Option<Self> {
+        let with: Vec<(&GridRow, f64, f64)> = rows
+            .iter()
+            .filter_map(|r| Some((*r, r.predicted_tok_s_lo?, r.predicted_tok_s_hi?)))
+            .collect();
+        if with.is_empty() {
+            return None;
+        }
+        Some(Coverage {
+            n: with.len(),
+            inside: with
+                .iter()
+                .filter(|(r, lo, hi)| (*lo..=*hi).contains(&r.measured_tok_s))
+                .count(),
+        })
+    }
+
+    /// The share inside, 0 to 1.
+    pub fn share(&self) -> f64 {
+        self.inside as f64 / self.n.max(1) as f64
     }
 }
 
@@ -1228,7 +1268,19 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
         None
     };
     let readings: Vec<f64> = rows.iter().filter_map(|r| r.stream_read_gbs).collect();
+    let mut by_strategy: BTreeMap<String, Vec<&GridRow>> = BTreeMap::new();
+    for r in rows {
+        by_strategy.entry(r.strategy.clone()).or_default().push(r);
+    }
+    let mut interval_coverage: BTreeMap<String, Coverage> = by_strategy
+        .into_iter()
+        .filter_map(|(k, v)| Coverage::of(&v).map(|c| (k, c)))
+        .collect();
+    if let Some(c) = Coverage::of(&rows.iter().collect::<Vec<_>>()) {
+        interval_coverage.insert("all".into(), c);
+    }
     Ok(Summary {
+        interval_coverage,
         stream_read_gbs: Spread::of(&readings),
         ceiling_drift: CeilingDrift::of(rows),
         rows: rows.len(),
@@ -1314,6 +1366,21 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
             d.ratio.max,
             d.error_correlation
                 .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
+        )?;
+    }
+    if let Some(all) = s.interval_coverage.get("all") {
+        writeln!(
+            o,
+            "measured inside the predicted interval: {} of {} rows ({:.0}%; {})",
+            all.inside,
+            all.n,
+            100.0 * all.share(),
+            s.interval_coverage
+                .iter()
+                .filter(|(k, _)| k.as_str() != "all")
+                .map(|(k, c)| format!("{k} {:.0}%", 100.0 * c.share()))
+                .collect::<Vec<_>>()
+                .join(", ")
         )?;
     }
     if let Some(e) = &s.sim_errors {

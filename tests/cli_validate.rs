@@ -551,3 +551,42 @@ fn model_file_writes_the_geometry_with_fewer_layers_and_refuses_impossible_count
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("--layers 49"));
 }
+
+/// The share of measurements inside their predicted interval, over every row and per
+/// strategy, against a count made here (the rows' intervals are the prediction +-5%).
+#[test]
+fn interval_coverage_counts_the_measurements_inside_their_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    // Errors of -10% to +12.5%: some rows inside +-5% of the prediction, some outside.
+    let err = |i: usize| ((i * 5) % 10) as f64 * 0.025 - 0.1;
+    let rows = grid(6, err);
+    let path = dir.path().join("grid.csv");
+    std::fs::write(&path, csv(&rows)).unwrap();
+    let s: serde_json::Value = serde_json::from_slice(&analyze(&path, &["--json"]).stdout).unwrap();
+    let inside = |r: &&Row| r.measured >= 0.95 * r.predicted && r.measured <= 1.05 * r.predicted;
+    let all = rows.iter().filter(inside).count();
+    assert!(
+        all > 0 && all < rows.len(),
+        "the test needs both kinds: {all}"
+    );
+    let c = &s["interval_coverage"];
+    assert_eq!(c["all"]["n"], rows.len(), "{c}");
+    assert_eq!(c["all"]["inside"], all, "{c}");
+    for strategy in ["offload", "hybrid", "hybrid-legacy", "cpu"] {
+        let mine: Vec<&Row> = rows.iter().filter(|r| r.strategy == strategy).collect();
+        assert_eq!(c[strategy]["n"], mine.len(), "{strategy}: {c}");
+        assert_eq!(
+            c[strategy]["inside"],
+            mine.iter().copied().filter(inside).count(),
+            "{strategy}"
+        );
+    }
+    let table = String::from_utf8_lossy(&analyze(&path, &[]).stdout).to_string();
+    assert!(
+        table.contains(&format!(
+            "measured inside the predicted interval: {all} of {}",
+            rows.len()
+        )),
+        "{table}"
+    );
+}
