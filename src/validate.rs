@@ -1081,6 +1081,21 @@ fn chosen_row<'a>(rows: &[&'a GridRow], strategy: &str) -> Option<&'a GridRow> {
     rows.iter().copied().find(|r| r.strategy == strategy)
 }
 
+/// `stats` of the rows grouped by `key`, the groups it gives nothing for left out.
+fn group_rows<T>(
+    rows: &[GridRow],
+    key: &dyn Fn(&GridRow) -> String,
+    stats: &dyn Fn(&[&GridRow]) -> Option<T>,
+) -> BTreeMap<String, T> {
+    let mut m: BTreeMap<String, Vec<&GridRow>> = BTreeMap::new();
+    for r in rows {
+        m.entry(key(r)).or_default().push(r);
+    }
+    m.into_iter()
+        .filter_map(|(k, v)| stats(&v).map(|e| (k, e)))
+        .collect()
+}
+
 /// Analyse grid rows (see the module docs); needs only the CSV.
 pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
     let mut by_config: BTreeMap<&str, Vec<&GridRow>> = BTreeMap::new();
@@ -1189,15 +1204,8 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
     let errors = ErrorStats::of(&all).context("no rows")?;
     // Errors per group of rows (`stats`: the model's or the simulator's).
     let group = |key: &dyn Fn(&GridRow) -> String,
-                 stats: &dyn Fn(&[&GridRow]) -> Option<ErrorStats>|
-     -> BTreeMap<String, ErrorStats> {
-        let mut m: BTreeMap<String, Vec<&GridRow>> = BTreeMap::new();
-        for r in rows {
-            m.entry(key(r)).or_default().push(r);
-        }
-        m.into_iter()
-            .filter_map(|(k, v)| stats(&v).map(|e| (k, e)))
-            .collect()
+                 stats: &dyn Fn(&[&GridRow]) -> Option<ErrorStats>| {
+        group_rows(rows, key, stats)
     };
     let mut missed = Vec::new();
     if errors.median > TARGET_MEDIAN_ERR {
@@ -1268,14 +1276,7 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
         None
     };
     let readings: Vec<f64> = rows.iter().filter_map(|r| r.stream_read_gbs).collect();
-    let mut by_strategy: BTreeMap<String, Vec<&GridRow>> = BTreeMap::new();
-    for r in rows {
-        by_strategy.entry(r.strategy.clone()).or_default().push(r);
-    }
-    let mut interval_coverage: BTreeMap<String, Coverage> = by_strategy
-        .into_iter()
-        .filter_map(|(k, v)| Coverage::of(&v).map(|c| (k, c)))
-        .collect();
+    let mut interval_coverage = group_rows(rows, &|r| r.strategy.clone(), &Coverage::of);
     if let Some(c) = Coverage::of(&rows.iter().collect::<Vec<_>>()) {
         interval_coverage.insert("all".into(), c);
     }
