@@ -82,9 +82,22 @@ def main(d):
               f"{min(every):.2f} to {max(every):.2f}; off by more than 10%: "
               f"{sum(abs(x - 1) > 0.1 for x in every)}")
 
+def cpu_blocks_us(profile_path, threads=None):
+    """streams -> median us per layer of a probe's end-to-end `cpu` blocks (calibration and
+    validation) at `threads` (default: the probe's serving threads), from its profile."""
+    prof = json.load(open(profile_path))
+    serving = prof["params"]["cpu_threads"]
+    threads = serving if threads is None else threads
+    by = {}
+    for s in prof["samples"]["step"]:
+        if s["strategy"] == "cpu" and s.get("threads", serving) == threads:
+            by.setdefault(int(s["shape"]["streams"]), []).append(s["time_us"] / len(s["layers"]))
+    return {n: statistics.median(v) for n, v in by.items()}
+
 def probe_against_runs(d, runs):
     """(geometry, threads, streams) -> (probe's median us per layer, [run / probe])."""
     out = {}
+    blocks = {}
     rows = [r for r in csv.DictReader(open(os.path.join(d, "grid.csv")))
             if r["strategy"] == "cpu" and r["context"] == "1024"]
     for r in rows:
@@ -92,19 +105,14 @@ def probe_against_runs(d, runs):
         if not os.path.exists(path):
             continue
         t, n = int(r["threads"]), int(r["streams"])
-        key = (r["geometry"], t, n)
-        if key not in out:
-            prof = json.load(open(path))
-            serving = prof["params"]["cpu_threads"]
-            blocks = [s["time_us"] / len(s["layers"]) for s in prof["samples"]["step"]
-                      if s["strategy"] == "cpu" and s["shape"]["streams"] == n
-                      and s.get("threads", serving) == t]
-            if not blocks:
-                continue
-            out[key] = (statistics.median(blocks), [])
+        if (r["geometry"], t) not in blocks:
+            blocks[(r["geometry"], t)] = cpu_blocks_us(path, t)
+        probe_us = blocks[(r["geometry"], t)].get(n)
+        if probe_us is None:
+            continue
         doc = json.load(open(os.path.join(runs, f"{r['config']}-cpu.json")))
         run_us = doc["summary"]["step_us"]["mean"] / doc["layers"]
-        out[key][1].append(run_us / out[key][0])
+        out.setdefault((r["geometry"], t, n), (probe_us, []))[1].append(run_us / probe_us)
     return out
 
 if __name__ == "__main__":

@@ -4,23 +4,14 @@ end-to-end `cpu` blocks of the same streams and threads (their median), in run o
 the time since the first probe ended and the run's own CPU ceiling (`cpu.stream_read_gbs`);
 then per variant (layers, streams) the median and range of that ratio, how many runs were
 off by more than 10%, the first and last minute apart, and the second probe's blocks over
-the first's. Usage: drift.py OUT_DIR (drift.sh's folder). Standard library only.
+the first's. Usage: drift.py OUT_DIR (drift.sh's folder). Standard library and diagnose.py only.
 """
 import csv, json, os, statistics, sys
 
-def probe_blocks(path):
-    """streams -> median us per layer of the probe's calibration and validation cpu blocks at
-    its serving threads; and the probe's end-of-probe ceiling."""
-    prof = json.load(open(path))
-    serving = prof["params"]["cpu_threads"]
-    by = {}
-    for s in prof["samples"]["step"]:
-        if s["strategy"] == "cpu" and s.get("threads", serving) == serving:
-            by.setdefault(int(s["shape"]["streams"]), []).append(s["time_us"] / len(s["layers"]))
-    return {n: statistics.median(v) for n, v in by.items()}
+from diagnose import cpu_blocks_us  # the same folder
 
 def main(d):
-    p1 = probe_blocks(os.path.join(d, "probe-1.profile.json"))
+    p1 = cpu_blocks_us(os.path.join(d, "probe-1.profile.json"))
     probes = {r["probe"]: r for r in csv.DictReader(open(os.path.join(d, "probes.csv")))}
     t_probe = float(probes["probe-1"]["end_s"])
     rows = []
@@ -53,7 +44,7 @@ def main(d):
               f" first minute {fmt(first)}, last minute {fmt(last)}")
     p2_path = os.path.join(d, "probe-2.profile.json")
     if os.path.exists(p2_path):
-        p2 = probe_blocks(p2_path)
+        p2 = cpu_blocks_us(p2_path)
         print("probe 2 over probe 1, cpu blocks: " + ", ".join(
             f"{n} stream(s) {p2[n] / p1[n]:.3f}" for n in sorted(p1) if n in p2))
         for name in ("probe-1", "probe-2"):
