@@ -41,6 +41,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 HOST=rtx4090-2x-xeon4310
@@ -75,16 +77,11 @@ gpu_usable() {
     esac
 }
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: cache-history ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "host: $HOST; model: $MODEL; hybrid fetch fraction $FETCH; cold runs of $STEPS steps; warm-up $WARM steps"
-    if gpu_usable; then
-        echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers; windows ending at $GPU_STEPS; warm-up $GPU_WARM steps; context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s"
-    fi
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "cache-history ($(run_size))" "$0 $*" \
+    "host: $HOST; model: $MODEL; hybrid fetch fraction $FETCH; cold runs of $STEPS steps; warm-up $WARM steps"
+if gpu_usable; then
+    echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers; windows ending at $GPU_STEPS; warm-up $GPU_WARM steps; context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s" >> "$OUT/env.txt"
+fi
 
 sim_half() { # HOST NAME MODEL STEPS WARM FLAGS...
     local host="$1" name="$2" model="$3" steps="$4" warm="$5"

@@ -39,6 +39,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 MODEL=qwen3.8-flash-next
@@ -75,16 +77,11 @@ gpu_usable() {
 }
 
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: concurrency ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "model: $MODEL; hosts: ${HOSTS[*]}; streams: $STREAMS; steps $STEPS after $WARMUP warm-up"
-    if gpu_usable; then
-        echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers, streams $GPU_STREAMS, $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s"
-    fi
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "concurrency ($(run_size))" "$0 $*" \
+    "model: $MODEL; hosts: ${HOSTS[*]}; streams: $STREAMS; steps $STEPS after $WARMUP warm-up"
+if gpu_usable; then
+    echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers, streams $GPU_STREAMS, $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s" >> "$OUT/env.txt"
+fi
 
 rm -f "$OUT"/raw/sim.*.csv
 for host in "${HOSTS[@]}"; do

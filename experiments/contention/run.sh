@@ -35,6 +35,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw" "$OUT/hosts"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 GPU_HOST=h200-xeon-emr
@@ -57,16 +59,11 @@ gpu_usable() {
     esac
 }
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: contention ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "threads: ${THREADS[*]}; served model: $MODEL"
-    if gpu_usable; then
-        echo "measured half: device $DEVICE, ft bench bw at threads ${GPU_THREADS[*]}${FT_BENCH_BW_ARGS:+ with $FT_BENCH_BW_ARGS}; no measurement starts after ${GPU_BUDGET_S} s"
-    fi
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "contention ($(run_size))" "$0 $*" \
+    "threads: ${THREADS[*]}; served model: $MODEL"
+if gpu_usable; then
+    echo "measured half: device $DEVICE, ft bench bw at threads ${GPU_THREADS[*]}${FT_BENCH_BW_ARGS:+ with $FT_BENCH_BW_ARGS}; no measurement starts after ${GPU_BUDGET_S} s" >> "$OUT/env.txt"
+fi
 
 rm -f "$OUT"/raw/*
 explain() { # HOST-OR-FILE LABEL THREADS

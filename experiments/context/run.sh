@@ -22,6 +22,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 MODEL=qwen3.8-flash-next
@@ -35,13 +37,8 @@ else
     HOSTS=("$FIELD" h200-xeon-emr)
 fi
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: context ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "model: $MODEL; hosts: ${HOSTS[*]}; contexts: $CONTEXTS (+ model only: ${EXTRA[*]}); streams 1,2; steps $STEPS after $WARMUP warm-up"
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "context ($(run_size))" "$0 $*" \
+    "model: $MODEL; hosts: ${HOSTS[*]}; contexts: $CONTEXTS (+ model only: ${EXTRA[*]}); streams 1,2; steps $STEPS after $WARMUP warm-up"
 
 rm -f "$OUT"/raw/*.csv
 echo "host,slots" > "$OUT/raw/slots.csv"

@@ -5,13 +5,15 @@
 #
 # Usage: experiments/cpu-kernels/run.sh OUTPUT_DIR [extra `ft bench cpu` flags]
 # Writes into OUTPUT_DIR: results-<machine>.json, results-<machine>.csv, table-<machine>.txt
-# and machine-<machine>.txt (date, lscpu, ft --version). No other steps.
+# and machine-<machine>.txt (experiments/lib/env-txt.sh's fingerprint, then lscpu). No other steps.
 # Environment: FT_BIN=path (or FT, as `ft experiment run` sets it) uses a prebuilt ft instead of building; FT_MACHINE=name overrides
 # <machine> (default: <logical CPUs>c-<CPU model>).
 set -euo pipefail
 out="${1:?usage: $0 OUTPUT_DIR [extra ft bench cpu flags]}"
 shift
 root="$(cd "$(dirname "$0")/../.." && pwd)"
+# shellcheck source=../lib/env-txt.sh
+source "$root/experiments/lib/env-txt.sh"
 mkdir -p "$out"
 FT_BIN="${FT_BIN:-${FT:-}}"
 if [[ -n "${FT_BIN:-}" ]]; then
@@ -22,12 +24,7 @@ else
 fi
 model="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | tr -cs 'A-Za-z0-9' '-' | sed 's/^-//; s/-$//' | tr 'A-Z' 'a-z')"
 machine="${FT_MACHINE:-$(nproc)c-${model:-unknown}}"
-{
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "command: $0 $out $*"
-    "$ft" --version || true
-    lscpu
-} >"$out/machine-$machine.txt"
+FT="$ft" write_env_txt "$out/machine-$machine.txt" cpu-kernels "$0 $out $*" "$(lscpu)"
 # Default grid: both issue geometries, all formats and paths, tokens 1,2,4,8, experts
 # 1,4,10,32, threads 1 and all. 100 ms (at least 3 calls) per configuration keeps a 2-core
 # run under about 5 minutes.

@@ -42,6 +42,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw" "$OUT/models"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 # intermediate:label pairs; expert bytes = 3 * 3072 * I * 9/16 + 2 * (2 I + 3072) in NVFP4.
@@ -70,16 +72,11 @@ gpu_usable() {
     esac
 }
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: expert-size ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "sizes (intermediate:label): ${SIZES[*]}; hosts: ${HOSTS[*]}; cache $CACHE_SLOTS slots; steps $STEPS after $WARMUP warm-up"
-    if gpu_usable; then
-        echo "GPU-machine half: device $DEVICE; sizes ${GPU_SIZES[*]}; $GPU_LAYERS of $MODEL_LAYERS layers, cache $GPU_SLOTS slots; $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no measurement starts after ${GPU_BUDGET_S} s"
-    fi
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "expert-size ($(run_size))" "$0 $*" \
+    "sizes (intermediate:label): ${SIZES[*]}; hosts: ${HOSTS[*]}; cache $CACHE_SLOTS slots; steps $STEPS after $WARMUP warm-up"
+if gpu_usable; then
+    echo "GPU-machine half: device $DEVICE; sizes ${GPU_SIZES[*]}; $GPU_LAYERS of $MODEL_LAYERS layers, cache $GPU_SLOTS slots; $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no measurement starts after ${GPU_BUDGET_S} s" >> "$OUT/env.txt"
+fi
 
 write_model() { # FILE INTERMEDIATE LABEL LAYERS
     cat > "$1" <<TOML

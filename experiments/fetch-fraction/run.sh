@@ -38,6 +38,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 HOST=rtx4090-2x-xeon4310
@@ -70,16 +72,11 @@ gpu_usable() {
     esac
 }
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: fetch-fraction ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "host: $HOST; model: $MODEL; streams: $STREAMS; fetch fractions: $GRID; steps $STEPS after $WARMUP warm-up"
-    if gpu_usable; then
-        echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers, streams $STREAMS, fetch fractions $GPU_GRID, $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s"
-    fi
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "fetch-fraction ($(run_size))" "$0 $*" \
+    "host: $HOST; model: $MODEL; streams: $STREAMS; fetch fractions: $GRID; steps $STEPS after $WARMUP warm-up"
+if gpu_usable; then
+    echo "runtime half: device $DEVICE, $GPU_LAYERS of 48 layers, streams $STREAMS, fetch fractions $GPU_GRID, $GPU_STEPS steps after $GPU_WARMUP warm-up, context $GPU_CONTEXT; no run starts after ${GPU_BUDGET_S} s" >> "$OUT/env.txt"
+fi
 
 sim_half() { # HOST OUTNAME MODEL GRID STEPS WARMUP WITH_MODEL [flags...]: the grid, the optimum and the legacy view
     local host="$1" name="$2" model="$3" grid="$4" steps="$5" warmup="$6" with_model="$7"

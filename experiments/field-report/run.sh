@@ -4,15 +4,13 @@
 # Uses $FT (the ft binary; `ft` on PATH by default). FT_QUICK=1 runs fewer steps.
 set -euo pipefail
 export NO_COLOR=1
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
-{
-  echo "experiment: field-report"
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') ($(nproc) cores visible)"
-  "$FT" --version
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "field-report ($(run_size))" "$0 $*"
 STEPS=256
 if [ "${FT_QUICK:-0}" = "1" ]; then STEPS=64; fi
 

@@ -2,8 +2,9 @@
 # multi-gpu: on two RTX 3090s (one desktop CPU, host RAM and CPU pool shared), sharded or
 # tensor-parallel, offload or hybrid, and does the legacy ratio rule still pick right?
 #
-# Usage: run.sh OUTDIR (default: results/ here). Env: FT = the ft binary (`ft` on PATH by
-# default), FT_QUICK=1 for fewer steps. Needs bash and jq.
+# Usage: run.sh OUTDIR (the committed results: run.sh experiments/multi-gpu/results). Env:
+# FT = the ft binary (`ft` on PATH by default), FT_QUICK=1 for fewer steps. Needs bash, jq
+# and python3.
 #
 # Method: `ft simulate` (simulator and analytic model side by side) of every strategy on
 # four hosts that differ only in their GPUs: one RTX 3090 (the baseline), two sharded
@@ -15,7 +16,9 @@
 set -euo pipefail
 export NO_COLOR=1
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-OUT="${1:-$HERE/results}"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
+OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
 STEPS=256 WARMUP=128
@@ -23,13 +26,8 @@ if [[ "${FT_QUICK:-0}" == 1 ]]; then STEPS=32 WARMUP=32; fi
 MODEL=qwen3.8-flash-next
 HOSTS=("$HERE/hosts/1x-rtx3090.toml" "$HERE/hosts/2x-rtx3090-sharded.toml"
        2x-rtx3090-tp-ryzen7950x "$HERE/hosts/2x-rtx3090-tp-nvlink.toml")
-{
-    echo "experiment: multi-gpu ($([[ "${FT_QUICK:-0}" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "model: $MODEL; streams 1,2,4; steps $STEPS after $WARMUP warm-up"
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "multi-gpu ($(run_size))" "$0 $*" \
+    "model: $MODEL; streams 1,2,4; steps $STEPS after $WARMUP warm-up"
 
 echo "host,gpus,placement,streams,cache_slots,strategy,fetch_fraction,miss_rate,sim_tok_s_total,model_tok_s_total,sim_vs_model_pct,bound,best,legacy_verdict,legacy_ratio" > "$OUT/multi-gpu.csv"
 : > "$OUT/multi-gpu.txt"

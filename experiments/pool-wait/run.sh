@@ -19,6 +19,8 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+# shellcheck source=../lib/env-txt.sh
+source "$here/../lib/env-txt.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
 FT="${FT:-}"
@@ -51,16 +53,10 @@ MODEL=qwen3.8-flash-next
 LAYERS=2
 # 5% of the two layers' 1024 experts: most of every step's experts miss.
 SLOTS=51
-{
-    echo "date: $(date -u +%FT%TZ)"
-    echo "ft: $("$FT" --version 2>&1 | tr '\n' ' ')"
-    echo "uname: $(uname -a)"
-    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
-    lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' || true
-    echo "device: $DEVICE, threads: $THREADS of $cores cores, model: $MODEL ($LAYERS layers), cache: $SLOTS slots, steps: $STEPS (+16 warm-up), repeat 3"
-    echo "A/B: --$KNOB ${VALUES[0]} against --$KNOB ${VALUES[1]}${EXTRA_ARGS:+ (with $EXTRA_ARGS)}"
-    echo "command: experiments/pool-wait/run.sh OUTDIR (KNOB=$KNOB VALUES=\"${VALUES[*]}\" DEVICE=$DEVICE THREADS=$THREADS FT_QUICK=${FT_QUICK:-0})"
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "pool-wait, --$KNOB A/B ($(run_size))" \
+    "$0 $* (KNOB=$KNOB VALUES=\"${VALUES[*]}\" DEVICE=$DEVICE THREADS=$THREADS FT_QUICK=${FT_QUICK:-0})" \
+    "device: $DEVICE, threads: $THREADS of $cores cores, model: $MODEL ($LAYERS layers), cache: $SLOTS slots, steps: $STEPS (+16 warm-up), repeat 3" \
+    "A/B: --$KNOB ${VALUES[0]} against --$KNOB ${VALUES[1]}${EXTRA_ARGS:+ (with $EXTRA_ARGS)}"
 for streams in 1 4; do
     for strategy in cpu hybrid; do
         for value in "${VALUES[@]}"; do

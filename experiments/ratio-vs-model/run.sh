@@ -22,6 +22,8 @@ mkdir -p "$OUT/raw"
 rm -f "$OUT/raw/gpu_slots.csv"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 QUICK="${FT_QUICK:-0}"
 
@@ -42,15 +44,10 @@ fi
 MAX_STREAMS="${STREAMS##*,}"
 
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
-{
-    echo "experiment: ratio-vs-model ($([[ "$QUICK" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    "$FT" --version
-    echo "hosts: ${HOSTS[*]}"
-    echo "models: ${MODELS[*]}"
-    echo "streams: $STREAMS; cache shares of what the GPU holds: ${SHARES[*]}; steps $STEPS after $WARMUP warm-up"
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "ratio-vs-model ($(run_size))" "$0 $*" \
+    "hosts: ${HOSTS[*]}" \
+    "models: ${MODELS[*]}" \
+    "streams: $STREAMS; cache shares of what the GPU holds: ${SHARES[*]}; steps $STEPS after $WARMUP warm-up"
 
 for host in "${HOSTS[@]}"; do
     # The legacy rule on this host (independent of the served model: it is measured at the

@@ -22,6 +22,8 @@ OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/json" "$OUT/traces" "$OUT/logs"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 # FT_DEVICE=host: the host-emulated device, a smoke test of the script anywhere (use a small
 # FT_LAYERS), never a measurement.
@@ -50,18 +52,11 @@ REPEAT="${FT_REPEAT:-$([[ "${FT_QUICK:-0}" == 1 ]] && echo 1 || echo 3)}"
 BUDGET_S="${FT_GPU_BUDGET_S:-480}"
 t_start=$SECONDS
 
-{
-    echo "experiment: runtime-grid ($([[ "${FT_QUICK:-0}" == 1 ]] && echo quick || echo full))"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1) ($(nproc) cores visible)"
-    echo "ram: $(awk '/MemTotal/ {printf "%.1f GB", $2 / 1e6}' /proc/meminfo)"
-    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader || true
-    "$FT" --version
-    echo "model: $MODEL, $LAYERS of $MODEL_LAYERS layers (--layers: same geometry, fewer layers)"
-    echo "streams: $STREAMS; cache fractions: $FRACTIONS of $TOTAL experts; hybrid f: $HYBRID_F"
-    echo "steps: $STEPS after $WARMUP warm-up, $REPEAT interleaved round(s) per point (the median); context $CONTEXT; CPU threads $THREADS (the host's included under spin); budget ${BUDGET_S} s"
-    echo "kernel and copy switches: $(env | grep -E '^FT_CUDA_' | sort | tr '\n' ' ')"
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "runtime-grid ($(run_size))" "$0 $*" \
+    "model: $MODEL, $LAYERS of $MODEL_LAYERS layers (--layers: same geometry, fewer layers)" \
+    "streams: $STREAMS; cache fractions: $FRACTIONS of $TOTAL experts; hybrid f: $HYBRID_F" \
+    "steps: $STEPS after $WARMUP warm-up, $REPEAT interleaved round(s) per point (the median); context $CONTEXT; CPU threads $THREADS (the host's included under spin); budget ${BUDGET_S} s" \
+    "kernel and copy switches: $(env | grep -E '^FT_CUDA_' | sort | tr '\n' ' ')"
 cat "$OUT/env.txt" >&2
 
 common=(--device "$DEVICE" --model "$MODEL" --layers "$LAYERS" --steps "$STEPS" --warmup "$WARMUP"

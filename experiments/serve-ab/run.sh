@@ -8,6 +8,10 @@
 # Runs on the GPU machine (no cargo there): the binary is $FT, else carry/ft, else ./ft,
 # built with `cargo build --release --features cuda`.
 #
+# Usage: run.sh OUTDIR (a new folder; the committed results are results/<date>T<time>Z/).
+# OUT=OUTDIR in the environment is read where no argument is given (scripts/device-run.sh's
+# serve-ab step passes the folder so); one of the two is required.
+#
 # Environment (all optional):
 #   FT        binary                             DEVICE   cuda | host (default cuda)
 #   LAYERS    MoE layers to run (default 48)     PORT     first port (default 8000)
@@ -17,11 +21,12 @@
 #   HOST_SPEC host spec to predict from instead of this machine's probed profile (a
 #             what-if; default: none, `ft serve` probes the GPU machine at its first start;
 #             the cache size above still follows the field report's host)
-#   OUT       output folder (default: experiments/serve-ab/results/<timestamp>)
 #   PROMPT_TOKENS (1200)  MAX_TOKENS (256)  WARMUP (2)  STARTUP_S (900, per service)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
+# shellcheck source=../lib/env-txt.sh
+source "$here/../lib/env-txt.sh"
 FT="${FT:-}"
 if [[ -z "$FT" ]]; then
   for c in "$root/carry/ft" "$root/ft" "$root/target/release/ft"; do
@@ -37,7 +42,7 @@ MAX_TOKENS="${MAX_TOKENS:-256}"
 WARMUP="${WARMUP:-2}"
 STARTUP_S="${STARTUP_S:-900}"
 MODEL=qwen3.8-flash-next
-OUT="${OUT:-$here/results/$(date -u +%Y%m%dT%H%M%SZ)}"
+OUT="${1:-${OUT:?usage: run.sh OUTDIR (or OUT=OUTDIR run.sh)}}"
 mkdir -p "$OUT"
 # The profile `ft serve` probes at its first start (no cached profile matches a fresh
 # machine) lands beside the results, not in the user's cache; later services reuse it.
@@ -55,14 +60,8 @@ common=(--model "$MODEL" --layers "$LAYERS" --device "$DEVICE" --max-streams 2 -
 [[ -n "${CACHE_GB:-}" ]] && common+=(--cache-gb "$CACHE_GB")
 [[ -n "${HOST_SPEC:-}" ]] && common+=(--host "$HOST_SPEC")
 
-{
-  echo "date: $(date -u +%FT%TZ)"
-  echo "ft: $("$FT" --version 2>&1 | tr '\n' ' ')"
-  echo "uname: $(uname -a)"
-  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv,noheader || true
-  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|NUMA node\(s\)' || true
-  echo "args: ${common[*]} prompt_tokens=$PROMPT_TOKENS max_tokens=$MAX_TOKENS warmup=$WARMUP"
-} > "$OUT/machine.txt"
+write_env_txt "$OUT/machine.txt" serve-ab "$0${1:+ $*} (output: $OUT)" \
+  "args: ${common[*]} prompt_tokens=$PROMPT_TOKENS max_tokens=$MAX_TOKENS warmup=$WARMUP"
 
 # What auto chooses and what the model predicts, at 1 and 2 streams.
 for n in 1 2; do

@@ -6,12 +6,16 @@
 # still answers afterwards with no request left in flight; then drains it with SIGTERM.
 # 127.0.0.1 only.
 #
-#   FT=target/release/ft experiments/serve-load/run.sh [OUT]
+# Usage: run.sh OUTDIR (the committed results: run.sh experiments/serve-load/results), e.g.
+#   FT=target/release/ft experiments/serve-load/run.sh /tmp/serve-load
+# Env: FT (default target/release/ft), CLIENTS (48) and REQUESTS (480) of the storm.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 FT="${FT:-$root/target/release/ft}"
-OUT="${1:-$here/results}"
+# shellcheck source=../lib/env-txt.sh
+source "$here/../lib/env-txt.sh"
+OUT="${1:?usage: run.sh OUTDIR}"
 CLIENTS="${CLIENTS:-48}"
 REQUESTS="${REQUESTS:-480}"
 mkdir -p "$OUT"
@@ -26,13 +30,7 @@ experts = 32
 top_k = 4
 moe_layers = 4
 TOML
-{
-  echo "date: $(date -u +%FT%TZ)"
-  echo "ft: $("$FT" --version 2>&1 | tr '\n' ' ')"
-  echo "uname: $(uname -a)"
-  lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)' || true
-  echo "clients=$CLIENTS requests=$REQUESTS"
-} > "$OUT/machine.txt"
+write_env_txt "$OUT/machine.txt" serve-load "$0 $*" "clients=$CLIENTS requests=$REQUESTS"
 
 "$FT" -v serve --model "$OUT/tiny.toml" --device host --moe-strategy offload --port 0 \
   --max-streams 8 --max-queue 64 --context-limit 1024 > "$OUT/serve.stdout" 2> "$OUT/serve.log" &

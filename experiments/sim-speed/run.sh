@@ -5,16 +5,13 @@
 set -euo pipefail
 export NO_COLOR=1
 HERE="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
-{
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "git: $(git -C "$HERE" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
-  echo "cores: $(nproc)"
-  echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-} > "$OUT/machine.txt"
+write_env_txt "$OUT/machine.txt" "sim-speed ($(run_size))" "$0 $*" \
+  "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # 1. Events per second on one core (engine alone, replayed plan, live decode by parts).
 (cd "$HERE/../.." && cargo run --quiet --release -p ft-sim --example sim_speed) > "$OUT/engine.csv"

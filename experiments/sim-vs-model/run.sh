@@ -4,15 +4,13 @@
 # Uses $FT (the ft binary; `ft` on PATH by default). FT_QUICK=1 runs a small grid.
 set -euo pipefail
 export NO_COLOR=1
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-ft}"
 mkdir -p "$OUT"
-{
-  echo "experiment: sim-vs-model"
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') ($(nproc) cores visible)"
-  "$FT" --version
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "sim-vs-model ($(run_size))" "$0 $*"
 HOSTS=rtx4090-2x-xeon4310,rtxpro4000-gen3-epyc7302,gh200,h200-xeon-emr
 MODELS=qwen3.8-flash-next,qwen3.6-35b-a3b,gpt-oss-120b,deepseek-v4-flash
 STREAMS=1,2,4,8

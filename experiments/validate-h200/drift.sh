@@ -20,6 +20,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: drift.sh OUT_DIR}"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 resolve_ft
 DEVICE="${FT_DEVICE:-cuda}"
 G="${FT_DRIFT_MODEL:-qwen3.8-flash-next}"
@@ -27,14 +29,8 @@ T="${FT_DRIFT_THREADS:-$(( $(nproc) - 1 ))}"
 DUR="${FT_DRIFT_S:-180}"
 STEPS="${FT_DRIFT_STEPS:-48}"
 mkdir -p "$OUT/runs" "$OUT/logs"
-{
-    echo "experiment: validate-h200 drift"
-    echo "date: $(date -u +%FT%TZ)"
-    echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //') ($(nproc) cores visible)"
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || echo "gpu: none"
-    "$FT" --version
-    echo "model $G, $T threads, runs for $DUR s, $STEPS steps after $(( STEPS / 2 )) warm-up each"
-} > "$OUT/env.txt"
+write_env_txt "$OUT/env.txt" "validate-h200 drift" "$0 $*" \
+    "model $G, $T threads, runs for $DUR s, $STEPS steps after $(( STEPS / 2 )) warm-up each"
 now() { date +%s.%N; }
 T0=$(now)
 elapsed() { python3 -c "print(f'{$(now) - $T0:.2f}')"; }

@@ -35,6 +35,8 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 # shellcheck source=common.sh
 source "$HERE/common.sh"
+# shellcheck source=../lib/env-txt.sh
+source "$HERE/../lib/env-txt.sh"
 OUT="${1:?usage: run.sh OUTDIR}"
 FT="${FT:-$ROOT/carry/ft}"
 if [[ ! -x "$FT" ]]; then
@@ -71,16 +73,11 @@ REPEAT="${FT_REPEAT:-3}"
 # configurations with all four runs are skipped.
 RESUME="${FT_RESUME:-0}"
 
-{
-    echo "experiment: validate-h200 ($([[ "$QUICK" == 1 ]] && echo quick || echo full))$([[ "$DEVICE" == host ]] && echo ', host-emulated device: a smoke test, not a measurement')"
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    echo "cpu: $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1) ($(nproc) cores visible)"
-    echo "ram: $(awk '/MemTotal/ {printf "%.1f GB", $2 / 1e6}' /proc/meminfo)"
-    nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader 2>/dev/null || true
-    "$FT" --version
-    echo "steps: $STEPS measured after $WARMUP warm-up per run, $REPEAT interleaved rounds (the median); routing seed $SEED; grid budget ${GRID_BUDGET_S} s"
-    echo "layers: qwen3.8-flash-next 2 of 48, bench-nvfp4 2 of 48, deepseek-v4-flash 1 of 43 (same geometry, fewer layers: banks that fill in about a second; deepseek's 43 layers (156 GB) exceed the 128 GB host)"
-} > "$OUT/env.txt.new"
+write_env_txt "$OUT/env.txt.new" \
+    "validate-h200 ($(run_size))$([[ "$DEVICE" == host ]] && echo ', host-emulated device: a smoke test, not a measurement')" \
+    "$0 $*" \
+    "steps: $STEPS measured after $WARMUP warm-up per run, $REPEAT interleaved rounds (the median); routing seed $SEED; grid budget ${GRID_BUDGET_S} s" \
+    "layers: qwen3.8-flash-next 2 of 48, bench-nvfp4 2 of 48, deepseek-v4-flash 1 of 43 (same geometry, fewer layers: banks that fill in about a second; deepseek's 43 layers (156 GB) exceed the 128 GB host)"
 if [[ "$RESUME" == 1 && -f "$OUT/env.txt" ]]; then
     { echo; echo "--- resumed"; cat "$OUT/env.txt.new"; } >> "$OUT/env.txt"
 else
