@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use ft_kernels::ActivationPath;
 use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::profile::CpuCheck;
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
 use ft_model::{
     ExpertFormat, FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy, StrategyKind,
@@ -35,6 +36,9 @@ use ft_runtime::numerics::{compare_numerics, NumericsReport};
 /// Repetitions of the CPU ceiling's STREAM read of the bank before each round ([`CpuBound`];
 /// the median is the round's reading).
 const CPU_CEILING_REPS: usize = 3;
+/// Experts of the bank between the starts of two rounds' CPU checks (a prime, so that the
+/// rounds read different weights).
+const CPU_CHECK_STRIDE: usize = 1009;
 
 /// Share of the available RAM a run may plan to use (the rest is for the OS and the page
 /// cache).
@@ -208,6 +212,13 @@ pub struct CpuBound {
     pub cpu_gbs_while_busy: f64,
     /// `cpu_gbs_while_busy / stream_read_gbs`.
     pub share_of_stream: f64,
+    /// The CPU check (`ft_runtime::cpu_check`: one layer of `top_k` experts at one token
+    /// with the run's threads) after each round's read: its median over the rounds, the
+    /// work it timed and its repetitions summed. Set against the profile's check of the same
+    /// work (`Profile::cpu_speed`), it says how fast the CPU side ran here against the probe.
+    pub cpu_check: Option<CpuCheck>,
+    /// Each round's check time, in run order, us.
+    pub cpu_check_rounds_us: Vec<f64>,
 }
 
 impl CpuBound {
@@ -237,16 +248,24 @@ impl CpuBound {
             cpu_bytes_per_step: bytes,
             cpu_gbs_while_busy: busy,
             share_of_stream: if stream > 0.0 { busy / stream } else { 0.0 },
+            cpu_check: ceiling.checks.first().map(|first| CpuCheck {
+                time_us: ft_kernels::stream::median(&ceiling.check_rounds_us()),
+                reps: ceiling.checks.iter().map(|c| c.reps).sum(),
+                ..*first
+            }),
+            cpu_check_rounds_us: ceiling.check_rounds_us(),
         })
     }
 }
 
 /// The readings behind a [`CpuBound`]: one STREAM read of a window of the bank per round
-/// (`ft_kernels::stream::read_window`, the reading `ft probe` takes too).
+/// (`ft_kernels::stream::read_window`, the reading `ft probe` takes too), and one CPU check
+/// (`Engine::cpu_check`, which `ft probe` takes too).
 struct BankReads {
     pool: std::sync::Arc<rayon::ThreadPool>,
     bytes: u64,
     gbs: Vec<f64>,
+    checks: Vec<CpuCheck>,
 }
 
 impl BankReads {
@@ -257,7 +276,13 @@ impl BankReads {
             pool,
             bytes: 0,
             gbs: Vec::new(),
+            checks: Vec::new(),
         })
+    }
+
+    /// Each round's CPU check time, us.
+    fn check_rounds_us(&self) -> Vec<f64> {
+        self.checks.iter().map(|c| c.time_us).collect()
     }
 
     /// Read a window of `bank` (a different one each round where the bank is larger).
@@ -863,6 +888,12 @@ pub fn run(args: Args) -> Result<()> {
     for rep in 0..args.repeat {
         if let Some(b) = bank_reads.as_mut() {
             b.read(engine.bank().buffer().as_slice(), rep);
+            let start = rep * CPU_CHECK_STRIDE;
+            b.checks.push(
+                engine
+                    .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET, start)
+                    .context("the CPU check before a round")?,
+            );
         }
         for k in 0..n {
             let i = (rep + k) % n;
@@ -1161,6 +1192,22 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
             rounds.join(", "),
             100.0 * c.share_of_stream
         )?;
+        if let Some(check) = &c.cpu_check {
+            let rounds: Vec<String> = c
+                .cpu_check_rounds_us
+                .iter()
+                .map(|us| format!("{us:.0}"))
+                .collect();
+            writeln!(
+                out,
+                "  {:<width$}  {:.0} us for {} experts at 1 token ({} threads; rounds {})",
+                "CPU check",
+                check.time_us,
+                check.experts,
+                check.threads,
+                rounds.join(", "),
+            )?;
+        }
     }
     if let Some(n) = &r.numerics {
         if let Some(d) = &n.vs_offload {

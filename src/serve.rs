@@ -8,7 +8,12 @@
 //! and on a CUDA device without one from `ft probe`, run here (at most its 20 s budget) and
 //! stored atomically in the profile cache for the next start. A profile fitted at another
 //! thread count than this server's CPU pool (`ft probe --threads 15` for a 13-worker pool) is
-//! re-expressed at the pool's count (`Profile::at_threads`), and the source says so. On the
+//! re-expressed at the pool's count (`Profile::at_threads`), and the source says so. With the
+//! engine backend, the CPU side's own work is then timed on the engine's bank (the CPU check,
+//! `ft_runtime::cpu_check`, about 0.15 s) and set against the profile's check of the same work,
+//! and the prediction is made again with the CPU side at that speed
+//! (`PerfParams::with_cpu_speed`): a shared host's CPU side moves by up to 3x within minutes,
+//! and a profile holds one probe's moment (`--no-cpu-check` keeps the probed speed). On the
 //! host-emulated device (nothing real to probe) a missing profile falls back to the default
 //! host spec, and the log says so. Either
 //! way one line gives the legacy ratio, its threshold and verdict, every prediction with its
@@ -29,7 +34,7 @@ use ft_model::cache::CacheSize;
 use ft_model::perf::fit::{FitConfig, ProbeSamples};
 use ft_model::perf::predict::default_cache_slots;
 use ft_model::perf::{PerfModel, PredictConfig};
-use ft_model::profile::{self, Profile, ProfileKey};
+use ft_model::profile::{self, CpuCheck, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
 use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{BankSource, EngineConfig};
@@ -175,25 +180,71 @@ pub struct Args {
     /// Print the start-up decision and address as JSON on stdout.
     #[arg(long)]
     pub json: bool,
-    /// Print the start-up decision and exit without serving.
+    /// Print the start-up decision and exit without serving (from the profile as probed:
+    /// the CPU check at start needs the engine's bank).
     #[arg(long)]
     pub predict_only: bool,
+    /// Predict from the CPU speed the profile was probed at, without timing the CPU side at
+    /// start (see the module docs).
+    #[arg(long)]
+    pub no_cpu_check: bool,
+}
+
+/// The CPU check at start: the CPU side's own work timed on the engine's bank
+/// (`ft_runtime::cpu_check`) against the profile's check of the same work. Returns the
+/// speed (how many times faster the CPU side runs now than when probed) with both checks,
+/// or `None` where the profile holds no check of this work (a host spec, an older profile,
+/// a thread count the probe did not check; logged).
+fn cpu_speed_at_start(
+    engine: &mut EngineBackend,
+    checks: &[CpuCheck],
+) -> Result<Option<(f64, CpuCheck, CpuCheck)>> {
+    if checks.is_empty() {
+        info!("the profile holds no CPU check: the CPU side is predicted as probed");
+        return Ok(None);
+    }
+    let now = engine
+        .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET)
+        .context("the CPU check at start")?;
+    let Some(then) = checks.iter().find(|c| c.same_work(&now)) else {
+        info!(
+            threads = now.threads,
+            "the profile holds no CPU check of this work (other threads or expert size): the CPU side is predicted as probed"
+        );
+        return Ok(None);
+    };
+    let speed = then
+        .speed_since(&now)
+        .context("setting the CPU check at start against the profile's")?;
+    Ok(Some((speed, now, *then)))
+}
+
+/// What the start-up prediction rests on ([`perf_model`]).
+struct PerfSource {
+    perf: PerfModel,
+    samples: ProbeSamples,
+    /// Where it came from, in words.
+    label: String,
+    /// The profile's CPU checks (empty for a host spec or an older profile): what the check
+    /// at start is set against.
+    cpu_checks: Vec<CpuCheck>,
 }
 
 /// Where the predictions come from (see the module docs); `device` is the engine's device,
 /// opened before the prediction (`None` for the reference backend).
-fn perf_model(
-    args: &Args,
-    model: &ModelSpec,
-    device: Option<&Device>,
-) -> Result<(PerfModel, ProbeSamples, String)> {
+fn perf_model(args: &Args, model: &ModelSpec, device: Option<&Device>) -> Result<PerfSource> {
     // A profile fitted at another thread count than this server's CPU pool is re-expressed at
     // the pool's (`Profile::at_threads`): a profile probed by `ft probe --threads 15` predicts
     // a 13-worker pool's CPU share at 13 workers.
     let pool_threads = args.threads.unwrap_or_else(default_pool_threads) as u32;
-    let from_profile = |p: Profile, label: String| -> Result<(PerfModel, ProbeSamples, String)> {
+    let from_profile = |p: Profile, label: String| -> Result<PerfSource> {
         if p.params.cpu_threads == pool_threads {
-            return Ok((p.perf_model(&label), p.samples.clone(), label));
+            return Ok(PerfSource {
+                perf: p.perf_model(&label),
+                samples: p.samples.clone(),
+                cpu_checks: p.cpu_checks.clone(),
+                label,
+            });
         }
         let probed = p.params.cpu_threads;
         let q = p
@@ -203,9 +254,14 @@ fn perf_model(
             "{label}, re-expressed at the pool's {pool_threads} threads (fitted at {probed})"
         );
         info!("{label}");
-        Ok((q.perf_model(&label), q.samples.clone(), label))
+        Ok(PerfSource {
+            perf: q.perf_model(&label),
+            samples: q.samples.clone(),
+            cpu_checks: q.cpu_checks.clone(),
+            label,
+        })
     };
-    let spec_model = |name: &str, why: &str| -> Result<(PerfModel, ProbeSamples, String)> {
+    let spec_model = |name: &str, why: &str| -> Result<PerfSource> {
         let host = ft_sim::hosts::resolve(name).with_context(|| format!("--host {name}"))?;
         if !why.is_empty() {
             warn!(
@@ -214,11 +270,12 @@ fn perf_model(
             );
         }
         let perf = PerfModel::from_host(&host).with_context(|| format!("--host {name}"))?;
-        Ok((
+        Ok(PerfSource {
             perf,
-            ProbeSamples::default(),
-            format!("host spec {}", host.name),
-        ))
+            samples: ProbeSamples::default(),
+            label: format!("host spec {}", host.name),
+            cpu_checks: Vec::new(),
+        })
     };
     if let Some(path) = &args.profile {
         let p = Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
@@ -361,7 +418,12 @@ pub fn run(args: Args) -> Result<()> {
         }
         BackendArg::Reference => None,
     };
-    let (perf, samples, source) = perf_model(&args, &model, device.as_ref())?;
+    let PerfSource {
+        perf,
+        samples,
+        label: mut source,
+        cpu_checks,
+    } = perf_model(&args, &model, device.as_ref())?;
     let context = PREDICT_CONTEXT_TOKENS.min(args.context_limit);
     let cache = args.cache_gb.map(CacheSize::GiB);
     let predict_config = PredictConfig {
@@ -382,9 +444,14 @@ pub fn run(args: Args) -> Result<()> {
         Some(c) => c.slots(model.expert_bytes(), model.geometry.total_experts())?,
         None => default_cache_slots(&model, &perf.params, args.expected_streams, context),
     };
-    let predictor = PerfPredictor::new(model.clone(), perf, predict_config, samples);
+    let mut predictor = PerfPredictor::new(
+        model.clone(),
+        perf.clone(),
+        predict_config.clone(),
+        samples.clone(),
+    );
     let t0 = std::time::Instant::now();
-    let decision = predictor
+    let mut decision = predictor
         .predict(args.expected_streams)
         .context("predicting the strategies at start")?;
     info!(
@@ -392,14 +459,15 @@ pub fn run(args: Args) -> Result<()> {
         t0.elapsed().as_secs_f64()
     );
     let auto = args.moe_strategy == StrategyArg::Auto;
-    let strategy = match args.moe_strategy {
+    let choose = |decision: &Decision| match args.moe_strategy {
         StrategyArg::Auto => decision.choice,
         StrategyArg::Offload => Strategy::Offload,
-        StrategyArg::Hybrid => forced(StrategyKind::Hybrid, fetch, &decision),
+        StrategyArg::Hybrid => forced(StrategyKind::Hybrid, fetch, decision),
         StrategyArg::Resident => Strategy::Resident,
         StrategyArg::Cpu => Strategy::Cpu,
     };
-    let line = decision.log_line(if auto { None } else { Some(&strategy) });
+    let mut strategy = choose(&decision);
+    let mut line = decision.log_line(if auto { None } else { Some(&strategy) });
     info!("decision: {line}");
     if args.predict_only {
         if args.json {
@@ -448,19 +516,56 @@ pub fn run(args: Args) -> Result<()> {
                 model.geometry.moe_layers,
                 kind.name()
             );
-            let source = match &args.expert_weights {
+            let bank_source = match &args.expert_weights {
                 Some(path) => BankSource::Safetensors(path),
                 None => BankSource::Seed(args.seed),
             };
-            Box::new(
-                EngineBackend::with_bank_source(device, &model, &cfg, &routing, source)
+            let mut engine =
+                EngineBackend::with_bank_source(device, &model, &cfg, &routing, bank_source)
                     .with_context(|| match &args.expert_weights {
                         Some(p) => {
                             format!("building the engine from --expert-weights {}", p.display())
                         }
                         None => "building the engine".to_string(),
-                    })?,
-            )
+                    })?;
+            if args.no_cpu_check {
+                info!("--no-cpu-check: the CPU side is predicted at the speed the profile was probed at");
+            } else if let Some((speed, now, then)) = cpu_speed_at_start(&mut engine, &cpu_checks)? {
+                source = format!(
+                    "{source}; CPU side at {speed:.2}x the probe's (the CPU check at start: {:.0} us, the probe's {:.0} us)",
+                    now.time_us, then.time_us
+                );
+                info!("{source}");
+                let params = perf
+                    .params
+                    .with_cpu_speed(speed)
+                    .context("scaling the CPU side by the check at start")?;
+                let scaled = PerfModel {
+                    params,
+                    source: source.clone(),
+                    ..perf.clone()
+                };
+                predictor = PerfPredictor::new(
+                    model.clone(),
+                    scaled,
+                    predict_config.clone(),
+                    samples.clone(),
+                );
+                decision = predictor
+                    .predict(args.expected_streams)
+                    .context("predicting the strategies after the CPU check")?;
+                let now_choice = choose(&decision);
+                if now_choice != strategy {
+                    info!("the CPU check changes the strategy from {strategy} to {now_choice}");
+                    engine
+                        .set_strategy(now_choice)
+                        .context("switching to the strategy the CPU check chose")?;
+                    strategy = now_choice;
+                }
+                line = decision.log_line(if auto { None } else { Some(&strategy) });
+                info!("decision: {line}");
+            }
+            Box::new(engine)
         }
     };
     let info = backend.info();
@@ -489,7 +594,7 @@ pub fn run(args: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr()?;
         if args.json {
-            outln!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "decision": decision}))?;
+            outln!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "source": source, "decision": decision}))?;
         } else {
             outln!("decision: {line}")?;
             outln!("listening on http://{bound} (model {}, strategy {strategy}, {})", info.model, info.device)?;

@@ -34,7 +34,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use ft_model::perf::legacy::{self, fraction_q16, LegacyVerdict, FRACTION_ONE};
-use ft_model::profile::Profile;
+use ft_model::profile::{CpuCheck, Profile};
 use ft_model::{ModelSpec, StrategyKind};
 use ft_runtime::instrument::STEAL_NOTABLE_FRACTION;
 
@@ -567,6 +567,12 @@ pub struct GridRow {
     /// between the probe the prediction rests on and the run.
     #[serde(default)]
     pub probe_stream_read_gbs: Option<f64>,
+    /// How many times faster the CPU side ran in this run than in the probe: the run's CPU
+    /// check (`cpu.cpu_check`, taken before each round) against the profile's check of the
+    /// same work (`Profile::cpu_speed`); empty for offload, for another thread count than
+    /// the probe checked, and for runs or profiles from before the check existed.
+    #[serde(default)]
+    pub cpu_speed: Option<f64>,
 }
 
 fn num(v: &serde_json::Value, path: &str) -> Option<f64> {
@@ -696,6 +702,9 @@ pub fn collect(dir: &Path) -> Result<(Vec<GridRow>, Vec<String>)> {
                 probe_stream_read_gbs: probe_ceiling
                     .filter(|&(_, threads)| threads == p.threads)
                     .map(|(gbs, _)| gbs),
+                cpu_speed: value_at(&run, "cpu.cpu_check")
+                    .and_then(|c| serde_json::from_value::<CpuCheck>(c.clone()).ok())
+                    .and_then(|check| prof.cpu_speed(&check).ok().flatten()),
             });
         }
     }
@@ -949,6 +958,10 @@ pub struct Summary {
     /// signed prediction errors with it (a model that is right up to the machine's drift
     /// errs high where the ratio is low).
     pub ceiling_drift: Option<CeilingDrift>,
+    /// The same over the rows with a CPU speed (`cpu_speed`: the run's CPU check against the
+    /// profile's): the CPU side's own speed, which the STREAM read only stands for.
+    #[serde(default)]
+    pub cpu_speed_drift: Option<CeilingDrift>,
     /// How often the measured tok/s fell inside the predicted interval (`ft predict`'s, 95%
     /// by default), over every row that has one (`all`) and per strategy: a model that knows
     /// its uncertainty covers about its confidence; empty where no row has an interval.
@@ -1048,14 +1061,15 @@ pub struct CeilingDrift {
 }
 
 impl CeilingDrift {
-    fn of(rows: &[GridRow]) -> Option<Self> {
+    /// Over the rows `ratio` gives a positive number for.
+    fn of(rows: &[GridRow], ratio: impl Fn(&GridRow) -> Option<f64>) -> Option<Self> {
         use statrs::statistics::Statistics;
         let pairs: Vec<(f64, f64)> = rows
             .iter()
             .filter_map(|r| {
-                let (run, probe) = (r.stream_read_gbs?, r.probe_stream_read_gbs?);
-                (probe > 0.0 && r.measured_tok_s > 0.0)
-                    .then(|| (run / probe, r.predicted_tok_s / r.measured_tok_s - 1.0))
+                let q = ratio(r)?;
+                (q > 0.0 && r.measured_tok_s > 0.0)
+                    .then(|| (q, r.predicted_tok_s / r.measured_tok_s - 1.0))
             })
             .collect();
         let ratios: Vec<f64> = pairs.iter().map(|p| p.0).collect();
@@ -1283,7 +1297,11 @@ pub fn analyze(rows: &[GridRow]) -> Result<Summary> {
     Ok(Summary {
         interval_coverage,
         stream_read_gbs: Spread::of(&readings),
-        ceiling_drift: CeilingDrift::of(rows),
+        ceiling_drift: CeilingDrift::of(rows, |r| {
+            let probe = r.probe_stream_read_gbs.filter(|&p| p > 0.0)?;
+            Some(r.stream_read_gbs? / probe)
+        }),
+        cpu_speed_drift: CeilingDrift::of(rows, |r| r.cpu_speed),
         rows: rows.len(),
         configs: outcomes.len(),
         errors,
@@ -1361,6 +1379,18 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
         writeln!(
             o,
             "  against the probes' (rows at the probe's threads, {}): run over probe median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
+            d.ratio.n,
+            d.ratio.median,
+            d.ratio.min,
+            d.ratio.max,
+            d.error_correlation
+                .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
+        )?;
+    }
+    if let Some(d) = &s.cpu_speed_drift {
+        writeln!(
+            o,
+            "CPU speed of the runs against the probes (the CPU check, {} rows): median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
             d.ratio.n,
             d.ratio.median,
             d.ratio.min,
@@ -1556,6 +1586,7 @@ mod tests {
             host_steal: None,
             stream_read_gbs: None,
             probe_stream_read_gbs: None,
+            cpu_speed: None,
         };
         let mut rows = vec![
             row("offload", 1.0, t),

@@ -404,6 +404,61 @@ fn serve_predicts_at_its_pools_thread_count() {
     assert!(!same.contains("re-expressed"), "{same}");
 }
 
+/// At start the engine backend times the CPU side's own work (the CPU check) and, where the
+/// profile holds a check of the same work, predicts the CPU side at that speed and says so;
+/// `--no-cpu-check` keeps the probed speed.
+#[test]
+fn serve_scales_the_cpu_side_by_the_check_at_start() {
+    use ft_model::host::HostSpec;
+    use ft_model::profile::{store, CpuCheck, Profile};
+    use ft_model::ModelSpec;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("tiny.toml");
+    std::fs::write(&toml, TINY).unwrap();
+    let model = ModelSpec::resolve(toml.to_str().unwrap()).unwrap();
+    let mut profile = Profile::of_host_spec(&HostSpec::field_report(), &model).unwrap();
+    // The probe's check of the work the server times (top_k experts at one token, one
+    // thread), slow enough that any machine runs it faster now.
+    profile.cpu_checks = vec![CpuCheck {
+        experts: model.geometry.top_k as u32,
+        tokens_per_expert: 1,
+        expert_bytes: model.expert_bytes() as f64,
+        threads: 1,
+        time_us: 1e9,
+        reps: 1,
+    }];
+    let profiles = dir.path().join("profiles");
+    let path = store(&profiles, &profile).unwrap();
+    let source = |extra: &[&str]| {
+        let mut args = vec![
+            "--profile",
+            path.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let srv = serve(dir.path(), &args);
+        let v: serde_json::Value = serde_json::from_str(srv.stdout.last().unwrap()).unwrap();
+        v["source"].as_str().unwrap().to_string()
+    };
+    let checked = source(&[]);
+    assert!(
+        checked.contains("x the probe's (the CPU check at start:"),
+        "{checked}"
+    );
+    let speed: f64 = checked
+        .split("CPU side at ")
+        .nth(1)
+        .and_then(|r| r.split('x').next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(speed > 1.0, "{checked}");
+    let probed = source(&["--no-cpu-check"]);
+    assert!(!probed.contains("CPU side at"), "{probed}");
+}
+
 #[test]
 fn bad_arguments_are_named() {
     let out = ft()

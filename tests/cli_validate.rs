@@ -270,9 +270,11 @@ fn the_cpu_ceiling_of_the_runs_is_summarised() {
         |i: usize, r: &Row| (r.strategy != "offload").then(|| 80.0 + ((i * 13) % 11) as f64);
     // The probe read 85 GB/s at its threads (15); 4-thread rows have no probe reading.
     let probe = |r: &Row| (threads_of(r.config) != 4).then_some(85.0);
+    // The CPU check's speed against the probe's, on the rows with a CPU share.
+    let speed = |i: usize, r: &Row| (r.strategy != "offload").then_some(0.6 + 0.1 * (i % 7) as f64);
     let mut text = csv(&rows).replacen(
         HEADER,
-        &format!("{HEADER},stream_read_gbs,probe_stream_read_gbs"),
+        &format!("{HEADER},stream_read_gbs,probe_stream_read_gbs,cpu_speed"),
         1,
     );
     let cell = |v: Option<f64>| v.map_or(String::new(), |g| g.to_string());
@@ -282,9 +284,10 @@ fn the_cpu_ceiling_of_the_runs_is_summarised() {
         .map(|(i, l)| match i {
             0 => l.to_string(),
             _ => format!(
-                "{l},{},{}",
+                "{l},{},{},{}",
                 cell(reading(i, &rows[i - 1])),
-                cell(probe(&rows[i - 1]))
+                cell(probe(&rows[i - 1])),
+                cell(speed(i, &rows[i - 1]))
             ),
         })
         .collect();
@@ -320,15 +323,31 @@ fn the_cpu_ceiling_of_the_runs_is_summarised() {
             Some((ratio, r.predicted / r.measured - 1.0))
         })
         .collect();
-    let m = pairs.len() as f64;
-    let (mx, my) = (
-        pairs.iter().map(|p| p.0).sum::<f64>() / m,
-        pairs.iter().map(|p| p.1).sum::<f64>() / m,
+    let pearson_of = |pairs: &[(f64, f64)]| {
+        let m = pairs.len() as f64;
+        let (mx, my) = (
+            pairs.iter().map(|p| p.0).sum::<f64>() / m,
+            pairs.iter().map(|p| p.1).sum::<f64>() / m,
+        );
+        let sxy: f64 = pairs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let sxx: f64 = pairs.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        let syy: f64 = pairs.iter().map(|p| (p.1 - my).powi(2)).sum();
+        sxy / (sxx * syy).sqrt()
+    };
+    let pearson = pearson_of(&pairs);
+    // The CPU check's speed, summarised the same way over every row that has one (4-thread
+    // rows included: the probe checks every thread count it ran).
+    let speed_pairs: Vec<(f64, f64)> = rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((speed(i + 1, r)?, r.predicted / r.measured - 1.0)))
+        .collect();
+    let d = &s["cpu_speed_drift"];
+    assert_eq!(d["ratio"]["n"], speed_pairs.len(), "{d}");
+    assert!(
+        (d["error_correlation"].as_f64().unwrap() - pearson_of(&speed_pairs)).abs() < 1e-9,
+        "{d}"
     );
-    let sxy: f64 = pairs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
-    let sxx: f64 = pairs.iter().map(|p| (p.0 - mx).powi(2)).sum();
-    let syy: f64 = pairs.iter().map(|p| (p.1 - my).powi(2)).sum();
-    let pearson = sxy / (sxx * syy).sqrt();
     let d = &s["ceiling_drift"];
     assert_eq!(d["ratio"]["n"], pairs.len(), "{d}");
     assert!(
@@ -340,6 +359,10 @@ fn the_cpu_ceiling_of_the_runs_is_summarised() {
     let table = String::from_utf8_lossy(&analyze(&path, &[]).stdout).to_string();
     assert!(table.contains("CPU ceiling during the runs"), "{table}");
     assert!(table.contains("against the probes'"), "{table}");
+    assert!(
+        table.contains("CPU speed of the runs against the probes"),
+        "{table}"
+    );
     let plain = dir.path().join("plain.csv");
     std::fs::write(&plain, csv(&rows)).unwrap();
     let s: serde_json::Value =

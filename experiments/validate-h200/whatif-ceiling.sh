@@ -10,7 +10,10 @@
 # measure, and a ceiling read at prediction time (`ft serve`'s start) is the remedy.
 #
 # Usage: whatif-ceiling.sh RESULT_DIR OUT_DIR (OUT_DIR: a new folder; RESULT_DIR is copied
-# there first). Env: FT, the ft binary (default: built here). Needs python3.
+# there first). Env: FT, the ft binary (default: built here); FT_WHATIF_SPEED=check scales
+# by the CPU check instead (the run's `cpu.cpu_check` against the profile's `cpu_checks`:
+# the CPU side's own work timed, at every thread count the probe checked; grids from
+# 2026-12-06 on). Needs python3.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
@@ -24,20 +27,34 @@ resolve_ft
 cp -r "$SRC" "$OUT"
 FT="$FT" "$HERE/reanalyze.sh" "$OUT" > "$OUT/summary-refit.txt"
 
-# DIR CONFIG GEOMETRY THREADS: `--cpu-speed RUN/PROBE` where the configuration's hybrid run
-# and its geometry's probe both read the ceiling at these threads, else nothing.
+# DIR CONFIG GEOMETRY THREADS: `--cpu-speed X` for the configuration, else nothing. With
+# FT_WHATIF_SPEED=stream (the default), X is its hybrid run's STREAM read over its probe's,
+# where both read at these threads; with FT_WHATIF_SPEED=check, the profile's CPU check over
+# the run's check of the same work (`cpu.cpu_check`, taken before each round; the profile
+# holds one per thread count the probe ran), the CPU side's own speed.
 cpu_speed_of() {
     python3 - "$@" <<'EOF'
-import json, sys
+import json, os, sys
 from pathlib import Path
 d, config, geometry, threads = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+mode = os.environ.get("FT_WHATIF_SPEED", "stream")
 try:
-    probe = json.loads((d / "probes" / f"{geometry}.json").read_text())["outcome"]
     run = json.loads((d / "runs" / f"{config}-hybrid.json").read_text())
-except (OSError, ValueError, KeyError):
+    cpu = run.get("cpu") or {}
+    if mode == "check":
+        check = cpu["cpu_check"]
+        refs = json.loads((d / "profiles" / f"{geometry}.json").read_text()).get("cpu_checks", [])
+    else:
+        probe = json.loads((d / "probes" / f"{geometry}.json").read_text())["outcome"]
+except (OSError, ValueError, KeyError, TypeError):
     sys.exit(0)
-cpu = run.get("cpu") or {}
-if probe.get("threads") == threads and cpu.get("threads") == threads \
+if mode == "check":
+    work = ("experts", "tokens_per_expert", "expert_bytes", "threads")
+    for ref in refs:
+        if all(ref[k] == check[k] for k in work) and ref["time_us"] > 0 and check["time_us"] > 0:
+            print(f"--cpu-speed {ref['time_us'] / check['time_us']:.6f}")
+            break
+elif probe.get("threads") == threads and cpu.get("threads") == threads \
         and probe.get("stream_read_gbs") and cpu.get("stream_read_gbs"):
     print(f"--cpu-speed {cpu['stream_read_gbs'] / probe['stream_read_gbs']:.6f}")
 EOF
@@ -48,7 +65,11 @@ steps_of_runs "$FT" "$OUT"
 analyse_grid "$FT" "$OUT" "$STEPS" "$WARMUP" > /dev/null
 scaled=$(grep -l '"source": ".*CPU side at' "$OUT"/predictions/*.json 2> /dev/null | wc -l)
 {
-    echo "what if: each configuration at the probe's threads predicted with its CPU side at its runs' STREAM read over its probe's ($scaled configuration(s) had both readings), on the runs of $SRC"
+    if [[ "${FT_WHATIF_SPEED:-stream}" == check ]]; then
+        echo "what if: each configuration predicted with its CPU side at its runs' CPU check against its profile's ($scaled configuration(s) had both), on the runs of $SRC"
+    else
+        echo "what if: each configuration at the probe's threads predicted with its CPU side at its runs' STREAM read over its probe's ($scaled configuration(s) had both readings), on the runs of $SRC"
+    fi
     cat "$OUT/summary.txt"
 } > "$OUT/summary-whatif.txt"
 cat "$OUT/summary-whatif.txt"

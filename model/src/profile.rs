@@ -305,9 +305,92 @@ pub struct Profile {
     /// the CPU costs are fitted slow.
     #[serde(default)]
     pub probe_steal_fraction: Option<f64>,
+    /// The probe's own timing of the CPU side, one per thread count it probed (absent in
+    /// profiles written before 2026-12-06): what a later [`CpuCheck`] of the same work is
+    /// set against to say how fast the machine's CPU side is now ([`Profile::cpu_speed`]).
+    #[serde(default)]
+    pub cpu_checks: Vec<CpuCheck>,
+}
+
+/// One short timing of the CPU side's own work: one layer of `experts` experts at
+/// `tokens_per_expert` token(s) each, computed from the served bank by `threads` threads, the
+/// median of `reps` repetitions (`ft_runtime::cpu_check`).
+///
+/// On a shared host the CPU side moves by up to 3x within minutes (the validation
+/// experiment's drift run), while a profile is fitted to one probe of about 20 s. The probe
+/// keeps its own checks in the profile; `ft serve` (at start) and `ft run` (before each
+/// round) time the same work again, and the ratio ([`CpuCheck::speed_since`]) is the speed
+/// [`PerfParams::with_cpu_speed`] scales the model's CPU side by.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuCheck {
+    /// Experts of the layer timed.
+    pub experts: u32,
+    /// Tokens routed to each expert.
+    pub tokens_per_expert: u32,
+    /// Bytes of each expert.
+    pub expert_bytes: f64,
+    /// Threads that computed it.
+    pub threads: u32,
+    /// Median time of one layer, in us.
+    pub time_us: f64,
+    /// Repetitions timed.
+    pub reps: u32,
+}
+
+impl CpuCheck {
+    /// True when `other` timed the same work (experts, tokens, expert bytes and threads).
+    pub fn same_work(&self, other: &CpuCheck) -> bool {
+        self.experts == other.experts
+            && self.tokens_per_expert == other.tokens_per_expert
+            && self.expert_bytes == other.expert_bytes
+            && self.threads == other.threads
+    }
+
+    /// How many times faster the CPU side ran in `now` than in this (earlier) check of the
+    /// same work: `self.time_us / now.time_us`. An error when the two timed different work
+    /// or either time is not a positive number.
+    pub fn speed_since(&self, now: &CpuCheck) -> Result<f64> {
+        if !self.same_work(now) {
+            return Err(ModelError::invalid(
+                "CPU check",
+                format!(
+                    "the check ({} experts x {} token(s) of {:.0} B at {} threads) does not time the reference's work ({} x {} of {:.0} B at {} threads)",
+                    now.experts,
+                    now.tokens_per_expert,
+                    now.expert_bytes,
+                    now.threads,
+                    self.experts,
+                    self.tokens_per_expert,
+                    self.expert_bytes,
+                    self.threads
+                ),
+            ));
+        }
+        for (what, t) in [("reference", self.time_us), ("check", now.time_us)] {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(ModelError::invalid(
+                    "CPU check",
+                    format!("the {what}'s time {t} us is not a positive number"),
+                ));
+            }
+        }
+        Ok(self.time_us / now.time_us)
+    }
 }
 
 impl Profile {
+    /// How many times faster the CPU side runs in `now` than when the profile was probed:
+    /// [`CpuCheck::speed_since`] against the profile's check of the same work, `None` where
+    /// the profile holds none (an older profile, a what-if host's, or another thread count).
+    pub fn cpu_speed(&self, now: &CpuCheck) -> Result<Option<f64>> {
+        self.cpu_checks
+            .iter()
+            .find(|c| c.same_work(now))
+            .map(|c| c.speed_since(now))
+            .transpose()
+    }
+
     /// The profile of a host spec: its prior parameters and covariance
     /// ([`PerfModel::from_host`]) keyed by the spec's fingerprint and `model`, with no probe
     /// samples and no fit (what a what-if host predicts from, as a profile file).
@@ -323,6 +406,7 @@ impl Profile {
             samples: ProbeSamples::default(),
             bench_bw: None,
             probe_steal_fraction: None,
+            cpu_checks: Vec::new(),
         })
     }
 
@@ -637,6 +721,59 @@ mod tests {
     fn field_profile() -> Profile {
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
         Profile::of_host_spec(&HostSpec::field_report(), &model).unwrap()
+    }
+
+    fn check(threads: u32, time_us: f64) -> CpuCheck {
+        CpuCheck {
+            experts: 10,
+            tokens_per_expert: 1,
+            expert_bytes: 2.77e6,
+            threads,
+            time_us,
+            reps: 50,
+        }
+    }
+
+    #[test]
+    fn the_cpu_speed_is_the_probes_check_over_the_check_of_the_same_work_now() {
+        let mut p = field_profile();
+        // No check in the profile (a host spec's, an older profile): no speed.
+        assert_eq!(p.cpu_speed(&check(15, 500.0)).unwrap(), None);
+        p.cpu_checks = vec![check(15, 800.0), check(4, 2000.0)];
+        // Twice as fast as the probe at 15 threads; half as fast at 4.
+        assert_eq!(p.cpu_speed(&check(15, 400.0)).unwrap(), Some(2.0));
+        assert_eq!(p.cpu_speed(&check(4, 4000.0)).unwrap(), Some(0.5));
+        // Another thread count or expert size: no reference, no speed.
+        assert_eq!(p.cpu_speed(&check(8, 400.0)).unwrap(), None);
+        let other = CpuCheck {
+            expert_bytes: 1.0e6,
+            ..check(15, 400.0)
+        };
+        assert_eq!(p.cpu_speed(&other).unwrap(), None);
+        // A time that is not a positive number is refused, naming the check.
+        let e = p.cpu_speed(&check(15, 0.0)).unwrap_err().to_string();
+        assert!(
+            e.contains("CPU check") && e.contains("not a positive"),
+            "{e}"
+        );
+        // Different work compared directly is an error, not a ratio.
+        let e = check(15, 1.0)
+            .speed_since(&check(4, 1.0))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not time the reference's work"), "{e}");
+    }
+
+    #[test]
+    fn a_profile_without_cpu_checks_still_reads_and_one_with_them_round_trips() {
+        let mut p = field_profile();
+        let mut v = serde_json::to_value(&p).unwrap();
+        v.as_object_mut().unwrap().remove("cpu_checks");
+        let old: Profile = serde_json::from_value(v).unwrap();
+        assert!(old.cpu_checks.is_empty());
+        p.cpu_checks = vec![check(15, 812.5)];
+        let back: Profile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back.cpu_checks, p.cpu_checks);
     }
 
     #[test]

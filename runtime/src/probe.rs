@@ -57,7 +57,7 @@ use ft_model::perf::fit::{
 };
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::{ExpertShape, LayerCounts as PerfCounts, PerfModel, PerfParams, StepShape};
-use ft_model::profile::{now_unix_s, HostFingerprint, Profile, ProfileKey};
+use ft_model::profile::{now_unix_s, CpuCheck, HostFingerprint, Profile, ProfileKey};
 use ft_model::routing;
 use ft_model::{ExpertFormat, ExpertId, ModelSpec, MoeGeometry, Strategy, StrategyKind};
 use serde::{Deserialize, Serialize};
@@ -527,6 +527,14 @@ pub struct ProbeOutcome {
     /// [`ProbeOutcome::disturbance`]).
     #[serde(default = "one")]
     pub attempts: usize,
+    /// The CPU check ([`crate::cpu_check`]) at each probed thread count, taken after setup
+    /// (empty in outcomes written before 2026-12-06).
+    #[serde(default)]
+    pub cpu_checks_start: Vec<CpuCheck>,
+    /// The same checks at the end of the probe; the profile keeps, per thread count, the
+    /// geometric mean of the two ([`probe_cpu_checks`]).
+    #[serde(default)]
+    pub cpu_checks_end: Vec<CpuCheck>,
 }
 
 fn one() -> usize {
@@ -715,6 +723,10 @@ fn probe_once(
     };
     let alt_bank = HostBank::from_seed(device, model.format, &alt_geometry, config.seed ^ 0xA17)?;
     let stream_read_start_gbs = bank_ceiling_gbs(threads, engine.bank())?;
+    let check_threads: Vec<usize> = std::iter::once(threads)
+        .chain(slowdown_threads(config, threads))
+        .collect();
+    let cpu_checks_start = cpu_checks_at(&check_threads, wait, engine.bank(), act)?;
     timings.push(ProbeTiming {
         name: "setup (device, banks, kernels)".into(),
         points: 0,
@@ -855,6 +867,7 @@ fn probe_once(
     }
     let (h2d_gbs, d2h_gbs) = link_probe(device, engine.bank())?;
     let stream_read_gbs = bank_ceiling_gbs(threads, engine.bank())?;
+    let cpu_checks_end = cpu_checks_at(&check_threads, wait, engine.bank(), act)?;
     let bench_bw = if alt_is_bench || sizes.served_is_bench {
         bench.finish(if sizes.served_is_bench {
             sizes.served_bytes
@@ -895,7 +908,46 @@ fn probe_once(
         stream_read_start_gbs: Some(stream_read_start_gbs),
         host_steal_fraction: None,
         attempts: 1,
+        cpu_checks_start,
+        cpu_checks_end,
     })
+}
+
+/// The CPU check ([`crate::cpu_check::measure_on`]) at each of `threads`, from the bank.
+fn cpu_checks_at(
+    threads: &[usize],
+    wait: PoolWait,
+    bank: &HostBank,
+    act: ActivationPath,
+) -> Result<Vec<CpuCheck>> {
+    threads
+        .iter()
+        .map(|&t| {
+            crate::cpu_check::measure_on(t, wait, bank, act, crate::cpu_check::CHECK_BUDGET, 0)
+        })
+        .collect()
+}
+
+/// The probe's own CPU checks for the profile: per piece of work timed at the start and the
+/// end, one check at the geometric mean of the two times (the fitted CPU costs come from
+/// the whole probe, between the two), their repetitions summed; a check with no partner
+/// is kept as it is.
+pub fn probe_cpu_checks(outcome: &ProbeOutcome) -> Vec<CpuCheck> {
+    let mut out: Vec<CpuCheck> = Vec::new();
+    for c in outcome
+        .cpu_checks_start
+        .iter()
+        .chain(&outcome.cpu_checks_end)
+    {
+        match out.iter_mut().find(|o| o.same_work(c)) {
+            Some(o) => {
+                o.time_us = (o.time_us * c.time_us).sqrt();
+                o.reps += c.reps;
+            }
+            None => out.push(*c),
+        }
+    }
+    out
 }
 
 /// The CPU's ceiling as `ft run` reads it before each round (`read_window` of the served
@@ -1931,6 +1983,7 @@ pub fn fit_profile(
         samples: outcome.samples.clone(),
         bench_bw: outcome.bench_bw,
         probe_steal_fraction: outcome.host_steal_fraction,
+        cpu_checks: probe_cpu_checks(outcome),
     };
     Ok((profile, report, host))
 }
@@ -1997,6 +2050,40 @@ mod tests {
         }
         // Nothing readable: not disturbed.
         assert_eq!(with(None, None, 80.0).disturbance(&config), 0.0);
+    }
+
+    #[test]
+    fn the_probe_checks_the_cpu_at_start_and_end_and_the_profile_keeps_their_mean() {
+        let d = host_device();
+        let config = ProbeConfig {
+            slowdown_threads: Some(vec![2]),
+            ..quick()
+        };
+        let out = run(&d, &tiny(), &config, &mut |_, _| {}).unwrap();
+        // One check per probed thread count (the serving 1 and the slowdown's 2), each of
+        // top_k experts at one token of the served geometry.
+        for checks in [&out.cpu_checks_start, &out.cpu_checks_end] {
+            let threads: Vec<u32> = checks.iter().map(|c| c.threads).collect();
+            assert_eq!(threads, vec![1, 2]);
+            for c in checks.iter() {
+                assert_eq!((c.experts, c.tokens_per_expert), (2, 1));
+                assert!(c.time_us > 0.0 && c.reps > 0);
+            }
+        }
+        let (profile, _, _) = fit_on(&d, &out);
+        assert_eq!(profile.cpu_checks, probe_cpu_checks(&out));
+        for (i, c) in profile.cpu_checks.iter().enumerate() {
+            let (a, b) = (out.cpu_checks_start[i], out.cpu_checks_end[i]);
+            let want = (a.time_us * b.time_us).sqrt();
+            assert!((c.time_us - want).abs() <= 1e-9 * want, "{c:?}");
+            assert_eq!(c.reps, a.reps + b.reps);
+        }
+        // A check with no partner (an outcome from before the end check) is kept as it is.
+        let lone = ProbeOutcome {
+            cpu_checks_end: Vec::new(),
+            ..out.clone()
+        };
+        assert_eq!(probe_cpu_checks(&lone), out.cpu_checks_start);
     }
 
     #[test]

@@ -301,6 +301,7 @@ mod tests {
             samples: Default::default(),
             bench_bw: None,
             probe_steal_fraction: None,
+            cpu_checks: Vec::new(),
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h200.json");

@@ -60,6 +60,7 @@ pub use work::CombineOrder;
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
 use ft_model::plan::{fetch_chunk_bounds, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
+use ft_model::profile::CpuCheck;
 use ft_model::{ModelSpec, Strategy, StrategyKind};
 use serde::{Deserialize, Serialize};
 
@@ -963,6 +964,25 @@ impl Engine {
     /// Staging slots for experts the cache refuses.
     pub fn staging_slots(&self) -> usize {
         self.staging_slots
+    }
+
+    /// Time the CPU check ([`crate::cpu_check::measure`]) on this engine's bank with its
+    /// serving threads: on the strategy's own executor where it has one, else on a pool of
+    /// the same threads and wait policy built for the check; `start` picks where in the bank
+    /// it starts (a different place each call reads different weights).
+    pub fn cpu_check(&mut self, budget: std::time::Duration, start: usize) -> Result<CpuCheck> {
+        let path = self.config.cpu_path;
+        match self.exec.as_mut() {
+            Some(exec) => crate::cpu_check::measure(exec, &self.bank, path, budget, start),
+            None => crate::cpu_check::measure_on(
+                self.config.threads,
+                self.config.pool_wait,
+                &self.bank,
+                path,
+                budget,
+                start,
+            ),
+        }
     }
 
     /// The CPU executor, if the strategy uses the CPU.

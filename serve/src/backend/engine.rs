@@ -28,6 +28,7 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
+use ft_model::profile::CpuCheck;
 use ft_model::routing::{RoutingProcess, StepRouting, StreamState, SyntheticRouting, TokenRoute};
 use ft_model::{ModelSpec, Strategy};
 use ft_runtime::engine::{BankSource, Engine, EngineConfig, StepInput};
@@ -149,6 +150,12 @@ impl EngineBackend {
     /// The engine.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// Time the CPU check on the engine ([`Engine::cpu_check`]): `ft serve` sets it against
+    /// the profile's at start, to predict the CPU side at the machine's speed now.
+    pub fn cpu_check(&mut self, budget: std::time::Duration) -> ft_runtime::Result<CpuCheck> {
+        self.engine.cpu_check(budget, 0)
     }
 
     fn check(&self, batch: &[StreamStep<'_>]) -> std::result::Result<(), String> {
