@@ -88,7 +88,7 @@ for spec in "$@"; do
     runtime-grid@*) runtime_grid_with "${name#runtime-grid@}" "$limit" ;;
     validate) validate_step "$limit" ;;
     drift) timeout "$limit" experiments/validate-h200/drift.sh "$R/drift" ;;
-    serve-ab) OUT="$R/serve-ab" timeout "$limit" experiments/serve-ab/run.sh ;;
+    serve-ab) timeout "$limit" experiments/serve-ab/run.sh "$R/serve-ab" ;;
     diag) timeout "$limit" scripts/device-diag.sh "$R/diag" ;;
     cpu-diag) timeout "$limit" scripts/cpu-layer-diag.sh "$R/cpu-diag" ;;
     ab) timeout "$limit" scripts/binary-ab.sh "$R/ab" "$ROOT/carry/ab/ft" "$FT" ;;

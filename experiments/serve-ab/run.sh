@@ -9,8 +9,6 @@
 # built with `cargo build --release --features cuda`.
 #
 # Usage: run.sh OUTDIR (a new folder; the committed results are results/<date>T<time>Z/).
-# OUT=OUTDIR in the environment is read where no argument is given (scripts/device-run.sh's
-# serve-ab step passes the folder so); one of the two is required.
 #
 # Environment (all optional):
 #   FT        binary                             DEVICE   cuda | host (default cuda)
@@ -42,7 +40,7 @@ MAX_TOKENS="${MAX_TOKENS:-256}"
 WARMUP="${WARMUP:-2}"
 STARTUP_S="${STARTUP_S:-900}"
 MODEL=qwen3.8-flash-next
-OUT="${1:-${OUT:?usage: run.sh OUTDIR (or OUT=OUTDIR run.sh)}}"
+OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT"
 # The profile `ft serve` probes at its first start (no cached profile matches a fresh
 # machine) lands beside the results, not in the user's cache; later services reuse it.

@@ -19,7 +19,7 @@
    those runs closer than this ratio says.
 Percentiles are nearest-rank (they can differ from `ft validate analyze`'s by a point).
 Usage: diagnose.py RESULT_DIR (grid.csv, and runs/ and predictions/ or the folder's
-runs-predictions-probes.tar.gz). Standard library only.
+runs-predictions-probes.tar.gz, profiles/ or its profiles.tar.gz). Standard library only.
 """
 import csv, json, statistics, sys, tarfile, tempfile, os
 
@@ -37,6 +37,12 @@ def main(d):
                                              if m.name.startswith(("runs/", "predictions/"))])
         runs = os.path.join(tmp.name, "runs")
     predictions = os.path.join(os.path.dirname(runs), "predictions")
+    profiles = os.path.join(d, "profiles")
+    if not os.path.isdir(profiles) and os.path.exists(os.path.join(d, "profiles.tar.gz")):
+        tmp_profiles = tempfile.TemporaryDirectory()
+        with tarfile.open(os.path.join(d, "profiles.tar.gz")) as t:
+            t.extractall(tmp_profiles.name)
+        profiles = os.path.join(tmp_profiles.name, "profiles")
     groups = {}
     busy = {"pcie": [], "gpu": [], "cpu": [], "host": []}
     for r in csv.DictReader(open(os.path.join(d, "grid.csv"))):
@@ -69,7 +75,7 @@ def main(d):
     for k, v in busy.items():
         print(f"{k:<6} {len(v):>3} runs {100 * q(v, .1):+6.0f}% {100 * q(v, .5):+6.0f}% {100 * q(v, .9):+6.0f}%")
 
-    drift = probe_against_runs(d, runs)
+    drift = probe_against_runs(d, runs, profiles)
     if drift:
         print()
         print("the probe's own cpu blocks against the grid's cpu runs (model-free): runs' time per")
@@ -94,14 +100,14 @@ def cpu_blocks_us(profile_path, threads=None):
             by.setdefault(int(s["shape"]["streams"]), []).append(s["time_us"] / len(s["layers"]))
     return {n: statistics.median(v) for n, v in by.items()}
 
-def probe_against_runs(d, runs):
+def probe_against_runs(d, runs, profiles):
     """(geometry, threads, streams) -> (probe's median us per layer, [run / probe])."""
     out = {}
     blocks = {}
     rows = [r for r in csv.DictReader(open(os.path.join(d, "grid.csv")))
             if r["strategy"] == "cpu" and r["context"] == "1024"]
     for r in rows:
-        path = os.path.join(d, "profiles", f"{r['geometry']}.json")
+        path = os.path.join(profiles, f"{r['geometry']}.json")
         if not os.path.exists(path):
             continue
         t, n = int(r["threads"]), int(r["streams"])

@@ -4,14 +4,44 @@ end-to-end `cpu` blocks of the same streams and threads (their median), in run o
 the time since the first probe ended and the run's own CPU ceiling (`cpu.stream_read_gbs`);
 then per variant (layers, streams) the median and range of that ratio, how many runs were
 off by more than 10%, the first and last minute apart, and the second probe's blocks over
-the first's. Usage: drift.py OUT_DIR (drift.sh's folder). Standard library and diagnose.py only.
+the first's. Where the runs and the first probe's profile hold the CPU check (builds from
+2026-12-06 on: `cpu.cpu_check`, the profile's `cpu_checks`), each run's CPU speed against the
+probe (the probe's check time over the run's), the ratio once scaled by it (what a prediction
+scaled by the check would have missed), and how the ratio correlates with the ceiling and
+with the check. Usage: drift.py OUT_DIR (drift.sh's folder). Standard library and
+diagnose.py only.
 """
 import csv, json, os, statistics, sys
 
 from diagnose import cpu_blocks_us  # the same folder
 
+WORK = ("experts", "tokens_per_expert", "expert_bytes", "threads")
+
+
+def check_speed(run_doc, probe_checks):
+    """The probe's CPU check time over the run's, for the same work; None without both."""
+    check = (run_doc.get("cpu") or {}).get("cpu_check")
+    if not check:
+        return None
+    for ref in probe_checks:
+        if all(ref[k] == check[k] for k in WORK) and check["time_us"] > 0:
+            return ref["time_us"] / check["time_us"]
+    return None
+
+
+def pearson(xs, ys):
+    if len(xs) < 3:
+        return None
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+
+
 def main(d):
     p1 = cpu_blocks_us(os.path.join(d, "probe-1.profile.json"))
+    probe_checks = json.load(open(os.path.join(d, "probe-1.profile.json"))).get("cpu_checks", [])
     probes = {r["probe"]: r for r in csv.DictReader(open(os.path.join(d, "probes.csv")))}
     t_probe = float(probes["probe-1"]["end_s"])
     rows = []
@@ -25,12 +55,15 @@ def main(d):
             continue
         per_layer = doc["summary"]["step_us"]["mean"] / layers
         ceiling = (doc.get("cpu") or {}).get("stream_read_gbs")
-        rows.append((float(r["start_s"]) - t_probe, layers, n, per_layer, per_layer / p1[n], ceiling))
+        speed = check_speed(doc, probe_checks)
+        rows.append((float(r["start_s"]) - t_probe, layers, n, per_layer, per_layer / p1[n], ceiling, speed))
     print("probe 1: cpu blocks " + ", ".join(f"{n} stream(s) {us:.0f} us/layer" for n, us in sorted(p1.items())))
-    print(f"{'after probe s':>13} {'layers':>6} {'streams':>7} {'us/layer':>9} {'run/probe':>9} {'ceiling GB/s':>12}")
-    for t, layers, n, us, ratio, ceiling in rows:
+    print(f"{'after probe s':>13} {'layers':>6} {'streams':>7} {'us/layer':>9} {'run/probe':>9} {'ceiling GB/s':>12}"
+          f" {'check speed':>11} {'scaled':>7}")
+    for t, layers, n, us, ratio, ceiling, speed in rows:
         c = f"{ceiling:12.1f}" if ceiling else f"{'-':>12}"
-        print(f"{t:13.1f} {layers:6d} {n:7d} {us:9.0f} {ratio:9.3f} {c}")
+        k = f"{speed:11.3f} {ratio * speed:7.3f}" if speed else f"{'-':>11} {'-':>7}"
+        print(f"{t:13.1f} {layers:6d} {n:7d} {us:9.0f} {ratio:9.3f} {c} {k}")
     print()
     print("per variant: run over probe 1 (median, range), off by more than 10%, first and last minute")
     for key in sorted({(r[1], r[2]) for r in rows}):
@@ -42,6 +75,18 @@ def main(d):
         print(f"{key[0]} layers, {key[1]} stream(s): {len(ratios)} runs, median {statistics.median(ratios):.3f}"
               f" ({min(ratios):.3f} to {max(ratios):.3f}), off > 10%: {sum(abs(x - 1) > 0.1 for x in ratios)};"
               f" first minute {fmt(first)}, last minute {fmt(last)}")
+    checked = [r for r in rows if r[6]]
+    if checked:
+        ratios = [r[4] for r in checked]
+        scaled = [r[4] * r[6] for r in checked]
+        with_ceiling = [r for r in checked if r[5]]
+        fmt = lambda c: "n/a" if c is None else f"{c:+.2f}"
+        print(f"the CPU check ({len(checked)} runs): run over probe 1 off by more than 10% in"
+              f" {sum(abs(x - 1) > 0.1 for x in ratios)}, scaled by the check's speed in"
+              f" {sum(abs(x - 1) > 0.1 for x in scaled)} (median {statistics.median(scaled):.3f},"
+              f" {min(scaled):.3f} to {max(scaled):.3f}); run over probe against 1 / check speed"
+              f" {fmt(pearson(ratios, [1 / r[6] for r in checked]))}, against the ceiling"
+              f" {fmt(pearson([r[4] for r in with_ceiling], [r[5] for r in with_ceiling]))}")
     p2_path = os.path.join(d, "probe-2.profile.json")
     if os.path.exists(p2_path):
         p2 = cpu_blocks_us(p2_path)

@@ -18,9 +18,12 @@ DIR="$(cd "${1:?usage: reanalyze.sh RESULT_DIR}" && pwd)"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
 resolve_ft
-# A committed result folder keeps its raw runs in one archive.
+# A committed result folder keeps its raw runs in one archive, and its profiles in another.
 if [[ ! -d "$DIR/runs" && -f "$DIR/runs-predictions-probes.tar.gz" ]]; then
     tar -xzf "$DIR/runs-predictions-probes.tar.gz" -C "$DIR"
+fi
+if [[ ! -d "$DIR/profiles" && -f "$DIR/profiles.tar.gz" ]]; then
+    tar -xzf "$DIR/profiles.tar.gz" -C "$DIR"
 fi
 for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     [[ -f "$DIR/profiles/$g.json" ]] || continue
