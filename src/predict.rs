@@ -14,7 +14,7 @@ use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::predict::{MissMode, PredictConfig};
 use ft_model::perf::{decide, predict, Decision, PerfModel, PerfParams, Prediction, Resource};
-use ft_model::profile::Profile;
+use ft_model::profile::{CpuCheck, Profile};
 use ft_model::{FetchFraction, ModelSpec};
 
 /// The model of the field report, the default `--model`.
@@ -74,6 +74,18 @@ pub struct Args {
     /// e.g. a same-run STREAM read over the probe's. 1 = as given.
     #[arg(long, default_value_t = 1.0)]
     pub cpu_speed: f64,
+    /// Time the CPU side here and now (the CPU check: one layer of top_k experts at one
+    /// token, from a bank of the model filled on DEVICE's host memory, `cuda` or `host`,
+    /// with the profile's threads) and predict with the CPU side at its speed against the
+    /// profile's own check of the same work, as `ft serve` does at start. Needs --profile
+    /// from a probe that kept its checks.
+    #[arg(
+        long,
+        value_name = "DEVICE",
+        requires = "profile",
+        conflicts_with = "cpu_speed"
+    )]
+    pub cpu_check: Option<String>,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -89,6 +101,62 @@ pub struct Plan {
     pub config: PredictConfig,
     /// Where the host came from, for the header.
     pub host_label: String,
+    /// The CPU check the CPU side was scaled by (`--cpu-check`).
+    pub cpu_check: Option<CheckedSpeed>,
+}
+
+/// The CPU side's speed now against the profile's probe (`--cpu-check`).
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct CheckedSpeed {
+    /// `probe.time_us / now.time_us`: what the CPU side was scaled by.
+    pub speed: f64,
+    /// The check taken now.
+    pub now: CpuCheck,
+    /// The profile's check of the same work.
+    pub probe: CpuCheck,
+}
+
+/// Take the CPU check on `device` (`cuda` or `host`) for `model` with `profile`'s threads and
+/// set it against the profile's check of the same work.
+fn check_cpu_speed(device: &str, profile: &Profile, model: &ModelSpec) -> Result<CheckedSpeed> {
+    use ft_runtime::cpu_pool::PoolWait;
+    use ft_runtime::device::{Device, DeviceKind, DeviceSpec};
+    let kind = match device {
+        "cuda" => DeviceKind::Cuda,
+        "host" => DeviceKind::Host,
+        other => anyhow::bail!("--cpu-check {other}: the device is cuda or host"),
+    };
+    let threads = profile.params.cpu_threads as usize;
+    if profile.cpu_checks.is_empty() {
+        anyhow::bail!(
+            "--cpu-check: the profile holds no CPU check (probed before the check existed): probe again"
+        );
+    }
+    let dev = Device::open(&DeviceSpec::of_kind(kind)).context("--cpu-check")?;
+    // The probe's rule: a spinning pool on a CUDA host with a core to spare.
+    let hw = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let wait = if kind == DeviceKind::Cuda && threads < hw {
+        PoolWait::Spin
+    } else {
+        PoolWait::Park
+    };
+    let now = ft_runtime::cpu_check::measure_model(
+        &dev,
+        model,
+        threads,
+        wait,
+        ft_runtime::cpu_check::CHECK_BUDGET,
+    )
+    .context("--cpu-check: timing the CPU side")?;
+    let (speed, probe) = CpuCheck::speed_against(&profile.cpu_checks, &now)
+        .context("--cpu-check")?
+        .with_context(|| {
+            format!(
+                "--cpu-check: the profile holds no CPU check of this work ({} experts of {:.0} B at {threads} threads)",
+                now.experts, now.expert_bytes
+            )
+        })?;
+    Ok(CheckedSpeed { speed, now, probe })
 }
 
 impl Args {
@@ -96,12 +164,23 @@ impl Args {
     pub fn plan(&self) -> Result<Plan> {
         let model =
             ModelSpec::resolve(&self.model).with_context(|| format!("--model {}", self.model))?;
+        let mut cpu_check = None;
         let (perf, bench, host_label): (PerfModel, Option<BenchBw>, String) = match &self.profile {
             Some(path) => {
                 let p =
                     Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
                 let label = format!("profile {}", path.display());
-                (p.perf_model(&label), p.bench_bw, label)
+                let mut perf = p.perf_model(&label);
+                if let Some(device) = &self.cpu_check {
+                    let c = check_cpu_speed(device, &p, &model)?;
+                    perf.params = perf.params.with_cpu_speed(c.speed).context("--cpu-check")?;
+                    perf.source = format!(
+                        "{}, CPU side at {:.3}x the probe's (CPU check now {:.0} us, probe {:.0} us)",
+                        perf.source, c.speed, c.now.time_us, c.probe.time_us
+                    );
+                    cpu_check = Some(c);
+                }
+                (perf, p.bench_bw, label)
             }
             None => {
                 let host = ft_sim::hosts::resolve(&self.host)
@@ -157,6 +236,7 @@ impl Args {
             perf,
             config,
             host_label,
+            cpu_check,
         })
     }
 }
@@ -181,7 +261,7 @@ pub fn run(args: Args) -> Result<()> {
     let decision = decide(&pred);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let doc = serde_json::json!({ "prediction": pred, "decision": decision });
+        let doc = serde_json::json!({ "prediction": pred, "decision": decision, "cpu_check": plan.cpu_check });
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     } else {

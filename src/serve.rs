@@ -206,17 +206,16 @@ fn cpu_speed_at_start(
     let now = engine
         .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET)
         .context("the CPU check at start")?;
-    let Some(then) = checks.iter().find(|c| c.same_work(&now)) else {
+    let Some((speed, then)) = CpuCheck::speed_against(checks, &now)
+        .context("setting the CPU check at start against the profile's")?
+    else {
         info!(
             threads = now.threads,
             "the profile holds no CPU check of this work (other threads or expert size): the CPU side is predicted as probed"
         );
         return Ok(None);
     };
-    let speed = then
-        .speed_since(&now)
-        .context("setting the CPU check at start against the profile's")?;
-    Ok(Some((speed, now, *then)))
+    Ok(Some((speed, now, then)))
 }
 
 /// What the start-up prediction rests on ([`perf_model`]).

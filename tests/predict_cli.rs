@@ -168,3 +168,96 @@ fn bad_input_is_an_error_naming_it() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+/// `--cpu-check host`: the CPU side is timed here (a bank of the model on the host device)
+/// and set against the profile's own check of the same work; the prediction's CPU side is
+/// scaled by exactly that speed (the cpu strategy's CPU busy time divided by it), the JSON
+/// says both checks, and a profile without checks is refused naming the flag.
+#[test]
+fn a_cpu_check_scales_the_cpu_side_by_the_speed_it_measures() {
+    use ft_model::profile::CpuCheck;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = dir.path().join("tiny.toml");
+    std::fs::write(
+        &toml,
+        "name = \"tiny-check\"\nformat = \"int8\"\n\n[geometry]\nhidden = 128\nintermediate = 64\nexperts = 16\ntop_k = 4\nmoe_layers = 2\n",
+    )
+    .unwrap();
+    let model = ModelSpec::resolve(toml.to_str().unwrap()).unwrap();
+    let mut profile = Profile::of_host_spec(&HostSpec::field_report(), &model).unwrap();
+    profile.params.cpu_threads = 1;
+    let plain = store(&dir.path().join("plain"), &profile).unwrap();
+    profile.cpu_checks = vec![CpuCheck {
+        experts: 4,
+        tokens_per_expert: 1,
+        expert_bytes: model.expert_bytes() as f64,
+        threads: 1,
+        time_us: 1e6,
+        reps: 1,
+    }];
+    let checked = store(&dir.path().join("checked"), &profile).unwrap();
+    let run = |profile: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "predict",
+            "--model",
+            toml.to_str().unwrap(),
+            "--profile",
+            profile.to_str().unwrap(),
+            "--json",
+        ];
+        args.extend(extra);
+        args.extend(QUICK);
+        ft(&args)
+    };
+    let base: serde_json::Value = {
+        let out = run(&checked, &[]);
+        assert_ok(&out);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    assert!(base["cpu_check"].is_null());
+    let out = run(&checked, &["--cpu-check", "host"]);
+    assert_ok(&out);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let c = &v["cpu_check"];
+    let (now, probe) = (
+        c["now"]["time_us"].as_f64().unwrap(),
+        c["probe"]["time_us"].as_f64().unwrap(),
+    );
+    let speed = c["speed"].as_f64().unwrap();
+    assert_eq!(probe, 1e6);
+    assert!((speed - probe / now).abs() < 1e-9 * speed, "{c}");
+    assert_eq!(c["now"]["experts"], 4);
+    assert_eq!(c["now"]["threads"], 1);
+    let cpu_busy = |v: &serde_json::Value| {
+        v["prediction"]["strategies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["kind"] == "cpu")
+            .unwrap()["busy"]["cpu_us"]
+            .as_f64()
+            .unwrap()
+    };
+    let (a, b) = (cpu_busy(&base), cpu_busy(&v));
+    assert!(
+        (b * speed - a).abs() < 1e-6 * a,
+        "cpu busy {a} -> {b} at {speed}x"
+    );
+    let source = v["prediction"]["source"].as_str().unwrap();
+    assert!(source.contains("the probe's (CPU check now"), "{source}");
+    // A profile without checks, a device that is not one, a check without a profile.
+    let out = run(&plain, &["--cpu-check", "host"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--cpu-check") && err.contains("no CPU check"),
+        "{err}"
+    );
+    let out = run(&checked, &["--cpu-check", "tpu"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--cpu-check tpu"), "{err}");
+    let out = ft(&["predict", "--cpu-check", "host"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--profile"));
+}

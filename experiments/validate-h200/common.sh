@@ -32,10 +32,12 @@ analyse_grid() {
 # plan.csv whose runs exist, from profiles/<G>-t<T>.json (as run.sh predicts, but with hybrid
 # at the fraction its run used: the prediction must describe the run that was measured).
 # EXTRA_FN, a shell function called with DIR CONFIG GEOMETRY THREADS, prints further
-# `ft predict` arguments for that configuration (a what-if), or nothing.
+# `ft predict` arguments for that configuration (a what-if), or nothing. A prediction the
+# grid made with a CPU check (`cpu_check.speed` in its JSON) is made again at the same speed
+# (`--cpu-speed`; the check itself cannot be taken again), unless EXTRA_FN gives arguments.
 repredict_grid() {
     local ft="$1" dir="$2" extra_fn="${3:-}" config geometry layers model_toml residency cache_slots streams threads context
-    local run_doc f_run steps warmup seed extra
+    local run_doc f_run steps warmup seed extra speed
     mkdir -p "$dir/predictions"
     while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
         [[ -f "$dir/runs/$config-hybrid.json" ]] || continue
@@ -51,6 +53,10 @@ repredict_grid() {
         extra=()
         if [[ -n "$extra_fn" ]]; then
             read -r -a extra < <("$extra_fn" "$dir" "$config" "$geometry" "$threads") || true
+        fi
+        if (( ${#extra[@]} == 0 )) && [[ -f "$dir/predictions/$config.json" ]]; then
+            speed=$("$ft" validate get "$dir/predictions/$config.json" cpu_check.speed 2> /dev/null || true)
+            [[ -n "$speed" && "$speed" != null ]] && extra=(--cpu-speed "$speed")
         fi
         "$ft" predict --profile "$dir/profiles/$geometry-t$threads.json" --model "$dir/$model_toml" \
             --streams "$streams" --context "$context" --cache-slots "$cache_slots" \

@@ -29,6 +29,8 @@
 #                    CPU time to the hypervisor (`ft run`'s host_steal_fraction) is run once
 #                    more while the budget lasts, and the attempt with less steal is kept (the
 #                    other under runs/stolen/); default 0.02, as `ft validate analyze` counts
+#   FT_CPU_CHECK     1 (default): predict each configuration with a CPU check taken just
+#                    before its runs (`ft predict --cpu-check`); 0: from the probes alone
 # Only bash and ft are needed. Skips cleanly without a CUDA device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -59,6 +61,12 @@ mkdir -p "$OUT"/{profiles,probes,predictions,runs,logs}
 OUT="$(cd "$OUT" && pwd)"
 export FT_CACHE_DIR="$OUT/cache"   # never read or overwrite the user's cached profiles
 QUICK="${FT_QUICK:-0}"
+# FT_CPU_CHECK=1 (the default): each configuration is predicted with the CPU side at the speed
+# a CPU check taken just before its runs gives against its probe's (`ft predict --cpu-check`,
+# what `ft serve` does at start), so that the model's fraction and choice see the machine's
+# CPU speed then; 0 predicts from the probes alone, as grids before 2026-12-06 did.
+CHECK_ARGS=()
+[[ "${FT_CPU_CHECK:-1}" == 1 ]] && CHECK_ARGS=(--cpu-check "$DEVICE")
 GRID_BUDGET_S="${FT_GRID_BUDGET_S:-480}"
 if [[ "$QUICK" == 1 ]]; then STEPS="${FT_STEPS:-8}" WARMUP="${FT_WARMUP:-4}"; else STEPS="${FT_STEPS:-48}" WARMUP="${FT_WARMUP:-24}"; fi
 # ft run's default seed: the prediction draws the same routing the runs decode.
@@ -158,7 +166,7 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     echo "validate-h200: $config $geometry x$layers residency $residency ($cache_slots slots) $streams streams $threads threads context $context" >&2
     if ! "$FT" predict --profile "$OUT/profiles/$geometry-t$threads.json" --model "$OUT/$model_toml" \
         --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
-        --steps "$STEPS" --warmup "$WARMUP" --seed "$SEED" --json < /dev/null \
+        --steps "$STEPS" --warmup "$WARMUP" --seed "$SEED" "${CHECK_ARGS[@]}" --json < /dev/null \
         > "$OUT/predictions/$config.json" 2> "$OUT/logs/$config-predict.log"; then
         echo "validate-h200: $config: prediction failed (see logs/$config-predict.log)" >&2
         continue

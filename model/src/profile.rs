@@ -339,6 +339,19 @@ pub struct CpuCheck {
 }
 
 impl CpuCheck {
+    /// The check of `references` that timed the same work as `now` and how many times
+    /// faster `now` ran ([`CpuCheck::speed_since`]); `None` where none timed that work.
+    pub fn speed_against(
+        references: &[CpuCheck],
+        now: &CpuCheck,
+    ) -> Result<Option<(f64, CpuCheck)>> {
+        references
+            .iter()
+            .find(|c| c.same_work(now))
+            .map(|c| Ok((c.speed_since(now)?, *c)))
+            .transpose()
+    }
+
     /// True when `other` timed the same work (experts, tokens, expert bytes and threads).
     pub fn same_work(&self, other: &CpuCheck) -> bool {
         self.experts == other.experts
@@ -384,11 +397,7 @@ impl Profile {
     /// [`CpuCheck::speed_since`] against the profile's check of the same work, `None` where
     /// the profile holds none (an older profile, a what-if host's, or another thread count).
     pub fn cpu_speed(&self, now: &CpuCheck) -> Result<Option<f64>> {
-        self.cpu_checks
-            .iter()
-            .find(|c| c.same_work(now))
-            .map(|c| c.speed_since(now))
-            .transpose()
+        Ok(CpuCheck::speed_against(&self.cpu_checks, now)?.map(|(speed, _)| speed))
     }
 
     /// The profile of a host spec: its prior parameters and covariance

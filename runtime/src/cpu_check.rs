@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::profile::CpuCheck;
-use ft_model::ExpertId;
+use ft_model::{ExpertId, ModelSpec, MoeGeometry};
 
 use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
+use crate::device::Device;
 use crate::engine::token_input;
 use crate::error::{Result, RuntimeError};
 
@@ -93,6 +94,35 @@ pub fn measure(
     })
 }
 
+/// [`measure`] on a bank of `model` filled for the check (from `seed`, in `device`'s host
+/// memory: page-locked on a CUDA device, as the engine's bank), on a pool of its own
+/// ([`measure_on`]): `ft predict --cpu-check` times the CPU side this way without an engine.
+/// The bank is one layer of as many of the model's experts as fit [`CHECK_BANK_BYTES`] (at
+/// least `top_k`): enough distinct weights that every repetition reads DRAM, filled in a
+/// fraction of a second.
+pub fn measure_model(
+    device: &Device,
+    model: &ModelSpec,
+    threads: usize,
+    wait: PoolWait,
+    budget: Duration,
+) -> Result<CpuCheck> {
+    let g = model.geometry;
+    let fit = (CHECK_BANK_BYTES / model.expert_bytes().max(1)) as usize;
+    let geometry = MoeGeometry {
+        experts: fit.clamp(g.top_k, g.experts.max(g.top_k)),
+        moe_layers: 1,
+        ..g
+    };
+    let bank = HostBank::from_seed(device, model.format, &geometry, CHECK_SEED)?;
+    let path = ActivationPath::preferred(model.format);
+    measure_on(threads, wait, &bank, path, budget, 0)
+}
+
+/// Most bytes of expert weights [`measure_model`] fills for its bank: above any last level
+/// cache of the machines it runs on (at most 320 MB), and quick to fill.
+pub const CHECK_BANK_BYTES: u64 = 768 << 20;
+
 /// [`measure`] on a pool of its own: `threads` threads waiting by `wait` (the probe checks
 /// the thread counts it has no serving executor for this way).
 pub fn measure_on(
@@ -110,8 +140,8 @@ pub fn measure_on(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{Device, HostDeviceConfig};
-    use ft_model::{ExpertFormat, MoeGeometry};
+    use crate::device::HostDeviceConfig;
+    use ft_model::ExpertFormat;
 
     fn small_bank() -> HostBank {
         let device = Device::host(HostDeviceConfig::default()).unwrap();
