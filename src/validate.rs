@@ -1061,6 +1061,18 @@ pub struct CeilingDrift {
 }
 
 impl CeilingDrift {
+    /// "median M, LO to HI; correlation with the signed error C", for the summary table.
+    fn describe(&self) -> String {
+        format!(
+            "median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
+            self.ratio.median,
+            self.ratio.min,
+            self.ratio.max,
+            self.error_correlation
+                .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
+        )
+    }
+
     /// Over the rows `ratio` gives a positive number for.
     fn of(rows: &[GridRow], ratio: impl Fn(&GridRow) -> Option<f64>) -> Option<Self> {
         use statrs::statistics::Statistics;
@@ -1378,25 +1390,17 @@ fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
     if let Some(d) = &s.ceiling_drift {
         writeln!(
             o,
-            "  against the probes' (rows at the probe's threads, {}): run over probe median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
+            "  against the probes' (rows at the probe's threads, {}): run over probe {}",
             d.ratio.n,
-            d.ratio.median,
-            d.ratio.min,
-            d.ratio.max,
-            d.error_correlation
-                .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
+            d.describe()
         )?;
     }
     if let Some(d) = &s.cpu_speed_drift {
         writeln!(
             o,
-            "CPU speed of the runs against the probes (the CPU check, {} rows): median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
+            "CPU speed of the runs against the probes (the CPU check, {} rows): {}",
             d.ratio.n,
-            d.ratio.median,
-            d.ratio.min,
-            d.ratio.max,
-            d.error_correlation
-                .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
+            d.describe()
         )?;
     }
     if let Some(all) = s.interval_coverage.get("all") {
