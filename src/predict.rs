@@ -119,13 +119,11 @@ pub struct CheckedSpeed {
 /// Take the CPU check on `device` (`cuda` or `host`) for `model` with `profile`'s threads and
 /// set it against the profile's check of the same work.
 fn check_cpu_speed(device: &str, profile: &Profile, model: &ModelSpec) -> Result<CheckedSpeed> {
-    use ft_runtime::cpu_pool::PoolWait;
     use ft_runtime::device::{Device, DeviceKind, DeviceSpec};
-    let kind = match device {
-        "cuda" => DeviceKind::Cuda,
-        "host" => DeviceKind::Host,
-        other => anyhow::bail!("--cpu-check {other}: the device is cuda or host"),
-    };
+    use ft_runtime::probe::{probe_pool_wait, CpuTopology};
+    let kind: DeviceKind = device
+        .parse()
+        .with_context(|| format!("--cpu-check {device}"))?;
     let threads = profile.params.cpu_threads as usize;
     if profile.cpu_checks.is_empty() {
         anyhow::bail!(
@@ -133,13 +131,8 @@ fn check_cpu_speed(device: &str, profile: &Profile, model: &ModelSpec) -> Result
         );
     }
     let dev = Device::open(&DeviceSpec::of_kind(kind)).context("--cpu-check")?;
-    // The probe's rule: a spinning pool on a CUDA host with a core to spare.
-    let hw = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let wait = if kind == DeviceKind::Cuda && threads < hw {
-        PoolWait::Spin
-    } else {
-        PoolWait::Park
-    };
+    // Timed as the probe timed its own check.
+    let wait = probe_pool_wait(kind, threads, CpuTopology::detect().threads as usize);
     let now = ft_runtime::cpu_check::measure_model(
         &dev,
         model,
@@ -173,11 +166,13 @@ impl Args {
                 let mut perf = p.perf_model(&label);
                 if let Some(device) = &self.cpu_check {
                     let c = check_cpu_speed(device, &p, &model)?;
-                    perf.params = perf.params.with_cpu_speed(c.speed).context("--cpu-check")?;
-                    perf.source = format!(
+                    let source = format!(
                         "{}, CPU side at {:.3}x the probe's (CPU check now {:.0} us, probe {:.0} us)",
                         perf.source, c.speed, c.now.time_us, c.probe.time_us
                     );
+                    perf = perf
+                        .with_cpu_speed(c.speed, source)
+                        .context("--cpu-check")?;
                     cpu_check = Some(c);
                 }
                 (perf, p.bench_bw, label)
@@ -189,21 +184,12 @@ impl Args {
                 (host.perf, host.bench, label)
             }
         };
-        let (perf, host_label) = if self.cpu_speed == 1.0 {
-            (perf, host_label)
+        let perf = if self.cpu_speed == 1.0 {
+            perf
         } else {
-            let params = perf
-                .params
-                .with_cpu_speed(self.cpu_speed)
-                .context("--cpu-speed")?;
-            (
-                PerfModel {
-                    params,
-                    source: format!("{}, CPU side at {}x (what-if)", perf.source, self.cpu_speed),
-                    ..perf
-                },
-                host_label,
-            )
+            let source = format!("{}, CPU side at {}x (what-if)", perf.source, self.cpu_speed);
+            perf.with_cpu_speed(self.cpu_speed, source)
+                .context("--cpu-speed")?
         };
         let miss = match self.miss_rate {
             Some(r) => MissMode::FixedOffload { miss_rate: r },

@@ -234,6 +234,7 @@ impl CpuBound {
             return None;
         }
         let stream = ft_kernels::stream::median(&ceiling.gbs);
+        let check_rounds_us: Vec<f64> = ceiling.checks.iter().map(|c| c.time_us).collect();
         let bytes = s.cpu_per_layer * layers as f64 * expert_bytes as f64;
         let busy = if s.cpu_busy_us > 0.0 {
             bytes / (s.cpu_busy_us * 1e3)
@@ -249,11 +250,11 @@ impl CpuBound {
             cpu_gbs_while_busy: busy,
             share_of_stream: if stream > 0.0 { busy / stream } else { 0.0 },
             cpu_check: ceiling.checks.first().map(|first| CpuCheck {
-                time_us: ft_kernels::stream::median(&ceiling.check_rounds_us()),
+                time_us: ft_kernels::stream::median(&check_rounds_us),
                 reps: ceiling.checks.iter().map(|c| c.reps).sum(),
                 ..*first
             }),
-            cpu_check_rounds_us: ceiling.check_rounds_us(),
+            cpu_check_rounds_us: check_rounds_us,
         })
     }
 }
@@ -278,11 +279,6 @@ impl BankReads {
             gbs: Vec::new(),
             checks: Vec::new(),
         })
-    }
-
-    /// Each round's CPU check time, us.
-    fn check_rounds_us(&self) -> Vec<f64> {
-        self.checks.iter().map(|c| c.time_us).collect()
     }
 
     /// Read a window of `bank` (a different one each round where the bank is larger).

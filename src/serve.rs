@@ -535,15 +535,9 @@ pub fn run(args: Args) -> Result<()> {
                     now.time_us, then.time_us
                 );
                 info!("{source}");
-                let params = perf
-                    .params
-                    .with_cpu_speed(speed)
+                let scaled = perf
+                    .with_cpu_speed(speed, source.clone())
                     .context("scaling the CPU side by the check at start")?;
-                let scaled = PerfModel {
-                    params,
-                    source: source.clone(),
-                    ..perf.clone()
-                };
                 predictor = PerfPredictor::new(
                     model.clone(),
                     scaled,

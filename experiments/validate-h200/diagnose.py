@@ -88,6 +88,22 @@ def main(d):
               f"{min(every):.2f} to {max(every):.2f}; off by more than 10%: "
               f"{sum(abs(x - 1) > 0.1 for x in every)}")
 
+# What makes two CPU checks time the same work (`CpuCheck::same_work`).
+CHECK_WORK = ("experts", "tokens_per_expert", "expert_bytes", "threads")
+
+
+def check_speed(run_doc, references):
+    """How many times faster the CPU side ran in a run (`ft run --json`) than in the
+    reference check of the same work (a profile's `cpu_checks`): the reference's time over
+    the run's `cpu.cpu_check`; None without both (`CpuCheck::speed_against`)."""
+    check = (run_doc.get("cpu") or {}).get("cpu_check")
+    if not check or check["time_us"] <= 0:
+        return None
+    for ref in references:
+        if all(ref[k] == check[k] for k in CHECK_WORK) and ref["time_us"] > 0:
+            return ref["time_us"] / check["time_us"]
+    return None
+
 def cpu_blocks_us(profile_path, threads=None):
     """streams -> median us per layer of a probe's end-to-end `cpu` blocks (calibration and
     validation) at `threads` (default: the probe's serving threads), from its profile."""

@@ -13,20 +13,7 @@ diagnose.py only.
 """
 import csv, json, os, statistics, sys
 
-from diagnose import cpu_blocks_us  # the same folder
-
-WORK = ("experts", "tokens_per_expert", "expert_bytes", "threads")
-
-
-def check_speed(run_doc, probe_checks):
-    """The probe's CPU check time over the run's, for the same work; None without both."""
-    check = (run_doc.get("cpu") or {}).get("cpu_check")
-    if not check:
-        return None
-    for ref in probe_checks:
-        if all(ref[k] == check[k] for k in WORK) and check["time_us"] > 0:
-            return ref["time_us"] / check["time_us"]
-    return None
+from diagnose import check_speed, cpu_blocks_us  # the same folder
 
 
 def pearson(xs, ys):

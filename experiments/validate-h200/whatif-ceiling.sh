@@ -33,27 +33,26 @@ FT="$FT" "$HERE/reanalyze.sh" "$OUT" > "$OUT/summary-refit.txt"
 # the run's check of the same work (`cpu.cpu_check`, taken before each round; the profile
 # holds one per thread count the probe ran), the CPU side's own speed.
 cpu_speed_of() {
-    python3 - "$@" <<'EOF'
+    python3 - "$HERE" "$@" <<'EOF'
 import json, os, sys
 from pathlib import Path
-d, config, geometry, threads = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, sys.argv[1])
+from diagnose import check_speed  # the same folder as this script
+d, config, geometry, threads = Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 mode = os.environ.get("FT_WHATIF_SPEED", "stream")
 try:
     run = json.loads((d / "runs" / f"{config}-hybrid.json").read_text())
     cpu = run.get("cpu") or {}
     if mode == "check":
-        check = cpu["cpu_check"]
         refs = json.loads((d / "profiles" / f"{geometry}.json").read_text()).get("cpu_checks", [])
     else:
         probe = json.loads((d / "probes" / f"{geometry}.json").read_text())["outcome"]
 except (OSError, ValueError, KeyError, TypeError):
     sys.exit(0)
 if mode == "check":
-    work = ("experts", "tokens_per_expert", "expert_bytes", "threads")
-    for ref in refs:
-        if all(ref[k] == check[k] for k in work) and ref["time_us"] > 0 and check["time_us"] > 0:
-            print(f"--cpu-speed {ref['time_us'] / check['time_us']:.6f}")
-            break
+    speed = check_speed(run, refs)
+    if speed:
+        print(f"--cpu-speed {speed:.6f}")
 elif probe.get("threads") == threads and cpu.get("threads") == threads \
         and probe.get("stream_read_gbs") and cpu.get("stream_read_gbs"):
     print(f"--cpu-speed {cpu['stream_read_gbs'] / probe['stream_read_gbs']:.6f}")

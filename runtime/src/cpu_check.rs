@@ -94,8 +94,8 @@ pub fn measure(
     })
 }
 
-/// [`measure`] on a bank of `model` filled for the check (from `seed`, in `device`'s host
-/// memory: page-locked on a CUDA device, as the engine's bank), on a pool of its own
+/// [`measure`] on a bank of `model` filled for the check (in `device`'s host memory:
+/// page-locked on a CUDA device, as the engine's bank), on a pool of its own
 /// ([`measure_on`]): `ft predict --cpu-check` times the CPU side this way without an engine.
 /// The bank is one layer of as many of the model's experts as fit [`CHECK_BANK_BYTES`] (at
 /// least `top_k`): enough distinct weights that every repetition reads DRAM, filled in a

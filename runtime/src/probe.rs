@@ -672,13 +672,11 @@ fn probe_once(
     let budget = Duration::from_secs_f64(config.budget_s);
     let cpu = CpuTopology::detect();
     let threads = serving_threads(config, &cpu);
-    let wait = config.pool_wait.unwrap_or(
-        if device.kind() == DeviceKind::Cuda && threads < cpu.threads as usize {
-            PoolWait::Spin
-        } else {
-            PoolWait::Park
-        },
-    );
+    let wait = config.pool_wait.unwrap_or(probe_pool_wait(
+        device.kind(),
+        threads,
+        cpu.threads as usize,
+    ));
     let layers = e2e_layers(model, config);
     let model_l = model.with_layers(layers);
     let g = model_l.geometry;
@@ -723,8 +721,9 @@ fn probe_once(
     };
     let alt_bank = HostBank::from_seed(device, model.format, &alt_geometry, config.seed ^ 0xA17)?;
     let stream_read_start_gbs = bank_ceiling_gbs(threads, engine.bank())?;
+    let extra_threads = slowdown_threads(config, threads);
     let check_threads: Vec<usize> = std::iter::once(threads)
-        .chain(slowdown_threads(config, threads))
+        .chain(extra_threads.iter().copied())
         .collect();
     let cpu_checks_start = cpu_checks_at(&check_threads, wait, engine.bank(), act)?;
     timings.push(ProbeTiming {
@@ -763,7 +762,6 @@ fn probe_once(
     }
     // The strategies with a CPU share again at the further pool sizes (the same engine,
     // bank and cache size; a new executor each).
-    let extra_threads = slowdown_threads(config, threads);
     let middle_fraction = config
         .hybrid_fractions
         .get(config.hybrid_fractions.len() / 2)
@@ -911,6 +909,17 @@ fn probe_once(
         cpu_checks_start,
         cpu_checks_end,
     })
+}
+
+/// How the probe's CPU pool waits between layers unless `--pool-wait` says otherwise:
+/// spinning on a CUDA host with a hardware thread to spare for the rest, else parked. A later
+/// CPU check set against the probe's (`ft predict --cpu-check`) times with the same rule.
+pub fn probe_pool_wait(kind: DeviceKind, threads: usize, hw_threads: usize) -> PoolWait {
+    if kind == DeviceKind::Cuda && threads < hw_threads {
+        PoolWait::Spin
+    } else {
+        PoolWait::Park
+    }
 }
 
 /// The CPU check ([`crate::cpu_check::measure_on`]) at each of `threads`, from the bank.

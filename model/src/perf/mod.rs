@@ -1049,6 +1049,18 @@ pub struct PerfModel {
 }
 
 impl PerfModel {
+    /// This model with its CPU side at `speed` times its speed ([`PerfParams::with_cpu_speed`])
+    /// and `source` saying why (the covariance and degrees of freedom as they are): the one
+    /// way `ft predict --cpu-speed`, `ft predict --cpu-check` and `ft serve`'s check at start
+    /// rescale a model.
+    pub fn with_cpu_speed(&self, speed: f64, source: String) -> Result<PerfModel> {
+        Ok(PerfModel {
+            params: self.params.with_cpu_speed(speed)?,
+            source,
+            ..self.clone()
+        })
+    }
+
     /// The model of an unprobed host: [`PerfParams::from_host`] with
     /// [`PerfParams::host_prior`].
     pub fn from_host(host: &HostSpec) -> Result<Self> {
