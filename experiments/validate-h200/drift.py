@@ -5,7 +5,7 @@ the time since the first probe ended and the run's own CPU ceiling (`cpu.stream_
 then per variant (layers, streams) the median and range of that ratio, how many runs were
 off by more than 10%, the first and last minute apart, and the second probe's blocks over
 the first's. Where the runs and the first probe's profile hold the CPU check (builds from
-2026-12-06 on: `cpu.cpu_check`, the profile's `cpu_checks`), each run's CPU speed against the
+2026-12-05T14Z on: `cpu.cpu_check`, the profile's `cpu_checks`), each run's CPU speed against the
 probe (the probe's check time over the run's), the ratio once scaled by it (what a prediction
 scaled by the check would have missed), and how the ratio correlates with the ceiling and
 with the check. Usage: drift.py OUT_DIR (drift.sh's folder). Standard library and
@@ -31,7 +31,7 @@ def main(d):
     probe_checks = json.load(open(os.path.join(d, "probe-1.profile.json"))).get("cpu_checks", [])
     probes = {r["probe"]: r for r in csv.DictReader(open(os.path.join(d, "probes.csv")))}
     t_probe = float(probes["probe-1"]["end_s"])
-    rows = []
+    rows, rows_by_run = [], {}
     for r in csv.DictReader(open(os.path.join(d, "runs.csv"))):
         path = os.path.join(d, "runs", f"{r['run']}.json")
         if not os.path.exists(path) or os.path.getsize(path) == 0:
@@ -44,6 +44,7 @@ def main(d):
         ceiling = (doc.get("cpu") or {}).get("stream_read_gbs")
         speed = check_speed(doc, probe_checks)
         rows.append((float(r["start_s"]) - t_probe, layers, n, per_layer, per_layer / p1[n], ceiling, speed))
+        rows_by_run[int(r["run"])] = doc
     print("probe 1: cpu blocks " + ", ".join(f"{n} stream(s) {us:.0f} us/layer" for n, us in sorted(p1.items())))
     print(f"{'after probe s':>13} {'layers':>6} {'streams':>7} {'us/layer':>9} {'run/probe':>9} {'ceiling GB/s':>12}"
           f" {'check speed':>11} {'scaled':>7}")
@@ -74,6 +75,7 @@ def main(d):
               f" {min(scaled):.3f} to {max(scaled):.3f}); run over probe against 1 / check speed"
               f" {fmt(pearson(ratios, [1 / r[6] for r in checked]))}, against the ceiling"
               f" {fmt(pearson([r[4] for r in with_ceiling], [r[5] for r in with_ceiling]))}")
+    predict_checks(d, rows_by_run)
     p2_path = os.path.join(d, "probe-2.profile.json")
     if os.path.exists(p2_path):
         p2 = cpu_blocks_us(p2_path)
@@ -83,6 +85,31 @@ def main(d):
             o = json.load(open(os.path.join(d, f"{name}.json")))["outcome"]
             print(f"{name}: bank read {o.get('stream_read_start_gbs') or 0:.1f} -> {o['stream_read_gbs']:.1f} GB/s,"
                   f" steal {o.get('host_steal_fraction') or 0:.4f}, attempts {o.get('attempts', 1)}")
+
+def predict_checks(d, runs):
+    """`ft predict --cpu-check`'s check (checks/<i>-<bank>.json, taken before run i) over run
+    i's own check of the same work: how far the check the grid predicts with sits from the
+    one its runs take seconds later, per way of taking it (drift.sh's FT_DRIFT_PREDICT_CHECK)."""
+    folder = os.path.join(d, "checks")
+    if not os.path.isdir(folder):
+        return
+    by_bank = {}
+    for name in sorted(os.listdir(folder)):
+        i, _, bank = name[:-len(".json")].partition("-")
+        try:
+            now = json.load(open(os.path.join(folder, name)))["cpu_check"]["now"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        run = (runs.get(int(i)) or {}).get("cpu") or {}
+        ref = run.get("cpu_check")
+        if ref and ref.get("threads") == now.get("threads") and ref.get("time_us"):
+            by_bank.setdefault(bank, []).append((now["time_us"] / ref["time_us"], now.get("bank_bytes", 0)))
+    for bank, xs in sorted(by_bank.items()):
+        ratios = sorted(x for x, _ in xs)
+        print(f"ft predict --cpu-check, {bank} ({xs[0][1] / 2**30:.2f} GiB walked): its time over the next run's"
+              f" check, {len(ratios)} pairs: median {statistics.median(ratios):.3f}, p10 {ratios[len(ratios) // 10]:.3f},"
+              f" p90 {ratios[(9 * len(ratios)) // 10]:.3f}")
+
 
 if __name__ == "__main__":
     main(sys.argv[1])
