@@ -133,16 +133,9 @@ fn check_cpu_speed(device: &str, profile: &Profile, model: &ModelSpec) -> Result
     let dev = Device::open(&DeviceSpec::of_kind(kind)).context("--cpu-check")?;
     // Timed as the probe timed its own check.
     let wait = probe_pool_wait(kind, threads, CpuTopology::detect().threads as usize);
-    // The bank the probe's check walked at these threads, to walk the same.
-    let bank_bytes = profile
-        .cpu_checks
-        .iter()
-        .find(|c| c.threads as usize == threads)
-        .map_or(0.0, |c| c.bank_bytes);
     let now = ft_runtime::cpu_check::measure_model(
         &dev,
         model,
-        bank_bytes,
         threads,
         wait,
         ft_runtime::cpu_check::CHECK_BUDGET,

@@ -79,9 +79,15 @@ pub struct Args {
     #[arg(long)]
     fetch_fraction: Option<String>,
     /// Host whose performance model resolves `--fetch-fraction auto`: a preset, a host TOML
-    /// or a profile JSON of `ft probe` (this machine as fitted).
+    /// or a profile JSON of `ft probe` (this machine as fitted). With a profile that kept its
+    /// CPU checks, a run on one GPU decides the fraction at the CPU check before its first
+    /// round (the CPU side's speed now against the probe's, as `ft serve` does at start).
     #[arg(long)]
     host: Option<String>,
+    /// With `--fetch-fraction auto` and a profile as `--host`: decide the fraction at the CPU
+    /// speed the profile was probed at, not at the CPU check before the first round.
+    #[arg(long)]
+    no_cpu_check: bool,
     /// Concurrent streams.
     #[arg(long, default_value_t = 1)]
     streams: usize,
@@ -319,6 +325,10 @@ pub struct RunReport {
     pub fetch_fraction: f64,
     /// Where it came from.
     pub fetch_source: String,
+    /// For an auto fraction decided at the CPU check before the first round (`--host` a
+    /// profile with its checks): the CPU side's speed then against the probe's, which the
+    /// performance model's CPU side was scaled by.
+    pub auto_cpu_speed: Option<f64>,
     /// The device.
     pub device: DeviceInfo,
     /// CPU pool workers.
@@ -457,41 +467,119 @@ fn check_memory(
     )
 }
 
-/// Resolve `--fetch-fraction auto` with the performance model of `--host`.
-fn resolve_auto(
+/// The performance model that resolves `--fetch-fraction auto` (`--host`), and the probe's
+/// CPU checks a check before the first round is set against.
+struct AutoHost {
+    name: String,
+    perf: ft_model::perf::PerfModel,
+    cpu_checks: Vec<CpuCheck>,
+}
+
+impl AutoHost {
+    /// `--host` as given; an error naming the flag where it is missing or unreadable.
+    fn of_args(args: &Args) -> Result<AutoHost> {
+        let Some(host) = &args.host else {
+            bail!(
+                "--fetch-fraction auto needs the performance model's parameters: give --host HOST \
+                 (a host preset, a host TOML or a profile JSON), or a number between 0 and 1"
+            );
+        };
+        let h = ft_sim::hosts::resolve_host(host).with_context(|| format!("--host {host}"))?;
+        Ok(AutoHost {
+            name: h.name,
+            perf: h.perf,
+            cpu_checks: h.cpu_checks,
+        })
+    }
+
+    /// Hybrid's best fetch fraction by `perf` (this host's model, or it rescaled) for the run:
+    /// its traffic simulation counts the run's own steps after its warm-up, of the routing
+    /// the run decodes (as `ft predict --steps --warmup --seed` does).
+    fn fraction(
+        perf: &ft_model::perf::PerfModel,
+        args: &Args,
+        model: &ModelSpec,
+        slots: usize,
+        policy: &CachePolicy,
+    ) -> Result<f64> {
+        let config = ft_model::perf::PredictConfig {
+            streams: args.streams,
+            context: args.context,
+            cache: Some(CacheSize::Slots(slots.max(1))),
+            policy: policy.clone(),
+            routing: args.routing.clone(),
+            seed: Some(args.seed),
+            warmup_steps: args.warmup,
+            steps: args.steps,
+            hybrid_fetch: FetchFraction::Auto,
+            ..Default::default()
+        };
+        let pred = ft_model::perf::predict(model, perf, &config)
+            .context("predicting hybrid's best fetch fraction")?;
+        Ok(pred.get(StrategyKind::Hybrid).fetch_fraction)
+    }
+
+    /// The fraction at the speed the host was probed (or specified) at, and where it came from.
+    fn resolve(
+        &self,
+        args: &Args,
+        model: &ModelSpec,
+        slots: usize,
+        policy: &CachePolicy,
+    ) -> Result<(f64, String)> {
+        let f = Self::fraction(&self.perf, args, model, slots, policy)?;
+        Ok((
+            f,
+            format!(
+                "auto: the performance model of host '{}' ({})",
+                self.name, self.perf.source
+            ),
+        ))
+    }
+}
+
+/// Decide the auto variants' fraction again at the CPU check `now` (taken before the first
+/// round), with the host's CPU side scaled by its speed against the probe's check of the same
+/// work ([`CpuCheck::speed_against`], `PerfModel::with_cpu_speed`), as `ft serve` does at
+/// start. Leaves them as they are where the host holds no check of this work (logged).
+fn resolve_auto_at_check(
+    host: &AutoHost,
+    now: &CpuCheck,
+    variants: &mut [Variant],
     args: &Args,
     model: &ModelSpec,
     slots: usize,
     policy: &CachePolicy,
-) -> Result<(f64, String)> {
-    let Some(host) = &args.host else {
-        bail!(
-            "--fetch-fraction auto needs the performance model's parameters: give --host HOST \
-             (a host preset, a host TOML or a profile JSON), or a number between 0 and 1"
+) -> Result<()> {
+    let Some((speed, probe)) = CpuCheck::speed_against(&host.cpu_checks, now)
+        .context("setting the CPU check before the first round against --host's")?
+    else {
+        tracing::info!(
+            threads = now.threads,
+            "--host holds no CPU check of this work: the auto fraction stays at the probed speed"
         );
+        return Ok(());
     };
-    let sim_host = ft_sim::hosts::resolve_host(host).with_context(|| format!("--host {host}"))?;
-    let perf = sim_host.perf;
-    let config = ft_model::perf::PredictConfig {
-        streams: args.streams,
-        context: args.context,
-        cache: Some(CacheSize::Slots(slots.max(1))),
-        policy: policy.clone(),
-        routing: args.routing.clone(),
-        seed: Some(args.seed),
-        hybrid_fetch: FetchFraction::Auto,
-        ..Default::default()
-    };
-    let pred = ft_model::perf::predict(model, &perf, &config)
-        .context("predicting hybrid's best fetch fraction")?;
-    let f = pred.get(StrategyKind::Hybrid).fetch_fraction;
-    Ok((
-        f,
-        format!(
-            "auto: the performance model of host '{}' ({})",
-            sim_host.name, perf.source
-        ),
-    ))
+    let source = format!(
+        "auto: the performance model of host '{}' with its CPU side at {speed:.2}x the probe's \
+         (the CPU check before the first round: {:.0} us, the probe's {:.0} us)",
+        host.name, now.time_us, probe.time_us
+    );
+    let scaled = host
+        .perf
+        .with_cpu_speed(speed, source.clone())
+        .context("scaling the CPU side by the check before the first round")?;
+    let f = AutoHost::fraction(&scaled, args, model, slots, policy)?;
+    tracing::info!("{source}: fetch fraction {f:.3}");
+    for v in variants.iter_mut().filter(|v| v.auto) {
+        v.fetch = f;
+        v.strategy = Strategy::Hybrid {
+            fetch: FetchFraction::fixed(v.label.as_str(), f)?,
+        };
+        v.fetch_source = source.clone();
+        v.auto_cpu_speed = Some(speed);
+    }
+    Ok(())
 }
 
 /// One strategy of a run as given: `--strategy` with `--fetch-fraction`, or one item of
@@ -516,6 +604,11 @@ struct Variant {
     fetch: f64,
     /// Where it came from (given, auto with its host, the strategy's own).
     fetch_source: String,
+    /// Given as auto (decided by `--host`'s performance model).
+    auto: bool,
+    /// The CPU speed against the probe's that an auto fraction was decided at (the check
+    /// before the first round), if it was.
+    auto_cpu_speed: Option<f64>,
 }
 
 /// Parse one `--interleave` item: `[LABEL=]STRATEGY[:F]`.
@@ -590,13 +683,15 @@ fn variant_specs(args: &Args) -> Result<Vec<VariantSpec>> {
     Ok(specs)
 }
 
-/// Resolve a variant's fetch fraction (`auto` by the performance model of `--host`).
+/// Resolve a variant's fetch fraction (`auto` by the performance model of `--host`, read
+/// into `auto_host` at the first variant that needs it).
 fn resolve_variant(
     args: &Args,
     spec: &VariantSpec,
     model: &ModelSpec,
     cache_slots: usize,
     policy: &CachePolicy,
+    auto_host: &mut Option<AutoHost>,
     notes: &mut Vec<String>,
 ) -> Result<Variant> {
     let own = || {
@@ -604,19 +699,26 @@ fn resolve_variant(
             .fixed_fetch_fraction()
             .unwrap_or(1.0)
     };
-    let (fetch, fetch_source) = match (spec.kind, spec.fetch.as_deref()) {
+    let (fetch, fetch_source, auto) = match (spec.kind, spec.fetch.as_deref()) {
         (StrategyKind::Hybrid, None) => bail!("hybrid needs --fetch-fraction F (0 to 1) or auto"),
         (StrategyKind::Hybrid, Some(s)) => match FetchFraction::parse(spec.flag, s)? {
-            FetchFraction::Fixed(f) => (f, "given".to_string()),
-            FetchFraction::Auto => resolve_auto(args, model, cache_slots, policy)?,
+            FetchFraction::Fixed(f) => (f, "given".to_string(), false),
+            FetchFraction::Auto => {
+                let host = match auto_host {
+                    Some(h) => h,
+                    None => auto_host.insert(AutoHost::of_args(args)?),
+                };
+                let (f, source) = host.resolve(args, model, cache_slots, policy)?;
+                (f, source, true)
+            }
         },
         (k, Some(_)) => {
             notes.push(format!(
                 "--fetch-fraction ignored: {k} has a fixed fraction"
             ));
-            (own(), "strategy".into())
+            (own(), "strategy".into(), false)
         }
-        (_, None) => (own(), "strategy".into()),
+        (_, None) => (own(), "strategy".into(), false),
     };
     let strategy = match spec.kind {
         StrategyKind::Hybrid => Strategy::Hybrid {
@@ -629,6 +731,8 @@ fn resolve_variant(
         strategy,
         fetch,
         fetch_source,
+        auto,
+        auto_cpu_speed: None,
     })
 }
 
@@ -717,10 +821,24 @@ pub fn run(args: Args) -> Result<()> {
         (StrategyKind::Cpu, None, None) => 0,
         (k, None, None) => bail!("{k} needs a cache size: give --cache-slots N or --cache-gb X"),
     };
-    let variants = specs
+    let mut auto_host = None;
+    let mut variants = specs
         .iter()
-        .map(|spec| resolve_variant(&args, spec, &model, cache_slots, &policy, &mut notes))
+        .map(|spec| {
+            resolve_variant(
+                &args,
+                spec,
+                &model,
+                cache_slots,
+                &policy,
+                &mut auto_host,
+                &mut notes,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
+    // A profile's CPU checks, for deciding the auto fractions again at the check before the
+    // first round (single-GPU runs; a multi-GPU run keeps the probed speed).
+    let auto_host = auto_host.filter(|h| !args.no_cpu_check && !h.cpu_checks.is_empty());
     if variants.len() > 1 && layout.is_multi() {
         bail!(
             "--interleave: only a run on one GPU interleaves (--gpus {})",
@@ -872,9 +990,10 @@ pub fn run(args: Args) -> Result<()> {
         (0..n).map(|_| Vec::with_capacity(args.repeat)).collect();
     let mut steal = vec![ft_runtime::instrument::StealMeter::default(); n];
     // The CPU's same-run ceiling, read before each round (runs with a CPU share).
-    let with_cpu = variants
-        .iter()
-        .any(|v| v.fetch < 1.0 && v.strategy.kind() != StrategyKind::Resident);
+    let with_cpu = auto_host.is_some()
+        || variants
+            .iter()
+            .any(|v| v.fetch < 1.0 && v.strategy.kind() != StrategyKind::Resident);
     let mut bank_reads = if with_cpu {
         Some(BankReads::new(threads)?)
     } else {
@@ -885,11 +1004,26 @@ pub fn run(args: Args) -> Result<()> {
         if let Some(b) = bank_reads.as_mut() {
             b.read(engine.bank().buffer().as_slice(), rep);
             let start = rep * CPU_CHECK_STRIDE;
-            b.checks.push(
-                engine
-                    .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET, start)
-                    .context("the CPU check before a round")?,
-            );
+            let check = engine
+                .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET, start)
+                .context("the CPU check before a round")?;
+            b.checks.push(check);
+            if let (0, Some(host)) = (rep, &auto_host) {
+                resolve_auto_at_check(
+                    host,
+                    &check,
+                    &mut variants,
+                    &args,
+                    &model,
+                    cache_slots,
+                    &policy,
+                )?;
+                if n == 1 {
+                    engine
+                        .set_strategy(variants[0].strategy)
+                        .context("the fraction decided at the CPU check")?;
+                }
+            }
         }
         for k in 0..n {
             let i = (rep + k) % n;
@@ -999,6 +1133,7 @@ pub fn run(args: Args) -> Result<()> {
             strategy: v.strategy.to_string(),
             fetch_fraction: v.fetch,
             fetch_source: v.fetch_source.clone(),
+            auto_cpu_speed: v.auto_cpu_speed,
             device: device.info(),
             threads,
             pool_wait: pool_wait.name().into(),

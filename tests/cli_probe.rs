@@ -161,40 +161,83 @@ fn probe_fits_caches_reuses_and_exports() {
     }
 
     // `ft run --fetch-fraction auto` takes the probed profile as its host.
-    let run = ft(
-        &cache,
-        &[
-            "run",
-            "--device",
-            "host",
+    let run_args = vec![
+        "run",
+        "--device",
+        "host",
+        "--model",
+        m,
+        "--strategy",
+        "hybrid",
+        "--fetch-fraction",
+        "auto",
+        "--host",
+        c,
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--cache-slots",
+        "8",
+        "--context",
+        "16",
+        "--threads",
+        "1",
+        "--json",
+    ];
+    let run = ft(&cache, &run_args);
+    let v = json(&run);
+    let f = v["fetch_fraction"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&f), "{f}");
+    // The profile kept its CPU check at the run's one thread: the fraction is decided at the
+    // check before the first round, and it is the one `ft predict` finds with the CPU side
+    // at that speed.
+    let source = v["fetch_source"].as_str().unwrap();
+    assert!(
+        source.contains("auto") && source.contains("CPU check before the first round"),
+        "{source}"
+    );
+    let speed = v["auto_cpu_speed"].as_f64().unwrap();
+    assert!(speed.is_finite() && speed > 0.0, "{speed}");
+    let predict = |extra: &[&str]| {
+        let mut a = vec![
+            "predict",
             "--model",
             m,
-            "--strategy",
-            "hybrid",
-            "--fetch-fraction",
-            "auto",
-            "--host",
+            "--profile",
             c,
-            "--steps",
-            "2",
-            "--warmup",
-            "1",
             "--cache-slots",
             "8",
             "--context",
             "16",
-            "--threads",
+            "--streams",
+            "1",
+            "--steps",
+            "2",
+            "--warmup",
             "1",
             "--json",
-        ],
-    );
-    let v = json(&run);
-    let f = v["fetch_fraction"].as_f64().unwrap();
-    assert!((0.0..=1.0).contains(&f), "{f}");
+        ];
+        a.extend_from_slice(extra);
+        json(&ft(&cache, &a))["prediction"]["fetch_search"]["chosen"]
+            .as_f64()
+            .unwrap()
+    };
+    let at_speed = predict(&["--cpu-speed", &speed.to_string()]);
     assert!(
-        v["fetch_source"].as_str().unwrap().contains("auto"),
-        "{}",
-        v["fetch_source"]
+        (f - at_speed).abs() < 1e-9,
+        "run {f}, predict at {speed}x {at_speed}"
+    );
+    // --no-cpu-check: the fraction at the probed speed, no speed reported.
+    let mut probed = run_args.clone();
+    probed.push("--no-cpu-check");
+    let w = json(&ft(&cache, &probed));
+    assert!(w["auto_cpu_speed"].is_null(), "{}", w["auto_cpu_speed"]);
+    let f0 = w["fetch_fraction"].as_f64().unwrap();
+    assert!(
+        (f0 - predict(&[])).abs() < 1e-9,
+        "run {f0}, predict {}",
+        predict(&[])
     );
 }
 

@@ -426,7 +426,6 @@ fn serve_scales_the_cpu_side_by_the_check_at_start() {
         threads: 1,
         time_us: 1e9,
         reps: 1,
-        bank_bytes: 0.0,
     }];
     let profiles = dir.path().join("profiles");
     let path = store(&profiles, &profile).unwrap();

@@ -194,7 +194,6 @@ fn a_cpu_check_scales_the_cpu_side_by_the_speed_it_measures() {
         threads: 1,
         time_us: 1e6,
         reps: 1,
-        bank_bytes: 0.0,
     }];
     let checked = store(&dir.path().join("checked"), &profile).unwrap();
     let run = |profile: &std::path::Path, extra: &[&str]| {
@@ -246,27 +245,6 @@ fn a_cpu_check_scales_the_cpu_side_by_the_speed_it_measures() {
     );
     let source = v["prediction"]["source"].as_str().unwrap();
     assert!(source.contains("the probe's (CPU check now"), "{source}");
-    // A reference that did not record its bank: one layer of the model (all 16 of its
-    // experts fit the check's 768 MiB). One that did: as many whole layers as come nearest
-    // to its bank, at least one and at most the model's two.
-    let layer = c["now"]["bank_bytes"].as_f64().unwrap();
-    assert!(layer >= 16.0 * model.expert_bytes() as f64, "{c}");
-    for (reference, walked) in [
-        (2.0 * layer, 2.0 * layer),
-        (0.4 * layer, layer),
-        (9.0 * layer, 2.0 * layer),
-    ] {
-        profile.cpu_checks[0].bank_bytes = reference;
-        let with_bank = store(&dir.path().join(format!("bank-{reference}")), &profile).unwrap();
-        let out = run(&with_bank, &["--cpu-check", "host"]);
-        assert_ok(&out);
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(
-            v["cpu_check"]["now"]["bank_bytes"].as_f64(),
-            Some(walked),
-            "reference {reference}"
-        );
-    }
     // A profile without checks, a device that is not one, a check without a profile.
     let out = run(&plain, &["--cpu-check", "host"]);
     assert!(!out.status.success());

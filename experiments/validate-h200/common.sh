@@ -32,9 +32,11 @@ analyse_grid() {
 # plan.csv whose runs exist, from profiles/<G>-t<T>.json (as run.sh predicts, but with hybrid
 # at the fraction its run used: the prediction must describe the run that was measured).
 # EXTRA_FN, a shell function called with DIR CONFIG GEOMETRY THREADS, prints further
-# `ft predict` arguments for that configuration (a what-if), or nothing. A prediction the
-# grid made with a CPU check (`cpu_check.speed` in its JSON) is made again at the same speed
-# (`--cpu-speed`; the check itself cannot be taken again), unless EXTRA_FN gives arguments.
+# `ft predict` arguments for that configuration (a what-if), or nothing. A configuration the
+# grid predicted with a CPU check is predicted again at the same speed (`--cpu-speed`; the
+# check itself cannot be taken again), unless EXTRA_FN gives arguments: the speed its hybrid
+# run decided its fraction at (`auto_cpu_speed`, FT_CPU_CHECK=engine), else the prediction's
+# own check (`cpu_check.speed`, FT_CPU_CHECK=predict).
 repredict_grid() {
     local ft="$1" dir="$2" extra_fn="${3:-}" config geometry layers model_toml residency cache_slots streams threads context
     local run_doc f_run steps warmup seed extra speed
@@ -54,8 +56,11 @@ repredict_grid() {
         if [[ -n "$extra_fn" ]]; then
             read -r -a extra < <("$extra_fn" "$dir" "$config" "$geometry" "$threads") || true
         fi
-        if (( ${#extra[@]} == 0 )) && [[ -f "$dir/predictions/$config.json" ]]; then
-            speed=$("$ft" validate get "$dir/predictions/$config.json" cpu_check.speed 2> /dev/null || true)
+        if (( ${#extra[@]} == 0 )); then
+            speed=$("$ft" validate get "$run_doc" auto_cpu_speed 2> /dev/null || true)
+            if [[ -z "$speed" || "$speed" == null ]] && [[ -f "$dir/predictions/$config.json" ]]; then
+                speed=$("$ft" validate get "$dir/predictions/$config.json" cpu_check.speed 2> /dev/null || true)
+            fi
             [[ -n "$speed" && "$speed" != null ]] && extra=(--cpu-speed "$speed")
         fi
         "$ft" predict --profile "$dir/profiles/$geometry-t$threads.json" --model "$dir/$model_toml" \

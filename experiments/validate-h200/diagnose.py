@@ -87,22 +87,55 @@ def main(d):
         print(f"all {len(every)} runs: median {statistics.median(every):.2f}, "
               f"{min(every):.2f} to {max(every):.2f}; off by more than 10%: "
               f"{sum(abs(x - 1) > 0.1 for x in every)}")
+    where = check_context(runs, predictions)
+    if where:
+        print()
+        print("where the CPU check is taken: `ft predict --cpu-check`'s check (a process of its own,")
+        print("just before the runs) over the runs' engine check before their first round, per config")
+        print(f"{len(where)} configurations: median {statistics.median(where):.3f}, p10 {q(where, .1):.3f},"
+              f" p90 {q(where, .9):.3f} (below 1: the separate process timed the CPU side faster)")
 
 # What makes two CPU checks time the same work (`CpuCheck::same_work`).
 CHECK_WORK = ("experts", "tokens_per_expert", "expert_bytes", "threads")
 
 
-def check_speed(run_doc, references):
+def check_speed(run_doc, references, first_round=False):
     """How many times faster the CPU side ran in a run (`ft run --json`) than in the
     reference check of the same work (a profile's `cpu_checks`): the reference's time over
-    the run's `cpu.cpu_check`; None without both (`CpuCheck::speed_against`)."""
-    check = (run_doc.get("cpu") or {}).get("cpu_check")
+    the run's `cpu.cpu_check` (the median of its rounds' checks), or with `first_round` over
+    the check before its first round (`cpu_check_rounds_us[0]`, taken before any measured
+    step: what `ft run` decides an auto fraction at); None without both
+    (`CpuCheck::speed_against`)."""
+    cpu = run_doc.get("cpu") or {}
+    check = cpu.get("cpu_check")
+    if check and first_round:
+        rounds = cpu.get("cpu_check_rounds_us") or []
+        check = dict(check, time_us=rounds[0]) if rounds else None
     if not check or check["time_us"] <= 0:
         return None
     for ref in references:
         if all(ref[k] == check[k] for k in CHECK_WORK) and ref["time_us"] > 0:
             return ref["time_us"] / check["time_us"]
     return None
+
+def check_context(runs, predictions):
+    """Per configuration predicted with `ft predict --cpu-check` (FT_CPU_CHECK=predict): its
+    check's time over the hybrid run's check before its first round (`cpu_check_rounds_us[0]`,
+    the same work on the runs' own engine seconds later)."""
+    out = []
+    if not os.path.isdir(predictions):
+        return out
+    for name in sorted(os.listdir(predictions)):
+        try:
+            now = (json.load(open(os.path.join(predictions, name))).get("cpu_check") or {})["now"]
+            cpu = json.load(open(os.path.join(runs, name.replace(".json", "-hybrid.json"))))["cpu"]
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        rounds = cpu.get("cpu_check_rounds_us") or []
+        ref = cpu.get("cpu_check") or {}
+        if rounds and rounds[0] > 0 and all(ref.get(k) == now.get(k) for k in CHECK_WORK):
+            out.append(now["time_us"] / rounds[0])
+    return out
 
 def cpu_blocks_us(profile_path, threads=None):
     """streams -> median us per layer of a probe's end-to-end `cpu` blocks (calibration and

@@ -87,9 +87,10 @@ def main(d):
                   f" steal {o.get('host_steal_fraction') or 0:.4f}, attempts {o.get('attempts', 1)}")
 
 def predict_checks(d, runs):
-    """`ft predict --cpu-check`'s check (checks/<i>-<bank>.json, taken before run i) over run
-    i's own check of the same work: how far the check the grid predicts with sits from the
-    one its runs take seconds later, per way of taking it (drift.sh's FT_DRIFT_PREDICT_CHECK)."""
+    """`ft predict --cpu-check`'s check (checks/<i>-<name>.json, taken before run i) over run
+    i's own check of the same work: how far a check taken in a process of its own sits from
+    the one the run's engine takes seconds later, per name (drift.sh's FT_DRIFT_PREDICT_CHECK;
+    the run of 2026-12-05T16:47Z had two, probe-bank and small-bank)."""
     folder = os.path.join(d, "checks")
     if not os.path.isdir(folder):
         return
@@ -106,7 +107,8 @@ def predict_checks(d, runs):
             by_bank.setdefault(bank, []).append((now["time_us"] / ref["time_us"], now.get("bank_bytes", 0)))
     for bank, xs in sorted(by_bank.items()):
         ratios = sorted(x for x, _ in xs)
-        print(f"ft predict --cpu-check, {bank} ({xs[0][1] / 2**30:.2f} GiB walked): its time over the next run's"
+        walked = f" ({xs[0][1] / 2**30:.2f} GiB walked)" if xs[0][1] else ""
+        print(f"ft predict --cpu-check, {bank}{walked}: its time over the next run's"
               f" check, {len(ratios)} pairs: median {statistics.median(ratios):.3f}, p10 {ratios[len(ratios) // 10]:.3f},"
               f" p90 {ratios[(9 * len(ratios)) // 10]:.3f}")
 

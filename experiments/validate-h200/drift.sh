@@ -12,12 +12,10 @@
 # first's. No model is involved: what it shows bounds any profile's prediction of later runs.
 #
 # With FT_DRIFT_PREDICT_CHECK=1 (the default), each round of the three runs starts with the
-# check that the grid predicts with (`ft predict --cpu-check` against the first probe's
-# profile) taken twice: as the build takes it (a bank the size of the probe's, read once
-# first, `checks/<i>-probe-bank.json`) and as builds before 2026-12-05T17Z took it (one layer
-# of at most 768 MiB, no read first: the profile's `bank_bytes` removed,
-# `checks/<i>-small-bank.json`); drift.py sets each against the next run's own check, which
-# is what the grid's predictions should agree with.
+# check `ft predict --cpu-check` takes against the first probe's profile (in a process of its
+# own, on a bank it fills: `checks/<i>-predict.json`); drift.py sets it against the next
+# run's own check (its engine's, before its first round). The run of 2026-12-05T16:47Z
+# (results/20261205T1647Z-h100-drift) compared two banks for that check here.
 #
 # Usage: drift.sh OUT_DIR. Env: FT (the ft binary; default: built here), FT_DEVICE (default
 # cuda), FT_DRIFT_MODEL (default qwen3.8-flash-next), FT_DRIFT_THREADS (default cores - 1),
@@ -51,15 +49,6 @@ probe() { # N
 echo "probe,start_s,end_s" > "$OUT/probes.csv"
 echo "run,start_s,end_s,layers,streams" > "$OUT/runs.csv"
 probe 1
-# The first probe's profile without the bank its checks walked: `ft predict --cpu-check`
-# then walks the older check bank.
-python3 - "$OUT/probe-1.profile.json" "$OUT/probe-1.small-bank.profile.json" <<'EOF'
-import json, sys
-doc = json.load(open(sys.argv[1]))
-for c in doc.get("cpu_checks", []):
-    c.pop("bank_bytes", None)
-json.dump(doc, open(sys.argv[2], "w"))
-EOF
 predict_check() { # I NAME PROFILE
     "$FT" predict --profile "$3" --model "$G" --streams 1 --context 1024 --cache-slots 16 \
         --cpu-check "$DEVICE" --json > "$OUT/checks/$1-$2.json" 2>> "$OUT/logs/checks.log" || true
@@ -68,8 +57,7 @@ i=0
 start=$SECONDS
 while (( SECONDS - start < DUR )); do
     if [[ "${FT_DRIFT_PREDICT_CHECK:-1}" == 1 ]]; then
-        predict_check "$i" probe-bank "$OUT/probe-1.profile.json"
-        predict_check "$i" small-bank "$OUT/probe-1.small-bank.profile.json"
+        predict_check "$i" predict "$OUT/probe-1.profile.json"
     fi
     for variant in "2 1" "3 1" "2 4"; do
         read -r layers streams <<< "$variant"

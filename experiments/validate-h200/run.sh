@@ -3,10 +3,11 @@
 #
 # 1. `ft probe` once per expert geometry (the fit sees the probes alone, never the grid);
 # 2. a grid of 48 configurations (`ft validate plan`: geometry x cache residency x streams x
-#    CPU threads x context), each predicted by the model (`ft predict --profile ... --json`)
-#    and each strategy run end to end in one process (`ft run --interleave`, one report per
-#    strategy): offload, hybrid at the model's fetch fraction, hybrid at the ratio rule's
-#    (ferrox-core's) fraction, cpu, in rounds (the median round reported);
+#    CPU threads x context), each strategy run end to end in one process (`ft run
+#    --interleave`, one report per strategy): offload, hybrid at the model's fetch fraction,
+#    hybrid at the ratio rule's (ferrox-core's) fraction, cpu, in rounds (the median round
+#    reported); each configuration predicted by the model (`ft predict --profile ... --json`)
+#    from its probe's profile and the CPU check taken before its first round (FT_CPU_CHECK);
 # 3. `ft validate collect` (grid.csv), `ft validate simulate` (the discrete-event simulator
 #    on the same profiles, grid.csv's simulated_tok_s), `ft validate analyze` (summary.txt /
 #    summary.json), `ft plot` (predicted against measured).
@@ -29,8 +30,11 @@
 #                    CPU time to the hypervisor (`ft run`'s host_steal_fraction) is run once
 #                    more while the budget lasts, and the attempt with less steal is kept (the
 #                    other under runs/stolen/); default 0.02, as `ft validate analyze` counts
-#   FT_CPU_CHECK     1 (default): predict each configuration with a CPU check taken just
-#                    before its runs (`ft predict --cpu-check`); 0: from the probes alone
+#   FT_CPU_CHECK     engine (default): the CPU check of the runs' own engine before their
+#                    first round decides hybrid's fraction (`ft run --host PROFILE` with
+#                    hybrid:auto) and scales the prediction's CPU side (`ft predict
+#                    --cpu-speed`); predict: a check taken before the runs by `ft predict
+#                    --cpu-check` (grids of 2026-12-05T16Z); 0: from the probes alone
 # Only bash and ft are needed. Skips cleanly without a CUDA device.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -61,12 +65,21 @@ mkdir -p "$OUT"/{profiles,probes,predictions,runs,logs}
 OUT="$(cd "$OUT" && pwd)"
 export FT_CACHE_DIR="$OUT/cache"   # never read or overwrite the user's cached profiles
 QUICK="${FT_QUICK:-0}"
-# FT_CPU_CHECK=1 (the default): each configuration is predicted with the CPU side at the speed
-# a CPU check taken just before its runs gives against its probe's (`ft predict --cpu-check`,
-# what `ft serve` does at start), so that the model's fraction and choice see the machine's
-# CPU speed then; 0 predicts from the probes alone, as grids before 2026-12-06 did.
-CHECK_ARGS=()
-[[ "${FT_CPU_CHECK:-1}" == 1 ]] && CHECK_ARGS=(--cpu-check "$DEVICE")
+# The CPU side's speed at the runs (see the header). FT_CPU_CHECK=engine (the default): the
+# engine of the runs times the CPU check before its first round, before any measured step,
+# and hybrid's fraction is decided there with the CPU side at that speed against the probe's
+# (what `ft serve` does at start); the prediction is made after the runs from the profile and
+# that speed alone (`--cpu-speed`, the fraction the run used), never from the runs' timings.
+# predict: `ft predict --cpu-check` times the check in a process of its own just before the
+# runs; it ran 6 to 9% faster (median) than the engine's check before the first round (the
+# grids of 2026-12-05T16Z, diagnose.py's "where the CPU check is taken"), and the predictions
+# inherited that bias.
+# 0: the probes alone, as grids before 2026-12-05T16Z.
+CPU_CHECK="${FT_CPU_CHECK:-engine}"
+case "$CPU_CHECK" in
+    engine|predict|0) ;;
+    *) echo "validate-h200: FT_CPU_CHECK=$CPU_CHECK is none of engine, predict and 0" >&2; exit 2 ;;
+esac
 GRID_BUDGET_S="${FT_GRID_BUDGET_S:-480}"
 if [[ "$QUICK" == 1 ]]; then STEPS="${FT_STEPS:-8}" WARMUP="${FT_WARMUP:-4}"; else STEPS="${FT_STEPS:-48}" WARMUP="${FT_WARMUP:-24}"; fi
 # ft run's default seed: the prediction draws the same routing the runs decode.
@@ -143,6 +156,22 @@ move_runs() { # config, from, to: its four run documents from one folder to anot
     return 0
 }
 
+# predict_config CONFIG [ft predict arguments]: predictions/<config>.json from the
+# configuration's profile (FT_CPU_CHECK=predict adds its --cpu-check); false on failure.
+# Uses the grid loop's geometry, threads, model_toml, streams, context and cache_slots.
+predict_config() {
+    local config="$1"; shift
+    local check=()
+    [[ "$CPU_CHECK" == predict ]] && check=(--cpu-check "$DEVICE")
+    if ! "$FT" predict --profile "$OUT/profiles/$geometry-t$threads.json" --model "$OUT/$model_toml" \
+        --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
+        --steps "$STEPS" --warmup "$WARMUP" --seed "$SEED" "${check[@]}" "$@" --json < /dev/null \
+        > "$OUT/predictions/$config.json" 2> "$OUT/logs/$config-predict.log"; then
+        echo "validate-h200: $config: prediction failed (see logs/$config-predict.log)" >&2
+        return 1
+    fi
+}
+
 run_config() { # config, then ft run arguments: runs/<config>-<strategy>.json for the four
     local config="$1"; shift
     if ! "$FT" run "$@" --report-prefix "$OUT/runs/$config-" < /dev/null > /dev/null 2> "$OUT/logs/$config-run.log"; then
@@ -164,19 +193,20 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
         continue
     fi
     echo "validate-h200: $config $geometry x$layers residency $residency ($cache_slots slots) $streams streams $threads threads context $context" >&2
-    if ! "$FT" predict --profile "$OUT/profiles/$geometry-t$threads.json" --model "$OUT/$model_toml" \
-        --streams "$streams" --context "$context" --cache-slots "$cache_slots" \
-        --steps "$STEPS" --warmup "$WARMUP" --seed "$SEED" "${CHECK_ARGS[@]}" --json < /dev/null \
-        > "$OUT/predictions/$config.json" 2> "$OUT/logs/$config-predict.log"; then
-        echo "validate-h200: $config: prediction failed (see logs/$config-predict.log)" >&2
-        continue
-    fi
-    f_model=$("$FT" validate get "$OUT/predictions/$config.json" prediction.fetch_search.chosen)
+    profile="$OUT/profiles/$geometry-t$threads.json"
     f_legacy=$(cat "$OUT/profiles/$geometry.legacy-fraction")
     common=(--device "$DEVICE" --model "$geometry" --layers "$layers" --streams "$streams" --context "$context"
             --cache-slots "$cache_slots" --threads "$threads" --steps "$STEPS" --warmup "$WARMUP"
             --seed "$SEED" --repeat "$REPEAT")
-    interleave="offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
+    if [[ "$CPU_CHECK" == engine ]]; then
+        # hybrid's fraction decided by the run's engine at its check (the profile as --host)
+        common+=(--host "$profile")
+        interleave="offload,hybrid=hybrid:auto,hybrid-legacy=hybrid:$f_legacy,cpu"
+    else
+        predict_config "$config" || continue
+        f_model=$("$FT" validate get "$OUT/predictions/$config.json" prediction.fetch_search.chosen)
+        interleave="offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
+    fi
     run_config "$config" "${common[@]}" --interleave "$interleave"
     steal=$(max_steal "$config")
     if all_runs_exist "$config" && above "$steal" "$STEAL_RERUN" && (( SECONDS - t0 < GRID_BUDGET_S )); then
@@ -195,6 +225,15 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
             kept=second
         fi
         echo "$config: host steal $steal of the CPU time during its runs; ran again (steal $again), kept the $kept" | tee -a "$OUT/env.txt" >&2
+    fi
+    if [[ "$CPU_CHECK" == engine ]] && [[ -f "$OUT/runs/$config-hybrid.json" ]]; then
+        # From the profile and the speed of the kept runs' check before their first round,
+        # with hybrid at the fraction decided there.
+        speed=$("$FT" validate get "$OUT/runs/$config-hybrid.json" auto_cpu_speed 2> /dev/null || echo null)
+        f_model=$("$FT" validate get "$OUT/runs/$config-hybrid.json" fetch_fraction)
+        extra=(--fetch-fraction "$f_model")
+        [[ "$speed" != null ]] && extra+=(--cpu-speed "$speed")
+        predict_config "$config" "${extra[@]}" || continue
     fi
     done_configs=$(( done_configs + 1 ))
 done < <(tail -n +2 "$OUT/plan.csv")

@@ -13,7 +13,10 @@
 # there first). Env: FT, the ft binary (default: built here); FT_WHATIF_SPEED=check scales
 # by the CPU check instead (the run's `cpu.cpu_check` against the profile's `cpu_checks`:
 # the CPU side's own work timed, at every thread count the probe checked; grids from
-# 2026-12-06 on). Needs python3.
+# 2026-12-05T14Z on); FT_WHATIF_SPEED=first-check by the check before the run's first round only
+# (`cpu_check_rounds_us[0]`, what FT_CPU_CHECK=engine predicts with, before any measured
+# step); FT_WHATIF_SPEED=probe predicts from the probes alone (`--cpu-speed 1`,
+# undoing a grid's own check). Needs python3.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=common.sh
@@ -40,17 +43,20 @@ sys.path.insert(0, sys.argv[1])
 from diagnose import check_speed  # the same folder as this script
 d, config, geometry, threads = Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
 mode = os.environ.get("FT_WHATIF_SPEED", "stream")
+if mode == "probe":
+    print("--cpu-speed 1")
+    sys.exit(0)
 try:
     run = json.loads((d / "runs" / f"{config}-hybrid.json").read_text())
     cpu = run.get("cpu") or {}
-    if mode == "check":
+    if mode in ("check", "first-check"):
         refs = json.loads((d / "profiles" / f"{geometry}.json").read_text()).get("cpu_checks", [])
     else:
         probe = json.loads((d / "probes" / f"{geometry}.json").read_text())["outcome"]
 except (OSError, ValueError, KeyError, TypeError):
     sys.exit(0)
-if mode == "check":
-    speed = check_speed(run, refs)
+if mode in ("check", "first-check"):
+    speed = check_speed(run, refs, first_round=mode == "first-check")
     if speed:
         print(f"--cpu-speed {speed:.6f}")
 elif probe.get("threads") == threads and cpu.get("threads") == threads \
@@ -62,9 +68,13 @@ EOF
 repredict_grid "$FT" "$OUT" cpu_speed_of
 steps_of_runs "$FT" "$OUT"
 analyse_grid "$FT" "$OUT" "$STEPS" "$WARMUP" > /dev/null
-scaled=$(grep -l '"source": ".*CPU side at' "$OUT"/predictions/*.json 2> /dev/null | wc -l)
+scaled=$({ grep -l '"source": ".*CPU side at' "$OUT"/predictions/*.json 2> /dev/null || true; } | wc -l)
 {
-    if [[ "${FT_WHATIF_SPEED:-stream}" == check ]]; then
+    if [[ "${FT_WHATIF_SPEED:-stream}" == probe ]]; then
+        echo "what if: each configuration predicted from its probe alone (the CPU side at the probed speed), on the runs of $SRC"
+    elif [[ "${FT_WHATIF_SPEED:-stream}" == first-check ]]; then
+        echo "what if: each configuration predicted with its CPU side at the CPU check before its runs' first round against its profile's ($scaled configuration(s) had both), on the runs of $SRC"
+    elif [[ "${FT_WHATIF_SPEED:-stream}" == check ]]; then
         echo "what if: each configuration predicted with its CPU side at its runs' CPU check against its profile's ($scaled configuration(s) had both), on the runs of $SRC"
     else
         echo "what if: each configuration at the probe's threads predicted with its CPU side at its runs' STREAM read over its probe's ($scaled configuration(s) had both readings), on the runs of $SRC"

@@ -336,13 +336,6 @@ pub struct CpuCheck {
     pub time_us: f64,
     /// Repetitions timed.
     pub reps: u32,
-    /// Bytes of the bank the check walked through (its repetitions move on through it, so
-    /// that each reads DRAM). A later check away from the probe's engine
-    /// (`ft predict --cpu-check`) fills a bank of this size, so that it times the same
-    /// walk; 0 where not recorded (profiles from before 2026-12-05T17Z). Not part of
-    /// [`CpuCheck::same_work`]: the engine of `ft serve` or `ft run` walks its own bank.
-    #[serde(default)]
-    pub bank_bytes: f64,
 }
 
 impl CpuCheck {
@@ -747,7 +740,6 @@ mod tests {
             threads,
             time_us,
             reps: 50,
-            bank_bytes: 0.0,
         }
     }
 

@@ -18,7 +18,7 @@ use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::profile::CpuCheck;
 use ft_model::{ExpertId, ModelSpec, MoeGeometry};
 
-use crate::bank::{BankLayout, HostBank};
+use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::device::Device;
 use crate::engine::token_input;
@@ -91,44 +91,23 @@ pub fn measure(
         threads: exec.threads() as u32,
         time_us: timed[timed.len() / 2],
         reps: timed.len() as u32,
-        bank_bytes: layout.total_bytes() as f64,
     })
 }
 
 /// [`measure`] on a bank of `model` filled for the check (in `device`'s host memory:
 /// page-locked on a CUDA device, as the engine's bank), on a pool of its own
 /// ([`measure_on`]): `ft predict --cpu-check` times the CPU side this way without an engine.
-///
-/// `bank_bytes` is the size of the bank the reference check walked ([`CpuCheck::bank_bytes`]):
-/// the check fills as many whole layers of the model as come nearest to it and, as the probe
-/// and `ft run` do just before their checks, reads the bank once STREAM-style
-/// ([`bank_read_gbs`]), so that the walk and what precedes it are the reference's. Timed
-/// instead on one layer of at most [`CHECK_BANK_BYTES`] with no read first, the check ran
-/// 4 to 8% faster (median) than the runs' own checks a few seconds later (the validation
-/// grids of 2026-12-05T16Z), a bias that the CPU side's prediction then carried.
-/// `bank_bytes` 0 (a reference that did not record its bank) keeps that older walk.
+/// The bank is one layer of as many of the model's experts as fit [`CHECK_BANK_BYTES`] (at
+/// least `top_k`): enough distinct weights that every repetition reads DRAM, filled in a
+/// fraction of a second.
 pub fn measure_model(
     device: &Device,
     model: &ModelSpec,
-    bank_bytes: f64,
     threads: usize,
     wait: PoolWait,
     budget: Duration,
 ) -> Result<CpuCheck> {
     let g = model.geometry;
-    let path = ActivationPath::preferred(model.format);
-    if bank_bytes > 0.0 {
-        let layer_bytes = BankLayout::new(model.format, &MoeGeometry { moe_layers: 1, ..g })?
-            .total_bytes() as f64;
-        let layers = ((bank_bytes / layer_bytes).round() as usize).clamp(1, g.moe_layers.max(1));
-        let geometry = MoeGeometry {
-            moe_layers: layers,
-            ..g
-        };
-        let bank = HostBank::from_seed(device, model.format, &geometry, CHECK_SEED)?;
-        bank_read_gbs(threads, &bank)?;
-        return measure_on(threads, wait, &bank, path, budget, 0);
-    }
     let fit = (CHECK_BANK_BYTES / model.expert_bytes().max(1)) as usize;
     let geometry = MoeGeometry {
         experts: fit.clamp(g.top_k, g.experts.max(g.top_k)),
@@ -136,27 +115,13 @@ pub fn measure_model(
         ..g
     };
     let bank = HostBank::from_seed(device, model.format, &geometry, CHECK_SEED)?;
+    let path = ActivationPath::preferred(model.format);
     measure_on(threads, wait, &bank, path, budget, 0)
 }
 
-/// Most bytes of expert weights [`measure_model`] fills for its bank where the reference
-/// did not record its own: above any last level cache of the machines it runs on (at most
-/// 320 MB), and quick to fill.
+/// Most bytes of expert weights [`measure_model`] fills for its bank: above any last level
+/// cache of the machines it runs on (at most 320 MB), and quick to fill.
 pub const CHECK_BANK_BYTES: u64 = 768 << 20;
-
-/// The CPU's ceiling as `ft run` reads it before each round: one STREAM read of a window of
-/// `bank` ([`ft_kernels::stream::read_window`], three repetitions) by `threads` threads, in
-/// GB/s (the median). The probe reads it just before its checks, and [`measure_model`]
-/// before its own.
-pub fn bank_read_gbs(threads: usize, bank: &HostBank) -> Result<f64> {
-    let pool =
-        ft_kernels::step::build_pool(threads).map_err(|e| RuntimeError::Kernel(e.to_string()))?;
-    let bytes = bank.buffer().as_slice();
-    Ok(
-        ft_kernels::stream::read_window(&pool, bytes, ft_kernels::stream::CEILING_READ_BYTES, 0, 3)
-            .median_gbs(),
-    )
-}
 
 /// [`measure`] on a pool of its own: `threads` threads waiting by `wait` (the probe checks
 /// the thread counts it has no serving executor for this way).

@@ -720,7 +720,7 @@ fn probe_once(
         ..alt_geometry
     };
     let alt_bank = HostBank::from_seed(device, model.format, &alt_geometry, config.seed ^ 0xA17)?;
-    let stream_read_start_gbs = crate::cpu_check::bank_read_gbs(threads, engine.bank())?;
+    let stream_read_start_gbs = bank_ceiling_gbs(threads, engine.bank())?;
     let extra_threads = slowdown_threads(config, threads);
     let check_threads: Vec<usize> = std::iter::once(threads)
         .chain(extra_threads.iter().copied())
@@ -864,7 +864,7 @@ fn probe_once(
         });
     }
     let (h2d_gbs, d2h_gbs) = link_probe(device, engine.bank())?;
-    let stream_read_gbs = crate::cpu_check::bank_read_gbs(threads, engine.bank())?;
+    let stream_read_gbs = bank_ceiling_gbs(threads, engine.bank())?;
     let cpu_checks_end = cpu_checks_at(&check_threads, wait, engine.bank(), act)?;
     let bench_bw = if alt_is_bench || sizes.served_is_bench {
         bench.finish(if sizes.served_is_bench {
@@ -957,6 +957,18 @@ pub fn probe_cpu_checks(outcome: &ProbeOutcome) -> Vec<CpuCheck> {
         }
     }
     out
+}
+
+/// The CPU's ceiling as `ft run` reads it before each round (`read_window` of the served
+/// bank with the serving threads), so that a run's reading compares with the probe's, GB/s.
+fn bank_ceiling_gbs(threads: usize, bank: &HostBank) -> Result<f64> {
+    let pool =
+        ft_kernels::step::build_pool(threads).map_err(|e| RuntimeError::Kernel(e.to_string()))?;
+    let bytes = bank.buffer().as_slice();
+    Ok(
+        ft_kernels::stream::read_window(&pool, bytes, ft_kernels::stream::CEILING_READ_BYTES, 0, 3)
+            .median_gbs(),
+    )
 }
 
 /// The second expert geometry: the bench's in the served format when the sizes are distinct

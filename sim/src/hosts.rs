@@ -12,7 +12,7 @@ use std::path::Path;
 use ft_model::host::HostSpec;
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::PerfModel;
-use ft_model::profile::Profile;
+use ft_model::profile::{CpuCheck, Profile};
 
 /// A host as the simulator uses it: cost parameters with their uncertainty, from a spec
 /// (through `PerfParams::from_host`) or a fitted profile.
@@ -30,6 +30,9 @@ pub struct SimHost {
     pub bench: Option<BenchBw>,
     /// The spec, when the host came from one.
     pub spec: Option<HostSpec>,
+    /// The probe's CPU checks (a profile's; empty for a spec or an older profile): what a
+    /// later check of the CPU side is set against (`ft run --fetch-fraction auto`).
+    pub cpu_checks: Vec<CpuCheck>,
 }
 
 /// A host given by a spec (a preset or a TOML file), with the parameters it implies; it
@@ -74,6 +77,7 @@ impl From<SpecHost> for SimHost {
             wake_us: h.spec.engine.cpu_wake_us,
             bench: h.bench,
             spec: Some(h.spec),
+            cpu_checks: Vec::new(),
         }
     }
 }
@@ -97,6 +101,7 @@ impl SimHost {
             wake_us: 0.0,
             bench: p.bench_bw,
             spec: None,
+            cpu_checks: p.cpu_checks,
         })
     }
 }
