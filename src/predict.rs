@@ -78,7 +78,10 @@ pub struct Args {
     /// token, from a bank of the model filled on DEVICE's host memory, `cuda` or `host`,
     /// with the profile's threads) and predict with the CPU side at its speed against the
     /// profile's own check of the same work, as `ft serve` does at start. Needs --profile
-    /// from a probe that kept its checks.
+    /// from a probe that kept its checks. Taken here, without an engine, the check has run 6
+    /// to 9% faster than an engine's check of the same work seconds later (the validation
+    /// grids of 2026-12-05T16Z): where a run or a server follows, the speed its own engine
+    /// checks (`ft run --fetch-fraction auto --host PROFILE`, `ft serve`) is the one to use.
     #[arg(
         long,
         value_name = "DEVICE",
