@@ -1195,6 +1195,15 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+/// Per-round readings for the table: `values` with `decimals` decimals, comma-separated.
+fn rounds_text(values: &[f64], decimals: usize) -> String {
+    values
+        .iter()
+        .map(|v| format!("{v:.decimals$}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     let s = &r.summary;
     writeln!(
@@ -1308,11 +1317,6 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         )?;
     }
     if let Some(c) = &r.cpu {
-        let rounds: Vec<String> = c
-            .stream_read_rounds_gbs
-            .iter()
-            .map(|g| format!("{g:.1}"))
-            .collect();
         writeln!(
             out,
             "  {:<width$}  {:.1} GB/s while busy; STREAM read of the bank {:.1} GB/s ({} threads; rounds {}); at {:.0}% of it",
@@ -1320,15 +1324,10 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
             c.cpu_gbs_while_busy,
             c.stream_read_gbs,
             c.threads,
-            rounds.join(", "),
+            rounds_text(&c.stream_read_rounds_gbs, 1),
             100.0 * c.share_of_stream
         )?;
         if let Some(check) = &c.cpu_check {
-            let rounds: Vec<String> = c
-                .cpu_check_rounds_us
-                .iter()
-                .map(|us| format!("{us:.0}"))
-                .collect();
             writeln!(
                 out,
                 "  {:<width$}  {:.0} us for {} experts at 1 token ({} threads; rounds {})",
@@ -1336,7 +1335,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
                 check.time_us,
                 check.experts,
                 check.threads,
-                rounds.join(", "),
+                rounds_text(&c.cpu_check_rounds_us, 0),
             )?;
         }
     }

@@ -99,6 +99,11 @@ def main(d):
 CHECK_WORK = ("experts", "tokens_per_expert", "expert_bytes", "threads")
 
 
+def same_work(a, b):
+    """True when two CPU checks (JSON) timed the same work (`CpuCheck::same_work`)."""
+    return all(a.get(k) == b.get(k) for k in CHECK_WORK)
+
+
 def check_speed(run_doc, references, first_round=False):
     """How many times faster the CPU side ran in a run (`ft run --json`) than in the
     reference check of the same work (a profile's `cpu_checks`): the reference's time over
@@ -114,13 +119,23 @@ def check_speed(run_doc, references, first_round=False):
     if not check or check["time_us"] <= 0:
         return None
     for ref in references:
-        if all(ref[k] == check[k] for k in CHECK_WORK) and ref["time_us"] > 0:
+        if same_work(ref, check) and ref["time_us"] > 0:
             return ref["time_us"] / check["time_us"]
+    return None
+
+def over_first_round(now, run_doc):
+    """A CPU check's time (`now`, JSON) over a run's check of the same work before its first
+    round (`cpu_check_rounds_us[0]`, on the run's own engine); None where the run has none or
+    timed other work."""
+    cpu = run_doc.get("cpu") or {}
+    rounds = cpu.get("cpu_check_rounds_us") or []
+    if rounds and rounds[0] > 0 and same_work(cpu.get("cpu_check") or {}, now):
+        return now["time_us"] / rounds[0]
     return None
 
 def check_context(runs, predictions):
     """Per configuration predicted with `ft predict --cpu-check` (FT_CPU_CHECK=predict): its
-    check's time over the hybrid run's check before its first round (`cpu_check_rounds_us[0]`,
+    check's time over the hybrid run's check before its first round ([`over_first_round`]:
     the same work on the runs' own engine seconds later)."""
     out = []
     if not os.path.isdir(predictions):
@@ -128,13 +143,12 @@ def check_context(runs, predictions):
     for name in sorted(os.listdir(predictions)):
         try:
             now = (json.load(open(os.path.join(predictions, name))).get("cpu_check") or {})["now"]
-            cpu = json.load(open(os.path.join(runs, name.replace(".json", "-hybrid.json"))))["cpu"]
+            run = json.load(open(os.path.join(runs, name.replace(".json", "-hybrid.json"))))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        rounds = cpu.get("cpu_check_rounds_us") or []
-        ref = cpu.get("cpu_check") or {}
-        if rounds and rounds[0] > 0 and all(ref.get(k) == now.get(k) for k in CHECK_WORK):
-            out.append(now["time_us"] / rounds[0])
+        ratio = over_first_round(now, run)
+        if ratio is not None:
+            out.append(ratio)
     return out
 
 def cpu_blocks_us(profile_path, threads=None):

@@ -13,7 +13,7 @@ diagnose.py only.
 """
 import csv, json, os, statistics, sys
 
-from diagnose import check_speed, cpu_blocks_us  # the same folder
+from diagnose import check_speed, cpu_blocks_us, over_first_round  # the same folder
 
 
 def pearson(xs, ys):
@@ -88,7 +88,7 @@ def main(d):
 
 def predict_checks(d, runs):
     """`ft predict --cpu-check`'s check (checks/<i>-<name>.json, taken before run i) over run
-    i's own check of the same work: how far a check taken in a process of its own sits from
+    i's own check of the same work before its first round (diagnose.over_first_round): how far a check taken in a process of its own sits from
     the one the run's engine takes seconds later, per name (drift.sh's FT_DRIFT_PREDICT_CHECK;
     the run of 2026-12-05T16:47Z had two, probe-bank and small-bank)."""
     folder = os.path.join(d, "checks")
@@ -101,10 +101,9 @@ def predict_checks(d, runs):
             now = json.load(open(os.path.join(folder, name)))["cpu_check"]["now"]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        run = (runs.get(int(i)) or {}).get("cpu") or {}
-        ref = run.get("cpu_check")
-        if ref and ref.get("threads") == now.get("threads") and ref.get("time_us"):
-            by_bank.setdefault(bank, []).append((now["time_us"] / ref["time_us"], now.get("bank_bytes", 0)))
+        ratio = over_first_round(now, runs.get(int(i)) or {})
+        if ratio is not None:
+            by_bank.setdefault(bank, []).append((ratio, now.get("bank_bytes", 0)))
     for bank, xs in sorted(by_bank.items()):
         ratios = sorted(x for x, _ in xs)
         walked = f" ({xs[0][1] / 2**30:.2f} GiB walked)" if xs[0][1] else ""
