@@ -13,7 +13,9 @@ use std::path::PathBuf;
 use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::predict::{MissMode, PredictConfig};
-use ft_model::perf::{decide, predict, Decision, PerfModel, PerfParams, Prediction, Resource};
+use ft_model::perf::{
+    decide, predict, CpuSpeedSource, Decision, PerfModel, PerfParams, Prediction, Resource,
+};
 use ft_model::profile::{CpuCheck, Profile};
 use ft_model::{FetchFraction, ModelSpec};
 
@@ -69,9 +71,10 @@ pub struct Args {
     /// Seed replacing the routing process's.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// What-if: the host's CPU side at this multiple of the speed its profile or spec gives
-    /// (rates times it, fixed costs divided by it; the link, the GPU and DRAM as they are),
-    /// e.g. a same-run STREAM read over the probe's. 1 = as given.
+    /// The host's CPU side at this multiple of the speed its profile or spec gives (rates
+    /// times it, fixed costs divided by it; the link, the GPU and DRAM as they are): a
+    /// what-if, or a speed measured elsewhere, e.g. the `auto_cpu_speed` of an `ft run`
+    /// report or a same-run STREAM read over the probe's. 1 = as given.
     #[arg(long, default_value_t = 1.0)]
     pub cpu_speed: f64,
     /// Time the CPU side here and now (the CPU check: one layer of top_k experts at one
@@ -169,13 +172,12 @@ impl Args {
                 let mut perf = p.perf_model(&label);
                 if let Some(device) = &self.cpu_check {
                     let c = check_cpu_speed(device, &p, &model)?;
-                    let source = format!(
-                        "{}, CPU side at {:.3}x the probe's (CPU check now {:.0} us, probe {:.0} us)",
-                        perf.source, c.speed, c.now.time_us, c.probe.time_us
-                    );
-                    perf = perf
-                        .with_cpu_speed(c.speed, source)
-                        .context("--cpu-check")?;
+                    let why = CpuSpeedSource::Checked {
+                        when: "now".into(),
+                        now_us: c.now.time_us,
+                        probe_us: c.probe.time_us,
+                    };
+                    perf = perf.at_cpu_speed(c.speed, &why).context("--cpu-check")?;
                     cpu_check = Some(c);
                 }
                 (perf, p.bench_bw, label)
@@ -190,8 +192,10 @@ impl Args {
         let perf = if self.cpu_speed == 1.0 {
             perf
         } else {
-            let source = format!("{}, CPU side at {}x (what-if)", perf.source, self.cpu_speed);
-            perf.with_cpu_speed(self.cpu_speed, source)
+            let why = CpuSpeedSource::Given {
+                flag: "--cpu-speed".into(),
+            };
+            perf.at_cpu_speed(self.cpu_speed, &why)
                 .context("--cpu-speed")?
         };
         let miss = match self.miss_rate {

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 
 use ft_kernels::ActivationPath;
 use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::perf::CpuSpeedSource;
 use ft_model::profile::CpuCheck;
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
 use ft_model::{
@@ -560,15 +561,19 @@ fn resolve_auto_at_check(
         );
         return Ok(());
     };
-    let source = format!(
-        "auto: the performance model of host '{}' with its CPU side at {speed:.2}x the probe's \
-         (the CPU check before the first round: {:.0} us, the probe's {:.0} us)",
-        host.name, now.time_us, probe.time_us
-    );
+    let why = CpuSpeedSource::Checked {
+        when: "before the first round".into(),
+        now_us: now.time_us,
+        probe_us: probe.time_us,
+    };
     let scaled = host
         .perf
-        .with_cpu_speed(speed, source.clone())
+        .at_cpu_speed(speed, &why)
         .context("scaling the CPU side by the check before the first round")?;
+    let source = format!(
+        "auto: the performance model of host '{}' ({})",
+        host.name, scaled.source
+    );
     let f = AutoHost::fraction(&scaled, args, model, slots, policy)?;
     tracing::info!("{source}: fetch fraction {f:.3}");
     for v in variants.iter_mut().filter(|v| v.auto) {

@@ -33,7 +33,7 @@ use anyhow::{bail, Context, Result};
 use ft_model::cache::CacheSize;
 use ft_model::perf::fit::{FitConfig, ProbeSamples};
 use ft_model::perf::predict::default_cache_slots;
-use ft_model::perf::{PerfModel, PredictConfig};
+use ft_model::perf::{CpuSpeedSource, PerfModel, PredictConfig};
 use ft_model::profile::{self, CpuCheck, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
 use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
@@ -530,14 +530,16 @@ pub fn run(args: Args) -> Result<()> {
             if args.no_cpu_check {
                 info!("--no-cpu-check: the CPU side is predicted at the speed the profile was probed at");
             } else if let Some((speed, now, then)) = cpu_speed_at_start(&mut engine, &cpu_checks)? {
-                source = format!(
-                    "{source}; CPU side at {speed:.2}x the probe's (the CPU check at start: {:.0} us, the probe's {:.0} us)",
-                    now.time_us, then.time_us
-                );
-                info!("{source}");
+                let why = CpuSpeedSource::Checked {
+                    when: "at start".into(),
+                    now_us: now.time_us,
+                    probe_us: then.time_us,
+                };
                 let scaled = perf
-                    .with_cpu_speed(speed, source.clone())
+                    .at_cpu_speed(speed, &why)
                     .context("scaling the CPU side by the check at start")?;
+                source = scaled.source.clone();
+                info!("{source}");
                 predictor = PerfPredictor::new(
                     model.clone(),
                     scaled,

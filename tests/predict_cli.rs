@@ -32,7 +32,7 @@ fn predict_json_on_the_field_report() {
     assert_eq!(strategies[0]["bound"], "pcie");
 }
 
-/// `--cpu-speed`, a what-if: the CPU side at half speed takes twice the CPU time per token
+/// `--cpu-speed` (a what-if, or a speed measured elsewhere): the CPU side at half speed takes twice the CPU time per token
 /// (the cpu strategy's CPU column), offload (no CPU share) is unchanged, and the source says
 /// it.
 #[test]
@@ -61,7 +61,10 @@ fn a_cpu_speed_what_if_scales_the_cpu_side_only() {
     assert!((b - 2.0 * a).abs() < 1e-6 * a, "cpu busy {a} -> {b}");
     assert!(get(&half, "cpu", &["step_us"]) > get(&full, "cpu", &["step_us"]));
     let source = half["prediction"]["source"].as_str().unwrap();
-    assert!(source.contains("CPU side at 0.5x"), "{source}");
+    assert!(
+        source.contains("CPU side at 0.500x the probe's (given with --cpu-speed)"),
+        "{source}"
+    );
 }
 
 #[test]
@@ -244,7 +247,10 @@ fn a_cpu_check_scales_the_cpu_side_by_the_speed_it_measures() {
         "cpu busy {a} -> {b} at {speed}x"
     );
     let source = v["prediction"]["source"].as_str().unwrap();
-    assert!(source.contains("the probe's (CPU check now"), "{source}");
+    assert!(
+        source.contains("the probe's (the CPU check now:"),
+        "{source}"
+    );
     // A profile without checks, a device that is not one, a check without a profile.
     let out = run(&plain, &["--cpu-check", "host"]);
     assert!(!out.status.success());

@@ -1048,17 +1048,64 @@ pub struct PerfModel {
     pub source: String,
 }
 
+/// Where the CPU speed that rescales a model ([`PerfModel::at_cpu_speed`]) came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CpuSpeedSource {
+    /// A CPU check of the served work taken `when` (e.g. "at start"): `now_us` against the
+    /// probe's check of the same work, `probe_us`.
+    Checked {
+        /// When the check was taken, in words ("at start", "before the first round").
+        when: String,
+        /// The check's time now, in us.
+        now_us: f64,
+        /// The probe's check of the same work, in us.
+        probe_us: f64,
+    },
+    /// Given by the user with `flag` (a what-if, or a speed measured elsewhere).
+    Given {
+        /// The option that gave it, e.g. `--cpu-speed`.
+        flag: String,
+    },
+}
+
+impl std::fmt::Display for CpuSpeedSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CpuSpeedSource::Checked {
+                when,
+                now_us,
+                probe_us,
+            } => write!(
+                f,
+                "the CPU check {when}: {now_us:.0} us, the probe's {probe_us:.0} us"
+            ),
+            CpuSpeedSource::Given { flag } => write!(f, "given with {flag}"),
+        }
+    }
+}
+
 impl PerfModel {
     /// This model with its CPU side at `speed` times its speed ([`PerfParams::with_cpu_speed`])
-    /// and `source` saying why (the covariance and degrees of freedom as they are): the one
-    /// way `ft predict --cpu-speed`, `ft predict --cpu-check` and `ft serve`'s check at start
-    /// rescale a model.
+    /// and `source` saying why (the covariance and degrees of freedom as they are).
     pub fn with_cpu_speed(&self, speed: f64, source: String) -> Result<PerfModel> {
         Ok(PerfModel {
             params: self.params.with_cpu_speed(speed)?,
             source,
             ..self.clone()
         })
+    }
+
+    /// This model with its CPU side at `speed` times the probe's, its source extended by
+    /// where that speed came from (`why`), in one wording: the one way `ft predict
+    /// --cpu-speed` and `--cpu-check`, `ft serve`'s check at start and `ft run`'s auto
+    /// fraction rescale a model, e.g. `profile P; CPU side at 0.93x the probe's (the CPU
+    /// check at start: 812 us, the probe's 755 us)`.
+    pub fn at_cpu_speed(&self, speed: f64, why: &CpuSpeedSource) -> Result<PerfModel> {
+        let source = format!(
+            "{}; CPU side at {speed:.3}x the probe's ({why})",
+            self.source
+        );
+        self.with_cpu_speed(speed, source)
     }
 
     /// The model of an unprobed host: [`PerfParams::from_host`] with
@@ -1078,6 +1125,34 @@ impl PerfModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rescaled_model_says_where_its_cpu_speed_came_from() {
+        let host = HostSpec::field_report();
+        let m = PerfModel::from_host(&host).unwrap();
+        let checked = CpuSpeedSource::Checked {
+            when: "at start".into(),
+            now_us: 812.4,
+            probe_us: 755.0,
+        };
+        let q = m.at_cpu_speed(0.93, &checked).unwrap();
+        assert_eq!(q.params, m.params.with_cpu_speed(0.93).unwrap());
+        assert_eq!(
+            q.source,
+            format!(
+                "{}; CPU side at 0.930x the probe's (the CPU check at start: 812 us, the probe's 755 us)",
+                m.source
+            )
+        );
+        let given = CpuSpeedSource::Given {
+            flag: "--cpu-speed".into(),
+        };
+        let g = m.at_cpu_speed(2.0, &given).unwrap();
+        assert!(g
+            .source
+            .ends_with("CPU side at 2.000x the probe's (given with --cpu-speed)"));
+        assert!(m.at_cpu_speed(0.0, &given).is_err());
+    }
 
     #[test]
     fn every_param_reads_back_what_was_written() {
