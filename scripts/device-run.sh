@@ -25,7 +25,7 @@
 # before concurrency, cache-history and fetch-fraction probed the machine first: about 20 s
 # each more). A runtime-grid step needs about 150 s with FT_QUICK=1 (90 s cut it).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 ROOT=$PWD
 : "${OUT:?set OUT}"
 R="$OUT/r"

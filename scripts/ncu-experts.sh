@@ -6,7 +6,7 @@
 #
 # Usage (on the GPU machine, carry/device/ carried): scripts/ncu-experts.sh OUTDIR
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit
 out=${1:?usage: scripts/ncu-experts.sh OUTDIR}
 mkdir -p "$out"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)

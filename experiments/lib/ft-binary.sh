@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the experiment scripts: the ft binary they run.
 #
 # resolve_ft

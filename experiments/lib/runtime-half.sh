@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the experiments whose GPU half runs `ft run --layers N`: the layer-reduced model
 # and the cache that keeps a full model's cache share, so that the runtime, the simulator
 # and the model all describe the same run.
@@ -34,6 +35,7 @@ runtime_host() {
     if FT_CACHE_DIR="$out/cache" "$ft" probe --device "$device" --model "$out/models/runtime.toml" \
         --force --budget-s "$budget" --profile-out "$out/profile.json" --json \
         > "$out/raw/probe.json" 2> "$out/raw/probe.log"; then
+        # shellcheck disable=SC2034 # SIM_HOST is read by the script that sources this file
         SIM_HOST="$out/profile.json"
         echo "runtime half: simulator and model on this machine's profile (ft probe: profile.json)" >> "$out/env.txt"
     else

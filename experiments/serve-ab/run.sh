@@ -69,7 +69,8 @@ done
 
 run_service() { # index strategy warmup
   local i="$1" strategy="$2" warm="$3" port=$((PORT + $1))
-  local tag="$i-$strategy$([[ $warm == 0 ]] && echo -fresh)"
+  local tag
+  tag="$i-$strategy$([[ $warm == 0 ]] && echo -fresh)"
   "$FT" -v serve "${common[@]}" --moe-strategy "$strategy" --port "$port" --json \
     > "$OUT/service-$tag.start.json" 2> "$OUT/service-$tag.log" &
   local pid=$!

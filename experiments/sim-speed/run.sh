@@ -21,8 +21,8 @@ write_env_txt "$OUT/machine.txt" "sim-speed ($(run_size))" "$0 $*" \
 HOSTS=rtx4090-2x-xeon4310,rtxpro4000-gen3-epyc7302,gh200,h200-xeon-emr
 STRATS=offload,cpu,resident,hybrid:0.1,hybrid:0.2,hybrid:0.3,hybrid:0.4,hybrid:0.5,hybrid:0.6,hybrid:0.7
 if [ "${FT_QUICK:-0}" = "1" ]; then STRATS=offload,hybrid:0.3; HOSTS=gh200,h200-xeon-emr; fi
-CMD=("$FT" -v simulate --sweep "host=$HOSTS" --sweep streams=1,2,4,8,16
-  --sweep cache-slots=2000,4000,6000,8000,10000 --sweep "strategy=$STRATS"
+CMD=("$FT" -v simulate --sweep "host=$HOSTS" --sweep "streams=1,2,4,8,16"
+  --sweep "cache-slots=2000,4000,6000,8000,10000" --sweep "strategy=$STRATS"
   --steps 256 --warmup 64 --out "$OUT/sweep.csv")
 echo "${CMD[*]}" > "$OUT/sweep-command.txt"
 TIMEFORMAT='%R %U %S'

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by run.sh (the experiment) and reanalyze.sh (the same measurements, this build's
 # fitting): the steps both take on a result folder.
 
@@ -41,6 +42,7 @@ repredict_grid() {
     local ft="$1" dir="$2" extra_fn="${3:-}" config geometry layers model_toml residency cache_slots streams threads context
     local run_doc f_run steps warmup seed extra speed
     mkdir -p "$dir/predictions"
+    # shellcheck disable=SC2034 # every column of plan.csv is named, not all are used here
     while IFS=, read -r config geometry layers model_toml residency cache_slots streams threads context; do
         [[ -f "$dir/runs/$config-hybrid.json" ]] || continue
         # Hybrid predicted at the fraction its run used (the first fit's choice), not at the
@@ -75,6 +77,8 @@ steps_of_runs() {
     local ft="$1" dir="$2" doc
     doc=$(ls "$dir"/runs/*-hybrid.json 2> /dev/null | head -1)
     [[ -n "$doc" ]] || { echo "validate-h200: no run to re-analyse in $dir" >&2; return 1; }
+    # shellcheck disable=SC2034 # STEPS and WARMUP are read by the scripts that source this file
     STEPS=$("$ft" validate get "$doc" summary.steps)
+    # shellcheck disable=SC2034
     WARMUP=$("$ft" validate get "$doc" summary.warmup_steps)
 }
