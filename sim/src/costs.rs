@@ -14,7 +14,7 @@
 //! | fetched kernels | `fetched_kernels`: the chunks before the last queued behind the hits, one launch each; the last chunk after the gather and them, its launch after both |
 //! | gather (H2D copy stream) | `gather_layer_us` once, then per expert `gather_copy_us` + bytes (times `link_serving_factor(threads)` beside a CPU share) at `gather_gbs` |
 //! | CPU share | `cpu_fixed_us` (less the pool wake-up, paid only when parked), then bytes (times `1 + cpu_serving_slowdown`) at `cpu_rate_gbs(threads)` |
-//! | contention | `serving_dram_shares(cpu rate, gather rate)` while both stream bytes |
+//! | contention | `dram_shares(cpu rate, gather rate)` while both stream bytes |
 //! | round trip | activations to the host at `activation_link_gbs`, `sync_us`, the partial output back; the host's own time in the layer (planning, submitting) beyond the dense part (`host_issue_wait_us`) before the CPU share |
 //! | combine | `combine_us` (a launch) |
 //! | overhead | `overhead.get(kind)` after the layer |
@@ -97,7 +97,7 @@ impl CostModel {
         let shape = ExpertShape::of(model);
         let cpu_gbs = params.cpu_rate_gbs(params.cpu_threads as f64);
         let (cpu_contended_gbs, gather_contended_gbs) =
-            params.serving_dram_shares(cpu_gbs, params.gather_gbs, params.cpu_threads as f64);
+            params.dram_shares(cpu_gbs, params.gather_gbs);
         Ok(CostModel {
             wake_us: wake_us.clamp(0.0, params.cpu_layer_us),
             shape,
@@ -139,7 +139,7 @@ impl CostModel {
             .map(|g| {
                 let threads = self.lane_threads(g);
                 let cpu_gbs = p.cpu_rate_gbs(threads);
-                let (cpu_c, dma_c) = p.serving_dram_shares(cpu_gbs, p.gather_gbs, threads);
+                let (cpu_c, dma_c) = p.dram_shares(cpu_gbs, p.gather_gbs);
                 let mut r = self.resources();
                 r.dram = Dram::shared(
                     DramParams {
@@ -150,7 +150,6 @@ impl CostModel {
                     },
                     p.dram_gbs,
                     p.dma_dram_weight,
-                    p.beside_slowdown(threads),
                 );
                 r.cpu = CpuPool::new(CpuPoolParams {
                     threads: threads as usize,

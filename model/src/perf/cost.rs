@@ -71,24 +71,6 @@ pub fn dram_shares_of(
     }
 }
 
-/// [`PerfParams::serving_dram_shares`] of explicit parameters (`cpu_beside_link_slowdown`
-/// dimensionless, the rest as [`dram_shares_of`]), for a simulated DRAM shared by several
-/// lanes.
-pub fn serving_dram_shares_of(
-    dram_gbs: f64,
-    dma_weight: f64,
-    cpu_beside_link_slowdown: f64,
-    cpu_demand_gbs: f64,
-    dma_demand_gbs: f64,
-) -> (f64, f64) {
-    let (cpu, dma) = dram_shares_of(dram_gbs, dma_weight, cpu_demand_gbs, dma_demand_gbs);
-    if cpu_demand_gbs > 0.0 && dma_demand_gbs > 0.0 {
-        (cpu / (1.0 + cpu_beside_link_slowdown), dma)
-    } else {
-        (cpu, dma)
-    }
-}
-
 /// Relative tolerance at which two byte streams of [`PerfParams::overlapped_gpus`] count as
 /// ending together (a rounding error of the fluid's arithmetic).
 const FLUID_END_REL: f64 = 1e-12;
@@ -201,32 +183,13 @@ impl PerfParams {
     /// threads between the measured counts ([`PerfParams::cpu_serving_slowdown_at`] and
     /// `cpu_threads` itself), flat beyond them.
     pub fn serving_slowdown(&self, threads: f64) -> f64 {
-        self.slowdown_at_threads(threads, |k| k.slowdown, self.cpu_serving_slowdown)
-    }
-
-    /// The CPU share's slowdown beside a gather at `threads` threads, dimensionless
-    /// ([`PerfParams::cpu_beside_link_slowdown`] and the `beside` of
-    /// [`PerfParams::cpu_serving_slowdown_at`]), interpolated as
-    /// [`PerfParams::serving_slowdown`] is.
-    pub fn beside_slowdown(&self, threads: f64) -> f64 {
-        self.slowdown_at_threads(threads, |k| k.beside, self.cpu_beside_link_slowdown)
-    }
-
-    /// One of the slowdowns at `threads`: `of` of each measured count's entry and `serving`
-    /// at `cpu_threads`, linear in threads between them and flat beyond.
-    fn slowdown_at_threads(
-        &self,
-        threads: f64,
-        of: impl Fn(&super::ThreadSlowdown) -> f64,
-        serving: f64,
-    ) -> f64 {
         let mut knots: Vec<(f64, f64)> = self
             .cpu_serving_slowdown_at
             .iter()
             .filter(|k| k.threads != self.cpu_threads)
-            .map(|k| (k.threads as f64, of(k)))
+            .map(|k| (k.threads as f64, k.slowdown))
             .collect();
-        knots.push((self.cpu_threads as f64, serving));
+        knots.push((self.cpu_threads as f64, self.cpu_serving_slowdown));
         knots.sort_by(|a, b| a.0.total_cmp(&b.0));
         let (first, last) = (knots[0], knots[knots.len() - 1]);
         if threads <= first.0 {
@@ -243,9 +206,8 @@ impl PerfParams {
     /// These parameters re-expressed for a pool of `threads` threads: the streaming rate,
     /// the per-expert cost and the token rate along their thread laws
     /// ([`PerfParams::cpu_rate_gbs`], [`PerfParams::cpu_expert_cost_us`],
-    /// [`PerfParams::cpu_token_rate_gmacs`]), the serving slowdowns at that count
-    /// ([`PerfParams::serving_slowdown`], [`PerfParams::beside_slowdown`]; the measured
-    /// counts are kept, so the interpolation
+    /// [`PerfParams::cpu_token_rate_gmacs`]), the serving slowdown at that count
+    /// ([`PerfParams::serving_slowdown`]; the measured counts are kept, so the interpolation
     /// is the same function afterwards), `cpu_threads = threads`; every other parameter as
     /// it is. The profile's version ([`crate::profile::Profile::at_threads`]) also carries
     /// the covariance and prefers a rate measured at that very count.
@@ -256,7 +218,6 @@ impl PerfParams {
         q.cpu_token_gmacs = self.cpu_token_rate_gmacs(t);
         q.cpu_expert_us = self.cpu_expert_cost_us(t);
         q.cpu_serving_slowdown = self.serving_slowdown(t);
-        q.cpu_beside_link_slowdown = self.beside_slowdown(t);
         if threads != self.cpu_threads && !self.cpu_serving_slowdown_at.is_empty() {
             // The serving count becomes a knot of the table, the new count leaves it.
             q.cpu_serving_slowdown_at.retain(|k| k.threads != threads);
@@ -264,7 +225,6 @@ impl PerfParams {
                 threads: self.cpu_threads,
                 slowdown: self.cpu_serving_slowdown,
                 se: f64::NAN,
-                beside: self.cpu_beside_link_slowdown,
             });
             q.cpu_serving_slowdown_at.sort_by_key(|k| k.threads);
         }
@@ -392,32 +352,12 @@ impl PerfParams {
         )
     }
 
-    /// The DRAM rates a decode layer's CPU share of `threads` threads and its gather get
-    /// when they stream together, in GB/s: [`PerfParams::dram_shares`], the CPU's divided by
-    /// `1 +` [`PerfParams::beside_slowdown`] (what the decode step measured beyond the
-    /// contended probes, from which the DRAM shares are fitted). One side alone gets its
-    /// demand, as there.
-    pub fn serving_dram_shares(
-        &self,
-        cpu_demand_gbs: f64,
-        dma_demand_gbs: f64,
-        threads: f64,
-    ) -> (f64, f64) {
-        serving_dram_shares_of(
-            self.dram_gbs,
-            self.dma_dram_weight,
-            self.beside_slowdown(threads),
-            cpu_demand_gbs,
-            dma_demand_gbs,
-        )
-    }
-
     /// A gather of `gather_experts` experts and a CPU step of `cpu_experts` experts
     /// (`cpu_tokens` pairs, `threads` threads) started together, in us.
     ///
     /// Both byte streams are assumed to start at the same time (their fixed costs are added
     /// after, which overstates the overlap slightly and so the contention): while both
-    /// stream, each runs at its contended rate ([`PerfParams::serving_dram_shares`]); when one
+    /// stream, each runs at its contended rate ([`PerfParams::dram_shares`]); when one
     /// finishes the other continues alone at its isolated rate. Both streams are the decode
     /// layer's: the CPU's with its serving slowdown ([`PerfParams::cpu_serving_stream_us`]),
     /// the gather's, where a CPU share runs beside it, with the link's
@@ -442,7 +382,7 @@ impl PerfParams {
         let (mut end_g, mut end_c) = (sg, sc);
         if sg > 0.0 && sc > 0.0 {
             let demand_c = self.cpu_rate_gbs(threads);
-            let (c2, g2) = self.serving_dram_shares(demand_c, self.gather_gbs, threads);
+            let (c2, g2) = self.dram_shares(demand_c, self.gather_gbs);
             let slow_c = demand_c / c2;
             let slow_g = self.gather_gbs / g2;
             let (tg, tc) = (sg * slow_g, sc * slow_c);
@@ -470,8 +410,7 @@ impl PerfParams {
     /// DRAM shares are [`PerfParams::dram_shares`] of the summed demands (each CPU share
     /// asks for its workers' isolated rate, each link for `gather_gbs`), and each side's
     /// share is split among its streams in proportion to their demands, so every stream of
-    /// a side slows by the same factor, and a CPU share beside a gather by its pool's
-    /// [`PerfParams::beside_slowdown`] too. When a stream ends the others are re-rated. With one
+    /// a side slows by the same factor. When a stream ends the others are re-rated. With one
     /// GPU this is exactly the two-phase [`PerfParams::overlapped`] (a test checks it).
     pub fn overlapped_gpus(&self, gpus: &[GpuStreams], shape: ExpertShape) -> Vec<Overlap> {
         // (remaining alone-time in us, demand in GB/s, is_cpu, gpu) of each stream.
@@ -493,10 +432,6 @@ impl PerfParams {
                 streams.push((sc, self.cpu_rate_gbs(g.threads), true, i));
             }
         }
-        let beside: Vec<f64> = gpus
-            .iter()
-            .map(|g| 1.0 + self.beside_slowdown(g.threads))
-            .collect();
         let mut end = vec![(0.0f64, 0.0f64); gpus.len()];
         let mut now = 0.0;
         let mut active: Vec<usize> = (0..streams.len()).collect();
@@ -510,16 +445,12 @@ impl PerfParams {
                 }
             });
             let (cs, ds) = self.dram_shares(c, d);
-            // A CPU share beside a gather streams slower still, by its own pool's
-            // `beside_slowdown` (as `serving_dram_shares` gives one GPU).
-            let speed = |is_cpu: bool, gpu: usize| {
+            let speed = |is_cpu: bool| {
                 if is_cpu {
-                    if c <= 0.0 {
-                        1.0
-                    } else if d > 0.0 {
-                        cs / c / beside[gpu]
-                    } else {
+                    if c > 0.0 {
                         cs / c
+                    } else {
+                        1.0
                     }
                 } else if d > 0.0 {
                     ds / d
@@ -529,12 +460,12 @@ impl PerfParams {
             };
             let dt = active
                 .iter()
-                .map(|&k| streams[k].0 / speed(streams[k].2, streams[k].3))
+                .map(|&k| streams[k].0 / speed(streams[k].2))
                 .fold(f64::INFINITY, f64::min);
             now += dt;
             let mut left = Vec::with_capacity(active.len());
             for &k in &active {
-                let v = speed(streams[k].2, streams[k].3);
+                let v = speed(streams[k].2);
                 let s = &mut streams[k];
                 // The stream that set `dt` ends now (same division, so exactly), and so does
                 // any within a rounding error of it.
@@ -718,57 +649,6 @@ mod tests {
         }
     }
 
-    /// The slowdown beside a gather slows the CPU share only while a gather streams beside
-    /// it: a CPU share alone and a gather alone are as before, a CPU share beside a gather
-    /// takes longer, and the one-GPU fluid gives the same as the two-phase form.
-    #[test]
-    fn the_slowdown_beside_a_gather_slows_the_cpu_share_only_while_both_stream() {
-        let p = params();
-        let mut q = p.clone();
-        q.cpu_beside_link_slowdown = 0.25;
-        q.validate().unwrap();
-        let (c, d) = (p.cpu_rate_gbs(p.cpu_threads as f64), p.gather_gbs);
-        assert_eq!(q.serving_dram_shares(c, 0.0, 15.0), p.dram_shares(c, 0.0));
-        assert_eq!(q.serving_dram_shares(0.0, d, 15.0), p.dram_shares(0.0, d));
-        let (pc, pd) = p.dram_shares(c, d);
-        let (qc, qd) = q.serving_dram_shares(c, d, p.cpu_threads as f64);
-        assert!((qc * 1.25 - pc).abs() < 1e-12 * pc && qd == pd);
-        let t = p.cpu_threads as f64;
-        // Alone, either side is unchanged.
-        assert_eq!(
-            q.overlapped(0.0, 8.0, 8.0, shape(), t),
-            p.overlapped(0.0, 8.0, 8.0, shape(), t)
-        );
-        assert_eq!(
-            q.overlapped(8.0, 0.0, 0.0, shape(), t),
-            p.overlapped(8.0, 0.0, 0.0, shape(), t)
-        );
-        for (g, n) in [(2.0, 12.0), (8.0, 8.0), (12.0, 2.0)] {
-            let a = p.overlapped(g, n, n, shape(), t);
-            let b = q.overlapped(g, n, n, shape(), t);
-            assert!(b.cpu_us > a.cpu_us, "{g} {n}: {a:?} {b:?}");
-            let fluid = q.overlapped_gpus(
-                &[GpuStreams {
-                    gather_experts: g,
-                    cpu_experts: n,
-                    cpu_tokens: n,
-                    threads: t,
-                }],
-                shape(),
-            )[0];
-            for (x, y) in [
-                (fluid.cpu_us, b.cpu_us),
-                (fluid.gather_us, b.gather_us),
-                (fluid.cpu_lost_us, b.cpu_lost_us),
-            ] {
-                assert!(
-                    (x - y).abs() < 1e-9 * y.abs().max(1.0),
-                    "{g} {n}: {x} vs {y}"
-                );
-            }
-        }
-    }
-
     #[test]
     fn the_serving_slowdown_is_linear_in_threads_between_measured_counts_and_flat_beyond() {
         let mut p = params();
@@ -781,7 +661,6 @@ mod tests {
             threads: 4,
             slowdown: 0.08,
             se: 0.01,
-            beside: 0.0,
         }];
         let near = |a: f64, b: f64| (a - b).abs() < 1e-12;
         assert!(near(p.serving_slowdown(4.0), 0.08));

@@ -955,14 +955,11 @@ pub const SLOWDOWN_SCAN_POINTS: usize = 351;
 /// scan steps shrinks by 0.618 each: to about 1e-9 of the range).
 const SLOWDOWN_REFINE_STEPS: usize = 40;
 
-/// Rounds of the alternating fit of the serving slowdown and the slowdown beside a gather
-/// (each round one scan and refinement of each, the other held).
-const BESIDE_ROUNDS: usize = 3;
-
 /// Mean absolute relative residual of the calibration blocks `blocks` (grouped by strategy)
-/// with the parameters `p` and every group's overhead its median there.
-fn slowdown_objective(p: &PerfParams, blocks: &[(StrategyKind, Vec<&&StepSample>)]) -> f64 {
+/// when the serving slowdown is `x` and every group's overhead is its median at `x`.
+fn slowdown_objective(p: &PerfParams, blocks: &[(StrategyKind, Vec<&&StepSample>)], x: f64) -> f64 {
     let mut q = p.clone();
+    q.cpu_serving_slowdown = x;
     let mut sum = 0.0;
     let mut n = 0usize;
     for (kind, mine) in blocks {
@@ -996,80 +993,13 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
     if blocks.is_empty() {
         return None;
     }
-    let with = |alone: f64, beside: f64| {
-        let mut q = p.clone();
-        q.cpu_serving_slowdown = alone;
-        q.cpu_beside_link_slowdown = beside;
-        q
-    };
-    let (lo, hi) = (MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
-    let mut beside_value = p.cpu_beside_link_slowdown;
-    let mut best = scan_and_refine(
-        &|x| slowdown_objective(&with(x, beside_value), &blocks),
-        lo,
-        hi,
-    );
-    // The slowdown beside a gather, where blocks with a CPU share alone (`cpu`) and blocks
-    // with one beside a gather (`hybrid`) both ran: alternately, each with the other held.
-    let beside_blocks: Vec<&StepSample> = calibration
-        .iter()
-        .copied()
-        .filter(|s| s.layers.iter().any(|c| c.cpu > 0.0 && c.fetched > 0.0))
-        .collect();
-    let alone_blocks = calibration
-        .iter()
-        .filter(|s| s.layers.iter().any(|c| c.cpu > 0.0))
-        .filter(|s| s.layers.iter().all(|c| c.fetched == 0.0))
-        .count();
-    let mut beside = None;
-    if alone_blocks > 0 && beside_blocks.len() > 1 {
-        for _ in 0..BESIDE_ROUNDS {
-            beside_value =
-                scan_and_refine(&|x| slowdown_objective(&with(best, x), &blocks), lo, hi);
-            best = scan_and_refine(
-                &|x| slowdown_objective(&with(x, beside_value), &blocks),
-                lo,
-                hi,
-            );
-        }
-        // Standard error: the one-parameter least-squares one over the blocks beside a
-        // gather, the overheads at their medians.
-        let at = |x: f64| {
-            let mut q = with(best, x);
-            for (kind, mine) in &blocks {
-                median_overhead(&mut q, *kind, mine);
-            }
-            q
-        };
-        let (q, h) = (at(beside_value), 1e-4);
-        let (up, dn) = (at(beside_value + h), at(beside_value - h));
-        let rel = |q: &PerfParams, s: &StepSample| (s.predict_us(q) - s.time_us) / s.time_us;
-        let (mut sjj, mut rss) = (0.0, 0.0);
-        for s in &beside_blocks {
-            let j = (rel(&up, s) - rel(&dn, s)) / (2.0 * h);
-            sjj += j * j;
-            rss += rel(&q, s).powi(2);
-        }
-        let dof = beside_blocks.len() - 1;
-        if sjj.is_finite() && sjj > 0.0 {
-            beside = Some(BesideSlowdown {
-                value: beside_value,
-                se: (rss / dof as f64 / sjj).sqrt(),
-                dof,
-            });
-        } else {
-            beside_value = p.cpu_beside_link_slowdown;
-            best = scan_and_refine(
-                &|x| slowdown_objective(&with(x, beside_value), &blocks),
-                lo,
-                hi,
-            );
-        }
-    }
+    let f = |x: f64| slowdown_objective(p, &blocks, x);
+    let best = scan_and_refine(&f, MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
     // Standard error: least squares of the relative residuals over the slowdown and the
     // overheads of its strategies together (they trade off: a constant per layer takes
     // what the slowdown leaves where the blocks' CPU shares are alike).
-    let mut q = with(best, beside_value);
+    let mut q = p.clone();
+    q.cpu_serving_slowdown = best;
     for (kind, mine) in &blocks {
         median_overhead(&mut q, *kind, mine);
     }
@@ -1115,7 +1045,6 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
         se,
         dof,
         overhead_se,
-        beside,
     })
 }
 
@@ -1135,11 +1064,8 @@ fn params_at(p: &PerfParams, threads: u32, cpu_step: &[CpuStepSample]) -> PerfPa
 /// CPU share, every other parameter (the overheads included) as the serving count fitted
 /// them: the value in [[`MIN_FIT_SERVING_SLOWDOWN`], [`MAX_FIT_SERVING_SLOWDOWN`]] with the
 /// least mean absolute relative residual (scan, then golden section, as for the serving
-/// count), its standard error the one-parameter least-squares one. Where blocks with a CPU
-/// share alone (`cpu`) and beside a gather (`hybrid`) both ran there, the slowdown beside a
-/// gather at that count too, alternately with it (as [`fit_serving_slowdown`] does at the
-/// serving count); else that one stays the serving count's. `None` where the blocks do not
-/// determine the serving slowdown (no block, or no sensitivity).
+/// count), its standard error the one-parameter least-squares one. `None` where the blocks
+/// do not determine it (no block, or no sensitivity).
 fn fit_slowdown_at(
     p: &PerfParams,
     threads: u32,
@@ -1147,37 +1073,22 @@ fn fit_slowdown_at(
     cpu_step: &[CpuStepSample],
 ) -> Option<ThreadSlowdown> {
     let base = params_at(p, threads, cpu_step);
-    let with = |x: f64, y: f64| {
+    let with = |x: f64| {
         let mut q = base.clone();
         q.cpu_serving_slowdown = x;
-        q.cpu_beside_link_slowdown = y;
         q
     };
     let rel = |q: &PerfParams, s: &StepSample| (s.predict_us(q) - s.time_us) / s.time_us;
-    let f = |q: &PerfParams| {
-        blocks.iter().map(|s| rel(q, s).abs()).sum::<f64>() / blocks.len().max(1) as f64
+    let f = |x: f64| {
+        let q = with(x);
+        blocks.iter().map(|s| rel(&q, s).abs()).sum::<f64>() / blocks.len().max(1) as f64
     };
     if blocks.is_empty() {
         return None;
     }
-    let (lo, hi) = (MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
-    let mut beside = base.cpu_beside_link_slowdown;
-    let mut value = scan_and_refine(&|x| f(&with(x, beside)), lo, hi);
-    let alone = blocks
-        .iter()
-        .any(|s| s.layers.iter().all(|c| c.fetched == 0.0));
-    let beside_blocks = blocks
-        .iter()
-        .filter(|s| s.layers.iter().any(|c| c.cpu > 0.0 && c.fetched > 0.0))
-        .count();
-    if alone && beside_blocks > 1 && blocks.len() > 2 {
-        for _ in 0..BESIDE_ROUNDS {
-            beside = scan_and_refine(&|y| f(&with(value, y)), lo, hi);
-            value = scan_and_refine(&|x| f(&with(x, beside)), lo, hi);
-        }
-    }
-    let (q, h) = (with(value, beside), 1e-4);
-    let (up, dn) = (with(value + h, beside), with(value - h, beside));
+    let value = scan_and_refine(&f, MIN_FIT_SERVING_SLOWDOWN, MAX_FIT_SERVING_SLOWDOWN);
+    let (q, h) = (with(value), 1e-4);
+    let (up, dn) = (with(value + h), with(value - h));
     let mut sjj = 0.0;
     let mut rss = 0.0;
     for s in blocks {
@@ -1185,12 +1096,7 @@ fn fit_slowdown_at(
         sjj += j * j;
         rss += rel(&q, s).powi(2);
     }
-    let fitted = if beside == base.cpu_beside_link_slowdown {
-        1
-    } else {
-        2
-    };
-    let dof = blocks.len().saturating_sub(fitted);
+    let dof = blocks.len().saturating_sub(1);
     if sjj.is_nan() || sjj <= 0.0 || dof == 0 {
         return None;
     }
@@ -1198,7 +1104,6 @@ fn fit_slowdown_at(
         threads,
         slowdown: value,
         se: (rss / dof as f64 / sjj).sqrt(),
-        beside,
     })
 }
 
@@ -1244,19 +1149,6 @@ struct Slowdown {
     /// The standard error of each strategy's overhead fitted with it (empty where the
     /// blocks did not determine them together), in us per layer.
     overhead_se: Vec<(StrategyKind, f64)>,
-    /// The slowdown beside a gather fitted with it ([`PerfParams::cpu_beside_link_slowdown`]),
-    /// where blocks alone and beside a gather both ran.
-    beside: Option<BesideSlowdown>,
-}
-
-/// The fitted [`PerfParams::cpu_beside_link_slowdown`] (see [`fit_serving_slowdown`]).
-struct BesideSlowdown {
-    /// Its value, dimensionless.
-    value: f64,
-    /// Its standard error, dimensionless.
-    se: f64,
-    /// Residual degrees of freedom of the blocks beside a gather.
-    dof: usize,
 }
 
 /// Fit parameters to probe samples, starting from `prior` (module docs).
@@ -1405,9 +1297,6 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         let mut first = params.clone();
         if let Some(sd) = fit_serving_slowdown(&first, &calibration) {
             first.cpu_serving_slowdown = sd.value;
-            if let Some(b) = &sd.beside {
-                first.cpu_beside_link_slowdown = b.value;
-            }
         }
         if let Some(o) = run_stage(
             "link",
@@ -1419,7 +1308,6 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
             outcomes.push(o);
         }
         params.link_serving_slowdown = first.link_serving_slowdown;
-        params.cpu_beside_link_slowdown = first.cpu_beside_link_slowdown;
     }
     let mut step_ids = Vec::new();
     let mut step_est = Vec::new();
@@ -1430,12 +1318,6 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         step_ids.push(ParamId::CpuServingSlowdown);
         step_est.push((sd.value, sd.se, sd.dof));
         step_var.push(sd.se * sd.se);
-        if let Some(b) = &sd.beside {
-            params.cpu_beside_link_slowdown = b.value;
-            step_ids.push(ParamId::CpuBesideLinkSlowdown);
-            step_est.push((b.value, b.se, b.dof));
-            step_var.push(b.se * b.se);
-        }
     }
     for kind in StrategyKind::ALL {
         let mine: Vec<&&StepSample> = calibration.iter().filter(|s| s.strategy == kind).collect();
@@ -1878,14 +1760,7 @@ mod tests {
             .collect();
         // Everything the design determines is fitted.
         for id in ParamId::ALL {
-            // The design has no `resident` or `cpu` blocks, and without `cpu` blocks (a CPU
-            // share alone) the slowdown beside a gather is not told apart from the other.
-            if matches!(
-                id,
-                ParamId::OverheadResidentUs
-                    | ParamId::OverheadCpuUs
-                    | ParamId::CpuBesideLinkSlowdown
-            ) {
+            if matches!(id, ParamId::OverheadResidentUs | ParamId::OverheadCpuUs) {
                 continue;
             }
             assert!(
@@ -2089,58 +1964,6 @@ mod tests {
     }
 
     #[test]
-    fn a_planted_slowdown_beside_a_gather_is_told_apart_from_the_one_alone() {
-        let mut t = truth();
-        t.cpu_serving_slowdown = 0.1;
-        t.cpu_beside_link_slowdown = 0.3;
-        let mut pr = t.clone();
-        pr.cpu_serving_slowdown = 0.0;
-        pr.cpu_beside_link_slowdown = 0.0;
-        let hybrid: Vec<StepSample> = samples(&t, 5)
-            .step
-            .into_iter()
-            .filter(|x| x.strategy == StrategyKind::Hybrid && x.role == SampleRole::Calibration)
-            .collect();
-        assert!(hybrid.len() > 2);
-        let s = ProbeSamples {
-            step: cpu_blocks(&t, 22)
-                .into_iter()
-                .chain(hybrid.clone())
-                .collect(),
-            ..ProbeSamples::default()
-        };
-        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
-        for (id, v) in [
-            (ParamId::CpuServingSlowdown, 0.1),
-            (ParamId::CpuBesideLinkSlowdown, 0.3),
-        ] {
-            let e = r.estimate(id).unwrap();
-            assert_eq!(e.stage.as_deref(), Some("step"), "{id}");
-            assert!(e.se > 0.0, "{id}: se {}", e.se);
-            assert!(
-                ((e.value - v) / e.se).abs() < 4.0 && (e.value - v).abs() < 0.05,
-                "{id}: {} vs {v} (se {})",
-                e.value,
-                e.se
-            );
-        }
-        // Hybrid blocks alone cannot tell the two apart: the slowdown beside a gather keeps
-        // the prior's, and the serving slowdown takes both.
-        let s = ProbeSamples {
-            step: hybrid,
-            ..ProbeSamples::default()
-        };
-        let r = fit(&s, &pr, &FitConfig::default()).unwrap();
-        assert_eq!(r.params.cpu_beside_link_slowdown, 0.0);
-        assert!(r
-            .estimate(ParamId::CpuBesideLinkSlowdown)
-            .unwrap()
-            .stage
-            .is_none());
-        assert!(r.params.cpu_serving_slowdown > 0.1);
-    }
-
-    #[test]
     fn a_planted_serving_slowdown_is_recovered_and_not_taken_by_the_overhead() {
         let mut t = truth();
         t.cpu_serving_slowdown = 0.27;
@@ -2218,7 +2041,6 @@ mod tests {
             threads: quarter,
             slowdown: 0.05,
             se: 0.0,
-            beside: 0.0,
         }];
         let mut pr = t.clone();
         pr.cpu_serving_slowdown = 0.0;

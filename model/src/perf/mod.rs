@@ -116,10 +116,6 @@ pub struct ThreadSlowdown {
     /// Its standard error, dimensionless (NaN where unknown, which JSON writes as `null`).
     #[serde(deserialize_with = "nan_from_null")]
     pub se: f64,
-    /// The slowdown beside a gather there, dimensionless (as
-    /// [`PerfParams::cpu_beside_link_slowdown`]; 0 in profiles written before it).
-    #[serde(default)]
-    pub beside: f64,
 }
 
 /// An f64 that JSON may hold as `null`: serde_json writes a NaN as `null`, and a profile must
@@ -249,23 +245,6 @@ pub struct PerfParams {
     /// CPU kernel of 14 threads streaming throughout) slowed the gather by 2.5% only.
     #[serde(default)]
     pub link_serving_slowdown: f64,
-    /// How much slower a decode layer's CPU share streams while its gather streams beside it
-    /// than the DRAM shares of the contended probes give ([`PerfParams::serving_dram_shares`]),
-    /// as a fraction of its contended streaming time (0 = as the probes), dimensionless; the
-    /// serving slowdown above is the CPU share's alone (a `cpu` layer has no gather beside
-    /// it). Probe `step`: fitted with the serving slowdown to the calibration blocks of `cpu`
-    /// and `hybrid` together (`cpu` blocks see only the serving slowdown, `hybrid` blocks
-    /// both). Nine validation grids on an H100 host (2026-12-05) predicted the `cpu` runs
-    /// 5 to 25% slower than measured where hybrid's were about right, at 4 threads in nine
-    /// grids of nine for two geometries of three: one serving slowdown for both strategies
-    /// took the mean of a CPU share alone and one beside a gather, while the fitted DRAM
-    /// bandwidth (130 to 240 GB/s) leaves a 4-thread pool (36 to 72 GB/s) and the gather
-    /// (55 GB/s) no contention at all. Loaded DRAM latency, which slows a latency-bound pool
-    /// below any bandwidth ceiling, is the likely mechanism. Other thread counts: the
-    /// `beside` of [`PerfParams::cpu_serving_slowdown_at`], interpolated as the serving
-    /// slowdown is ([`PerfParams::beside_slowdown`]).
-    #[serde(default)]
-    pub cpu_beside_link_slowdown: f64,
     /// Residual per-layer cost of each strategy, in us. Probe `step` (calibration runs).
     #[serde(default)]
     pub overhead: StrategyOverheads,
@@ -354,8 +333,6 @@ pub enum ParamId {
     CpuServingSlowdown,
     /// [`PerfParams::link_serving_slowdown`].
     LinkServingSlowdown,
-    /// [`PerfParams::cpu_beside_link_slowdown`].
-    CpuBesideLinkSlowdown,
     /// [`HostCost::layer_us`].
     HostLayerUs,
     /// [`HostCost::expert_us`].
@@ -376,7 +353,7 @@ pub enum ParamId {
 
 impl ParamId {
     /// Every parameter, in report order.
-    pub const ALL: [ParamId; 27] = [
+    pub const ALL: [ParamId; 26] = [
         ParamId::GatherGbs,
         ParamId::GatherLayerUs,
         ParamId::GatherCopyUs,
@@ -399,7 +376,6 @@ impl ParamId {
         ParamId::HostCpuExpertUs,
         ParamId::HostStreamUs,
         ParamId::CpuServingSlowdown,
-        ParamId::CpuBesideLinkSlowdown,
         ParamId::OverheadOffloadUs,
         ParamId::OverheadHybridUs,
         ParamId::OverheadResidentUs,
@@ -431,7 +407,6 @@ impl ParamId {
             ParamId::HostCpuExpertUs => "host.cpu_expert_us",
             ParamId::HostStreamUs => "host.stream_us",
             ParamId::CpuServingSlowdown => "cpu_serving_slowdown",
-            ParamId::CpuBesideLinkSlowdown => "cpu_beside_link_slowdown",
             ParamId::OverheadOffloadUs => "overhead.offload_us",
             ParamId::OverheadHybridUs => "overhead.hybrid_us",
             ParamId::OverheadResidentUs => "overhead.resident_us",
@@ -440,12 +415,11 @@ impl ParamId {
     }
 
     /// True for parameters that must stay positive (fitted in log space); the calibrated
-    /// overheads and the CPU share's serving slowdowns may take any sign.
+    /// overheads and the CPU share's serving slowdown may take any sign.
     pub fn positive(self) -> bool {
         !matches!(
             self,
             ParamId::CpuServingSlowdown
-                | ParamId::CpuBesideLinkSlowdown
                 | ParamId::OverheadOffloadUs
                 | ParamId::OverheadHybridUs
                 | ParamId::OverheadResidentUs
@@ -728,7 +702,6 @@ impl PerfParams {
             sync_us: e.hybrid_round_trip_us,
             host: HostCost::default(),
             link_serving_slowdown: 0.0,
-            cpu_beside_link_slowdown: 0.0,
             cpu_serving_slowdown: 0.0,
             cpu_serving_slowdown_at: Vec::new(),
             overhead: StrategyOverheads::default(),
@@ -790,10 +763,7 @@ impl PerfParams {
             }
         }
         for (i, id) in ids.iter().enumerate() {
-            if matches!(
-                *id,
-                ParamId::CpuServingSlowdown | ParamId::CpuBesideLinkSlowdown
-            ) {
+            if *id == ParamId::CpuServingSlowdown {
                 cov[i][i] += PRIOR_SE_SERVING_SLOWDOWN * PRIOR_SE_SERVING_SLOWDOWN;
             } else if !id.positive() {
                 cov[i][i] += PRIOR_SE_OVERHEAD_US * PRIOR_SE_OVERHEAD_US;
@@ -825,7 +795,6 @@ impl PerfParams {
             ParamId::DenseHbmGbs => self.dense_rate_gbs(),
             ParamId::SyncUs => self.sync_us,
             ParamId::LinkServingSlowdown => self.link_serving_slowdown,
-            ParamId::CpuBesideLinkSlowdown => self.cpu_beside_link_slowdown,
             ParamId::HostLayerUs => self.host.layer_us,
             ParamId::HostExpertUs => self.host.expert_us,
             ParamId::HostCpuExpertUs => self.host.cpu_expert_us,
@@ -858,7 +827,6 @@ impl PerfParams {
             ParamId::DenseHbmGbs => self.dense_hbm_gbs = Some(v),
             ParamId::SyncUs => self.sync_us = v,
             ParamId::LinkServingSlowdown => self.link_serving_slowdown = v,
-            ParamId::CpuBesideLinkSlowdown => self.cpu_beside_link_slowdown = v,
             ParamId::HostLayerUs => self.host.layer_us = v,
             ParamId::HostExpertUs => self.host.expert_us = v,
             ParamId::HostCpuExpertUs => self.host.cpu_expert_us = v,
@@ -930,30 +898,17 @@ impl PerfParams {
                 ),
             ));
         }
-        if !(self.cpu_beside_link_slowdown.is_finite()
-            && self.cpu_beside_link_slowdown > MIN_SERVING_SLOWDOWN)
-        {
-            return Err(ModelError::invalid(
-                "perf.cpu_beside_link_slowdown",
-                format!(
-                    "{} is not a finite number above {MIN_SERVING_SLOWDOWN}",
-                    self.cpu_beside_link_slowdown
-                ),
-            ));
-        }
         for k in &self.cpu_serving_slowdown_at {
             if k.threads == 0
                 || !(k.slowdown.is_finite() && k.slowdown > MIN_SERVING_SLOWDOWN)
-                || !(k.beside.is_finite() && k.beside > MIN_SERVING_SLOWDOWN)
                 || !(k.se.is_nan() || k.se >= 0.0)
             {
                 return Err(ModelError::invalid(
                     "perf.cpu_serving_slowdown_at",
                     format!(
-                        "{} threads: slowdown {} (se {}, beside a gather {}) needs at least 1 \
-                         thread, finite slowdowns above {MIN_SERVING_SLOWDOWN} and a standard \
-                         error >= 0",
-                        k.threads, k.slowdown, k.se, k.beside
+                        "{} threads: slowdown {} (se {}) needs at least 1 thread, a finite \
+                         slowdown above {MIN_SERVING_SLOWDOWN} and a standard error >= 0",
+                        k.threads, k.slowdown, k.se
                     ),
                 ));
             }

@@ -10,7 +10,7 @@
 //! With several GPUs each GPU's lane has its own `Dram` view of the one host DRAM: its own
 //! DMA (its link) and CPU share, and the summed demand of the other lanes' active readers
 //! ([`Dram::set_others`]). Each side's rate then comes from ft-model's
-//! [`serving_dram_shares`](ft_model::perf::PerfParams::serving_dram_shares) of the summed demands (as the
+//! [`dram_shares`](ft_model::perf::PerfParams::dram_shares) of the summed demands (as the
 //! analytic model's [`overlapped_gpus`](ft_model::perf::PerfParams::overlapped_gpus)
 //! shares them), split over the side's readers in proportion to their demands. With no
 //! other lane active (one GPU) the rates are the fixed ones of [`DramParams`], unchanged.
@@ -45,8 +45,6 @@ pub struct SharedDram {
     pub dram_gbs: f64,
     /// `dma_dram_weight`, dimensionless.
     pub dma_weight: f64,
-    /// This lane's CPU share's `beside_slowdown` at its threads, dimensionless.
-    pub cpu_beside_link_slowdown: f64,
     /// Summed isolated demand of the other lanes' active CPU shares, GB/s.
     pub others_cpu_gbs: f64,
     /// Summed isolated demand of the other lanes' active links, GB/s.
@@ -74,17 +72,11 @@ impl Dram {
     }
 
     /// One lane's view of DRAM shared with other lanes (see the module docs).
-    pub fn shared(
-        params: DramParams,
-        dram_gbs: f64,
-        dma_weight: f64,
-        cpu_beside_link_slowdown: f64,
-    ) -> Self {
+    pub fn shared(params: DramParams, dram_gbs: f64, dma_weight: f64) -> Self {
         Dram {
             shared: Some(SharedDram {
                 dram_gbs,
                 dma_weight,
-                cpu_beside_link_slowdown,
                 others_cpu_gbs: 0.0,
                 others_dma_gbs: 0.0,
             }),
@@ -145,13 +137,7 @@ impl Dram {
                 };
                 let c = s.others_cpu_gbs + own(DramUser::Cpu, self.cpu);
                 let d = s.others_dma_gbs + own(DramUser::Dma, self.dma);
-                let (cs, ds) = ft_model::perf::cost::serving_dram_shares_of(
-                    s.dram_gbs,
-                    s.dma_weight,
-                    s.cpu_beside_link_slowdown,
-                    c,
-                    d,
-                );
+                let (cs, ds) = ft_model::perf::cost::dram_shares_of(s.dram_gbs, s.dma_weight, c, d);
                 return match user {
                     DramUser::Cpu => cs * (self.demand_gbs(user) / c),
                     DramUser::Dma => ds * (self.demand_gbs(user) / d),
@@ -179,7 +165,7 @@ mod tests {
             cpu_isolated_gbs: 30.0,
             cpu_contended_gbs: 25.0,
         };
-        let mut d = Dram::shared(p, 60.0, 1.0, 0.0);
+        let mut d = Dram::shared(p, 60.0, 1.0);
         // Nobody else: the fixed single-lane rates.
         d.set_active(DramUser::Dma, true);
         assert_eq!(d.rate_gbs(DramUser::Dma), 24.0);
