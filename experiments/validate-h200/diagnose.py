@@ -19,9 +19,20 @@
    those runs closer than this ratio says.
 Percentiles are nearest-rank (they can differ from `ft validate analyze`'s by a point).
 Usage: diagnose.py RESULT_DIR (grid.csv, and runs/ and predictions/ or the folder's
-runs-predictions-probes.tar.gz, profiles/ or its profiles.tar.gz). Standard library only.
+runs-predictions-probes.tar.xz or .tar.gz, profiles/ or its profiles.tar.gz). Standard
+library only.
 """
 import csv, json, statistics, sys, tarfile, tempfile, os
+
+def archive(d, stem):
+    """The packed form of a result folder's `stem` (e.g. `runs-predictions-probes`):
+    `stem.tar.xz` (grids committed since 2026-12-05T20Z, and the older ones recompressed
+    then) or `stem.tar.gz`; None where neither is there."""
+    for ext in (".tar.xz", ".tar.gz"):
+        path = os.path.join(d, stem + ext)
+        if os.path.exists(path):
+            return path
+    return None
 
 def q(v, p):
     v = sorted(v)
@@ -32,15 +43,15 @@ def main(d):
     tmp = None
     if not os.path.isdir(runs):
         tmp = tempfile.TemporaryDirectory()
-        with tarfile.open(os.path.join(d, "runs-predictions-probes.tar.gz")) as t:
+        with tarfile.open(archive(d, "runs-predictions-probes")) as t:
             t.extractall(tmp.name, members=[m for m in t.getmembers()
                                              if m.name.startswith(("runs/", "predictions/"))])
         runs = os.path.join(tmp.name, "runs")
     predictions = os.path.join(os.path.dirname(runs), "predictions")
     profiles = os.path.join(d, "profiles")
-    if not os.path.isdir(profiles) and os.path.exists(os.path.join(d, "profiles.tar.gz")):
+    if not os.path.isdir(profiles) and archive(d, "profiles"):
         tmp_profiles = tempfile.TemporaryDirectory()
-        with tarfile.open(os.path.join(d, "profiles.tar.gz")) as t:
+        with tarfile.open(archive(d, "profiles")) as t:
             t.extractall(tmp_profiles.name)
         profiles = os.path.join(tmp_profiles.name, "profiles")
     groups = {}

@@ -19,8 +19,13 @@ DIR="$(cd "${1:?usage: reanalyze.sh RESULT_DIR}" && pwd)"
 source "$HERE/../lib/ft-binary.sh"
 resolve_ft
 # A committed result folder keeps its raw runs in one archive, and its profiles in another.
-if [[ ! -d "$DIR/runs" && -f "$DIR/runs-predictions-probes.tar.gz" ]]; then
-    tar -xzf "$DIR/runs-predictions-probes.tar.gz" -C "$DIR"
+if [[ ! -d "$DIR/runs" ]]; then
+    for a in "$DIR/runs-predictions-probes.tar.xz" "$DIR/runs-predictions-probes.tar.gz"; do
+        if [[ -f "$a" ]]; then
+            tar -xf "$a" -C "$DIR"
+            break
+        fi
+    done
 fi
 if [[ ! -d "$DIR/profiles" && -f "$DIR/profiles.tar.gz" ]]; then
     tar -xzf "$DIR/profiles.tar.gz" -C "$DIR"

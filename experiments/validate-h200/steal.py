@@ -10,13 +10,16 @@ steal.csv (config, start and end in seconds after the first sample, steal share)
 grid-with-steal.csv, the grid with its `host_steal` column filled, for
 `ft validate analyze grid-with-steal.csv`.
 
-Usage: steal.py RESULT_DIR (procstat.txt, grid.csv, runs-predictions-probes.tar.gz).
+Usage: steal.py RESULT_DIR (procstat.txt, grid.csv, runs-predictions-probes.tar.xz or .gz).
 Standard library only.
 """
 import csv
 import os
 import sys
 import tarfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from diagnose import archive  # noqa: E402 (the same folder)
 
 
 def samples(path):
@@ -43,7 +46,7 @@ def steal_between(s, start, end):
 def main(d):
     s = samples(os.path.join(d, "procstat.txt"))
     start, end = {}, {}
-    with tarfile.open(os.path.join(d, "runs-predictions-probes.tar.gz")) as t:
+    with tarfile.open(archive(d, "runs-predictions-probes")) as t:
         for m in t.getmembers():
             name = os.path.basename(m.name)
             if m.name.startswith("logs/") and name.endswith("-run.log"):
