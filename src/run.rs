@@ -529,19 +529,21 @@ impl AutoHost {
         policy: &CachePolicy,
     ) -> Result<(f64, String)> {
         let f = Self::fraction(&self.perf, args, model, slots, policy)?;
-        Ok((
-            f,
-            format!(
-                "auto: the performance model of host '{}' ({})",
-                self.name, self.perf.source
-            ),
-        ))
+        Ok((f, self.source_of(&self.perf)))
+    }
+
+    /// Where an auto fraction decided by `perf` (this host's model, or it rescaled) came from.
+    fn source_of(&self, perf: &ft_model::perf::PerfModel) -> String {
+        format!(
+            "auto: the performance model of host '{}' ({})",
+            self.name, perf.source
+        )
     }
 }
 
 /// Decide the auto variants' fraction again at the CPU check `now` (taken before the first
 /// round), with the host's CPU side scaled by its speed against the probe's check of the same
-/// work ([`CpuCheck::speed_against`], `PerfModel::with_cpu_speed`), as `ft serve` does at
+/// work ([`CpuCheck::speed_against`], `PerfModel::at_cpu_speed`), as `ft serve` does at
 /// start. Leaves them as they are where the host holds no check of this work (logged).
 fn resolve_auto_at_check(
     host: &AutoHost,
@@ -570,10 +572,7 @@ fn resolve_auto_at_check(
         .perf
         .at_cpu_speed(speed, &why)
         .context("scaling the CPU side by the check before the first round")?;
-    let source = format!(
-        "auto: the performance model of host '{}' ({})",
-        host.name, scaled.source
-    );
+    let source = host.source_of(&scaled);
     let f = AutoHost::fraction(&scaled, args, model, slots, policy)?;
     tracing::info!("{source}: fetch fraction {f:.3}");
     for v in variants.iter_mut().filter(|v| v.auto) {

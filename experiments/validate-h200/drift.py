@@ -88,9 +88,10 @@ def main(d):
 
 def predict_checks(d, runs):
     """`ft predict --cpu-check`'s check (checks/<i>-<name>.json, taken before run i) over run
-    i's own check of the same work before its first round (diagnose.over_first_round): how far a check taken in a process of its own sits from
-    the one the run's engine takes seconds later, per name (drift.sh's FT_DRIFT_PREDICT_CHECK;
-    the run of 2026-12-05T16:47Z had two, probe-bank and small-bank)."""
+    i's own check of the same work before its first round (diagnose.over_first_round): how
+    far a check taken in a process of its own sits from the one the run's engine takes
+    seconds later, per name (drift.sh's FT_DRIFT_PREDICT_CHECK; the run of 2026-12-05T16:47Z
+    had two, probe-bank and small-bank)."""
     folder = os.path.join(d, "checks")
     if not os.path.isdir(folder):
         return

@@ -1085,27 +1085,21 @@ impl std::fmt::Display for CpuSpeedSource {
 }
 
 impl PerfModel {
-    /// This model with its CPU side at `speed` times its speed ([`PerfParams::with_cpu_speed`])
-    /// and `source` saying why (the covariance and degrees of freedom as they are).
-    pub fn with_cpu_speed(&self, speed: f64, source: String) -> Result<PerfModel> {
+    /// This model with its CPU side at `speed` times the probe's
+    /// ([`PerfParams::with_cpu_speed`]; the covariance and degrees of freedom as they are),
+    /// its source extended by where that speed came from (`why`), in one wording: the one
+    /// way `ft predict --cpu-speed` and `--cpu-check`, `ft serve`'s check at start and `ft
+    /// run`'s auto fraction rescale a model, e.g. `profile P; CPU side at 0.930x the probe's
+    /// (the CPU check at start: 812 us, the probe's 755 us)`.
+    pub fn at_cpu_speed(&self, speed: f64, why: &CpuSpeedSource) -> Result<PerfModel> {
         Ok(PerfModel {
             params: self.params.with_cpu_speed(speed)?,
-            source,
+            source: format!(
+                "{}; CPU side at {speed:.3}x the probe's ({why})",
+                self.source
+            ),
             ..self.clone()
         })
-    }
-
-    /// This model with its CPU side at `speed` times the probe's, its source extended by
-    /// where that speed came from (`why`), in one wording: the one way `ft predict
-    /// --cpu-speed` and `--cpu-check`, `ft serve`'s check at start and `ft run`'s auto
-    /// fraction rescale a model, e.g. `profile P; CPU side at 0.93x the probe's (the CPU
-    /// check at start: 812 us, the probe's 755 us)`.
-    pub fn at_cpu_speed(&self, speed: f64, why: &CpuSpeedSource) -> Result<PerfModel> {
-        let source = format!(
-            "{}; CPU side at {speed:.3}x the probe's ({why})",
-            self.source
-        );
-        self.with_cpu_speed(speed, source)
     }
 
     /// The model of an unprobed host: [`PerfParams::from_host`] with
