@@ -68,16 +68,23 @@ def load(arg):
 
 
 def paths_of(folder):
-    """The CUDA paths a run took, in words: the reports' `device.cuda_tuning` where json/
-    holds them, else env.txt's switches line."""
+    """The CUDA paths a run took, in words: the reports' `device.cuda_tuning` (with the
+    engine's layer chain and fetch chunks) where json/ holds them, else env.txt's switches
+    line."""
     tunings = set()
     for doc in sorted((folder / "json").glob("*.json")) if (folder / "json").is_dir() else []:
         try:
-            device = json.loads(doc.read_text()).get("device")
+            report = json.loads(doc.read_text())
+            device = report.get("device")
         except (OSError, ValueError, AttributeError):
             continue
         t = device.get("cuda_tuning") if isinstance(device, dict) else None
         if t:
+            # The engine's own layout switches (`ft run --layer-chain`, `--fetch-chunks`)
+            # beside the device's paths, where the report has them.
+            for key in ("layer_chain", "fetch_chunks"):
+                if key in report:
+                    t = {**t, key: report[key]}
             tunings.add(json.dumps(t, sort_keys=True))
     if tunings:
         return "; ".join(sorted(tunings))

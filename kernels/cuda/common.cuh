@@ -44,3 +44,32 @@ struct __align__(16) ParamTable {
 __device__ __forceinline__ const u8* table_base(const ParamTable& t, u64 staged) {
     return staged ? (const u8*)staged : t.bytes;
 }
+
+// The fixed-order combine of a decode layer at element e of a block of `block` f32 (streams x
+// hidden): v_j = parts[j * block + e], plus m0[j * block + e], then m1, m2, m3 (each when not
+// null, in that order), for the k row blocks j; summed by the halving tree of the runtime's
+// `fixed_tree_rounds` (while len > 1: h = len / 2; v_i += v_(len-h+i) for i < h; len -= h);
+// then act[e] += v_0. One definition for elementwise.cu's ft_combine_fixed and the down
+// kernel's folded combine (experts.cu), so both make the same additions in the same order.
+#define COMBINE_MAX_BLOCKS 64
+__device__ __forceinline__ void combine_fixed_at(float* act, const float* parts,
+                                                 const float* m0, const float* m1,
+                                                 const float* m2, const float* m3,
+                                                 u64 block, int k, u64 e) {
+    float v[COMBINE_MAX_BLOCKS];
+    for (int j = 0; j < k; j++) {
+        const u64 i = (u64)j * block + e;
+        float x = parts[i];
+        if (m0) x = x + m0[i];
+        if (m1) x = x + m1[i];
+        if (m2) x = x + m2[i];
+        if (m3) x = x + m3[i];
+        v[j] = x;
+    }
+    for (int len = k; len > 1;) {
+        int h = len / 2;
+        for (int i = 0; i < h; i++) v[i] = v[i] + v[len - h + i];
+        len -= h;
+    }
+    act[e] = act[e] + v[0];
+}

@@ -65,6 +65,33 @@ struct Task {
     u32 pair_count;   // pairs of the task
 };
 
+// The layer's fixed-order combine folded into the down kernel of its last launch (the
+// runtime's `FoldedCombine`, all addresses, 0 where absent): once the last block of a row tile
+// has written the tile's rows of y, it runs combine_fixed_at (common.cuh) for the tile's
+// columns of every stream, so the layer needs no combine launch after it. act == 0: no fold.
+struct FoldCombine {
+    u64 act;          // float*: the residual stream, block f32
+    u64 parts;        // const float*: the hits' rows, k blocks of `block` f32
+    u64 more[4];      // const float*: the fetched chunks' rows, in order (y among them)
+    u64 block;        // f32 per row block: streams x hidden
+    u64 k;            // row blocks
+};
+
+// The folded combine of the tile's columns (below, in down_impl), out of line: its stack and
+// registers stay out of the down kernel's main loop.
+__device__ __noinline__ void fold_combine_tile(const FoldCombine& fold, int H, int j0, int rows) {
+    const u64 streams = fold.block / (u64)H;
+    for (u64 idx = threadIdx.x; idx < streams * rows; idx += blockDim.x) {
+        const u64 s = idx / rows;
+        const int j = j0 + (int)(idx % rows);
+        if (j >= H) continue;
+        combine_fixed_at((float*)fold.act, (const float*)fold.parts,
+                         (const float*)fold.more[0], (const float*)fold.more[1],
+                         (const float*)fold.more[2], (const float*)fold.more[3],
+                         fold.block, (int)fold.k, s * (u64)H + j);
+    }
+}
+
 struct Pair {
     u32 index;        // token (task pairs) or pair index (token lists)
     float weight;     // routing weight
@@ -740,7 +767,7 @@ __device__ __forceinline__ void down_impl(
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
-    u32* counters, float* __restrict__ y, u32 stage)
+    u32* counters, float* y, u32 stage, const FoldCombine& fold)
 {
     constexpr int UNROLL = MT == 1 ? (R >= 4 ? 2 : 4) : (MT == 2 ? 2 : 1);
     constexpr int ROWS = (256 / HW) * R;   // the block's row tile (blockDim.x is 256)
@@ -901,6 +928,12 @@ __device__ __forceinline__ void down_impl(
         }
         y[(u64)t * H + j] = acc;
     }
+    if (fold.act) {
+        // Every row of the tile's columns is in y now (this block's writes, visible to it
+        // after the barrier), and every other part was written by an earlier launch.
+        __syncthreads();
+        fold_combine_tile(fold, H, j0, ROWS);
+    }
     if (threadIdx.x == 0) counters[blockIdx.x] = 0;
 }
 
@@ -920,7 +953,7 @@ __device__ __forceinline__ void down_impl(
 #define DOWN_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, int T, \
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
-    u32* counters, float* __restrict__ y, u32 stage
+    u32* counters, float* y, u32 stage, const FoldCombine fold
 
 // One instantiation per largest task size (tokens routed to one expert): 1, 2, 4 and 8
 // tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
@@ -947,17 +980,17 @@ extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_U
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
     TABLES
-    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
+    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) {
     TABLES
-    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
+    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
     TABLES
-    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
+    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) {
     TABLES
-    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage);
+    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
 }

@@ -257,9 +257,21 @@ pub const MAX_FETCH_CHUNKS: usize = 4;
 /// chunk's copies (about 50 us per 2.77 MB expert), so the GPU keeps up; the last kernel is
 /// one expert's instead of a quarter of the layer's.
 pub fn fetch_chunk_bounds(fetched: usize) -> Vec<std::ops::Range<usize>> {
+    fetch_chunk_bounds_at_most(fetched, MAX_FETCH_CHUNKS)
+}
+
+/// [`fetch_chunk_bounds`] with at most `max_chunks` chunks (1 to [`MAX_FETCH_CHUNKS`];
+/// others are clamped into that range): the same rule with fewer, larger chunks. Each chunk
+/// is one submission of copies, and on the H200 machine each costs the link a few
+/// microseconds beyond its bytes, so fewer chunks trade link time for a longer last kernel.
+pub fn fetch_chunk_bounds_at_most(
+    fetched: usize,
+    max_chunks: usize,
+) -> Vec<std::ops::Range<usize>> {
+    let max_chunks = max_chunks.clamp(1, MAX_FETCH_CHUNKS);
     let mut tail = Vec::new(); // sizes, from the last chunk back
     let (mut rest, mut size) = (fetched, 1);
-    while tail.len() + 1 < MAX_FETCH_CHUNKS && rest >= 2 * size {
+    while tail.len() + 1 < max_chunks && rest >= 2 * size {
         tail.push(size);
         rest -= size;
         size *= 2;
@@ -289,6 +301,25 @@ mod tests {
         assert_eq!(sizes(6), [3, 2, 1]);
         assert_eq!(sizes(7), [4, 2, 1]);
         assert_eq!(sizes(38), [31, 4, 2, 1]);
+        let at_most = |n, m| -> Vec<usize> {
+            fetch_chunk_bounds_at_most(n, m)
+                .iter()
+                .map(|r| r.len())
+                .collect()
+        };
+        assert_eq!(at_most(6, 1), [6]);
+        assert_eq!(at_most(6, 2), [5, 1]);
+        assert_eq!(at_most(6, 3), [3, 2, 1]);
+        assert_eq!(at_most(38, 0), [38]);
+        assert_eq!(at_most(38, 9), [31, 4, 2, 1]);
+        for n in 0..100 {
+            for m in 1..=MAX_FETCH_CHUNKS {
+                let b = fetch_chunk_bounds_at_most(n, m);
+                let flat: Vec<usize> = b.iter().flat_map(|r| r.clone()).collect();
+                assert_eq!(flat, (0..n).collect::<Vec<_>>(), "{n} {m}");
+                assert!((1..=m).contains(&b.len()), "{n} {m}: {b:?}");
+            }
+        }
         for n in 0..200 {
             let b = fetch_chunk_bounds(n);
             // Every expert once, in gather order; at most MAX_FETCH_CHUNKS, none empty but

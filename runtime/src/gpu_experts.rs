@@ -542,7 +542,22 @@ pub fn cuda_pass_tokens(step: &ExpertStep) -> Result<(usize, usize)> {
     Ok((tch, tch * per_token))
 }
 
-/// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses).
+/// The down kernel's `FoldCombine` argument (`kernels/cuda/experts.cu`): the layer's
+/// fixed-order combine run by the down kernel's last block of each row tile, as device
+/// addresses, 0 where absent (`act == 0`: no fold).
+#[cfg(feature = "cuda")]
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CudaFoldCombine {
+    pub act: u64,
+    pub parts: u64,
+    pub more: [u64; 4],
+    pub block: u64,
+    pub k: u64,
+}
+
+/// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses), with the
+/// layer's combine folded into the down kernel where `fold.act` is set.
 #[cfg(feature = "cuda")]
 pub(crate) fn cuda_launch(
     stream: &crate::device::cuda::CudaStreamH,
@@ -550,6 +565,7 @@ pub(crate) fn cuda_launch(
     weights: u64,
     x: u64,
     y: u64,
+    fold: CudaFoldCombine,
 ) -> Result<()> {
     use crate::device::cuda::ParamTable as ParamTableArg;
     use ft_kernels::cuda_sources::KernelId;
@@ -657,6 +673,7 @@ pub(crate) fn cuda_launch(
             p(&counters),
             p(&y),
             p(&down_stage),
+            p(&fold),
         ])
         .collect();
     // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*; every

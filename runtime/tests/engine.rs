@@ -65,6 +65,7 @@ fn config(strategy: Strategy, slots: usize, streams: usize) -> EngineConfig {
         timeline: true,
         reserve_bytes: 0,
         host_submit: ft_runtime::engine::HostSubmit::default(),
+        ..EngineConfig::default()
     }
 }
 
@@ -361,6 +362,76 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
     }
 }
 
+fn layer_chain_and_fetch_chunks_decode_the_same_bits(d: &Device) {
+    // The chain on the copy stream or split, the combine folded into the last chunk's
+    // launch or not, and the fetched experts in 1 to 4 chunks: the same operations on the
+    // same buffers in the same dependency order, so the same outputs bit for bit and the
+    // same counts. Hybrid mixes layers with and without a CPU share
+    // (the chain changes stream between them); without the timeline only the events the
+    // streams wait for are recorded.
+    use ft_runtime::engine::LayerChain;
+    let model = tiny();
+    let streams = 3;
+    let steps = routing_for(&model, streams, 5);
+    for strategy in [Strategy::Offload, hybrid(0.75), Strategy::Resident] {
+        let mut base: Option<ft_runtime::engine::Decoded> = None;
+        for timeline in [true, false] {
+            for (layer_chain, fold_combine) in [
+                (LayerChain::Split, false),
+                (LayerChain::CopyStream, false),
+                (LayerChain::Split, true),
+                (LayerChain::CopyStream, true),
+            ] {
+                for fetch_chunks in [4, 2, 1] {
+                    let cfg = EngineConfig {
+                        layer_chain,
+                        fetch_chunks,
+                        fold_combine,
+                        timeline,
+                        gpu_path: ActivationPath::Int8,
+                        ..config(strategy, 12, streams)
+                    };
+                    let mut engine = Engine::new(d, &model, &cfg, None).unwrap();
+                    let run = decode(
+                        &mut engine,
+                        &steps[..2],
+                        &steps[2..],
+                        &options(),
+                        &mut |_, _| {},
+                    )
+                    .unwrap();
+                    let what = format!(
+                        "{strategy} {layer_chain:?} fold {fold_combine} {fetch_chunks} {timeline}"
+                    );
+                    if timeline && strategy != Strategy::Resident {
+                        // The gathers and the fetched experts are on the timeline.
+                        let fetched: u64 =
+                            run.records.iter().map(|r| r.totals.fetched as u64).sum();
+                        assert!(fetched > 0, "{what}");
+                        assert!(run.records.iter().any(|r| r.pcie_busy_us > 0.0), "{what}");
+                    }
+                    match &base {
+                        None => base = Some(run),
+                        Some(b) => {
+                            let dev = Deviation::between(&what, &b.outputs, &run.outputs);
+                            assert!(dev.bit_identical, "{dev:?}");
+                            for (x, y) in b.records.iter().zip(&run.records) {
+                                assert_eq!(x.totals, y.totals, "{what}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let cfg = EngineConfig {
+        fetch_chunks: 0,
+        ..config(Strategy::Offload, 12, 1)
+    };
+    let e = Engine::new(d, &model, &cfg, None).unwrap_err().to_string();
+    assert!(e.contains("--fetch-chunks"), "{e}");
+}
+
 fn chrome_trace_has_a_lane_per_resource(d: &Device) {
     let model = tiny();
     let steps = routing_for(&model, 2, 2);
@@ -442,6 +513,7 @@ on_devices!(
     hybrid_w4a8_is_bit_identical_fresh_and_warmed,
     cpu_and_hybrid_at_zero_agree,
     host_submit_overlapped_and_serial_decode_the_same_bits,
+    layer_chain_and_fetch_chunks_decode_the_same_bits,
     chrome_trace_has_a_lane_per_resource,
     bad_inputs_are_errors_naming_them,
 );

@@ -1168,7 +1168,38 @@ impl CudaStreamH {
         x: &DeviceBuffer,
         y: &DeviceBuffer,
     ) -> Result<()> {
-        crate::gpu_experts::cuda_launch(self, step, dptr(w)?, dptr(x)?, dptr(y)?)
+        crate::gpu_experts::cuda_launch(
+            self,
+            step,
+            dptr(w)?,
+            dptr(x)?,
+            dptr(y)?,
+            Default::default(),
+        )
+    }
+
+    /// The expert kernels with the layer's fixed-order combine folded into the down kernel
+    /// (`combine` as [`Stream::combine_fixed`] takes it; checked by the caller).
+    pub(crate) fn launch_experts_then_combine(
+        &self,
+        step: &ExpertStep,
+        w: &DeviceBuffer,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+        combine: &crate::device::LayerCombine<'_>,
+    ) -> Result<()> {
+        let mut more = [0u64; crate::device::COMBINE_MAX_PARTS];
+        for (slot, b) in more.iter_mut().zip(combine.more) {
+            *slot = dptr(b)?;
+        }
+        let fold = crate::gpu_experts::CudaFoldCombine {
+            act: dptr(combine.act)?,
+            parts: dptr(combine.parts)?,
+            more,
+            block: combine.block as u64,
+            k: combine.k as u64,
+        };
+        crate::gpu_experts::cuda_launch(self, step, dptr(w)?, dptr(x)?, dptr(y)?, fold)
     }
 
     pub(crate) fn launch_dense(&self, reads: &[DenseRead<'_>], out: &DeviceBuffer) -> Result<()> {

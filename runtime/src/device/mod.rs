@@ -700,13 +700,29 @@ impl fmt::Debug for Stream {
     }
 }
 
-/// Dispatch one stream operation to the backend.
 /// Most row blocks [`Stream::combine_fixed`] sums (`COMBINE_MAX_BLOCKS` in
-/// `kernels/cuda/elementwise.cu`): a top-k of at most 64.
+/// `kernels/cuda/common.cuh`): a top-k of at most 64.
 pub const COMBINE_MAX_BLOCKS: usize = 64;
 
 /// Most buffers [`Stream::combine_fixed`] adds onto its parts (the kernel's `m0` .. `m3`).
 pub const COMBINE_MAX_PARTS: usize = 4;
+
+/// A decode layer's fixed-order combine, as [`Stream::combine_fixed`] takes it: `k` row
+/// blocks of `block` f32 in `parts`, each buffer of `more` added to them in turn, summed by
+/// the fixed tree into the first `block` f32 of `act`.
+#[derive(Debug, Clone, Copy)]
+pub struct LayerCombine<'a> {
+    /// The residual stream the sum is added to.
+    pub act: &'a DeviceBuffer,
+    /// The first rows summed (a layer's hits).
+    pub parts: &'a DeviceBuffer,
+    /// The rows added to them, in order (a layer's fetched chunks).
+    pub more: &'a [&'a DeviceBuffer],
+    /// f32 per row block (streams x hidden).
+    pub block: usize,
+    /// Row blocks (the top-k).
+    pub k: usize,
+}
 
 /// The rounds (`dst block`, `src block`, `blocks`) of the fixed-order halving tree that sums
 /// `blocks` row blocks into block 0: while more than one is left, the upper half is added
@@ -723,6 +739,7 @@ pub fn fixed_tree_rounds(blocks: usize) -> Vec<(usize, usize, usize)> {
     out
 }
 
+/// Dispatch one stream operation to the backend.
 macro_rules! on_stream {
     ($self:ident, $s:ident => $e:expr) => {
         match &$self.imp {
@@ -896,6 +913,62 @@ impl Stream {
         block: usize,
         k: usize,
     ) -> Result<()> {
+        self.check_combine(&LayerCombine {
+            act,
+            parts,
+            more,
+            block,
+            k,
+        })?;
+        on_stream!(self, s => s.combine_fixed(act, parts, more, block, k))
+    }
+
+    /// [`Stream::launch_experts`] then [`Stream::combine_fixed`] with `combine`, the same
+    /// bits; on CUDA in the expert kernels' launches, the combine folded into the down
+    /// kernel (the last block of each row tile combines the tile's columns once it has
+    /// written them), so the layer's last launch is its experts' and not a combine's.
+    pub fn launch_experts_then_combine(
+        &self,
+        step: &ExpertStep,
+        weights: &DeviceBuffer,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+        combine: &LayerCombine<'_>,
+    ) -> Result<()> {
+        self.check_combine(combine)?;
+        match &self.imp {
+            // The down kernel's tiles cover every column of the hidden size for every row;
+            // the fold covers every stream of `block` in them.
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) if !step.experts.is_empty() && combine.block % step.hidden == 0 => {
+                for (b, what) in [(weights, "weights"), (x, "x"), (y, "y")] {
+                    self.device.check_same(b.uid, "launch_experts", what)?;
+                }
+                step.validate(weights.len, x.len, y.len)?;
+                s.launch_experts_then_combine(step, weights, x, y, combine)
+            }
+            _ => {
+                self.launch_experts(step, weights, x, y)?;
+                self.combine_fixed(
+                    combine.act,
+                    combine.parts,
+                    combine.more,
+                    combine.block,
+                    combine.k,
+                )
+            }
+        }
+    }
+
+    /// Check a combine's arguments ([`Stream::combine_fixed`]).
+    fn check_combine(&self, c: &LayerCombine<'_>) -> Result<()> {
+        let LayerCombine {
+            act,
+            parts,
+            more,
+            block,
+            k,
+        } = *c;
         if k == 0 || k > COMBINE_MAX_BLOCKS {
             return Err(RuntimeError::invalid(
                 "combine_fixed blocks",
@@ -918,7 +991,7 @@ impl Stream {
                 .check_same(m.uid, "combine_fixed", "added buffer")?;
             m.check_range("combine_fixed added buffer", 0, k * block * 4)?;
         }
-        on_stream!(self, s => s.combine_fixed(act, parts, more, block, k))
+        Ok(())
     }
 
     /// Queue the zero-copy gather: one kernel that reads the regions of mapped host memory

@@ -59,7 +59,7 @@ pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
-use ft_model::plan::{fetch_chunk_bounds, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
+use ft_model::plan::{fetch_chunk_bounds_at_most, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
 use ft_model::profile::CpuCheck;
 use ft_model::{ModelSpec, Strategy, StrategyKind};
 use serde::{Deserialize, Serialize};
@@ -67,7 +67,7 @@ use serde::{Deserialize, Serialize};
 use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::dense::{DenseBuffers, DenseRead, DENSE_OUT_BYTES};
-use crate::device::{Device, DeviceBuffer, Event, HostBuffer, Stream};
+use crate::device::{Device, DeviceBuffer, Event, HostBuffer, LayerCombine, Stream};
 use crate::error::{Result, RuntimeError};
 use crate::gather::{self, GatherMethod};
 use crate::gpu_experts::ExpertStep;
@@ -135,6 +135,61 @@ pub struct EngineConfig {
     pub reserve_bytes: u64,
     /// When the host queues the GPU work a layer's CPU share does not wait for.
     pub host_submit: HostSubmit,
+    /// Which stream runs an offload layer's serial chain (dense part, router, gathers, last
+    /// fetched kernel, combine).
+    pub layer_chain: LayerChain,
+    /// Most chunks a layer's fetched experts are gathered in, 1 to [`MAX_FETCH_CHUNKS`]
+    /// ([`ft_model::plan::fetch_chunk_bounds_at_most`]).
+    pub fetch_chunks: usize,
+    /// Fold the combine of a layer without a CPU share into its last fetched chunk's launch
+    /// ([`Stream::launch_experts_then_combine`]): one launch fewer after the last copy.
+    pub fold_combine: bool,
+}
+
+/// Which stream runs the serial chain of a layer that gathers and has no CPU share: the dense
+/// part up to the router, the gathers, the last chunk's expert kernel and the combine, each
+/// waiting for the one before (the next layer's router needs this layer's output).
+///
+/// With the chain split over the compute and the copy stream, it crosses streams twice per
+/// layer (the copies wait for the router's event, the last chunk's kernel for the copies'),
+/// and each crossing is an event the GPU resolves between two streams. On the copy stream the
+/// chain is one stream's order: only the work off the chain (the hits, the dense part after
+/// the router, every chunk but the last) stays on the compute stream, and the chain waits for
+/// it once, before the last chunk, when it is long done. The outputs are the same bits either
+/// way (the same kernels on the same buffers in the same dependency order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayerChain {
+    /// Dense part and combine on the compute stream, gathers on the copy stream.
+    #[default]
+    Split,
+    /// The whole chain on the copy stream.
+    CopyStream,
+}
+
+impl LayerChain {
+    /// Name on the command line and in JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerChain::Split => "split",
+            LayerChain::CopyStream => "copy-stream",
+        }
+    }
+}
+
+impl std::str::FromStr for LayerChain {
+    type Err = RuntimeError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "split" => Ok(LayerChain::Split),
+            "copy-stream" => Ok(LayerChain::CopyStream),
+            _ => Err(RuntimeError::invalid(
+                "--layer-chain",
+                format!("'{s}' is not split or copy-stream"),
+            )),
+        }
+    }
 }
 
 /// When the host thread queues the GPU work of a layer with a CPU share that the share does
@@ -203,6 +258,9 @@ impl Default for EngineConfig {
             timeline: true,
             reserve_bytes: DEFAULT_RESERVE_BYTES,
             host_submit: HostSubmit::default(),
+            layer_chain: LayerChain::default(),
+            fetch_chunks: MAX_FETCH_CHUNKS,
+            fold_combine: false,
         }
     }
 }
@@ -292,22 +350,25 @@ impl EngineMemory {
     }
 }
 
-/// A layer's fetched experts in chunks ([`fetch_chunk_bounds`]): the chunked pipeline of
+/// A layer's fetched experts in chunks ([`fetch_chunk_bounds_at_most`]): the chunked pipeline of
 /// both engines (single- and multi-GPU). Chunk `c`'s gathers are followed by an event on the
 /// copy stream, and its expert step waits for that event only and writes output rows of its
 /// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
 /// gather is one empty chunk (its step zeroes the output rows the CPU's rows go into).
 pub(crate) struct FetchChunks<'a> {
     work: &'a work::LayerWork,
+    /// The cache's slots the chunks are gathered into and computed from.
+    slots: &'a SlotPool,
     bounds: Vec<std::ops::Range<usize>>,
 }
 
 impl<'a> FetchChunks<'a> {
-    /// The chunks of `work`'s fetched experts.
-    pub fn of(work: &'a work::LayerWork) -> Self {
+    /// The chunks of `work`'s fetched experts into and from `slots`, at most `max_chunks`.
+    pub fn of(work: &'a work::LayerWork, slots: &'a SlotPool, max_chunks: usize) -> Self {
         FetchChunks {
             work,
-            bounds: fetch_chunk_bounds(work.moves.len()),
+            slots,
+            bounds: fetch_chunk_bounds_at_most(work.moves.len(), max_chunks),
         }
     }
 
@@ -322,30 +383,50 @@ impl<'a> FetchChunks<'a> {
         c: usize,
         copy: &Stream,
         bank: &HostBank,
-        slots: &SlotPool,
         method: GatherMethod,
         landed: &Event,
     ) -> Result<()> {
         let moves = &self.work.moves[self.bounds[c].clone()];
-        gather::gather(copy, bank, slots, moves, method)?;
+        gather::gather(copy, bank, self.slots, moves, method)?;
         copy.record(landed)
     }
 
-    /// Queue every chunk's expert step on `compute`: chunk `c` reads the slots of `slots`
-    /// and the inputs `act`, writes `outs[c]`, and (where the layer gathers) starts after
+    /// Queue every chunk's expert step on `compute`: chunk `c` reads the slots and the
+    /// inputs `act`, writes `outs[c]`, and (where the layer gathers) starts after
     /// `landed(c)`.
     pub fn compute<'e>(
         &self,
         compute: &Stream,
-        slots: &SlotPool,
         act: &DeviceBuffer,
         outs: &[DeviceBuffer],
         landed: impl Fn(usize) -> &'e Event,
     ) -> Result<()> {
         for (c, out) in outs[..self.len()].iter().enumerate() {
-            self.compute_chunk(c, compute, slots, act, out, landed(c))?;
+            self.compute_chunk(c, compute, act, out, landed(c), None)?;
         }
         Ok(())
+    }
+
+    /// Queue chunk `c`'s expert step on the copy stream `chain`, right behind its copies (no
+    /// event between them: the stream's order is the dependency).
+    pub fn compute_on_chain(
+        &self,
+        c: usize,
+        chain: &Stream,
+        act: &DeviceBuffer,
+        out: &DeviceBuffer,
+        combine: Option<&LayerCombine<'_>>,
+    ) -> Result<()> {
+        launch_chunk(chain, &self.chunk_step(c), self.slots, act, out, combine)
+    }
+
+    /// Chunk `c`'s part of the layer's fetched step.
+    fn chunk_step(&self, c: usize) -> std::borrow::Cow<'_, ExpertStep> {
+        if self.len() == 1 {
+            std::borrow::Cow::Borrowed(&self.work.fetched)
+        } else {
+            std::borrow::Cow::Owned(self.work.fetched.part(self.bounds[c].clone()))
+        }
     }
 
     /// Queue chunk `c`'s expert step on `compute` ([`FetchChunks::compute`] for one chunk):
@@ -354,22 +435,30 @@ impl<'a> FetchChunks<'a> {
         &self,
         c: usize,
         compute: &Stream,
-        slots: &SlotPool,
         act: &DeviceBuffer,
         out: &DeviceBuffer,
         landed: &Event,
+        combine: Option<&LayerCombine<'_>>,
     ) -> Result<()> {
         if !self.work.moves.is_empty() {
             compute.wait(landed)?;
         }
-        let part;
-        let step = if self.len() == 1 {
-            &self.work.fetched
-        } else {
-            part = self.work.fetched.part(self.bounds[c].clone());
-            &part
-        };
-        compute.launch_experts(step, slots.buffer(), act, out)
+        launch_chunk(compute, &self.chunk_step(c), self.slots, act, out, combine)
+    }
+}
+
+/// Queue a chunk's expert step on `stream`, with the layer's combine after it where given.
+fn launch_chunk(
+    stream: &Stream,
+    step: &ExpertStep,
+    slots: &SlotPool,
+    act: &DeviceBuffer,
+    out: &DeviceBuffer,
+    combine: Option<&LayerCombine<'_>>,
+) -> Result<()> {
+    match combine {
+        Some(c) => stream.launch_experts_then_combine(step, slots.buffer(), act, out, c),
+        None => stream.launch_experts(step, slots.buffer(), act, out),
     }
 }
 
@@ -391,8 +480,13 @@ struct LayerRest<'a> {
     fetch: &'a FetchChunks<'a>,
     post: &'a [DenseRead<'a>],
     need_fetched: bool,
+    /// The layer's chain runs on the copy stream: the last fetched chunk is left to it, and
+    /// the `rest` event (which it waits for) comes instead of the fetched one.
+    last_on_chain: bool,
+    /// The layer's combine, folded into the last fetched chunk's launch here.
+    fold: Option<LayerCombine<'a>>,
     /// The next item: 0 the post-router dense part, 1 the hits, 2 + c fetched chunk `c`,
-    /// then the fetched event.
+    /// then the fetched (or rest) event.
     next: usize,
     clock: crate::device::Clock,
     /// When the first item was queued (device clock, us): the GPU cannot start it before.
@@ -403,7 +497,11 @@ impl LayerRest<'_> {
     /// Queue the next item; false when everything is queued.
     fn submit_next(&mut self) -> Result<bool> {
         let chunks = self.fetch.len();
-        let fetched_items = if self.need_fetched { chunks } else { 0 };
+        let fetched_items = match (self.need_fetched, self.last_on_chain) {
+            (false, _) => 0,
+            (true, false) => chunks,
+            (true, true) => chunks - 1,
+        };
         let ev = self.ev;
         match self.next {
             0 => {
@@ -427,13 +525,19 @@ impl LayerRest<'_> {
                 self.fetch.compute_chunk(
                     c,
                     self.compute,
-                    self.slots,
                     self.act,
                     &self.y_fetched[c],
                     ev.chunk_gathered(c, chunks),
+                    self.fold.as_ref().filter(|_| c + 1 == chunks),
                 )?;
             }
-            i if i == 2 + fetched_items => ev.record_timing(self.compute, &ev.fetched)?,
+            i if i == 2 + fetched_items => {
+                if self.last_on_chain {
+                    self.compute.record(&ev.rest)?;
+                } else {
+                    ev.record_timing(self.compute, &ev.fetched)?;
+                }
+            }
             _ => return Ok(false),
         }
         self.next += 1;
@@ -498,7 +602,7 @@ pub struct Engine {
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
     /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
-    /// fetched experts ([`fetch_chunk_bounds`]); in fixed order the CPU's rows go to the first.
+    /// fetched experts ([`fetch_chunk_bounds_at_most`]); in fixed order the CPU's rows go to the first.
     y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
     y_cpu: DeviceBuffer,
@@ -510,6 +614,9 @@ pub struct Engine {
     cpu_x: Vec<f32>,
     exec: Option<CpuExecutor>,
     events: Vec<LayerEvents>,
+    /// Compute stream, after a step's inputs are uploaded (a first layer whose chain runs on
+    /// the copy stream waits for it).
+    step_start: Event,
     template: ExpertStep,
     steps_run: u64,
 }
@@ -679,6 +786,15 @@ impl Engine {
         if config.max_streams == 0 {
             return Err(RuntimeError::invalid("--streams", "must be at least 1"));
         }
+        if !(1..=MAX_FETCH_CHUNKS).contains(&config.fetch_chunks) {
+            return Err(RuntimeError::invalid(
+                "--fetch-chunks",
+                format!(
+                    "{} chunks; a layer's fetched experts are gathered in 1 to {MAX_FETCH_CHUNKS}",
+                    config.fetch_chunks
+                ),
+            ));
+        }
         for (flag, p) in [
             ("--gpu-act", config.gpu_path),
             ("--cpu-act", config.cpu_path),
@@ -791,6 +907,7 @@ impl Engine {
             cpu_x: Vec::new(),
             exec: None,
             events,
+            step_start: device.new_event(false)?,
             template,
             steps_run: 0,
         };
@@ -1028,6 +1145,10 @@ impl Engine {
         let mut marks = vec![LayerMarks::default(); layers];
         let flat: Vec<f32> = input.inputs.concat();
         self.compute.upload_f32(&flat, &self.act, 0)?;
+        // Where the previous layer's combine ran (true: the copy stream, its chain there), and
+        // the event after it: a layer whose dense part runs on the other stream waits for it.
+        let mut prev_on_copy = false;
+        let mut prev_done: Option<&Event> = None;
 
         // A layer planned ahead, while the host waited for the previous layer's activations.
         let mut ahead: Option<work::LayerWork> = None;
@@ -1062,6 +1183,19 @@ impl Engine {
             m.cpu_rows_bytes = (work.cpu.rows() * row_bytes) as u64;
             m.down_bytes = (b * row_bytes) as u64;
             let ev = &self.events[l];
+            // The layer's serial chain on the copy stream ([`LayerChain`]): a layer that
+            // gathers and has no CPU share.
+            let on_copy = self.config.layer_chain == LayerChain::CopyStream && m.link && !m.cpu;
+            let chain = if on_copy { &self.copy } else { &self.compute };
+            if on_copy != prev_on_copy {
+                match prev_done {
+                    Some(done) => chain.wait(done)?,
+                    None => {
+                        self.compute.record(&self.step_start)?;
+                        chain.wait(&self.step_start)?;
+                    }
+                }
+            }
 
             // 1. Dense part up to the router, then the experts' input rows.
             let reads = self.dense.reads(l, input.contexts)?;
@@ -1069,9 +1203,9 @@ impl Engine {
             m.post = !post.is_empty();
             m.dense_submit = clock.now_us();
             if !pre.is_empty() {
-                self.compute.launch_dense(&pre, &self.dense_out)?;
+                chain.launch_dense(&pre, &self.dense_out)?;
             }
-            self.compute.record(&ev.router)?;
+            chain.record(&ev.router)?;
             // 3a. Gathers, after the router, in chunks of experts: each chunk's copies are
             // followed by an event, so that the GPU computes a chunk as soon as it has landed
             // and only the last chunk's kernel follows the last copy. The first chunk is
@@ -1079,15 +1213,21 @@ impl Engine {
             // so that the link starts as soon as the router has run: in a hybrid step the
             // host reaches this point only after the previous layer's CPU share, and every
             // call it makes before the first copy is time the link waits.
-            let fetch = FetchChunks::of(&work);
+            let fetch = FetchChunks::of(&work, &self.slots, self.config.fetch_chunks);
             let chunks = fetch.len();
-            let (copy, bank, slots, method) =
-                (&self.copy, &self.bank, &self.slots, self.config.gather);
+            let (copy, bank, method) = (&self.copy, &self.bank, self.config.gather);
             let issue_chunk =
-                |c: usize| fetch.gather(c, copy, bank, slots, method, ev.chunk_gathered(c, chunks));
+                |c: usize| fetch.gather(c, copy, bank, method, ev.chunk_gathered(c, chunks));
             if m.link {
-                self.copy.wait(&ev.router)?;
+                if !on_copy {
+                    self.copy.wait(&ev.router)?;
+                }
                 issue_chunk(0)?;
+            }
+            if on_copy {
+                // The work off the chain starts after the router (the previous layer's
+                // output is in by then).
+                self.compute.wait(&ev.router)?;
             }
             if rows.order == CombineOrder::Fixed {
                 for (src, dst, n) in replicate_rounds(k) {
@@ -1119,6 +1259,22 @@ impl Engine {
             // and `HostSubmit::Overlapped`, while the host waits for the activations and
             // beside the CPU share (the CPU share does not wait for them).
             let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
+            let fetched_parts: Vec<&DeviceBuffer> = if need_fetched {
+                self.y_fetched[..chunks].iter().collect()
+            } else {
+                Vec::new()
+            };
+            // 6 (folded). Without a CPU share the combine can follow the last fetched
+            // chunk's kernel inside its launch ([`Stream::launch_experts_then_combine`]).
+            let fold =
+                (self.config.fold_combine && m.link && !m.cpu && rows.order == CombineOrder::Fixed)
+                    .then_some(LayerCombine {
+                        act: &self.act,
+                        parts: &self.y_hits,
+                        more: &fetched_parts,
+                        block,
+                        k,
+                    });
             let mut rest = LayerRest {
                 compute: &self.compute,
                 slots: &self.slots,
@@ -1130,6 +1286,8 @@ impl Engine {
                 fetch: &fetch,
                 post: &post,
                 need_fetched,
+                last_on_chain: on_copy,
+                fold: if on_copy { None } else { fold },
                 next: 0,
                 clock,
                 first_queued_us: 0.0,
@@ -1198,36 +1356,52 @@ impl Engine {
             }
             m.rest_submit = rest.first_queued_us;
             let ev = &self.events[l];
+            if on_copy {
+                // The chain's tail: once the work off it is done (long before the last copy
+                // lands), the last chunk's kernel right behind its copies, then the combine.
+                let last = chunks - 1;
+                self.copy.wait(&ev.rest)?;
+                fetch.compute_on_chain(
+                    last,
+                    &self.copy,
+                    &self.act,
+                    &self.y_fetched[last],
+                    fold.as_ref(),
+                )?;
+                ev.record_timing(&self.copy, &ev.fetched)?;
+            }
 
-            // 6. Combine in a fixed order, add to the residual stream.
+            // 6. Combine in a fixed order, add to the residual stream (done already where
+            // folded into the last chunk's launch).
             let n_rows = rows.count();
-            let fetched_parts: Vec<&DeviceBuffer> = if need_fetched {
-                self.y_fetched[..chunks].iter().collect()
-            } else {
-                Vec::new()
-            };
             match rows.order {
+                _ if fold.is_some() => {}
                 // One launch: the fetched (and CPU) rows onto the hits', the tree, the
                 // residual add.
                 CombineOrder::Fixed => {
-                    self.compute
-                        .combine_fixed(&self.act, &self.y_hits, &fetched_parts, block, k)?
+                    chain.combine_fixed(&self.act, &self.y_hits, &fetched_parts, block, k)?
                 }
                 CombineOrder::Fast => {
                     for part in &fetched_parts {
-                        self.compute.add_f32(&self.y_hits, 0, part, 0, n_rows * h)?;
+                        chain.add_f32(&self.y_hits, 0, part, 0, n_rows * h)?;
                     }
                     if m.cpu {
-                        self.compute
-                            .add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
+                        chain.add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
                     }
-                    self.compute.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
+                    chain.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
                 }
             }
-            ev.record_timing(&self.compute, &ev.done)?;
+            if self.config.timeline || self.config.layer_chain == LayerChain::CopyStream {
+                chain.record(&ev.done)?;
+            }
+            prev_on_copy = on_copy;
+            prev_done = Some(&ev.done);
             m.layer_end_submit = clock.now_us();
         }
 
+        if let (true, Some(done)) = (prev_on_copy, prev_done) {
+            self.compute.wait(done)?;
+        }
         let out_wait = clock.now_us();
         let flat = self.compute.download_f32(&self.act, 0, block)?;
         let t_end = clock.now_us();

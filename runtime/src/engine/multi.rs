@@ -604,12 +604,12 @@ impl MultiEngine {
                 // The first chunk's gathers right after the router, before the input rows
                 // and the activations for the CPU, the rest after them (as the single-GPU
                 // engine issues them): the link starts as soon as the router has run.
-                let fetch = FetchChunks::of(work);
+                let fetch = FetchChunks::of(work, &p.slots, self.config.fetch_chunks);
                 let link = !work.moves.is_empty();
                 let method = self.config.gather;
                 if link {
                     p.copy.wait(router)?;
-                    fetch.gather(0, &p.copy, bank, &p.slots, method, &p.landed[0])?;
+                    fetch.gather(0, &p.copy, bank, method, &p.landed[0])?;
                 }
                 if rows.order == CombineOrder::Fixed {
                     for (src, dst, nb) in replicate_rounds(k) {
@@ -632,7 +632,7 @@ impl MultiEngine {
                 }
                 if link {
                     for c in 1..fetch.len() {
-                        fetch.gather(c, &p.copy, bank, &p.slots, method, &p.landed[c])?;
+                        fetch.gather(c, &p.copy, bank, method, &p.landed[c])?;
                     }
                 }
                 if !post.is_empty() {
@@ -641,7 +641,7 @@ impl MultiEngine {
                 p.compute
                     .launch_experts(&work.hits, p.slots.buffer(), &p.act, &p.y_hits)?;
                 if link || (cpu && rows.order == CombineOrder::Fixed) {
-                    fetch.compute(&p.compute, &p.slots, &p.act, &p.y_fetched, |c| &p.landed[c])?;
+                    fetch.compute(&p.compute, &p.act, &p.y_fetched, |c| &p.landed[c])?;
                     fetched_chunks[gpu] = fetch.len();
                 }
             }

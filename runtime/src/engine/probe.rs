@@ -131,6 +131,7 @@ pub fn probe_hybrid_overhead(
             timeline: false,
             reserve_bytes: 0,
             host_submit: super::HostSubmit::default(),
+            ..EngineConfig::default()
         };
         let mut e = Engine::new(device, &model, &cfg, None)?;
         Ok(decode(&mut e, warm, measured, &options, &mut |_, _| {})?.summary)
