@@ -64,6 +64,7 @@ fn config(strategy: Strategy) -> EngineConfig {
         timeline: false,
         reserve_bytes: 0,
         host_submit: ft_runtime::engine::HostSubmit::default(),
+        ..EngineConfig::default()
     }
 }
 

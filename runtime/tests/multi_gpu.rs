@@ -77,6 +77,7 @@ fn config(strategy: Strategy, slots: usize, threads: usize, gpu: ActivationPath)
         timeline: true,
         reserve_bytes: 0,
         host_submit: ft_runtime::engine::HostSubmit::default(),
+        ..EngineConfig::default()
     }
 }
 
