@@ -80,9 +80,9 @@ def paths_of(folder):
             continue
         t = device.get("cuda_tuning") if isinstance(device, dict) else None
         if t:
-            # The engine's own layout switches (`ft run --layer-chain`, `--fetch-chunks`)
-            # beside the device's paths, where the report has them.
-            for key in ("layer_chain", "fetch_chunks"):
+            # The engine's own layout switches (`ft run --layer-chain`, `--fetch-chunks`,
+            # `--fold-combine`) beside the device's paths, where the report has them.
+            for key in ("layer_chain", "fetch_chunks", "fold_combine"):
                 if key in report:
                     t = {**t, key: report[key]}
             tunings.add(json.dumps(t, sort_keys=True))
