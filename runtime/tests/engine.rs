@@ -308,6 +308,43 @@ fn cpu_and_hybrid_at_zero_agree(d: &Device) {
     }
 }
 
+/// Decode `steps` on a new engine of `cfg`, the first two as warm-up.
+fn decode_two_warm(
+    d: &Device,
+    model: &ModelSpec,
+    cfg: &EngineConfig,
+    steps: &[StepRouting],
+) -> ft_runtime::engine::Decoded {
+    let mut engine = Engine::new(d, model, cfg, None).unwrap();
+    decode(
+        &mut engine,
+        &steps[..2],
+        &steps[2..],
+        &options(),
+        &mut |_, _| {},
+    )
+    .unwrap()
+}
+
+/// Keep the first run in `base`; every later one must have its outputs bit for bit and its
+/// counts.
+fn same_as_first(
+    base: &mut Option<ft_runtime::engine::Decoded>,
+    run: ft_runtime::engine::Decoded,
+    what: &str,
+) {
+    match base {
+        None => *base = Some(run),
+        Some(b) => {
+            let dev = Deviation::between(what, &b.outputs, &run.outputs);
+            assert!(dev.bit_identical, "{dev:?}");
+            for (x, y) in b.records.iter().zip(&run.records) {
+                assert_eq!(x.totals, y.totals, "{what}");
+            }
+        }
+    }
+}
+
 fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
     // The host queues a CPU layer's remaining GPU work while it waits and beside the CPU
     // share (overlapped) or all before (serial): the same work on the same streams in the
@@ -331,15 +368,7 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
                     gpu_path: ActivationPath::Int8,
                     ..config(strategy, 20, streams)
                 };
-                let mut engine = Engine::new(d, &model, &cfg, None).unwrap();
-                let run = decode(
-                    &mut engine,
-                    &steps[..2],
-                    &steps[2..],
-                    &options(),
-                    &mut |_, _| {},
-                )
-                .unwrap();
+                let run = decode_two_warm(d, &model, &cfg, &steps);
                 let what = format!("{strategy} {pool_wait:?} {host_submit:?}");
                 // Every CPU layer's share ran after its wait, on the CPU lane.
                 for r in run.records.iter().filter(|r| !r.warmup) {
@@ -347,16 +376,7 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
                         assert_eq!(l.cpu_busy_us > 0.0, l.counts.cpu > 0, "{what}: {l:?}");
                     }
                 }
-                match &base {
-                    None => base = Some(run),
-                    Some(b) => {
-                        let dev = Deviation::between(&what, &b.outputs, &run.outputs);
-                        assert!(dev.bit_identical, "{dev:?}");
-                        for (x, y) in b.records.iter().zip(&run.records) {
-                            assert_eq!(x.totals, y.totals, "{what}");
-                        }
-                    }
-                }
+                same_as_first(&mut base, run, &what);
             }
         }
     }
@@ -391,15 +411,7 @@ fn layer_chain_and_fetch_chunks_decode_the_same_bits(d: &Device) {
                         gpu_path: ActivationPath::Int8,
                         ..config(strategy, 12, streams)
                     };
-                    let mut engine = Engine::new(d, &model, &cfg, None).unwrap();
-                    let run = decode(
-                        &mut engine,
-                        &steps[..2],
-                        &steps[2..],
-                        &options(),
-                        &mut |_, _| {},
-                    )
-                    .unwrap();
+                    let run = decode_two_warm(d, &model, &cfg, &steps);
                     let what = format!(
                         "{strategy} {layer_chain:?} fold {fold_combine} {fetch_chunks} {timeline}"
                     );
@@ -410,16 +422,7 @@ fn layer_chain_and_fetch_chunks_decode_the_same_bits(d: &Device) {
                         assert!(fetched > 0, "{what}");
                         assert!(run.records.iter().any(|r| r.pcie_busy_us > 0.0), "{what}");
                     }
-                    match &base {
-                        None => base = Some(run),
-                        Some(b) => {
-                            let dev = Deviation::between(&what, &b.outputs, &run.outputs);
-                            assert!(dev.bit_identical, "{dev:?}");
-                            for (x, y) in b.records.iter().zip(&run.records) {
-                                assert_eq!(x.totals, y.totals, "{what}");
-                            }
-                        }
-                    }
+                    same_as_first(&mut base, run, &what);
                 }
             }
         }
