@@ -28,7 +28,7 @@ use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceC
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
 use ft_runtime::engine::{
     decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig, EngineMemory, GpuCounts, HostSubmit, LayerChain, MultiEngine,
+    EngineConfig, EngineMemory, GpuCounts, HostSubmit, MultiEngine,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
@@ -160,12 +160,6 @@ pub struct Args {
     /// of it before the share).
     #[arg(long, default_value = "overlapped")]
     host_submit: String,
-    /// Which stream runs the serial chain of a layer that gathers and has no CPU share (the
-    /// dense part up to the router, the gathers, the last fetched kernel, the combine):
-    /// split (dense part and combine on the compute stream, gathers on the copy stream) or
-    /// copy-stream (all of it on the copy stream, no event between streams on the chain).
-    #[arg(long, env = "FT_LAYER_CHAIN", default_value = "split")]
-    layer_chain: String,
     /// Most chunks a layer's fetched experts are gathered and computed in (1 to 4): each
     /// chunk's kernel runs as soon as its copies land, and each chunk is one submission of
     /// copies.
@@ -174,7 +168,8 @@ pub struct Args {
     /// Fold a layer's combine into its last fetched chunk's launch where the layer has no CPU
     /// share (on CUDA: the down kernel's last block of each row tile combines it), one launch
     /// fewer after the last copy; the same bits.
-    #[arg(long, env = "FT_FOLD_COMBINE")]
+    #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::SetTrue,
+          value_parser = clap::builder::BoolishValueParser::new())]
     fold_combine: bool,
     /// Host device only: emulated link bandwidth, GB/s.
     #[arg(long)]
@@ -355,9 +350,6 @@ pub struct RunReport {
     /// When the host queued the GPU work the CPU share does not wait for.
     #[serde(default)]
     pub host_submit: String,
-    /// Which stream ran an offload layer's serial chain (`--layer-chain`).
-    #[serde(default)]
-    pub layer_chain: String,
     /// Most chunks a layer's fetched experts were gathered in (`--fetch-chunks`).
     #[serde(default)]
     pub fetch_chunks: usize,
@@ -902,10 +894,6 @@ pub fn run(args: Args) -> Result<()> {
             .host_submit
             .parse::<HostSubmit>()
             .context("--host-submit")?,
-        layer_chain: args
-            .layer_chain
-            .parse::<LayerChain>()
-            .context("--layer-chain")?,
         fetch_chunks: args.fetch_chunks,
         fold_combine: args.fold_combine,
         timeline: !args.no_timeline,
@@ -1173,7 +1161,6 @@ pub fn run(args: Args) -> Result<()> {
             threads,
             pool_wait: pool_wait.name().into(),
             host_submit: cfg.host_submit.name().into(),
-            layer_chain: cfg.layer_chain.name().into(),
             fetch_chunks: cfg.fetch_chunks,
             fold_combine: cfg.fold_combine,
             gpu_act: cfg.gpu_path.name().into(),
@@ -1258,7 +1245,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} chunks, layer chain {}{})",
+        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} chunks{})",
         r.device.label(),
         r.threads,
         r.pool_wait,
@@ -1268,7 +1255,6 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         r.combine,
         r.gather,
         r.fetch_chunks,
-        r.layer_chain,
         if r.fold_combine {
             ", combine folded"
         } else {

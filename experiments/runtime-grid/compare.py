@@ -69,7 +69,7 @@ def load(arg):
 
 def paths_of(folder):
     """The CUDA paths a run took, in words: the reports' `device.cuda_tuning` (with the
-    engine's layer chain and fetch chunks) where json/ holds them, else env.txt's switches
+    engine's fetch chunks and folded combine) where json/ holds them, else env.txt's switches
     line."""
     tunings = set()
     for doc in sorted((folder / "json").glob("*.json")) if (folder / "json").is_dir() else []:
@@ -80,9 +80,9 @@ def paths_of(folder):
             continue
         t = device.get("cuda_tuning") if isinstance(device, dict) else None
         if t:
-            # The engine's own layout switches (`ft run --layer-chain`, `--fetch-chunks`,
-            # `--fold-combine`) beside the device's paths, where the report has them.
-            for key in ("layer_chain", "fetch_chunks", "fold_combine"):
+            # The engine's own switches (`ft run --fetch-chunks`, `--fold-combine`) beside the
+            # device's paths, where the report has them.
+            for key in ("fetch_chunks", "fold_combine"):
                 if key in report:
                     t = {**t, key: report[key]}
             tunings.add(json.dumps(t, sort_keys=True))

@@ -382,29 +382,20 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
     }
 }
 
-fn layer_chain_and_fetch_chunks_decode_the_same_bits(d: &Device) {
-    // The chain on the copy stream or split, the combine folded into the last chunk's
-    // launch or not, and the fetched experts in 1 to 4 chunks: the same operations on the
-    // same buffers in the same dependency order, so the same outputs bit for bit and the
-    // same counts. Hybrid mixes layers with and without a CPU share
-    // (the chain changes stream between them); without the timeline only the events the
-    // streams wait for are recorded.
-    use ft_runtime::engine::LayerChain;
+fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
+    // The combine folded into the last chunk's launch or not, and the fetched experts in 1
+    // to 4 chunks: the same operations on the same buffers in the same dependency order, so
+    // the same outputs bit for bit and the same counts. Hybrid mixes layers with a CPU share
+    // (never folded) and without; with and without the timeline's events.
     let model = tiny();
     let streams = 3;
     let steps = routing_for(&model, streams, 5);
     for strategy in [Strategy::Offload, hybrid(0.75), Strategy::Resident] {
         let mut base: Option<ft_runtime::engine::Decoded> = None;
         for timeline in [true, false] {
-            for (layer_chain, fold_combine) in [
-                (LayerChain::Split, false),
-                (LayerChain::CopyStream, false),
-                (LayerChain::Split, true),
-                (LayerChain::CopyStream, true),
-            ] {
+            for fold_combine in [false, true] {
                 for fetch_chunks in [4, 2, 1] {
                     let cfg = EngineConfig {
-                        layer_chain,
                         fetch_chunks,
                         fold_combine,
                         timeline,
@@ -412,9 +403,7 @@ fn layer_chain_and_fetch_chunks_decode_the_same_bits(d: &Device) {
                         ..config(strategy, 12, streams)
                     };
                     let run = decode_two_warm(d, &model, &cfg, &steps);
-                    let what = format!(
-                        "{strategy} {layer_chain:?} fold {fold_combine} {fetch_chunks} {timeline}"
-                    );
+                    let what = format!("{strategy} fold {fold_combine} {fetch_chunks} {timeline}");
                     if timeline && strategy != Strategy::Resident {
                         // The gathers and the fetched experts are on the timeline.
                         let fetched: u64 =
@@ -516,7 +505,7 @@ on_devices!(
     hybrid_w4a8_is_bit_identical_fresh_and_warmed,
     cpu_and_hybrid_at_zero_agree,
     host_submit_overlapped_and_serial_decode_the_same_bits,
-    layer_chain_and_fetch_chunks_decode_the_same_bits,
+    folded_combine_and_fetch_chunks_decode_the_same_bits,
     chrome_trace_has_a_lane_per_resource,
     bad_inputs_are_errors_naming_them,
 );

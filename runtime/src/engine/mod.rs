@@ -135,61 +135,12 @@ pub struct EngineConfig {
     pub reserve_bytes: u64,
     /// When the host queues the GPU work a layer's CPU share does not wait for.
     pub host_submit: HostSubmit,
-    /// Which stream runs an offload layer's serial chain (dense part, router, gathers, last
-    /// fetched kernel, combine).
-    pub layer_chain: LayerChain,
     /// Most chunks a layer's fetched experts are gathered in, 1 to [`MAX_FETCH_CHUNKS`]
     /// ([`ft_model::plan::fetch_chunk_bounds_at_most`]).
     pub fetch_chunks: usize,
     /// Fold the combine of a layer without a CPU share into its last fetched chunk's launch
     /// ([`Stream::launch_experts_then_combine`]): one launch fewer after the last copy.
     pub fold_combine: bool,
-}
-
-/// Which stream runs the serial chain of a layer that gathers and has no CPU share: the dense
-/// part up to the router, the gathers, the last chunk's expert kernel and the combine, each
-/// waiting for the one before (the next layer's router needs this layer's output).
-///
-/// With the chain split over the compute and the copy stream, it crosses streams twice per
-/// layer (the copies wait for the router's event, the last chunk's kernel for the copies'),
-/// and each crossing is an event the GPU resolves between two streams. On the copy stream the
-/// chain is one stream's order: only the work off the chain (the hits, the dense part after
-/// the router, every chunk but the last) stays on the compute stream, and the chain waits for
-/// it once, before the last chunk, when it is long done. The outputs are the same bits either
-/// way (the same kernels on the same buffers in the same dependency order).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum LayerChain {
-    /// Dense part and combine on the compute stream, gathers on the copy stream.
-    #[default]
-    Split,
-    /// The whole chain on the copy stream.
-    CopyStream,
-}
-
-impl LayerChain {
-    /// Name on the command line and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            LayerChain::Split => "split",
-            LayerChain::CopyStream => "copy-stream",
-        }
-    }
-}
-
-impl std::str::FromStr for LayerChain {
-    type Err = RuntimeError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "split" => Ok(LayerChain::Split),
-            "copy-stream" => Ok(LayerChain::CopyStream),
-            _ => Err(RuntimeError::invalid(
-                "--layer-chain",
-                format!("'{s}' is not split or copy-stream"),
-            )),
-        }
-    }
 }
 
 /// When the host thread queues the GPU work of a layer with a CPU share that the share does
@@ -258,7 +209,6 @@ impl Default for EngineConfig {
             timeline: true,
             reserve_bytes: DEFAULT_RESERVE_BYTES,
             host_submit: HostSubmit::default(),
-            layer_chain: LayerChain::default(),
             fetch_chunks: MAX_FETCH_CHUNKS,
             fold_combine: false,
         }
@@ -407,19 +357,6 @@ impl<'a> FetchChunks<'a> {
         Ok(())
     }
 
-    /// Queue chunk `c`'s expert step on the copy stream `chain`, right behind its copies (no
-    /// event between them: the stream's order is the dependency).
-    pub fn compute_on_chain(
-        &self,
-        c: usize,
-        chain: &Stream,
-        act: &DeviceBuffer,
-        out: &DeviceBuffer,
-        combine: Option<&LayerCombine<'_>>,
-    ) -> Result<()> {
-        launch_chunk(chain, &self.chunk_step(c), self.slots, act, out, combine)
-    }
-
     /// Chunk `c`'s part of the layer's fetched step.
     fn chunk_step(&self, c: usize) -> std::borrow::Cow<'_, ExpertStep> {
         if self.len() == 1 {
@@ -480,13 +417,10 @@ struct LayerRest<'a> {
     fetch: &'a FetchChunks<'a>,
     post: &'a [DenseRead<'a>],
     need_fetched: bool,
-    /// The layer's chain runs on the copy stream: the last fetched chunk is left to it, and
-    /// the `rest` event (which it waits for) comes instead of the fetched one.
-    last_on_chain: bool,
     /// The layer's combine, folded into the last fetched chunk's launch here.
     fold: Option<LayerCombine<'a>>,
     /// The next item: 0 the post-router dense part, 1 the hits, 2 + c fetched chunk `c`,
-    /// then the fetched (or rest) event.
+    /// then the fetched event.
     next: usize,
     clock: crate::device::Clock,
     /// When the first item was queued (device clock, us): the GPU cannot start it before.
@@ -497,11 +431,7 @@ impl LayerRest<'_> {
     /// Queue the next item; false when everything is queued.
     fn submit_next(&mut self) -> Result<bool> {
         let chunks = self.fetch.len();
-        let fetched_items = match (self.need_fetched, self.last_on_chain) {
-            (false, _) => 0,
-            (true, false) => chunks,
-            (true, true) => chunks - 1,
-        };
+        let fetched_items = if self.need_fetched { chunks } else { 0 };
         let ev = self.ev;
         match self.next {
             0 => {
@@ -531,13 +461,7 @@ impl LayerRest<'_> {
                     self.fold.as_ref().filter(|_| c + 1 == chunks),
                 )?;
             }
-            i if i == 2 + fetched_items => {
-                if self.last_on_chain {
-                    self.compute.record(&ev.rest)?;
-                } else {
-                    ev.record_timing(self.compute, &ev.fetched)?;
-                }
-            }
+            i if i == 2 + fetched_items => ev.record_timing(self.compute, &ev.fetched)?,
             _ => return Ok(false),
         }
         self.next += 1;
@@ -614,9 +538,6 @@ pub struct Engine {
     cpu_x: Vec<f32>,
     exec: Option<CpuExecutor>,
     events: Vec<LayerEvents>,
-    /// Compute stream, after a step's inputs are uploaded (a first layer whose chain runs on
-    /// the copy stream waits for it).
-    step_start: Event,
     template: ExpertStep,
     steps_run: u64,
 }
@@ -907,7 +828,6 @@ impl Engine {
             cpu_x: Vec::new(),
             exec: None,
             events,
-            step_start: device.new_event(false)?,
             template,
             steps_run: 0,
         };
@@ -1145,10 +1065,6 @@ impl Engine {
         let mut marks = vec![LayerMarks::default(); layers];
         let flat: Vec<f32> = input.inputs.concat();
         self.compute.upload_f32(&flat, &self.act, 0)?;
-        // Where the previous layer's combine ran (true: the copy stream, its chain there), and
-        // the event after it: a layer whose dense part runs on the other stream waits for it.
-        let mut prev_on_copy = false;
-        let mut prev_done: Option<&Event> = None;
 
         // A layer planned ahead, while the host waited for the previous layer's activations.
         let mut ahead: Option<work::LayerWork> = None;
@@ -1183,19 +1099,6 @@ impl Engine {
             m.cpu_rows_bytes = (work.cpu.rows() * row_bytes) as u64;
             m.down_bytes = (b * row_bytes) as u64;
             let ev = &self.events[l];
-            // The layer's serial chain on the copy stream ([`LayerChain`]): a layer that
-            // gathers and has no CPU share.
-            let on_copy = self.config.layer_chain == LayerChain::CopyStream && m.link && !m.cpu;
-            let chain = if on_copy { &self.copy } else { &self.compute };
-            if on_copy != prev_on_copy {
-                match prev_done {
-                    Some(done) => chain.wait(done)?,
-                    None => {
-                        self.compute.record(&self.step_start)?;
-                        chain.wait(&self.step_start)?;
-                    }
-                }
-            }
 
             // 1. Dense part up to the router, then the experts' input rows.
             let reads = self.dense.reads(l, input.contexts)?;
@@ -1203,9 +1106,9 @@ impl Engine {
             m.post = !post.is_empty();
             m.dense_submit = clock.now_us();
             if !pre.is_empty() {
-                chain.launch_dense(&pre, &self.dense_out)?;
+                self.compute.launch_dense(&pre, &self.dense_out)?;
             }
-            chain.record(&ev.router)?;
+            self.compute.record(&ev.router)?;
             // 3a. Gathers, after the router, in chunks of experts: each chunk's copies are
             // followed by an event, so that the GPU computes a chunk as soon as it has landed
             // and only the last chunk's kernel follows the last copy. The first chunk is
@@ -1219,15 +1122,8 @@ impl Engine {
             let issue_chunk =
                 |c: usize| fetch.gather(c, copy, bank, method, ev.chunk_gathered(c, chunks));
             if m.link {
-                if !on_copy {
-                    self.copy.wait(&ev.router)?;
-                }
+                self.copy.wait(&ev.router)?;
                 issue_chunk(0)?;
-            }
-            if on_copy {
-                // The work off the chain starts after the router (the previous layer's
-                // output is in by then).
-                self.compute.wait(&ev.router)?;
             }
             if rows.order == CombineOrder::Fixed {
                 for (src, dst, n) in replicate_rounds(k) {
@@ -1286,8 +1182,7 @@ impl Engine {
                 fetch: &fetch,
                 post: &post,
                 need_fetched,
-                last_on_chain: on_copy,
-                fold: if on_copy { None } else { fold },
+                fold,
                 next: 0,
                 clock,
                 first_queued_us: 0.0,
@@ -1356,20 +1251,6 @@ impl Engine {
             }
             m.rest_submit = rest.first_queued_us;
             let ev = &self.events[l];
-            if on_copy {
-                // The chain's tail: once the work off it is done (long before the last copy
-                // lands), the last chunk's kernel right behind its copies, then the combine.
-                let last = chunks - 1;
-                self.copy.wait(&ev.rest)?;
-                fetch.compute_on_chain(
-                    last,
-                    &self.copy,
-                    &self.act,
-                    &self.y_fetched[last],
-                    fold.as_ref(),
-                )?;
-                ev.record_timing(&self.copy, &ev.fetched)?;
-            }
 
             // 6. Combine in a fixed order, add to the residual stream (done already where
             // folded into the last chunk's launch).
@@ -1379,29 +1260,24 @@ impl Engine {
                 // One launch: the fetched (and CPU) rows onto the hits', the tree, the
                 // residual add.
                 CombineOrder::Fixed => {
-                    chain.combine_fixed(&self.act, &self.y_hits, &fetched_parts, block, k)?
+                    self.compute
+                        .combine_fixed(&self.act, &self.y_hits, &fetched_parts, block, k)?
                 }
                 CombineOrder::Fast => {
                     for part in &fetched_parts {
-                        chain.add_f32(&self.y_hits, 0, part, 0, n_rows * h)?;
+                        self.compute.add_f32(&self.y_hits, 0, part, 0, n_rows * h)?;
                     }
                     if m.cpu {
-                        chain.add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
+                        self.compute
+                            .add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
                     }
-                    chain.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
+                    self.compute.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
                 }
             }
-            if self.config.timeline || self.config.layer_chain == LayerChain::CopyStream {
-                chain.record(&ev.done)?;
-            }
-            prev_on_copy = on_copy;
-            prev_done = Some(&ev.done);
+            ev.record_timing(&self.compute, &ev.done)?;
             m.layer_end_submit = clock.now_us();
         }
 
-        if let (true, Some(done)) = (prev_on_copy, prev_done) {
-            self.compute.wait(done)?;
-        }
         let out_wait = clock.now_us();
         let flat = self.compute.download_f32(&self.act, 0, block)?;
         let t_end = clock.now_us();

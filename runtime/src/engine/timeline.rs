@@ -23,14 +23,8 @@ pub(crate) struct LayerEvents {
     pub fetched: Event,
     /// Compute stream, after the CPU rows were read in (timing only).
     pub merged: Event,
-    /// After the combine: compute stream, or the copy stream where the layer's chain runs on
-    /// it ([`super::LayerChain::CopyStream`]); always recorded (the next layer's dense part
-    /// waits for it when it runs on the other stream).
+    /// Compute stream, after the combine (timing only).
     pub done: Event,
-    /// Compute stream, after the work off the chain (hits, dense part after the router,
-    /// every fetched chunk but the last) where the chain runs on the copy stream: the last
-    /// chunk waits for it.
-    pub rest: Event,
     /// Copy stream, after the gathers (the fetched step waits for it).
     pub gathered: Event,
     /// Copy stream, after each chunk of the gathers but the last (which records
@@ -53,7 +47,6 @@ impl LayerEvents {
             fetched: e()?,
             merged: e()?,
             done: e()?,
-            rest: device.new_event(false)?,
             gathered: e()?,
             gathered_chunks: (0..chunk_events).map(|_| e()).collect::<Result<Vec<_>>>()?,
             down: e()?,
