@@ -489,3 +489,47 @@ fn interleave_refuses_resident_hybrid_without_a_fraction_and_duplicate_labels() 
         assert!(err.contains(says), "{list}: {err}");
     }
 }
+
+#[test]
+fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let mut args = tiny_run(&model);
+    args.extend(["--strategy", "offload", "--json"]);
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert_ok(out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v.as_array().map_or(v.clone(), |a| a[0].clone())
+    };
+    let plain = json(&ft(&args));
+    assert_eq!(plain["fold_combine"], false);
+    assert_eq!(plain["fetch_chunks"], 4);
+    // The A/B scripts set them as FT_ variables (0/1 for the switch).
+    let set = json(&common::ft_env(
+        &args,
+        &[("FT_FOLD_COMBINE", "1"), ("FT_FETCH_CHUNKS", "2")],
+    ));
+    assert_eq!(set["fold_combine"], true);
+    assert_eq!(set["fetch_chunks"], 2);
+    // The same bits either way (the engine test checks them; here: the same counts).
+    assert_eq!(
+        plain["summary"]["misses_per_layer"],
+        set["summary"]["misses_per_layer"]
+    );
+    let bad = common::ft_env(&args, &[("FT_FOLD_COMBINE", "maybe")]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        common::stderr(&bad).contains("--fold-combine"),
+        "{}",
+        common::stderr(&bad)
+    );
+    let mut too_many = args.clone();
+    too_many.extend(["--fetch-chunks", "9"]);
+    let out = ft(&too_many);
+    assert!(!out.status.success());
+    assert!(
+        common::stderr(&out).contains("--fetch-chunks"),
+        "{}",
+        common::stderr(&out)
+    );
+}
