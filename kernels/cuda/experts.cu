@@ -11,7 +11,9 @@
 //   ft_experts_down: grid (ceil(hidden / rows), tasks); a block computes a tile of rows of
 //     down (16 per variant's DOWN_R) for its task's tokens into O[pair][row]; the last block
 //     of each row tile (atomic ticket)
-//     sums the tile's rows per token over the token's pairs in task order into y.
+//     sums the tile's rows per token over the token's pairs in task order into y, and where
+//     the runtime folds the layer's combine into this launch, combines the tile's columns
+//     into the residual stream (FoldCombine below).
 //
 // The int8 path mirrors the specification in ft-kernels' w4a8 module docs operation by
 // operation: per-block int8 activation quantization (IEEE division, roundf), exact integer
@@ -66,7 +68,8 @@ struct Task {
 };
 
 // The layer's fixed-order combine folded into the down kernel of its last launch (the
-// runtime's `FoldedCombine`, all addresses, 0 where absent): once the last block of a row tile
+// runtime's `CudaFoldCombine`, from `Stream::launch_experts_then_combine`; all addresses, 0
+// where absent): once the last block of a row tile
 // has written the tile's rows of y, it runs combine_fixed_at (common.cuh) for the tile's
 // columns of every stream, so the layer needs no combine launch after it. act == 0: no fold.
 struct FoldCombine {
