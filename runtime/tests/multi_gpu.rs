@@ -364,6 +364,28 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--threads"), "{e}");
+    // The engine switches the single-GPU engine checks, and the fold it alone can run.
+    for (bad, flag) in [
+        (
+            EngineConfig {
+                fetch_chunks: 0,
+                ..cfg.clone()
+            },
+            "--fetch-chunks",
+        ),
+        (
+            EngineConfig {
+                fold_combine: true,
+                ..cfg.clone()
+            },
+            "--fold-combine",
+        ),
+    ] {
+        let e = MultiEngine::new(&devs, two, &model(), &bad)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(flag), "{e}");
+    }
 }
 
 macro_rules! both {

@@ -935,18 +935,16 @@ impl Stream {
         y: &DeviceBuffer,
         combine: &LayerCombine<'_>,
     ) -> Result<()> {
-        self.check_combine(combine)?;
         match &self.imp {
             // The down kernel's tiles cover every column of the hidden size for every row;
             // the fold covers every stream of `block` in them.
             #[cfg(feature = "cuda")]
             StreamImpl::Cuda(s) if !step.experts.is_empty() && combine.block % step.hidden == 0 => {
-                for (b, what) in [(weights, "weights"), (x, "x"), (y, "y")] {
-                    self.device.check_same(b.uid, "launch_experts", what)?;
-                }
-                step.validate(weights.len, x.len, y.len)?;
+                self.check_experts(step, weights, x, y)?;
+                self.check_combine(combine)?;
                 s.launch_experts_then_combine(step, weights, x, y, combine)
             }
+            // Each checks its own arguments.
             _ => {
                 self.launch_experts(step, weights, x, y)?;
                 self.combine_fixed(
@@ -1024,14 +1022,25 @@ impl Stream {
         x: &DeviceBuffer,
         y: &DeviceBuffer,
     ) -> Result<()> {
-        for (b, what) in [(weights, "weights"), (x, "x"), (y, "y")] {
-            self.device.check_same(b.uid, "launch_experts", what)?;
-        }
-        step.validate(weights.len, x.len, y.len)?;
+        self.check_experts(step, weights, x, y)?;
         if step.experts.is_empty() {
             return self.memset_zero(y, 0, step.tokens * step.hidden * 4);
         }
         on_stream!(self, s => s.launch_experts(step, weights, x, y))
+    }
+
+    /// Check an expert launch's buffers ([`Stream::launch_experts`]).
+    fn check_experts(
+        &self,
+        step: &ExpertStep,
+        weights: &DeviceBuffer,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+    ) -> Result<()> {
+        for (b, what) in [(weights, "weights"), (x, "x"), (y, "y")] {
+            self.device.check_same(b.uid, "launch_experts", what)?;
+        }
+        step.validate(weights.len, x.len, y.len)
     }
 
     /// Queue the dense-part kernel: read every byte of every region (dense weights of a

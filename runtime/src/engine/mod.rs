@@ -190,6 +190,38 @@ impl std::str::FromStr for HostSubmit {
     }
 }
 
+impl EngineConfig {
+    /// Refuse what no engine can run, naming the flag: no streams, an activation path the
+    /// model's format lacks, fetched chunks outside 1 to [`MAX_FETCH_CHUNKS`]. Both the
+    /// single- and the multi-GPU engine check it first.
+    pub fn check(&self, model: &ModelSpec) -> Result<()> {
+        if self.max_streams == 0 {
+            return Err(RuntimeError::invalid("--streams", "must be at least 1"));
+        }
+        if !(1..=MAX_FETCH_CHUNKS).contains(&self.fetch_chunks) {
+            return Err(RuntimeError::invalid(
+                "--fetch-chunks",
+                format!(
+                    "{} chunks; a layer's fetched experts are gathered in 1 to {MAX_FETCH_CHUNKS}",
+                    self.fetch_chunks
+                ),
+            ));
+        }
+        for (flag, p) in [("--gpu-act", self.gpu_path), ("--cpu-act", self.cpu_path)] {
+            if !p.supports(model.format) {
+                return Err(RuntimeError::invalid(
+                    flag,
+                    format!(
+                        "{} experts have no {p} activation path; use f32",
+                        model.format
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         EngineConfig {
@@ -367,7 +399,8 @@ impl<'a> FetchChunks<'a> {
     }
 
     /// Queue chunk `c`'s expert step on `compute` ([`FetchChunks::compute`] for one chunk):
-    /// it writes `out` and, where the layer gathers, starts after `landed`.
+    /// it writes `out` and, where the layer gathers, starts after `landed`; with `combine`,
+    /// the layer's combine follows it in the same launch.
     pub fn compute_chunk(
         &self,
         c: usize,
@@ -380,22 +413,11 @@ impl<'a> FetchChunks<'a> {
         if !self.work.moves.is_empty() {
             compute.wait(landed)?;
         }
-        launch_chunk(compute, &self.chunk_step(c), self.slots, act, out, combine)
-    }
-}
-
-/// Queue a chunk's expert step on `stream`, with the layer's combine after it where given.
-fn launch_chunk(
-    stream: &Stream,
-    step: &ExpertStep,
-    slots: &SlotPool,
-    act: &DeviceBuffer,
-    out: &DeviceBuffer,
-    combine: Option<&LayerCombine<'_>>,
-) -> Result<()> {
-    match combine {
-        Some(c) => stream.launch_experts_then_combine(step, slots.buffer(), act, out, c),
-        None => stream.launch_experts(step, slots.buffer(), act, out),
+        let (step, slots) = (self.chunk_step(c), self.slots.buffer());
+        match combine {
+            Some(cb) => compute.launch_experts_then_combine(&step, slots, act, out, cb),
+            None => compute.launch_experts(&step, slots, act, out),
+        }
     }
 }
 
@@ -704,32 +726,7 @@ impl Engine {
     ) -> Result<Engine> {
         model.validate()?;
         let g = model.geometry;
-        if config.max_streams == 0 {
-            return Err(RuntimeError::invalid("--streams", "must be at least 1"));
-        }
-        if !(1..=MAX_FETCH_CHUNKS).contains(&config.fetch_chunks) {
-            return Err(RuntimeError::invalid(
-                "--fetch-chunks",
-                format!(
-                    "{} chunks; a layer's fetched experts are gathered in 1 to {MAX_FETCH_CHUNKS}",
-                    config.fetch_chunks
-                ),
-            ));
-        }
-        for (flag, p) in [
-            ("--gpu-act", config.gpu_path),
-            ("--cpu-act", config.cpu_path),
-        ] {
-            if !p.supports(model.format) {
-                return Err(RuntimeError::invalid(
-                    flag,
-                    format!(
-                        "{} experts have no {p} activation path; use f32",
-                        model.format
-                    ),
-                ));
-            }
-        }
+        config.check(model)?;
         let fetch = resolve_fetch(&config.strategy)?;
         let (cache_slots, staging_slots) = slot_counts(model, config);
         let expert_bytes = model.expert_bytes();

@@ -275,22 +275,13 @@ impl MultiEngine {
                 ),
             ));
         }
-        if config.max_streams == 0 {
-            return Err(RuntimeError::invalid("--streams", "must be at least 1"));
-        }
-        for (flag, p) in [
-            ("--gpu-act", config.gpu_path),
-            ("--cpu-act", config.cpu_path),
-        ] {
-            if !p.supports(model.format) {
-                return Err(RuntimeError::invalid(
-                    flag,
-                    format!(
-                        "{} experts have no {p} activation path; use f32",
-                        model.format
-                    ),
-                ));
-            }
+        config.check(model)?;
+        if config.fold_combine {
+            // Each GPU's combine follows the peers' partial rows, not its last chunk.
+            return Err(RuntimeError::invalid(
+                "--fold-combine",
+                "single-GPU only: the multi-GPU engine combines after the peers' rows arrive",
+            ));
         }
         let fetch = resolve_fetch(&config.strategy)?;
         let kind = config.strategy.kind();
