@@ -171,6 +171,11 @@ pub struct Args {
     #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::SetTrue,
           value_parser = clap::builder::BoolishValueParser::new())]
     fold_combine: bool,
+    /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
+    /// ... experts) or timed (each chunk as large as its kernels allow beside the next
+    /// chunk's copies, the kernels and a copy timed when the engine starts); the same bits.
+    #[arg(long, env = "FT_FETCH_CHUNKING", default_value = "halving")]
+    fetch_chunking: String,
     /// Host device only: emulated link bandwidth, GB/s.
     #[arg(long)]
     link_gbps: Option<f64>,
@@ -356,6 +361,12 @@ pub struct RunReport {
     /// Whether a layer's combine was folded into its last fetched chunk (`--fold-combine`).
     #[serde(default)]
     pub fold_combine: bool,
+    /// How fetched experts were cut into chunks (`--fetch-chunking`).
+    #[serde(default)]
+    pub fetch_chunking: String,
+    /// What timed chunks were timed by, measured when the engine started.
+    #[serde(default)]
+    pub chunk_timer: Option<ft_runtime::engine::ChunkTimer>,
     /// GPU / CPU activation paths.
     pub gpu_act: String,
     /// CPU activation path.
@@ -896,6 +907,7 @@ pub fn run(args: Args) -> Result<()> {
             .context("--host-submit")?,
         fetch_chunks: args.fetch_chunks,
         fold_combine: args.fold_combine,
+        fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
         reserve_bytes: match kind {
@@ -1163,6 +1175,8 @@ pub fn run(args: Args) -> Result<()> {
             host_submit: cfg.host_submit.name().into(),
             fetch_chunks: cfg.fetch_chunks,
             fold_combine: cfg.fold_combine,
+            fetch_chunking: cfg.fetch_chunking.name().into(),
+            chunk_timer: engine.chunk_timer().copied(),
             gpu_act: cfg.gpu_path.name().into(),
             cpu_act: cfg.cpu_path.name().into(),
             combine: cfg.combine.name().into(),
@@ -1245,7 +1259,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} chunks{})",
+        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} {} chunks{})",
         r.device.label(),
         r.threads,
         r.pool_wait,
@@ -1255,6 +1269,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         r.combine,
         r.gather,
         r.fetch_chunks,
+        r.fetch_chunking,
         if r.fold_combine {
             ", combine folded"
         } else {

@@ -504,13 +504,25 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
     let plain = json(&ft(&args));
     assert_eq!(plain["fold_combine"], false);
     assert_eq!(plain["fetch_chunks"], 4);
+    assert_eq!(plain["fetch_chunking"], "halving");
+    assert!(plain["chunk_timer"].is_null());
     // The A/B scripts set them as FT_ variables (0/1 for the switch).
     let set = json(&common::ft_env(
         &args,
-        &[("FT_FOLD_COMBINE", "1"), ("FT_FETCH_CHUNKS", "2")],
+        &[
+            ("FT_FOLD_COMBINE", "1"),
+            ("FT_FETCH_CHUNKS", "2"),
+            ("FT_FETCH_CHUNKING", "timed"),
+        ],
     ));
     assert_eq!(set["fold_combine"], true);
     assert_eq!(set["fetch_chunks"], 2);
+    assert_eq!(set["fetch_chunking"], "timed");
+    assert!(
+        set["chunk_timer"]["copy_us"].as_f64().unwrap() > 0.0,
+        "{}",
+        set["chunk_timer"]
+    );
     // The same bits either way (the engine test checks them; here: the same counts).
     assert_eq!(
         plain["summary"]["misses_per_layer"],
@@ -520,6 +532,13 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(
         common::stderr(&bad).contains("--fold-combine"),
+        "{}",
+        common::stderr(&bad)
+    );
+    let bad = common::ft_env(&args, &[("FT_FETCH_CHUNKING", "sometimes")]);
+    assert!(!bad.status.success());
+    assert!(
+        common::stderr(&bad).contains("--fetch-chunking"),
         "{}",
         common::stderr(&bad)
     );

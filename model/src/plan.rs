@@ -268,13 +268,76 @@ pub fn fetch_chunk_bounds_at_most(
     fetched: usize,
     max_chunks: usize,
 ) -> Vec<std::ops::Range<usize>> {
+    fetch_chunk_bounds_timed(fetched, max_chunks, None)
+}
+
+/// What [`fetch_chunk_bounds_timed`] weighs, in us: one fetched expert's copy over the link,
+/// the fixed time of one launch of the expert kernels, and one expert's kernel time beyond
+/// it at the layer's tokens per fetched expert.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ChunkCosts {
+    /// One expert's bytes over the link.
+    pub copy_us: f64,
+    /// A launch of the expert kernels with nothing to compute.
+    pub launch_us: f64,
+    /// One expert's kernel time beyond the launch.
+    pub kernel_us: f64,
+}
+
+/// The share of the next chunk's copy time a chunk's kernel may take under
+/// [`fetch_chunk_bounds_timed`]; the rest absorbs the error of the costs (a kernel that
+/// outlasts the next chunk's copies delays every kernel after it).
+pub const CHUNK_KERNEL_SHARE: f64 = 0.75;
+
+impl ChunkCosts {
+    /// The most experts a chunk may hold before a chunk of `next` experts: as many as the
+    /// kernels of [`CHUNK_KERNEL_SHARE`] of `next` experts' copies hold, and never fewer
+    /// than twice `next` (the untimed rule's growth, kept where the kernels are slow: then
+    /// no chunking hides them, and halving keeps the last kernels short).
+    fn most_before(&self, next: usize) -> usize {
+        let fits = (CHUNK_KERNEL_SHARE * next as f64 * self.copy_us - self.launch_us)
+            / self.kernel_us.max(f64::MIN_POSITIVE);
+        let fits = if fits.is_finite() && fits > 0.0 {
+            fits.floor().min(usize::MAX as f64 / 4.0) as usize
+        } else {
+            0
+        };
+        fits.max(2 * next)
+    }
+}
+
+/// [`fetch_chunk_bounds_at_most`] with the chunk sizes timed by `costs` (`None`: the untimed
+/// rule). The last chunk is still one expert (its kernel is the layer's tail); each chunk
+/// before it is as large as its kernel allows while the next chunk's copies run
+/// ([`ChunkCosts`], [`CHUNK_KERNEL_SHARE`], at least twice the next), the first taking the
+/// rest. So a layer whose kernels are short beside its copies (one token per expert:
+/// about 2 us per expert against 55 us of copy on the H200 machine) is two chunks, and each
+/// chunk fewer saves the link one submission's start and drain (about 6 us,
+/// `experiments/runtime-grid`); a layer whose kernels are long keeps the halving chunks.
+pub fn fetch_chunk_bounds_timed(
+    fetched: usize,
+    max_chunks: usize,
+    costs: Option<&ChunkCosts>,
+) -> Vec<std::ops::Range<usize>> {
     let max_chunks = max_chunks.clamp(1, MAX_FETCH_CHUNKS);
+    let most_before = |next: usize| costs.map_or(2 * next, |c| c.most_before(next));
     let mut tail = Vec::new(); // sizes, from the last chunk back
     let (mut rest, mut size) = (fetched, 1);
-    while tail.len() + 1 < max_chunks && rest >= 2 * size {
+    // Push `size` while there is room for another chunk and something is left before it
+    // (untimed: at least as much as `size`); stop once what is left fits before the last
+    // pushed. Timed, the first chunk may be the smallest: it runs beside the next chunk's
+    // copies, where a larger one would outlast them.
+    let left_before = |rest: usize, size: usize| match costs {
+        Some(_) => rest > size,
+        None => rest >= 2 * size,
+    };
+    while tail.len() + 1 < max_chunks && left_before(rest, size) {
         tail.push(size);
         rest -= size;
-        size *= 2;
+        size = most_before(size);
+        if rest <= size {
+            break;
+        }
     }
     let mut start = 0;
     std::iter::once(rest)
@@ -290,6 +353,125 @@ pub fn fetch_chunk_bounds_at_most(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The end of a layer's fetched kernels after the router, with copies of `costs.copy_us`
+    /// per expert and `drain_us` per chunk on the link, and each chunk's launch on the GPU as
+    /// soon as its copies have landed and the launch before it has ended: the naive timeline
+    /// the chunk rules are judged by.
+    fn fetched_end_us(sizes: &[usize], costs: &ChunkCosts, drain_us: f64) -> (f64, bool) {
+        let (mut landed, mut gpu, mut stalled) = (0.0f64, 0.0f64, false);
+        for (i, &n) in sizes.iter().enumerate() {
+            landed += n as f64 * costs.copy_us + drain_us;
+            if i + 1 == sizes.len() && gpu > landed {
+                stalled = true;
+            }
+            gpu = gpu.max(landed) + costs.launch_us + n as f64 * costs.kernel_us;
+        }
+        (gpu, stalled)
+    }
+
+    /// Every composition of `n` into at most `max` positive parts, in order.
+    fn compositions(n: usize, max: usize) -> Vec<Vec<usize>> {
+        if n == 0 {
+            return vec![vec![]];
+        }
+        let mut out = Vec::new();
+        if max == 0 {
+            return out;
+        }
+        for first in 1..=n {
+            for mut rest in compositions(n - first, max - 1) {
+                rest.insert(0, first);
+                out.push(rest);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn timed_chunks_are_the_fewest_that_keep_the_gpu_behind_the_link() {
+        let sizes = |n, m, c: Option<&ChunkCosts>| -> Vec<usize> {
+            fetch_chunk_bounds_timed(n, m, c)
+                .iter()
+                .map(|r| r.len())
+                .collect()
+        };
+        // One token per expert on the H200 machine: two chunks; 2.5 us per expert: three.
+        let one_token = ChunkCosts {
+            copy_us: 55.0,
+            launch_us: 5.0,
+            kernel_us: 2.0,
+        };
+        assert_eq!(sizes(6, 4, Some(&one_token)), [5, 1]);
+        assert_eq!(sizes(18, 4, Some(&one_token)), [17, 1]);
+        let few_tokens = ChunkCosts {
+            kernel_us: 2.5,
+            ..one_token
+        };
+        assert_eq!(sizes(38, 4, Some(&few_tokens)), [23, 14, 1]);
+        // Kernels slower than the copies: the halving chunks.
+        let slow = ChunkCosts {
+            kernel_us: 80.0,
+            ..one_token
+        };
+        for n in 2..100 {
+            let got = sizes(n, 4, Some(&slow));
+            let halving: Vec<usize> = (0..got.len() - 1).rev().map(|i| 1 << i).collect();
+            assert_eq!(
+                got[1..],
+                halving,
+                "{n}: slow kernels keep the halving chunks"
+            );
+        }
+        // Against every chunking (naive search) on the naive timeline, whatever a chunk
+        // costs the link: the layer ends no later than with the halving chunks, and at most
+        // one chunk's drain after the best chunking's end (the share of the next copies a
+        // kernel may take errs towards one chunk more); where every chunk's kernel fits
+        // under the next chunk's copies, the last kernel never waits for the GPU.
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            (rng >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for case in 0..400 {
+            let c = ChunkCosts {
+                copy_us: 10.0 + 90.0 * next(),
+                launch_us: 10.0 * next(),
+                kernel_us: 0.2 + 20.0 * next(),
+            };
+            let n = 2 + case % 15;
+            let m = 1 + case % MAX_FETCH_CHUNKS;
+            let got = sizes(n, m, Some(&c));
+            let halving = sizes(n, m, None);
+            assert!(
+                got.len() <= halving.len(),
+                "{c:?} n {n}: {got:?} {halving:?}"
+            );
+            let fits = got.windows(2).all(|w| {
+                c.launch_us + w[0] as f64 * c.kernel_us
+                    <= CHUNK_KERNEL_SHARE * w[1] as f64 * c.copy_us
+            });
+            for drain in [0.0, 3.0, 6.0, 12.0] {
+                let (end, stalled) = fetched_end_us(&got, &c, drain);
+                let best = compositions(n, m)
+                    .iter()
+                    .map(|s| fetched_end_us(s, &c, drain).0)
+                    .fold(f64::INFINITY, f64::min);
+                let (halving_end, _) = fetched_end_us(&halving, &c, drain);
+                let at = format!("{c:?} n {n} max {m} drain {drain}: {got:?}");
+                assert!(
+                    end <= halving_end + 1e-9,
+                    "{at}: {end} > halving {halving_end}"
+                );
+                if fits {
+                    assert!(!stalled, "{at}");
+                    assert!(end <= best + drain + 1e-9, "{at}: {end} > best {best}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn fetched_experts_split_into_chunks_that_shrink_to_one() {

@@ -14,6 +14,7 @@ use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, HostDeviceConfig};
 use ft_runtime::engine::{
     decode, draw_routing, token_input, CombineOrder, DecodeOptions, Engine, EngineConfig,
+    FetchChunking,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, Lane};
@@ -394,16 +395,25 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
         let mut base: Option<ft_runtime::engine::Decoded> = None;
         for timeline in [true, false] {
             for fold_combine in [false, true] {
-                for fetch_chunks in [4, 2, 1] {
+                for (fetch_chunks, fetch_chunking) in [
+                    (4, FetchChunking::Halving),
+                    (2, FetchChunking::Halving),
+                    (1, FetchChunking::Halving),
+                    (4, FetchChunking::Timed),
+                ] {
                     let cfg = EngineConfig {
                         fetch_chunks,
                         fold_combine,
+                        fetch_chunking,
                         timeline,
                         gpu_path: ActivationPath::Int8,
                         ..config(strategy, 12, streams)
                     };
                     let run = decode_two_warm(d, &model, &cfg, &steps);
-                    let what = format!("{strategy} fold {fold_combine} {fetch_chunks} {timeline}");
+                    let what = format!(
+                        "{strategy} fold {fold_combine} {fetch_chunks} {} {timeline}",
+                        fetch_chunking.name()
+                    );
                     if timeline && strategy != Strategy::Resident {
                         // The gathers and the fetched experts are on the timeline.
                         let fetched: u64 =
@@ -422,6 +432,25 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
     };
     let e = Engine::new(d, &model, &cfg, None).unwrap_err().to_string();
     assert!(e.contains("--fetch-chunks"), "{e}");
+    // Timed chunks are timed when the engine starts: a launch, a time per expert and per
+    // pair, a copy; halving ones are not.
+    let timed = EngineConfig {
+        fetch_chunking: FetchChunking::Timed,
+        ..config(Strategy::Offload, 12, streams)
+    };
+    let engine = Engine::new(d, &model, &timed, None).unwrap();
+    let t = engine
+        .chunk_timer()
+        .expect("timed chunks measure their costs");
+    assert!(t.copy_us > 0.0 && t.launch_us + t.expert_us > 0.0, "{t:?}");
+    assert!(
+        [t.launch_us, t.expert_us, t.pair_us]
+            .iter()
+            .all(|v| v.is_finite() && *v >= 0.0),
+        "{t:?}"
+    );
+    let halving = Engine::new(d, &model, &config(Strategy::Offload, 12, streams), None).unwrap();
+    assert!(halving.chunk_timer().is_none());
 }
 
 fn chrome_trace_has_a_lane_per_resource(d: &Device) {

@@ -380,6 +380,13 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
             },
             "--fold-combine",
         ),
+        (
+            EngineConfig {
+                fetch_chunking: ft_runtime::engine::FetchChunking::Timed,
+                ..cfg.clone()
+            },
+            "--fetch-chunking",
+        ),
     ] {
         let e = MultiEngine::new(&devs, two, &model(), &bad)
             .unwrap_err()

@@ -45,12 +45,14 @@
 //!   when it does not).
 //! - `cpu`: every miss on the CPU (the cache holds only what a static hot set puts there).
 
+mod chunk_timer;
 mod decode;
 pub mod multi;
 pub mod probe;
 mod timeline;
 mod work;
 
+pub use chunk_timer::{ChunkTimer, FetchChunking};
 pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
 pub use multi::{
     decode_multi, CombineMethod, GpuCounts, MultiDecoded, MultiEngine, MultiStepResult,
@@ -59,7 +61,7 @@ pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
-use ft_model::plan::{fetch_chunk_bounds_at_most, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
+use ft_model::plan::{fetch_chunk_bounds_timed, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
 use ft_model::profile::CpuCheck;
 use ft_model::{ModelSpec, Strategy, StrategyKind};
 use serde::{Deserialize, Serialize};
@@ -141,6 +143,8 @@ pub struct EngineConfig {
     /// Fold the combine of a layer without a CPU share into its last fetched chunk's launch
     /// ([`Stream::launch_experts_then_combine`]): one launch fewer after the last copy.
     pub fold_combine: bool,
+    /// How a layer's fetched experts are cut into chunks (at most `fetch_chunks`).
+    pub fetch_chunking: FetchChunking,
 }
 
 /// When the host thread queues the GPU work of a layer with a CPU share that the share does
@@ -243,6 +247,7 @@ impl Default for EngineConfig {
             host_submit: HostSubmit::default(),
             fetch_chunks: MAX_FETCH_CHUNKS,
             fold_combine: false,
+            fetch_chunking: FetchChunking::default(),
         }
     }
 }
@@ -332,7 +337,7 @@ impl EngineMemory {
     }
 }
 
-/// A layer's fetched experts in chunks ([`fetch_chunk_bounds_at_most`]): the chunked pipeline of
+/// A layer's fetched experts in chunks ([`fetch_chunk_bounds_timed`]): the chunked pipeline of
 /// both engines (single- and multi-GPU). Chunk `c`'s gathers are followed by an event on the
 /// copy stream, and its expert step waits for that event only and writes output rows of its
 /// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
@@ -345,12 +350,19 @@ pub(crate) struct FetchChunks<'a> {
 }
 
 impl<'a> FetchChunks<'a> {
-    /// The chunks of `work`'s fetched experts into and from `slots`, at most `max_chunks`.
-    pub fn of(work: &'a work::LayerWork, slots: &'a SlotPool, max_chunks: usize) -> Self {
+    /// The chunks of `work`'s fetched experts into and from `slots`, at most `max_chunks`,
+    /// timed by `timer` where given ([`fetch_chunk_bounds_timed`]), else halving.
+    pub fn of(
+        work: &'a work::LayerWork,
+        slots: &'a SlotPool,
+        max_chunks: usize,
+        timer: Option<&ChunkTimer>,
+    ) -> Self {
+        let costs = timer.map(|t| t.costs(&work.fetched));
         FetchChunks {
             work,
             slots,
-            bounds: fetch_chunk_bounds_at_most(work.moves.len(), max_chunks),
+            bounds: fetch_chunk_bounds_timed(work.moves.len(), max_chunks, costs.as_ref()),
         }
     }
 
@@ -548,7 +560,7 @@ pub struct Engine {
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
     /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
-    /// fetched experts ([`fetch_chunk_bounds_at_most`]); in fixed order the CPU's rows go to the first.
+    /// fetched experts ([`fetch_chunk_bounds_timed`]); in fixed order the CPU's rows go to the first.
     y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
     y_cpu: DeviceBuffer,
@@ -561,6 +573,9 @@ pub struct Engine {
     exec: Option<CpuExecutor>,
     events: Vec<LayerEvents>,
     template: ExpertStep,
+    /// The costs the fetch chunks are timed by ([`FetchChunking::Timed`]; measured when the
+    /// engine starts, `None` otherwise or where nothing could be measured).
+    chunk_timer: Option<ChunkTimer>,
     steps_run: u64,
 }
 
@@ -826,8 +841,22 @@ impl Engine {
             exec: None,
             events,
             template,
+            chunk_timer: None,
             steps_run: 0,
         };
+        if config.fetch_chunking == FetchChunking::Timed {
+            engine.chunk_timer = ChunkTimer::measure(&chunk_timer::MeasureOn {
+                device,
+                compute: &engine.compute,
+                copy: &engine.copy,
+                bank: &engine.bank,
+                slots: &engine.slots,
+                template: &engine.template,
+                x: &engine.act,
+                y: &engine.y_hits,
+                rows,
+            })?;
+        }
         engine.ensure_executor()?;
         engine.load_resident()?;
         Ok(engine)
@@ -960,7 +989,12 @@ impl Engine {
         &self.model
     }
 
-    /// The configuration.
+    /// What the fetch chunks are timed by ([`FetchChunking::Timed`]; `None` otherwise).
+    pub fn chunk_timer(&self) -> Option<&ChunkTimer> {
+        self.chunk_timer.as_ref()
+    }
+
+    /// The configuration it runs.
     pub fn config(&self) -> &EngineConfig {
         &self.config
     }
@@ -1113,7 +1147,12 @@ impl Engine {
             // so that the link starts as soon as the router has run: in a hybrid step the
             // host reaches this point only after the previous layer's CPU share, and every
             // call it makes before the first copy is time the link waits.
-            let fetch = FetchChunks::of(&work, &self.slots, self.config.fetch_chunks);
+            let fetch = FetchChunks::of(
+                &work,
+                &self.slots,
+                self.config.fetch_chunks,
+                self.chunk_timer.as_ref(),
+            );
             let chunks = fetch.len();
             let (copy, bank, method) = (&self.copy, &self.bank, self.config.gather);
             let issue_chunk =

@@ -56,7 +56,7 @@ use super::decode::{token_input, DecodeOptions, INPUT_SALT_WARMUP};
 use super::work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 use super::{
     max_rows, residual_scale, resolve_fetch, run_cpu, slot_counts, split_dense, CombineOrder,
-    CpuSide, EngineConfig, EngineMemory, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
+    CpuSide, EngineConfig, EngineMemory, FetchChunking, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
 };
 use crate::bank::{slice_geometry, HostBank};
 use crate::cpu_pool::CpuExecutor;
@@ -281,6 +281,13 @@ impl MultiEngine {
             return Err(RuntimeError::invalid(
                 "--fold-combine",
                 "single-GPU only: the multi-GPU engine combines after the peers' rows arrive",
+            ));
+        }
+        if config.fetch_chunking != FetchChunking::Halving {
+            // Each GPU's chunks would need their own timing on their own link.
+            return Err(RuntimeError::invalid(
+                "--fetch-chunking",
+                "single-GPU only: the multi-GPU engine gathers in halving chunks",
             ));
         }
         let fetch = resolve_fetch(&config.strategy)?;
@@ -595,7 +602,7 @@ impl MultiEngine {
                 // The first chunk's gathers right after the router, before the input rows
                 // and the activations for the CPU, the rest after them (as the single-GPU
                 // engine issues them): the link starts as soon as the router has run.
-                let fetch = FetchChunks::of(work, &p.slots, self.config.fetch_chunks);
+                let fetch = FetchChunks::of(work, &p.slots, self.config.fetch_chunks, None);
                 let link = !work.moves.is_empty();
                 let method = self.config.gather;
                 if link {
