@@ -1116,6 +1116,18 @@ impl Engine {
         };
         for (l, m) in marks.iter_mut().enumerate() {
             m.submit_start = clock.now_us();
+            let ev = &self.events[l];
+            // 1. Dense part up to the router, queued before the layer is planned: it needs no
+            // plan, and where the GPU has caught up with the host (a step's first layer) the
+            // planning then runs beside it instead of before it.
+            let reads = self.dense.reads(l, input.contexts)?;
+            let (pre, post) = split_dense(reads, self.dense_post_bytes);
+            m.post = !post.is_empty();
+            m.dense_submit = clock.now_us();
+            if !pre.is_empty() {
+                self.compute.launch_dense(&pre, &self.dense_out)?;
+            }
+            self.compute.record(&ev.router)?;
             let work = match ahead.take() {
                 Some(w) => w,
                 None => planner.plan(l, input)?,
@@ -1129,17 +1141,7 @@ impl Engine {
             m.gather_bytes = work.counts.gathered_bytes;
             m.cpu_rows_bytes = (work.cpu.rows() * row_bytes) as u64;
             m.down_bytes = (b * row_bytes) as u64;
-            let ev = &self.events[l];
 
-            // 1. Dense part up to the router, then the experts' input rows.
-            let reads = self.dense.reads(l, input.contexts)?;
-            let (pre, post) = split_dense(reads, self.dense_post_bytes);
-            m.post = !post.is_empty();
-            m.dense_submit = clock.now_us();
-            if !pre.is_empty() {
-                self.compute.launch_dense(&pre, &self.dense_out)?;
-            }
-            self.compute.record(&ev.router)?;
             // 3a. Gathers, after the router, in chunks of experts: each chunk's copies are
             // followed by an event, so that the GPU computes a chunk as soon as it has landed
             // and only the last chunk's kernel follows the last copy. The first chunk is
