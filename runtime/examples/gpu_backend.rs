@@ -18,6 +18,7 @@
 use std::io::Write;
 use std::time::Instant;
 
+use ft_kernels::stream::median;
 use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
 use ft_model::{ExpertFormat, ExpertId, ModelSpec};
@@ -28,6 +29,8 @@ use ft_runtime::gather::{self, GatherMethod};
 use ft_runtime::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
 use serde::Serialize;
+
+mod common;
 
 /// Most tokens per expert of a kernel case (the x and y buffers hold this many).
 const MAX_TOKENS: usize = 8;
@@ -119,29 +122,20 @@ struct Report {
     enqueue: Enqueue,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
+/// The GPU backend against its ceilings (module docs).
+#[derive(clap::Parser)]
+struct Args {
+    #[command(flatten)]
+    bench: common::BenchArgs,
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let mut kind = DeviceKind::Cuda;
-    let mut out = std::path::PathBuf::from(".");
-    let mut reps = 20usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--device" => kind = args.next().ok_or("--device needs a value")?.parse()?,
-            "--out" => out = args.next().ok_or("--out needs a value")?.into(),
-            "--reps" => reps = args.next().ok_or("--reps needs a value")?.parse()?,
-            other => return Err(format!("unknown argument {other}").into()),
-        }
-    }
+    let Args { bench } = clap::Parser::parse();
+    let common::BenchArgs {
+        device: kind,
+        out,
+        reps,
+    } = bench;
     let d = Device::open_kind(kind)?;
     let small = kind == DeviceKind::Host;
     // The rows' paths, set on a CUDA device (the host device has one path).
@@ -176,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.push(e0.elapsed_us(&e1)?);
         }
     }
-    let copy_us = median(&mut t);
+    let copy_us = median(&t);
     let copy_gbs = copy_bytes as f64 / (copy_us * 1e3);
     let copy_rw_gbs = 2.0 * copy_gbs;
 
@@ -198,7 +192,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.push(e0.elapsed_us(&e1)?);
         }
     }
-    let dense_read_gbs = dense_bytes as f64 / (median(&mut t) * 1e3);
+    let dense_read_gbs = dense_bytes as f64 / (median(&t) * 1e3);
     drop((a, b));
 
     // Gather vs linear H2D.
@@ -257,9 +251,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     v.push(bytes as f64 / (us * 1e3));
                 }
             }
-            per.push(median(&mut v));
+            per.push(median(&v));
         }
-        let linear = median(&mut lin);
+        let linear = median(&lin);
         let (best, best_gbs) = if per[1] > per[0] {
             ("zero-copy", per[1])
         } else {
@@ -365,7 +359,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 enqueue.push(enq);
             }
         }
-        let (ev, wall, enqueue) = (median(&mut ev), median(&mut wall), median(&mut enqueue));
+        let (ev, wall, enqueue) = (median(&ev), median(&wall), median(&enqueue));
         // The same launches queued back to back behind a hold long enough for the host to
         // queue the whole batch: the device's time per launch.
         let mut queued = Vec::new();
@@ -381,7 +375,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 queued.push(e0.elapsed_us(&e1)? / QUEUE_BATCH as f64);
             }
         }
-        let queued_us = median(&mut queued);
+        let queued_us = median(&queued);
         let bytes = LAYER_EXPERTS as u64 * eb;
         let gbs = bytes as f64 / (queued_us * 1e3);
         krows.push(KernelRow {

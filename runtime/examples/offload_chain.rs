@@ -28,6 +28,7 @@
 
 use std::io::Write;
 
+use ft_kernels::stream::median;
 use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
 use ft_model::{ExpertFormat, ExpertId, ModelSpec};
@@ -38,6 +39,8 @@ use ft_runtime::gather::{self, GatherMethod};
 use ft_runtime::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
 use serde::Serialize;
+
+mod common;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -93,16 +96,6 @@ struct Report {
     expert_copy_us: f64,
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        0.5 * (v[n / 2 - 1] + v[n / 2])
-    }
-}
-
 /// Median over `reps` (after one warm-up) of event `a` to event `b` around `f`.
 fn timed(reps: usize, a: &Event, b: &Event, mut f: impl FnMut(usize) -> Res<()>) -> Res<f64> {
     let mut t = Vec::new();
@@ -113,7 +106,7 @@ fn timed(reps: usize, a: &Event, b: &Event, mut f: impl FnMut(usize) -> Res<()>)
             t.push(a.elapsed_us(b)?);
         }
     }
-    Ok(median(&mut t))
+    Ok(median(&t))
 }
 
 /// Per launch of `QUEUE_BATCH` launches queued behind a hold on `s` (the device's time).
@@ -136,21 +129,23 @@ fn queued(
     Ok(us / QUEUE_BATCH as f64)
 }
 
+/// The pieces of a one-stream offload layer's critical path (module docs).
+#[derive(clap::Parser)]
+struct Args {
+    #[command(flatten)]
+    bench: common::BenchArgs,
+    /// Context of the one stream, tokens (its KV bytes are part of the dense part).
+    #[arg(long, default_value_t = 1024)]
+    context: usize,
+}
+
 fn main() -> Res<()> {
-    let mut kind = DeviceKind::Cuda;
-    let mut out = std::path::PathBuf::from(".");
-    let mut reps = 20usize;
-    let mut context = 1024usize;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--device" => kind = args.next().ok_or("--device needs a value")?.parse()?,
-            "--out" => out = args.next().ok_or("--out needs a value")?.into(),
-            "--reps" => reps = args.next().ok_or("--reps needs a value")?.parse()?,
-            "--context" => context = args.next().ok_or("--context needs a value")?.parse()?,
-            other => return Err(format!("unknown argument {other}").into()),
-        }
-    }
+    let Args { bench, context } = clap::Parser::parse();
+    let common::BenchArgs {
+        device: kind,
+        out,
+        reps,
+    } = bench;
     let d = Device::open_kind(kind)?;
     let small = kind == DeviceKind::Host;
     let spec = ModelSpec::preset("qwen3.8-flash-next")?;
@@ -322,7 +317,7 @@ fn main() -> Res<()> {
             t.push(landed.elapsed_us(&b)?);
         }
     }
-    let last_chunk_us = median(&mut t);
+    let last_chunk_us = median(&t);
     let one_expert_queued_us = queued(&s, reps.min(10), &a, &b, |i| {
         Ok(s.launch_experts(&step_of(i % (2 * CHUNK_EXPERTS)), pool.buffer(), &x, &y)?)
     })?;

@@ -168,21 +168,6 @@ impl GatherChoice {
     }
 }
 
-/// Median of a sample (sorted copy).
-pub(crate) fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(|a, b| a.total_cmp(b));
-    let n = s.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        0.5 * (s[n / 2 - 1] + s[n / 2])
-    }
-}
-
 /// Time one gather of `moves` by `method` on `stream`, `reps` times after one warm-up;
 /// returns each repetition's time, us (event to event).
 pub fn time_gather(
@@ -245,7 +230,7 @@ pub fn measure(
             ));
         }
         let moves = probe_moves(bank, n);
-        let ce = median(&time_gather(
+        let ce = ft_kernels::stream::median(&time_gather(
             device,
             stream,
             bank,
@@ -254,7 +239,7 @@ pub fn measure(
             GatherMethod::CopyEngine,
             reps,
         )?);
-        let zc = median(&time_gather(
+        let zc = ft_kernels::stream::median(&time_gather(
             device,
             stream,
             bank,

@@ -1324,7 +1324,7 @@ fn repeat(share: Duration, mut f: impl FnMut(usize) -> Result<f64>) -> Result<(f
     while v.len() < MIN_REPS || (v.len() < MAX_REPS && t0.elapsed() < share) {
         v.push(f(v.len() + 1)?);
     }
-    Ok((crate::gather::median(&v), v.len()))
+    Ok((ft_kernels::stream::median(&v), v.len()))
 }
 
 /// Regions of `n` experts of `bytes` each from `bank`, starting at flat expert `start`
@@ -1903,7 +1903,7 @@ fn link_probe(device: &Device, bank: &HostBank) -> Result<(f64, f64)> {
         for _ in 0..MIN_REPS {
             v.push(timed(&stream, &e0, &e1, op)?);
         }
-        Ok(crate::gather::median(&v))
+        Ok(ft_kernels::stream::median(&v))
     };
     let h2d = time(&|| stream.copy_h2d(bank.buffer(), 0, &dst, 0, bytes))?;
     let d2h = time(&|| stream.copy_d2h(&dst, 0, &back, 0, bytes))?;

@@ -190,7 +190,6 @@ fn elapsed(a: &Event, b: &Event) -> Result<f64> {
 /// The median of `rounds` runs of `f` (after one unrecorded warm-up run).
 fn median_of(rounds: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
     f()?;
-    let mut v = (0..rounds).map(|_| f()).collect::<Result<Vec<_>>>()?;
-    v.sort_by(f64::total_cmp);
-    Ok(v[v.len() / 2])
+    let v = (0..rounds).map(|_| f()).collect::<Result<Vec<_>>>()?;
+    Ok(ft_kernels::stream::median(&v))
 }
