@@ -1,13 +1,15 @@
 //! What the engine's timed fetch chunks are timed by ([`FetchChunking::Timed`],
 //! [`ft_model::plan::fetch_chunk_bounds_timed`]): the expert kernels' launch, their time per
-//! expert and per (token, expert) pair, and one expert's copy, measured once on the
-//! engine's own streams, slots and bank when it starts (a few dozen queued launches and one
-//! gather; about a millisecond on the GPU machine).
+//! expert and per further token of an expert, and one expert's copy, measured once on the
+//! engine's own streams, slots and bank when it starts (three shapes of launch, a dozen
+//! queued launches each, and one gather).
 //!
 //! Why measured and not taken from a profile: the chunk rule weighs a kernel against the
 //! copies it runs beside, on this device with this engine's launch path (staged tiles,
-//! dependent launch, copy batches), and a run needs no profile. The model's own chunks are
-//! timed by its fitted parameters through the same rule.
+//! dependent launch, copy batches), and a run needs no profile. Timed chunks are off by
+//! default (no gain beyond the noise yet, `experiments/runtime-grid`, "Timed fetch
+//! chunks"), and the model times a layer's fetched kernels in the halving chunks; where
+//! timed chunks become the default, the model's must follow through the same rule.
 
 use ft_model::plan::ChunkCosts;
 
