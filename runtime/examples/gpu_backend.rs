@@ -162,12 +162,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let b = d.alloc(copy_bytes, "copy b")?;
     let mut t = Vec::new();
     for r in 0..=reps.min(10) {
-        s.record(&e0)?;
-        s.copy_d2d(&a, 0, &b, 0, copy_bytes)?;
-        s.record(&e1)?;
-        e1.synchronize()?;
+        let us = s.time_us(&e0, &e1, || s.copy_d2d(&a, 0, &b, 0, copy_bytes))?;
         if r > 0 {
-            t.push(e0.elapsed_us(&e1)?);
+            t.push(us);
         }
     }
     let copy_us = median(&t);
@@ -184,12 +181,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }];
     let mut t = Vec::new();
     for r in 0..=reps.min(10) {
-        s.record(&e0)?;
-        s.launch_dense(&reads, &out_buf)?;
-        s.record(&e1)?;
-        e1.synchronize()?;
+        let us = s.time_us(&e0, &e1, || s.launch_dense(&reads, &out_buf))?;
         if r > 0 {
-            t.push(e0.elapsed_us(&e1)?);
+            t.push(us);
         }
     }
     let dense_read_gbs = dense_bytes as f64 / (median(&t) * 1e3);
@@ -365,14 +359,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut queued = Vec::new();
         for r in 0..=reps.min(10) {
             s.hold_us(QUEUE_HOLD_US)?;
-            s.record(&e0)?;
-            for j in 0..QUEUE_BATCH {
-                s.launch_experts(&steps[(r + j) % ROTATE_LAYERS], pool.buffer(), &x, &y)?;
-            }
-            s.record(&e1)?;
-            e1.synchronize()?;
+            let us = s.time_us(&e0, &e1, || {
+                (0..QUEUE_BATCH).try_for_each(|j| {
+                    s.launch_experts(&steps[(r + j) % ROTATE_LAYERS], pool.buffer(), &x, &y)
+                })
+            })?;
             if r > 0 {
-                queued.push(e0.elapsed_us(&e1)? / QUEUE_BATCH as f64);
+                queued.push(us / QUEUE_BATCH as f64);
             }
         }
         let queued_us = median(&queued);

@@ -96,17 +96,17 @@ struct Report {
     expert_copy_us: f64,
 }
 
-/// Median over `reps` (after one warm-up) of event `a` to event `b` around `f`.
-fn timed(reps: usize, a: &Event, b: &Event, mut f: impl FnMut(usize) -> Res<()>) -> Res<f64> {
-    let mut t = Vec::new();
-    for r in 0..=reps {
-        f(r)?;
-        b.synchronize()?;
-        if r > 0 {
-            t.push(a.elapsed_us(b)?);
-        }
-    }
+/// Median over `reps` runs of `f` (one timing each, given the run's index) after one warm-up.
+fn timed(reps: usize, mut f: impl FnMut(usize) -> Res<f64>) -> Res<f64> {
+    f(0)?;
+    let t = (1..=reps).map(&mut f).collect::<Res<Vec<_>>>()?;
     Ok(median(&t))
+}
+
+/// Event `a` to event `b`, once `b` has completed, us (for timings across streams).
+fn elapsed(a: &Event, b: &Event) -> Res<f64> {
+    b.synchronize()?;
+    Ok(a.elapsed_us(b)?)
 }
 
 /// Per launch of `QUEUE_BATCH` launches queued behind a hold on `s` (the device's time).
@@ -115,16 +115,13 @@ fn queued(
     reps: usize,
     a: &Event,
     b: &Event,
-    mut launch: impl FnMut(usize) -> Res<()>,
+    mut launch: impl FnMut(usize) -> ft_runtime::error::Result<()>,
 ) -> Res<f64> {
-    let us = timed(reps, a, b, |r| {
+    let us = timed(reps, |r| {
         s.hold_us(QUEUE_HOLD_US)?;
-        s.record(a)?;
-        for j in 0..QUEUE_BATCH {
-            launch(r * QUEUE_BATCH + j)?;
-        }
-        s.record(b)?;
-        Ok(())
+        Ok(s.time_us(a, b, || {
+            (0..QUEUE_BATCH).try_for_each(|j| launch(r * QUEUE_BATCH + j))
+        })?)
     })?;
     Ok(us / QUEUE_BATCH as f64)
 }
@@ -164,10 +161,8 @@ fn main() -> Res<()> {
     // Ceilings: the device copy and the dense kernel over a large read.
     let large = if small { 32 << 20 } else { LARGE_READ };
     let (x0, x1) = (d.alloc(large, "copy a")?, d.alloc(large, "copy b")?);
-    let copy_us = timed(reps.min(10), &a, &b, |_| {
-        s.record(&a)?;
-        s.copy_d2d(&x0, 0, &x1, 0, large)?;
-        Ok(s.record(&b)?)
+    let copy_us = timed(reps.min(10), |_| {
+        Ok(s.time_us(&a, &b, || s.copy_d2d(&x0, 0, &x1, 0, large))?)
     })?;
     let copy_rw_gbs = 2.0 * large as f64 / (copy_us * 1e3);
     let dense_out = d.alloc(DENSE_OUT_BYTES, "dense out")?;
@@ -176,10 +171,8 @@ fn main() -> Res<()> {
         offset: 0,
         bytes: large,
     }];
-    let large_us = timed(reps.min(10), &a, &b, |_| {
-        s.record(&a)?;
-        s.launch_dense(&whole, &dense_out)?;
-        Ok(s.record(&b)?)
+    let large_us = timed(reps.min(10), |_| {
+        Ok(s.time_us(&a, &b, || s.launch_dense(&whole, &dense_out))?)
     })?;
     let dense_large_gbs = large as f64 / (large_us * 1e3);
     drop((x0, x1));
@@ -201,7 +194,7 @@ fn main() -> Res<()> {
         }]
     };
     let dense_us = queued(&s, reps.min(10), &a, &b, |i| {
-        Ok(s.launch_dense(&read(i), &dense_out)?)
+        s.launch_dense(&read(i), &dense_out)
     })?;
 
     // Router event to the copy stream's first copy.
@@ -209,19 +202,18 @@ fn main() -> Res<()> {
     let host = d.alloc_host(SMALL_COPY, "small copy source")?;
     let dst = d.alloc(SMALL_COPY, "small copy destination")?;
     let router = d.new_event(true)?;
-    let router_to_copy_us = timed(reps, &router, &b, |r| {
+    let router_to_copy_us = timed(reps, |r| {
         s.hold_us(200.0)?;
         s.launch_dense(&read(r), &dense_out)?;
         s.record(&router)?;
         c.wait(&router)?;
         c.copy_h2d(&host, 0, &dst, 0, SMALL_COPY)?;
-        Ok(c.record(&b)?)
+        c.record(&b)?;
+        elapsed(&router, &b)
     })?;
-    let small_copy_us = timed(reps, &a, &b, |_| {
+    let small_copy_us = timed(reps, |_| {
         c.hold_us(200.0)?;
-        c.record(&a)?;
-        c.copy_h2d(&host, 0, &dst, 0, SMALL_COPY)?;
-        Ok(c.record(&b)?)
+        Ok(c.time_us(&a, &b, || c.copy_h2d(&host, 0, &dst, 0, SMALL_COPY))?)
     })?;
 
     // Chunks of a layer's gather: batches with an event after each.
@@ -248,20 +240,21 @@ fn main() -> Res<()> {
     };
     let mut chunkings = Vec::new();
     for sizes in CHUNKINGS {
-        let us = timed(reps, &a, &b, |_| {
+        let us = timed(reps, |_| {
             c.hold_us(200.0)?;
-            c.record(&a)?;
-            let mut slot0 = 0;
-            for (k, &n) in sizes.iter().enumerate() {
-                let moves = next_moves(n, slot0);
-                slot0 += n;
-                gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
-                // An event after each batch, as the engine records (the last is `b`).
-                if k + 1 < sizes.len() {
-                    c.record(&router)?;
+            Ok(c.time_us(&a, &b, || {
+                let mut slot0 = 0;
+                for (k, &n) in sizes.iter().enumerate() {
+                    let moves = next_moves(n, slot0);
+                    slot0 += n;
+                    gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
+                    // An event after each batch, as the engine records (the last is `b`).
+                    if k + 1 < sizes.len() {
+                        c.record(&router)?;
+                    }
                 }
-            }
-            Ok(c.record(&b)?)
+                Ok(())
+            })?)
         })?;
         chunkings.push(Chunking {
             sizes: sizes.to_vec(),
@@ -277,11 +270,11 @@ fn main() -> Res<()> {
     }
     let expert_copy_us = {
         let lin_dst = d.alloc(CHUNK_EXPERTS * eb, "linear destination")?;
-        let us = timed(reps, &a, &b, |_| {
+        let us = timed(reps, |_| {
             c.hold_us(200.0)?;
-            c.record(&a)?;
-            c.copy_h2d(bank.buffer(), 0, &lin_dst, 0, CHUNK_EXPERTS * eb)?;
-            Ok(c.record(&b)?)
+            Ok(c.time_us(&a, &b, || {
+                c.copy_h2d(bank.buffer(), 0, &lin_dst, 0, CHUNK_EXPERTS * eb)
+            })?)
         })?;
         us / CHUNK_EXPERTS as f64
     };
@@ -302,8 +295,7 @@ fn main() -> Res<()> {
         st
     };
     let landed = d.new_event(true)?;
-    let mut t = Vec::new();
-    for r in 0..=reps {
+    let last_chunk_us = timed(reps, |r| {
         let slot = r % (2 * CHUNK_EXPERTS);
         let moves = next_moves(1, slot);
         c.hold_us(100.0)?;
@@ -312,14 +304,10 @@ fn main() -> Res<()> {
         s.wait(&landed)?;
         s.launch_experts(&step_of(slot), pool.buffer(), &x, &y)?;
         s.record(&b)?;
-        b.synchronize()?;
-        if r > 0 {
-            t.push(landed.elapsed_us(&b)?);
-        }
-    }
-    let last_chunk_us = median(&t);
+        elapsed(&landed, &b)
+    })?;
     let one_expert_queued_us = queued(&s, reps.min(10), &a, &b, |i| {
-        Ok(s.launch_experts(&step_of(i % (2 * CHUNK_EXPERTS)), pool.buffer(), &x, &y)?)
+        s.launch_experts(&step_of(i % (2 * CHUNK_EXPERTS)), pool.buffer(), &x, &y)
     })?;
 
     // The combine of a one-stream layer: top-k row blocks and three fetched chunks.
@@ -331,7 +319,7 @@ fn main() -> Res<()> {
         .collect::<Result<_, _>>()?;
     let more_refs: Vec<_> = more.iter().collect();
     let combine_us = queued(&s, reps.min(10), &a, &b, |_| {
-        Ok(s.combine_fixed(&act, &parts, &more_refs, block, g.top_k)?)
+        s.combine_fixed(&act, &parts, &more_refs, block, g.top_k)
     })?;
 
     let dense_at_large_rate_us = dense_bytes as f64 / (dense_large_gbs * 1e3);

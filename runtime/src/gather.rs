@@ -184,11 +184,7 @@ pub fn time_gather(
     stream.synchronize()?;
     let mut out = Vec::with_capacity(reps);
     for _ in 0..reps {
-        stream.record(&e0)?;
-        gather(stream, bank, pool, moves, method)?;
-        stream.record(&e1)?;
-        e1.synchronize()?;
-        out.push(e0.elapsed_us(&e1)?);
+        out.push(stream.time_us(&e0, &e1, || gather(stream, bank, pool, moves, method))?);
     }
     Ok(out)
 }

@@ -65,7 +65,7 @@ use serde::{Deserialize, Serialize};
 use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::dense::DenseBuffers;
-use crate::device::{Device, DeviceKind, Event, Stream};
+use crate::device::{Device, DeviceKind};
 use crate::engine::{decode, draw_routing, token_input, DecodeOptions, Engine, EngineConfig};
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
@@ -1360,15 +1360,6 @@ fn expert_at(bank: &HostBank, flat: usize) -> Result<&[u8]> {
     bank.expert(ExpertId::new(f / g.experts, f % g.experts))
 }
 
-/// Time one queued operation between two timing events on `stream`, in us.
-fn timed(stream: &Stream, e0: &Event, e1: &Event, op: impl FnOnce() -> Result<()>) -> Result<f64> {
-    stream.record(e0)?;
-    op()?;
-    stream.record(e1)?;
-    e1.synchronize()?;
-    e0.elapsed_us(e1)
-}
-
 /// Longest a probe waits for its background load to start before measuring anyway.
 const LOAD_START_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -1439,7 +1430,7 @@ fn gather_probe(
                 let (us, reps) = repeat(per_point, |_| {
                     start = (start + n) % total;
                     let r = regions(bank, n, bytes, start, max_stride);
-                    timed(&stream, &e0, &e1, || {
+                    stream.time_us(&e0, &e1, || {
                         stream.copy_h2d_regions(bank.buffer(), &dst, &r)
                     })
                 })?;
@@ -1761,9 +1752,7 @@ fn gpu_probe(
                             .collect(),
                     })
                     .collect();
-                timed(&stream, &e0, &e1, || {
-                    stream.launch_experts(&step, &weights, &x, &y)
-                })
+                stream.time_us(&e0, &e1, || stream.launch_experts(&step, &weights, &x, &y))
             })?;
             reps_total += reps;
             samples.gpu_experts.push(GpuExpertSample {
@@ -1809,7 +1798,7 @@ fn dense_probe(
     for &(s, c) in &points {
         let ctxs = vec![c; s];
         let (us, reps) = repeat(per_point, |rep| {
-            timed(&stream, &e0, &e1, || {
+            stream.time_us(&e0, &e1, || {
                 buffers.launch(&stream, rep % DENSE_PROBE_LAYERS, &ctxs)
             })
         })?;
@@ -1901,7 +1890,7 @@ fn link_probe(device: &Device, bank: &HostBank) -> Result<(f64, f64)> {
         op()?;
         stream.synchronize()?;
         for _ in 0..MIN_REPS {
-            v.push(timed(&stream, &e0, &e1, op)?);
+            v.push(stream.time_us(&e0, &e1, op)?);
         }
         Ok(ft_kernels::stream::median(&v))
     };

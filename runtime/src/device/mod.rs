@@ -1098,6 +1098,22 @@ impl Stream {
         on_stream!(self, s => s.synchronize())
     }
 
+    /// Time what `op` queues here, in us on the device: `start` recorded before it, `end`
+    /// after, then wait for `end`. Queued behind other work (a [`Stream::hold_us`]), it is
+    /// the device's time alone, not the host's cost of queueing it.
+    pub fn time_us(
+        &self,
+        start: &Event,
+        end: &Event,
+        op: impl FnOnce() -> Result<()>,
+    ) -> Result<f64> {
+        self.record(start)?;
+        op()?;
+        self.record(end)?;
+        end.synchronize()?;
+        start.elapsed_us(end)
+    }
+
     fn check_regions(
         &self,
         op: &str,

@@ -14,7 +14,7 @@
 use ft_model::plan::ChunkCosts;
 
 use crate::bank::HostBank;
-use crate::device::{Device, DeviceBuffer, Event, Stream};
+use crate::device::{Device, DeviceBuffer, Stream};
 use crate::error::Result;
 use crate::gather::{self, GatherMethod};
 use crate::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
@@ -116,10 +116,9 @@ impl ChunkTimer {
         let (a, b) = (on.device.new_event(true)?, on.device.new_event(true)?);
         let copy_us = median_of(ROUNDS, || {
             on.copy.hold_us(HOLD_US)?;
-            on.copy.record(&a)?;
-            gather::gather(on.copy, on.bank, on.slots, &moves, GatherMethod::CopyEngine)?;
-            on.copy.record(&b)?;
-            elapsed(&a, &b)
+            on.copy.time_us(&a, &b, || {
+                gather::gather(on.copy, on.bank, on.slots, &moves, GatherMethod::CopyEngine)
+            })
         })? / experts as f64;
         let step = |n: usize, t: usize| {
             let mut s = on.template.clone();
@@ -140,13 +139,11 @@ impl ChunkTimer {
         let time = |s: &ExpertStep| -> Result<f64> {
             let us = median_of(ROUNDS, || {
                 on.compute.hold_us(HOLD_US)?;
-                on.compute.record(&a)?;
-                for _ in 0..BATCH {
-                    on.compute
-                        .launch_experts(s, on.slots.buffer(), on.x, on.y)?;
-                }
-                on.compute.record(&b)?;
-                elapsed(&a, &b)
+                on.compute.time_us(&a, &b, || {
+                    (0..BATCH).try_for_each(|_| {
+                        on.compute.launch_experts(s, on.slots.buffer(), on.x, on.y)
+                    })
+                })
             })?;
             Ok(us / BATCH as f64)
         };
@@ -182,11 +179,6 @@ impl ChunkTimer {
             kernel_us: self.expert_us + extra_pairs * self.pair_us,
         }
     }
-}
-
-fn elapsed(a: &Event, b: &Event) -> Result<f64> {
-    b.synchronize()?;
-    a.elapsed_us(b)
 }
 
 /// The median of `rounds` runs of `f` (after one unrecorded warm-up run).
