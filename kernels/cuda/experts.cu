@@ -144,6 +144,30 @@ __device__ __forceinline__ float e4m3_to_f32(u32 b) {
     return (b & 0x7fu) == 0x7fu ? __int_as_float(0x7fc00000) : v;
 }
 
+// The nvfp4 block scales decoded by the hardware (FT_E4M3_CVT=1, sm_89 and later):
+// cvt.rn.f16x2.e4m3x2 widens the code to f16, exactly (every e4m3 value, subnormals
+// included, is an f16 value), and f16 -> f32 is exact, so the f32 is e4m3_to_f32's for every
+// code but the two NaNs (0x7f, 0xff), which stay NaN (a NaN's bits do not survive the
+// arithmetic after it either way). Two instructions instead of seven, in the innermost loop
+// of every nvfp4 kernel. Off by default until the GPU tests and gpu_backend have run it.
+#ifndef FT_E4M3_CVT
+#define FT_E4M3_CVT 0
+#endif
+
+__device__ __forceinline__ float e4m3_scale(u32 b) {
+#if FT_E4M3_CVT && __CUDA_ARCH__ >= 890
+    float f;
+    asm("{\n\t.reg .b32 h2;\n\t.reg .b16 lo, hi;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h2, %1;\n\t"
+        "mov.b32 {lo, hi}, h2;\n\t"
+        "cvt.f32.f16 %0, lo;\n\t}"
+        : "=f"(f) : "h"((unsigned short)b));
+    return f;
+#else
+    return e4m3_to_f32(b);
+#endif
+}
+
 // Exact e8m0 -> f32: 2^(E - 127); E = 0 is the subnormal 2^-127; 255 NaN.
 __device__ __forceinline__ float e8m0_to_f32(u32 e) {
     if (e == 255) return __int_as_float(0x7fc00000);
@@ -439,9 +463,33 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// The down matrices in L2 before the down kernel reads them (FT_PREFETCH_DOWN=1, sm_90,
+// staged tiles): each gate/up block asks L2 for its 1/n share (part `k` of `n`) of its
+// task's down matrix with one bulk prefetch, right after it has requested its own tile. A
+// one-token layer's gate/up blocks fill the multiprocessors, so most down blocks start only
+// as gate/up blocks leave, and without it they would then fetch their tiles from DRAM after
+// all of gate/up; with it the layer's bytes stream from DRAM in one phase and those down
+// tiles come from L2. A hint: no result depends on it. Off by default until measured.
+#ifndef FT_PREFETCH_DOWN
+#define FT_PREFETCH_DOWN 0
+#endif
+
+__device__ __forceinline__ void prefetch_share_l2(const u8* base, u64 bytes, u32 k, u32 n) {
+#if __CUDA_ARCH__ >= 900
+    const u64 part = round16((bytes + n - 1) / n);
+    const u64 b0 = (u64)k * part;
+    if (b0 >= bytes) return;
+    // Whole 16-byte units inside the matrix (the prefetch's alignment and size rule).
+    const u64 lo = round16((u64)base + b0);
+    const u64 hi = ((u64)base + min(b0 + part, bytes)) & ~(u64)15;
+    if (hi > lo)
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"((u32)(hi - lo)) : "memory");
+#endif
+}
+
 // Block factor s_b of block b of the tile's row k (section 1 of the spec); 1 for int8 and bf16.
 __device__ __forceinline__ float block_scale(int fmt, const Tile& t, u64 cols, u64 k, int b) {
-    if (fmt == FT_NVFP4) return e4m3_to_f32(t.scales[k * (cols / 16) + b]);
+    if (fmt == FT_NVFP4) return e4m3_scale(t.scales[k * (cols / 16) + b]);
     if (fmt == FT_MXFP4) return e8m0_to_f32(t.scales[k * (cols / 32) + b]);
     if (fmt == FT_Q4_0) return f16_to_f32(*(const u16*)(t.vals + k * values_row_bytes(fmt, cols) + (u64)b * 18));
     return 1.0f;
@@ -649,6 +697,8 @@ __device__ __forceinline__ void gate_up_impl(
         tg = tile_at(fmt, gate, r0);
         tu = tile_at(fmt, up, r0);
     }
+    if (STAGED && FT_PREFETCH_DOWN && threadIdx.x == 0)
+        prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), blockIdx.x, gridDim.x);
     // The down kernel may be scheduled now: it stages its own weights while this one runs.
     pdl_launch_dependents();
     // Shared activations of the pass: int8 codes [tch][H] then scales [tch][nb]; or f32 [tch][H].

@@ -97,6 +97,12 @@ pub struct Specialization {
     /// Column stages of the gate/up kernels' pipelined staged tiles (`-DFT_PIPE_STAGES=n`
     /// where above 1; see `cuda/experts.cu`); 1: whole tiles.
     pub pipe_stages: u8,
+    /// The nvfp4 block scales decoded by the hardware's e4m3 conversion
+    /// (`-DFT_E4M3_CVT=1`; see `cuda/experts.cu`).
+    pub e4m3_cvt: bool,
+    /// Each staged gate/up block prefetches its share of its task's down matrix into L2
+    /// (`-DFT_PREFETCH_DOWN=1`; see `cuda/experts.cu`).
+    pub prefetch_down: bool,
 }
 
 impl Specialization {
@@ -106,6 +112,8 @@ impl Specialization {
         act: None,
         e2m1_split: false,
         pipe_stages: 1,
+        e4m3_cvt: false,
+        prefetch_down: false,
     };
 
     /// The expert kernels for one format and activation path.
@@ -115,6 +123,8 @@ impl Specialization {
             act: Some(act),
             e2m1_split: false,
             pipe_stages: 1,
+            e4m3_cvt: false,
+            prefetch_down: false,
         }
     }
 
@@ -135,6 +145,22 @@ impl Specialization {
         }
     }
 
+    /// The same with the hardware e4m3 scale decode on or off.
+    pub fn with_e4m3_cvt(self, on: bool) -> Self {
+        Specialization {
+            e4m3_cvt: on,
+            ..self
+        }
+    }
+
+    /// The same with the gate/up kernels' L2 prefetch of the down matrices on or off.
+    pub fn with_prefetch_down(self, on: bool) -> Self {
+        Specialization {
+            prefetch_down: on,
+            ..self
+        }
+    }
+
     /// The preprocessor definitions that build it (`-DFT_FMT=3`, ...).
     pub fn defines(&self) -> Vec<String> {
         let mut d = Vec::new();
@@ -149,6 +175,12 @@ impl Specialization {
         }
         if self.pipe_stages > 1 {
             d.push(format!("-DFT_PIPE_STAGES={}", self.pipe_stages));
+        }
+        if self.e4m3_cvt {
+            d.push("-DFT_E4M3_CVT=1".to_string());
+        }
+        if self.prefetch_down {
+            d.push("-DFT_PREFETCH_DOWN=1".to_string());
         }
         d
     }
@@ -195,6 +227,20 @@ mod tests {
         assert!(src.contains("#ifdef FT_FMT") && src.contains("#ifdef FT_ACT"));
         assert!(src.contains("#ifndef FT_E2M1_SPLIT"));
         assert!(src.contains("#ifndef FT_PIPE_STAGES"));
+        assert_eq!(
+            Specialization::experts(3, 1)
+                .with_e4m3_cvt(true)
+                .with_prefetch_down(true)
+                .defines(),
+            [
+                "-DFT_FMT=3",
+                "-DFT_ACT=1",
+                "-DFT_E4M3_CVT=1",
+                "-DFT_PREFETCH_DOWN=1"
+            ]
+        );
+        assert!(src.contains("#ifndef FT_E4M3_CVT"));
+        assert!(src.contains("#ifndef FT_PREFETCH_DOWN"));
     }
 
     #[test]

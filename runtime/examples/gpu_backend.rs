@@ -284,10 +284,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    let cases: [(ActivationPath, usize, Option<usize>, &str); 20] = [
+    let cases: [(ActivationPath, usize, Option<usize>, &str); 25] = [
         (ActivationPath::F32, 1, None, "staged+pdl"),
         (ActivationPath::Int8, 1, None, "staged+pdl"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+cvt"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+l2down"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+cvt+l2down"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe2"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe4"),
         (ActivationPath::Int8, 1, None, "direct+split"),
@@ -298,10 +301,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (ActivationPath::Int8, 0, None, "direct"),
         (ActivationPath::Int8, 4, None, "staged+pdl"),
         (ActivationPath::Int8, 4, None, "staged+pdl+pipe4"),
+        (ActivationPath::Int8, 4, None, "staged+pdl+cvt+l2down"),
         (ActivationPath::Int8, 4, None, "direct"),
         (ActivationPath::Int8, 4, Some(8), "staged+pdl"),
         (ActivationPath::Int8, 8, None, "staged+pdl"),
         (ActivationPath::Int8, 8, None, "staged+pdl+pipe4"),
+        (ActivationPath::Int8, 8, None, "staged+pdl+cvt+l2down"),
         (ActivationPath::Int8, 8, None, "direct"),
         (ActivationPath::F32, 8, None, "staged+pdl"),
         (ActivationPath::F32, 8, None, "direct"),
@@ -311,9 +316,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             staged_tiles: path.starts_with("staged"),
             dependent_launch: path.contains("+pdl"),
             e2m1_split: path.contains("+split"),
-            pipe_stages: path
-                .split_once("+pipe")
-                .map_or(1, |(_, n)| n.parse().expect("a number of stages")),
+            pipe_stages: path.split_once("+pipe").map_or(1, |(_, n)| {
+                n.split('+')
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .expect("a number of stages")
+            }),
+            e4m3_cvt: path.contains("+cvt"),
+            prefetch_down: path.contains("+l2down"),
             expert_variant: forced,
             ..opened
         };

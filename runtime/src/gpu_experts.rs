@@ -369,6 +369,8 @@ pub fn cuda_specialization(
     } else {
         1
     })
+    .with_e4m3_cvt(tuning.e4m3_cvt && step.format == ExpertFormat::Nvfp4)
+    .with_prefetch_down(tuning.prefetch_down && tuning.staged_tiles)
 }
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and

@@ -292,27 +292,32 @@ mod cuda {
 
     /// Run `check` on a GPU once per way the weights can reach the CUDA kernels (staged
     /// tiles with a dependent launch, staged tiles alone, staged in 2 or 4 pipelined column
-    /// stages, global reads) and per way the one-token kernels dot e2m1 codes (decoded,
-    /// split signs): each must give the same bits.
+    /// stages, global reads, the down matrices prefetched into L2), per way the one-token
+    /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
+    /// (arithmetic, the hardware's conversion): each must give the same bits.
     fn on_every_path(check: impl Fn(&Device)) {
         use ft_runtime::device::CudaTuning;
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
-        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages) in [
-            (true, true, false, 1),
-            (true, false, false, 1),
-            (false, false, false, 1),
-            (true, true, true, 1),
-            (false, false, true, 1),
-            (true, true, true, 2),
-            (true, true, false, 4),
-            (true, true, true, 4),
+        // The paths not yet made defaults first, so a run cut short still checks them.
+        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, cvt_l2down) in [
+            (true, true, true, 1, true),
+            (true, true, false, 1, true),
+            (false, false, true, 1, true),
+            (true, true, true, 1, false),
+            (true, true, false, 1, false),
+            (true, false, false, 1, false),
+            (false, false, false, 1, false),
+            (true, true, true, 2, false),
+            (true, true, true, 4, false),
         ] {
             let t = CudaTuning {
                 staged_tiles,
                 dependent_launch,
                 e2m1_split,
                 pipe_stages,
+                e4m3_cvt: cvt_l2down,
+                prefetch_down: cvt_l2down,
                 ..opened
             };
             d.set_cuda_tuning(t).unwrap();

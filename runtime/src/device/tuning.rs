@@ -41,6 +41,18 @@ pub const CUDA_PIPE_ENV: &str = "FT_CUDA_PIPE";
 /// The most column stages [`CUDA_PIPE_ENV`] takes (the kernels' `cp.async.wait_group` waits).
 pub const CUDA_PIPE_MAX_STAGES: u8 = 4;
 
+/// `1` decodes the nvfp4 block scales with the hardware's e4m3 conversion (`FT_E4M3_CVT`
+/// in `kernels/cuda/experts.cu`: two instructions instead of seven in the innermost loop,
+/// the same f32 for every code but the NaNs, which stay NaN). Off by default until the GPU
+/// tests and `gpu_backend` have run it.
+pub const CUDA_E4M3_CVT_ENV: &str = "FT_CUDA_E4M3_CVT";
+
+/// `1` has each staged gate/up block prefetch its share of its task's down matrix into L2
+/// (`FT_PREFETCH_DOWN` in `kernels/cuda/experts.cu`), so that the down blocks that start
+/// after gate/up read their tiles from L2 instead of DRAM. A hint, the same bits. Off by
+/// default until `gpu_backend` has measured it.
+pub const CUDA_PREFETCH_DOWN_ENV: &str = "FT_CUDA_PREFETCH_DOWN";
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -62,11 +74,13 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 7] = [
+pub const CUDA_TUNING_ENVS: [&str; 9] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
     CUDA_PIPE_ENV,
+    CUDA_E4M3_CVT_ENV,
+    CUDA_PREFETCH_DOWN_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -112,6 +126,11 @@ pub struct CudaTuning {
     /// Column stages of the staged gate/up tiles, 1 (whole tiles) to
     /// [`CUDA_PIPE_MAX_STAGES`] ([`CUDA_PIPE_ENV`]); staged tiles only.
     pub pipe_stages: u8,
+    /// The hardware e4m3 decode of nvfp4 block scales ([`CUDA_E4M3_CVT_ENV`]).
+    pub e4m3_cvt: bool,
+    /// The staged gate/up blocks' L2 prefetch of the down matrices
+    /// ([`CUDA_PREFETCH_DOWN_ENV`]); staged tiles only.
+    pub prefetch_down: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -126,6 +145,8 @@ impl Default for CudaTuning {
             dependent_launch: true,
             e2m1_split: true,
             pipe_stages: 1,
+            e4m3_cvt: false,
+            prefetch_down: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -205,6 +226,8 @@ impl CudaTuning {
             dependent_launch: switch(CUDA_PDL_ENV)?.unwrap_or(d.dependent_launch),
             e2m1_split: switch(CUDA_SPLIT_ENV)?.unwrap_or(d.e2m1_split),
             pipe_stages,
+            e4m3_cvt: switch(CUDA_E4M3_CVT_ENV)?.unwrap_or(d.e4m3_cvt),
+            prefetch_down: switch(CUDA_PREFETCH_DOWN_ENV)?.unwrap_or(d.prefetch_down),
             expert_variant,
             copies,
         })
@@ -219,6 +242,8 @@ impl CudaTuning {
             (CUDA_PDL_ENV, bit(self.dependent_launch)),
             (CUDA_SPLIT_ENV, bit(self.e2m1_split)),
             (CUDA_PIPE_ENV, self.pipe_stages.to_string()),
+            (CUDA_E4M3_CVT_ENV, bit(self.e4m3_cvt)),
+            (CUDA_PREFETCH_DOWN_ENV, bit(self.prefetch_down)),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -251,8 +276,10 @@ impl CudaTuning {
     }
 
     /// The expert kernels' path as the micro-bench's `path` column names it: `staged` or
-    /// `direct`, then `+pdl` and `+split` where on, and `+pipeN` for N pipelined column
-    /// stages of staged tiles (`staged+pdl`, `direct+split`, `staged+pdl+split+pipe4`, ...).
+    /// `direct`, then `+pdl` and `+split` where on, `+pipeN` for N pipelined column stages
+    /// of staged tiles, `+cvt` for the hardware scale decode and `+l2down` for the down
+    /// matrices' prefetch from staged tiles (`staged+pdl`, `direct+split`,
+    /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
             "staged"
@@ -267,6 +294,12 @@ impl CudaTuning {
         }
         if self.staged_tiles && self.pipe_stages > 1 {
             s.push_str(&format!("+pipe{}", self.pipe_stages));
+        }
+        if self.e4m3_cvt {
+            s.push_str("+cvt");
+        }
+        if self.staged_tiles && self.prefetch_down {
+            s.push_str("+l2down");
         }
         s
     }
@@ -311,6 +344,8 @@ mod tests {
             (CUDA_PDL_ENV, "0"),
             (CUDA_SPLIT_ENV, "1"),
             (CUDA_PIPE_ENV, "3"),
+            (CUDA_E4M3_CVT_ENV, "1"),
+            (CUDA_PREFETCH_DOWN_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -322,19 +357,22 @@ mod tests {
                 dependent_launch: false,
                 e2m1_split: true,
                 pipe_stages: 3,
+                e4m3_cvt: true,
+                prefetch_down: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
         );
-        // Pipelining stages staged tiles only, so a direct path does not name it.
-        assert_eq!(t.to_string(), "direct+split, variant 4, copies split");
+        // Pipelining and the prefetch work on staged tiles only, so a direct path does not
+        // name them.
+        assert_eq!(t.to_string(), "direct+split+cvt, variant 4, copies split");
         assert_eq!(
             CudaTuning {
                 staged_tiles: true,
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3"
+            "staged+split+pipe3+cvt+l2down"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -365,13 +403,15 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..8u32 {
+            for bits in 0..32u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
                         dependent_launch: bits & 2 != 0,
                         e2m1_split: bits & 4 != 0,
                         pipe_stages,
+                        e4m3_cvt: bits & 8 != 0,
+                        prefetch_down: bits & 16 != 0,
                         expert_variant,
                         copies,
                     };
@@ -391,6 +431,8 @@ mod tests {
             (CUDA_STAGE_ENV, "off"),
             (CUDA_PDL_ENV, "2"),
             (CUDA_SPLIT_ENV, "yes"),
+            (CUDA_E4M3_CVT_ENV, "on"),
+            (CUDA_PREFETCH_DOWN_ENV, "-1"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
