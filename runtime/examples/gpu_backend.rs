@@ -21,10 +21,10 @@ use std::time::Instant;
 use ft_kernels::stream::median;
 use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
-use ft_model::{ExpertFormat, ExpertId, ModelSpec};
+use ft_model::{ExpertFormat, ExpertId};
 use ft_runtime::bank::HostBank;
 use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
-use ft_runtime::device::{CopySubmit, CudaTuning, Device, DeviceKind};
+use ft_runtime::device::{CopySubmit, CudaTuning};
 use ft_runtime::gather::{self, GatherMethod};
 use ft_runtime::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
@@ -129,15 +129,22 @@ struct Args {
     bench: common::BenchArgs,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    common::exit(run())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let Args { bench } = clap::Parser::parse();
-    let common::BenchArgs {
-        device: kind,
+    let common::Bench {
+        device: d,
+        small,
         out,
         reps,
-    } = bench;
-    let d = Device::open_kind(kind)?;
-    let small = kind == DeviceKind::Host;
+        spec,
+        compute: s,
+        copy: c,
+        events: (e0, e1),
+    } = bench.open()?;
     // The rows' paths, set on a CUDA device (the host device has one path).
     let opened = d.cuda_tuning().unwrap_or_default();
     let tune = |t: CudaTuning| -> Result<(), Box<dyn std::error::Error>> {
@@ -146,11 +153,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok(())
     };
-    let spec = ModelSpec::preset("qwen3.8-flash-next")?;
     let eb = spec.expert_bytes();
-    let s = d.new_stream("compute")?;
-    let c = d.new_stream("copy")?;
-    let (e0, e1) = (d.new_event(true)?, d.new_event(true)?);
     d.warm_up_kernels(&[
         &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActivationPath::F32, 0),
         &ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, ActivationPath::Int8, 0),

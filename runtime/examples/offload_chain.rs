@@ -31,10 +31,10 @@ use std::io::Write;
 use ft_kernels::stream::median;
 use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
-use ft_model::{ExpertFormat, ExpertId, ModelSpec};
+use ft_model::{ExpertFormat, ExpertId};
 use ft_runtime::bank::HostBank;
 use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
-use ft_runtime::device::{Device, DeviceKind, Event, Stream};
+use ft_runtime::device::{Event, Stream};
 use ft_runtime::gather::{self, GatherMethod};
 use ft_runtime::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
 use ft_runtime::slots::SlotPool;
@@ -136,21 +136,24 @@ struct Args {
     context: usize,
 }
 
-fn main() -> Res<()> {
+fn main() -> std::process::ExitCode {
+    common::exit(run())
+}
+
+fn run() -> Res<()> {
     let Args { bench, context } = clap::Parser::parse();
-    let common::BenchArgs {
-        device: kind,
+    let common::Bench {
+        device: d,
+        small,
         out,
         reps,
-    } = bench;
-    let d = Device::open_kind(kind)?;
-    let small = kind == DeviceKind::Host;
-    let spec = ModelSpec::preset("qwen3.8-flash-next")?;
+        spec,
+        compute: s,
+        copy: c,
+        events: (a, b),
+    } = bench.open()?;
     let g = spec.geometry;
     let eb = spec.expert_bytes() as usize;
-    let s = d.new_stream("compute")?;
-    let c = d.new_stream("copy")?;
-    let (a, b) = (d.new_event(true)?, d.new_event(true)?);
     d.warm_up_kernels(&[&ExpertStep::new(
         ExpertFormat::Nvfp4,
         &g,

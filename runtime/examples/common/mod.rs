@@ -1,6 +1,12 @@
-//! What the device micro-benches of `runtime/examples` share: their command line.
+//! What the device micro-benches of `runtime/examples` share: their command line, the device
+//! and streams they open, and how they report an error.
 
-use ft_runtime::device::DeviceKind;
+use std::error::Error;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use ft_model::ModelSpec;
+use ft_runtime::device::{Device, DeviceKind, Event, Stream};
 
 /// The arguments every bench takes (flattened into its own).
 #[derive(clap::Args)]
@@ -10,8 +16,51 @@ pub struct BenchArgs {
     pub device: DeviceKind,
     /// Folder the bench writes its results into.
     #[arg(long, default_value = ".")]
-    pub out: std::path::PathBuf,
+    pub out: PathBuf,
     /// Repetitions of each timing (the median is kept).
     #[arg(long, default_value_t = 20)]
     pub reps: usize,
+}
+
+/// What a bench runs on: the device its arguments name, the served model's spec, a compute
+/// and a copy stream, and two timing events.
+pub struct Bench {
+    pub device: Device,
+    /// The host-emulated device: the benches shrink their sizes on it.
+    pub small: bool,
+    pub out: PathBuf,
+    pub reps: usize,
+    pub spec: ModelSpec,
+    pub compute: Stream,
+    pub copy: Stream,
+    pub events: (Event, Event),
+}
+
+impl BenchArgs {
+    /// Open the device the arguments name, with its streams and events.
+    pub fn open(self) -> Result<Bench, Box<dyn Error>> {
+        let device = Device::open_kind(self.device)?;
+        Ok(Bench {
+            small: self.device == DeviceKind::Host,
+            out: self.out,
+            reps: self.reps,
+            spec: ModelSpec::preset("qwen3.8-flash-next")?,
+            compute: device.new_stream("compute")?,
+            copy: device.new_stream("copy")?,
+            events: (device.new_event(true)?, device.new_event(true)?),
+            device,
+        })
+    }
+}
+
+/// A bench's exit: its error, if any, in its readable form on stderr (`main` returning the
+/// error would print its Debug form) and a failing status.
+pub fn exit(result: Result<(), Box<dyn Error>>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
