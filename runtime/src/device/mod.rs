@@ -939,7 +939,9 @@ impl Stream {
             // The down kernel's tiles cover every column of the hidden size for every row;
             // the fold covers every stream of `block` in them.
             #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) if !step.experts.is_empty() && combine.block % step.hidden == 0 => {
+            StreamImpl::Cuda(s)
+                if !step.experts.is_empty() && combine.block.is_multiple_of(step.hidden) =>
+            {
                 self.check_experts(step, weights, x, y)?;
                 self.check_combine(combine)?;
                 s.launch_experts_then_combine(step, weights, x, y, combine)
