@@ -103,6 +103,9 @@ pub struct Specialization {
     /// Each staged gate/up block prefetches its share of its task's down matrix into L2
     /// (`-DFT_PREFETCH_DOWN=1`; see `cuda/experts.cu`).
     pub prefetch_down: bool,
+    /// The launch table parameter's bytes where not the default 3072
+    /// (`-DFT_PARAM_TABLE_BYTES=n`; see `cuda/common.cuh`).
+    pub param_table_bytes: Option<u16>,
 }
 
 impl Specialization {
@@ -114,6 +117,7 @@ impl Specialization {
         pipe_stages: 1,
         e4m3_cvt: false,
         prefetch_down: false,
+        param_table_bytes: None,
     };
 
     /// The expert kernels for one format and activation path.
@@ -125,6 +129,7 @@ impl Specialization {
             pipe_stages: 1,
             e4m3_cvt: false,
             prefetch_down: false,
+            param_table_bytes: None,
         }
     }
 
@@ -161,6 +166,14 @@ impl Specialization {
         }
     }
 
+    /// The same with a launch table parameter of `bytes` (`None`: the default 3072).
+    pub fn with_param_table_bytes(self, bytes: Option<u16>) -> Self {
+        Specialization {
+            param_table_bytes: bytes,
+            ..self
+        }
+    }
+
     /// The preprocessor definitions that build it (`-DFT_FMT=3`, ...).
     pub fn defines(&self) -> Vec<String> {
         let mut d = Vec::new();
@@ -181,6 +194,9 @@ impl Specialization {
         }
         if self.prefetch_down {
             d.push("-DFT_PREFETCH_DOWN=1".to_string());
+        }
+        if let Some(n) = self.param_table_bytes {
+            d.push(format!("-DFT_PARAM_TABLE_BYTES={n}"));
         }
         d
     }
@@ -241,6 +257,13 @@ mod tests {
         );
         assert!(src.contains("#ifndef FT_E4M3_CVT"));
         assert!(src.contains("#ifndef FT_PREFETCH_DOWN"));
+        assert_eq!(
+            Specialization::experts(3, 1)
+                .with_param_table_bytes(Some(512))
+                .defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_PARAM_TABLE_BYTES=512"]
+        );
+        assert!(COMMON.contains("#ifndef FT_PARAM_TABLE_BYTES"));
     }
 
     #[test]

@@ -287,13 +287,20 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    let cases: [(ActivationPath, usize, Option<usize>, &str); 25] = [
+    let cases: [(ActivationPath, usize, Option<usize>, &str); 28] = [
         (ActivationPath::F32, 1, None, "staged+pdl"),
         (ActivationPath::Int8, 1, None, "staged+pdl"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+cvt"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+l2down"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+cvt+l2down"),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+small"),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+cvt+l2down+small",
+        ),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe2"),
         (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe4"),
         (ActivationPath::Int8, 1, None, "direct+split"),
@@ -301,6 +308,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         (ActivationPath::Int8, 1, None, "direct"),
         (ActivationPath::Int8, 1, Some(8), "staged+pdl"),
         (ActivationPath::Int8, 0, None, "staged+pdl"),
+        (ActivationPath::Int8, 0, None, "staged+pdl+small"),
         (ActivationPath::Int8, 0, None, "direct"),
         (ActivationPath::Int8, 4, None, "staged+pdl"),
         (ActivationPath::Int8, 4, None, "staged+pdl+pipe4"),
@@ -327,6 +335,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }),
             e4m3_cvt: path.contains("+cvt"),
             prefetch_down: path.contains("+l2down"),
+            small_table: path.contains("+small"),
             expert_variant: forced,
             ..opened
         };

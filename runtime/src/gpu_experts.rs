@@ -243,6 +243,11 @@ const CUDA_THREADS: u32 = 256;
 /// tables are staged.
 pub const CUDA_PARAM_TABLE_BYTES: usize = 3072;
 
+/// The launch table parameter of the expert modules built for small tables
+/// ([`crate::device::CudaTuning::small_table`]): a one-token layer of up to 16 experts fits.
+/// A launch whose table is larger takes the default module.
+pub const CUDA_SMALL_PARAM_TABLE_BYTES: usize = 512;
+
 /// Bytes at the start of the scratch reserved for the down kernel's row-tile counters
 /// (zero between launches: the last block of each tile resets its counter).
 const CUDA_COUNTER_BYTES: usize = 64 * 1024;
@@ -350,11 +355,14 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 
 /// The module of the expert kernels that runs `step`: specialized for its format and
 /// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where `tuning`
-/// asks for it and the step can use it (nvfp4 and mxfp4, int8 path), and the gate/up tiles
-/// in pipelined column stages where `tuning` stages tiles in more than one.
+/// asks for it and the step can use it (nvfp4 and mxfp4, int8 path), the gate/up tiles
+/// in pipelined column stages where `tuning` stages tiles in more than one, the hardware
+/// scale decode (nvfp4) and the down prefetch where asked, and the small launch table
+/// parameter where asked and the launch's table of `table_bytes` fits it.
 pub fn cuda_specialization(
     step: &ExpertStep,
     tuning: &CudaTuning,
+    table_bytes: usize,
 ) -> ft_kernels::cuda_sources::Specialization {
     let split = tuning.e2m1_split
         && matches!(step.format, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4)
@@ -371,6 +379,10 @@ pub fn cuda_specialization(
     })
     .with_e4m3_cvt(tuning.e4m3_cvt && step.format == ExpertFormat::Nvfp4)
     .with_prefetch_down(tuning.prefetch_down && tuning.staged_tiles)
+    .with_param_table_bytes(
+        (tuning.small_table && table_bytes <= CUDA_SMALL_PARAM_TABLE_BYTES)
+            .then_some(CUDA_SMALL_PARAM_TABLE_BYTES as u16),
+    )
 }
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
@@ -611,7 +623,7 @@ pub(crate) fn cuda_launch(
     let pdl = tuning.dependent_launch;
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
-    let spec = cuda_specialization(step, &tuning);
+    let spec = cuda_specialization(step, &tuning, t.bytes.len());
     let gate_up = stream
         .shared()
         .function_spec(KernelId::Experts, spec, variant.gate_up)?;
@@ -883,6 +895,24 @@ mod tests {
                 t.bytes.len()
             );
         }
+    }
+
+    /// The small table module only where asked and where the launch's table fits it.
+    #[test]
+    fn a_small_table_module_only_where_the_table_fits() {
+        let g = ft_model::ModelSpec::preset("qwen3.8-flash-next")
+            .unwrap()
+            .geometry;
+        let st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActivationPath::Int8, 1);
+        let on = CudaTuning {
+            small_table: true,
+            ..CudaTuning::default()
+        };
+        let bytes = |t: &CudaTuning, n| cuda_specialization(&st, t, n).param_table_bytes;
+        assert_eq!(bytes(&on, CUDA_SMALL_PARAM_TABLE_BYTES), Some(512));
+        assert_eq!(bytes(&on, CUDA_SMALL_PARAM_TABLE_BYTES + 1), None);
+        assert_eq!(bytes(&CudaTuning::default(), 16), None);
+        assert_eq!(CUDA_SMALL_PARAM_TABLE_BYTES, 512);
     }
 
     #[test]

@@ -292,7 +292,8 @@ mod cuda {
 
     /// Run `check` on a GPU once per way the weights can reach the CUDA kernels (staged
     /// tiles with a dependent launch, staged tiles alone, staged in 2 or 4 pipelined column
-    /// stages, global reads, the down matrices prefetched into L2), per way the one-token
+    /// stages, global reads, the down matrices prefetched into L2, the launch table in a
+    /// small parameter where it fits), per way the one-token
     /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
     /// (arithmetic, the hardware's conversion): each must give the same bits.
     fn on_every_path(check: impl Fn(&Device)) {
@@ -300,7 +301,7 @@ mod cuda {
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
         // The paths not yet made defaults first, so a run cut short still checks them.
-        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, cvt_l2down) in [
+        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, new_paths) in [
             (true, true, true, 1, true),
             (true, true, false, 1, true),
             (false, false, true, 1, true),
@@ -316,8 +317,9 @@ mod cuda {
                 dependent_launch,
                 e2m1_split,
                 pipe_stages,
-                e4m3_cvt: cvt_l2down,
-                prefetch_down: cvt_l2down,
+                e4m3_cvt: new_paths,
+                prefetch_down: new_paths,
+                small_table: new_paths,
                 ..opened
             };
             d.set_cuda_tuning(t).unwrap();

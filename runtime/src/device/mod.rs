@@ -502,9 +502,19 @@ impl Device {
             #[cfg(feature = "cuda")]
             Backend::Cuda(c) => {
                 let tuning = c.0.tuning();
+                // Both table sizes where small tables are on: a step may launch either.
+                let tables: &[usize] = if tuning.small_table {
+                    &[0, usize::MAX]
+                } else {
+                    &[usize::MAX]
+                };
                 let specs: Vec<_> = steps
                     .iter()
-                    .map(|s| crate::gpu_experts::cuda_specialization(s, &tuning))
+                    .flat_map(|s| {
+                        tables
+                            .iter()
+                            .map(|&t| crate::gpu_experts::cuda_specialization(s, &tuning, t))
+                    })
                     .collect();
                 c.warm_up_kernels(&specs)
             }

@@ -53,6 +53,12 @@ pub const CUDA_E4M3_CVT_ENV: &str = "FT_CUDA_E4M3_CVT";
 /// default until `gpu_backend` has measured it.
 pub const CUDA_PREFETCH_DOWN_ENV: &str = "FT_CUDA_PREFETCH_DOWN";
 
+/// `1` launches the expert kernels with a 512-byte table parameter where the launch's table
+/// fits it (a one-token layer of up to 16 experts; larger tables take the 3 KiB parameter),
+/// to measure what the parameter's size costs each launch (`FT_PARAM_TABLE_BYTES` in
+/// `kernels/cuda/common.cuh`). Off by default until `gpu_backend` has measured it.
+pub const CUDA_SMALL_TABLE_ENV: &str = "FT_CUDA_SMALL_TABLE";
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -74,13 +80,14 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 9] = [
+pub const CUDA_TUNING_ENVS: [&str; 10] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
     CUDA_PIPE_ENV,
     CUDA_E4M3_CVT_ENV,
     CUDA_PREFETCH_DOWN_ENV,
+    CUDA_SMALL_TABLE_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -131,6 +138,9 @@ pub struct CudaTuning {
     /// The staged gate/up blocks' L2 prefetch of the down matrices
     /// ([`CUDA_PREFETCH_DOWN_ENV`]); staged tiles only.
     pub prefetch_down: bool,
+    /// The small launch table parameter where a launch's table fits it
+    /// ([`CUDA_SMALL_TABLE_ENV`]).
+    pub small_table: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -147,6 +157,7 @@ impl Default for CudaTuning {
             pipe_stages: 1,
             e4m3_cvt: false,
             prefetch_down: false,
+            small_table: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -228,6 +239,7 @@ impl CudaTuning {
             pipe_stages,
             e4m3_cvt: switch(CUDA_E4M3_CVT_ENV)?.unwrap_or(d.e4m3_cvt),
             prefetch_down: switch(CUDA_PREFETCH_DOWN_ENV)?.unwrap_or(d.prefetch_down),
+            small_table: switch(CUDA_SMALL_TABLE_ENV)?.unwrap_or(d.small_table),
             expert_variant,
             copies,
         })
@@ -244,6 +256,7 @@ impl CudaTuning {
             (CUDA_PIPE_ENV, self.pipe_stages.to_string()),
             (CUDA_E4M3_CVT_ENV, bit(self.e4m3_cvt)),
             (CUDA_PREFETCH_DOWN_ENV, bit(self.prefetch_down)),
+            (CUDA_SMALL_TABLE_ENV, bit(self.small_table)),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -277,9 +290,10 @@ impl CudaTuning {
 
     /// The expert kernels' path as the micro-bench's `path` column names it: `staged` or
     /// `direct`, then `+pdl` and `+split` where on, `+pipeN` for N pipelined column stages
-    /// of staged tiles, `+cvt` for the hardware scale decode and `+l2down` for the down
-    /// matrices' prefetch from staged tiles (`staged+pdl`, `direct+split`,
-    /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
+    /// of staged tiles, `+cvt` for the hardware scale decode, `+l2down` for the down
+    /// matrices' prefetch from staged tiles and `+small` for the small launch table
+    /// (`staged+pdl`, `direct+split`, `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`,
+    /// ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
             "staged"
@@ -300,6 +314,9 @@ impl CudaTuning {
         }
         if self.staged_tiles && self.prefetch_down {
             s.push_str("+l2down");
+        }
+        if self.small_table {
+            s.push_str("+small");
         }
         s
     }
@@ -346,6 +363,7 @@ mod tests {
             (CUDA_PIPE_ENV, "3"),
             (CUDA_E4M3_CVT_ENV, "1"),
             (CUDA_PREFETCH_DOWN_ENV, "1"),
+            (CUDA_SMALL_TABLE_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -359,20 +377,24 @@ mod tests {
                 pipe_stages: 3,
                 e4m3_cvt: true,
                 prefetch_down: true,
+                small_table: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
         );
         // Pipelining and the prefetch work on staged tiles only, so a direct path does not
         // name them.
-        assert_eq!(t.to_string(), "direct+split+cvt, variant 4, copies split");
+        assert_eq!(
+            t.to_string(),
+            "direct+split+cvt+small, variant 4, copies split"
+        );
         assert_eq!(
             CudaTuning {
                 staged_tiles: true,
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down"
+            "staged+split+pipe3+cvt+l2down+small"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -403,7 +425,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..32u32 {
+            for bits in 0..64u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
@@ -412,6 +434,7 @@ mod tests {
                         pipe_stages,
                         e4m3_cvt: bits & 8 != 0,
                         prefetch_down: bits & 16 != 0,
+                        small_table: bits & 32 != 0,
                         expert_variant,
                         copies,
                     };
@@ -433,6 +456,7 @@ mod tests {
             (CUDA_SPLIT_ENV, "yes"),
             (CUDA_E4M3_CVT_ENV, "on"),
             (CUDA_PREFETCH_DOWN_ENV, "-1"),
+            (CUDA_SMALL_TABLE_ENV, "512"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
