@@ -58,6 +58,8 @@
 #define DOWN_R_2 2
 #define DOWN_R_4 1
 #define DOWN_R_8 1
+// ... and of the small-grid one-token down kernel (ft_experts_down_1s).
+#define DOWN_R_1S 2
 // Pairs of a token whose partial rows the down kernel's combine loads at once.
 #define COMBINE_UNROLL 8
 
@@ -658,7 +660,14 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
 // stage_off != 0 as a compile-time constant (the kernels branch once, at entry): the tiles'
 // pointers then come from shared memory alone and the compiler reads them with shared loads
 // (LDS) instead of generic ones, with 32-bit addressing.
-template <int MT, bool STAGED>
+//
+// WIDE (the small-grid one-token kernel, 512 threads): each half-warp computes one dot, gate
+// or up of one row (dot d = hw, hw + 32, ... below 2 G: gate of row d for d < G, up of row
+// d - G after), instead of both of a row; the block's rows then join in shared memory. A
+// launch with fewer blocks than multiprocessors runs each block alone on its
+// multiprocessor, where a warp's chain of dependent loads and dots is the block's time:
+// twice the warps with half the chain each. The same operations per dot, so the same bits.
+template <int MT, bool STAGED, bool WIDE = false>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
@@ -682,7 +691,7 @@ __device__ __forceinline__ void gate_up_impl(
     const u32 e2m1_lo = e2m1_table_lo();
     // Pipelined (FT_PIPE_STAGES > 1): each warp stages its own rows in column stages of kb
     // blocks and waits for them stage by stage; otherwise kb = nb, one stage.
-    constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1;
+    constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1 && !WIDE;
     const int kb = PIPE ? pipe_stage_blocks(nb, FT_PIPE_STAGES) : nb;
     const int stages = (nb + kb - 1) / kb;
     Tile tg, tu;
@@ -724,6 +733,48 @@ __device__ __forceinline__ void gate_up_impl(
         // (Pipelined, each warp waits for its own stages below.)
         if (!PIPE) stage_wait();
         __syncthreads();
+        if constexpr (WIDE) {
+            static_assert(MT == 1, "the wide kernel is the one-token variant");
+            // The rows' gate and up values, in rows of hbuf that one token leaves unused (no
+            // more static shared memory than the other kernels: the runtime's
+            // KERNEL_STATIC_SHARED_BYTES).
+            float* gsh = hbuf[1];
+            float* ush = hbuf[2];
+            // 2 G is a multiple of the 32 half-warps (G is 16 or 32), so both half-warps of
+            // a warp make the same number of passes and reach reduce16 together.
+            for (int d = hw; d < 2 * G; d += nhw) {
+                const int rr = d % G;
+                const bool is_up = d >= G;
+                // Field by field, so the selection stays in registers.
+                const Tile tm = {is_up ? tu.vals : tg.vals, is_up ? tu.scales : tg.scales,
+                                 is_up ? tu.factors : tg.factors};
+                const u8* mrow = tm.vals + (u64)rr * vrb;
+                float acc = 0.0f;
+#pragma unroll 4
+                for (int b = lane; b < nb; b += HW) {
+                    // Token 0 of the pass (nt = 1): the arithmetic of the loop below.
+                    const float sm = block_scale(fmt, tm, H, rr, b);
+                    if (act == ACT_INT8 && split_sign(MT, fmt)) {
+                        const int4* qa = (const int4*)(sq + (u64)b * G);
+                        const int4 a0 = qa[0], a1 = G == 32 ? qa[1] : make_int4(0, 0, 0, 0);
+                        const int dm = e2m1_block_dot(mrow, b, G, a0, a1, e2m1_lo);
+                        acc = __fadd_rn(acc, __fmul_rn((float)dm, __fmul_rn(sm, ss[b])));
+                    } else if (act == ACT_INT8) {
+                        u32 W[8];
+                        load_w8(fmt, mrow, b, W);
+                        const int dm = block_dot_i8(W, G, sq + (u64)b * G);
+                        acc = __fadd_rn(acc, __fmul_rn((float)dm, __fmul_rn(sm, ss[b])));
+                    } else {
+                        acc = fmaf(block_dot_f32(fmt, mrow, b, G, sx + (u64)b * G), sm, acc);
+                    }
+                }
+                const float v = __fmul_rn(reduce16(acc), row_factor(fmt, tm, rr));
+                if (lane == 0) (is_up ? ush : gsh)[rr] = v;
+            }
+            __syncthreads();
+            for (int rr = threadIdx.x; rr < G; rr += blockDim.x)
+                hbuf[0][rr] = __fmul_rn(silu_ft(gsh[rr]), ush[rr]);
+        } else
         for (int rr = hw; rr < G; rr += nhw) {
             float ga[MT], ua[MT];
 #pragma unroll
@@ -1021,6 +1072,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_U
     if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
     else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
 }
+// The small-grid one-token kernel (WIDE above), 512 threads.
+extern "C" __global__ void __launch_bounds__(512, 2) ft_experts_gate_up_1w(GATE_UP_ARGS) {
+    TASK_TABLES (void)o_begin; (void)o_tok;
+    if (stage_off) gate_up_impl<1, true, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
+    else gate_up_impl<1, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
+}
 extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
     if (stage_off) gate_up_impl<2, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
@@ -1038,6 +1095,12 @@ extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) 
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) {
     TABLES
     down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
+}
+// The small-grid one-token down kernel: DOWN_R_1S rows per half-warp, so a launch of few
+// experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) {
+    TABLES
+    down_impl<1, DOWN_R_1S>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
     TABLES

@@ -72,6 +72,8 @@ impl KernelId {
                 "ft_experts_down_2",
                 "ft_experts_gate_up_4",
                 "ft_experts_down_4",
+                "ft_experts_gate_up_1w",
+                "ft_experts_down_1s",
             ],
             KernelId::Gather => &["ft_gather_zero_copy"],
             KernelId::Dense => &["ft_dense_read"],

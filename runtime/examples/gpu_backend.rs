@@ -283,46 +283,151 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
     c.synchronize()?;
     let mut krows = Vec::new();
-    // (act, tokens per expert, forced variant, path): 0 tokens runs both kernels with no
+    // (act, tokens per expert, forced variant, path, experts of the layer): 0 tokens runs both kernels with no
     // work (the fixed cost: two launches, the ticket); the forced rows compare the
     // instantiations, and the path rows staging and the dependent launch, on the same launch
     // (A/B in one run).
-    let cases: [(ActivationPath, usize, Option<usize>, &str); 28] = [
-        (ActivationPath::F32, 1, None, "staged+pdl"),
-        (ActivationPath::Int8, 1, None, "staged+pdl"),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split"),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split+cvt"),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split+l2down"),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split+cvt+l2down"),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split+small"),
+    let cases: [(ActivationPath, usize, Option<usize>, &str, usize); 34] = [
+        (ActivationPath::F32, 1, None, "staged+pdl", LAYER_EXPERTS),
+        (ActivationPath::Int8, 1, None, "staged+pdl", LAYER_EXPERTS),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+cvt",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+l2down",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+cvt+l2down",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+small",
+            LAYER_EXPERTS,
+        ),
         (
             ActivationPath::Int8,
             1,
             None,
             "staged+pdl+split+cvt+l2down+small",
+            LAYER_EXPERTS,
         ),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe2"),
-        (ActivationPath::Int8, 1, None, "staged+pdl+split+pipe4"),
-        (ActivationPath::Int8, 1, None, "direct+split"),
-        (ActivationPath::Int8, 1, None, "staged"),
-        (ActivationPath::Int8, 1, None, "direct"),
-        (ActivationPath::Int8, 1, Some(8), "staged+pdl"),
-        (ActivationPath::Int8, 0, None, "staged+pdl"),
-        (ActivationPath::Int8, 0, None, "staged+pdl+small"),
-        (ActivationPath::Int8, 0, None, "direct"),
-        (ActivationPath::Int8, 4, None, "staged+pdl"),
-        (ActivationPath::Int8, 4, None, "staged+pdl+pipe4"),
-        (ActivationPath::Int8, 4, None, "staged+pdl+cvt+l2down"),
-        (ActivationPath::Int8, 4, None, "direct"),
-        (ActivationPath::Int8, 4, Some(8), "staged+pdl"),
-        (ActivationPath::Int8, 8, None, "staged+pdl"),
-        (ActivationPath::Int8, 8, None, "staged+pdl+pipe4"),
-        (ActivationPath::Int8, 8, None, "staged+pdl+cvt+l2down"),
-        (ActivationPath::Int8, 8, None, "direct"),
-        (ActivationPath::F32, 8, None, "staged+pdl"),
-        (ActivationPath::F32, 8, None, "direct"),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+pipe2",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+pipe4",
+            LAYER_EXPERTS,
+        ),
+        (ActivationPath::Int8, 1, None, "direct+split", LAYER_EXPERTS),
+        (ActivationPath::Int8, 1, None, "staged", LAYER_EXPERTS),
+        (ActivationPath::Int8, 1, None, "direct", LAYER_EXPERTS),
+        (
+            ActivationPath::Int8,
+            1,
+            Some(8),
+            "staged+pdl",
+            LAYER_EXPERTS,
+        ),
+        (ActivationPath::Int8, 0, None, "staged+pdl", LAYER_EXPERTS),
+        (
+            ActivationPath::Int8,
+            0,
+            None,
+            "staged+pdl+small",
+            LAYER_EXPERTS,
+        ),
+        (ActivationPath::Int8, 0, None, "direct", LAYER_EXPERTS),
+        (ActivationPath::Int8, 4, None, "staged+pdl", LAYER_EXPERTS),
+        (
+            ActivationPath::Int8,
+            4,
+            None,
+            "staged+pdl+pipe4",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            4,
+            None,
+            "staged+pdl+cvt+l2down",
+            LAYER_EXPERTS,
+        ),
+        (ActivationPath::Int8, 4, None, "direct", LAYER_EXPERTS),
+        (
+            ActivationPath::Int8,
+            4,
+            Some(8),
+            "staged+pdl",
+            LAYER_EXPERTS,
+        ),
+        (ActivationPath::Int8, 8, None, "staged+pdl", LAYER_EXPERTS),
+        (
+            ActivationPath::Int8,
+            8,
+            None,
+            "staged+pdl+pipe4",
+            LAYER_EXPERTS,
+        ),
+        (
+            ActivationPath::Int8,
+            8,
+            None,
+            "staged+pdl+cvt+l2down",
+            LAYER_EXPERTS,
+        ),
+        (ActivationPath::Int8, 8, None, "direct", LAYER_EXPERTS),
+        (ActivationPath::F32, 8, None, "staged+pdl", LAYER_EXPERTS),
+        (ActivationPath::F32, 8, None, "direct", LAYER_EXPERTS),
+        // Small grids (fewer gate/up blocks than multiprocessors): one and two experts, as
+        // the last fetched chunk of a layer launches them.
+        (ActivationPath::Int8, 1, None, "staged+pdl+split", 1),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+wide", 1),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+cvt+wide",
+            1,
+        ),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split", 2),
+        (ActivationPath::Int8, 1, None, "staged+pdl+split+wide", 2),
+        (
+            ActivationPath::Int8,
+            1,
+            None,
+            "staged+pdl+split+cvt+wide",
+            2,
+        ),
     ];
-    for (act, tokens, forced, path) in cases {
+    for (act, tokens, forced, path, layer_experts) in cases {
         let tuning = CudaTuning {
             staged_tiles: path.starts_with("staged"),
             dependent_launch: path.contains("+pdl"),
@@ -336,6 +441,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             e4m3_cvt: path.contains("+cvt"),
             prefetch_down: path.contains("+l2down"),
             small_table: path.contains("+small"),
+            small_grid: path.contains("+wide"),
             expert_variant: forced,
             ..opened
         };
@@ -345,7 +451,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             .map(|l| {
                 let mut st =
                     ExpertStep::new(ExpertFormat::Nvfp4, &spec.geometry, act, tokens.max(1));
-                st.experts = (0..LAYER_EXPERTS)
+                st.experts = (0..layer_experts)
                     .map(|e| ExpertTask {
                         weights_offset: (l * LAYER_EXPERTS + e) * pool.stride(),
                         tokens: (0..tokens)
@@ -391,11 +497,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let queued_us = median(&queued);
-        let bytes = LAYER_EXPERTS as u64 * eb;
+        let bytes = layer_experts as u64 * eb;
         let gbs = bytes as f64 / (queued_us * 1e3);
         krows.push(KernelRow {
             act: act.name().into(),
-            experts: LAYER_EXPERTS,
+            experts: layer_experts,
             tokens,
             variant: forced.map_or("auto".into(), |v| v.to_string()),
             path: path.into(),

@@ -231,8 +231,8 @@ pub const CUDA_SHARED_BUDGET: usize = 40 * 1024;
 /// Tokens per pass of the CUDA kernels (`MAXT` in experts.cu).
 pub const CUDA_MAX_TOKENS_PER_PASS: usize = 8;
 
-/// Threads per block of the CUDA expert kernels (16 half-warps).
-#[cfg(feature = "cuda")]
+/// Threads per block of the CUDA expert kernels (16 half-warps; the small-grid gate/up
+/// kernel twice as many).
 const CUDA_THREADS: u32 = 256;
 
 /// Bytes of a launch table that travels inside the launch itself (the kernels'
@@ -412,6 +412,8 @@ pub struct CudaVariant {
     /// Rows of down per block of the down kernel (16 half-warps times the kernel's
     /// `DOWN_R_<tokens>`): its grid's x is `hidden / down_rows`.
     pub down_rows: usize,
+    /// Threads per block of the gate/up kernel.
+    pub gate_up_threads: u32,
 }
 
 /// The instantiations, smallest first.
@@ -421,26 +423,59 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
         down: "ft_experts_down_1",
         tokens_per_pass: 1,
         down_rows: 64,
+        gate_up_threads: CUDA_THREADS,
     },
     CudaVariant {
         gate_up: "ft_experts_gate_up_2",
         down: "ft_experts_down_2",
         tokens_per_pass: 2,
         down_rows: 32,
+        gate_up_threads: CUDA_THREADS,
     },
     CudaVariant {
         gate_up: "ft_experts_gate_up_4",
         down: "ft_experts_down_4",
         tokens_per_pass: 4,
         down_rows: 16,
+        gate_up_threads: CUDA_THREADS,
     },
     CudaVariant {
         gate_up: "ft_experts_gate_up",
         down: "ft_experts_down",
         tokens_per_pass: CUDA_MAX_TOKENS_PER_PASS,
         down_rows: 16,
+        gate_up_threads: CUDA_THREADS,
     },
 ];
+
+/// The one-token instantiation for launches of fewer gate/up blocks than the device has
+/// multiprocessors ([`crate::device::CudaTuning::small_grid`]): each block then runs alone
+/// on its multiprocessor, so the gate/up kernel takes 512 threads with one dot per
+/// half-warp (`WIDE` in `kernels/cuda/experts.cu`) and the down kernel half the rows per
+/// block of `ft_experts_down_1` (`DOWN_R_1S`). The same arithmetic, so the same bits.
+pub const CUDA_SMALL_GRID_VARIANT: CudaVariant = CudaVariant {
+    gate_up: "ft_experts_gate_up_1w",
+    down: "ft_experts_down_1s",
+    tokens_per_pass: 1,
+    down_rows: 32,
+    gate_up_threads: 2 * CUDA_THREADS,
+};
+
+/// Whether a launch of `gate_up_blocks` gate/up blocks with `variant` takes the small-grid
+/// instantiation on a device of `multiprocessors` where `tuning` asks for it: one-token
+/// launches of at most one gate/up block per multiprocessor, whole staged tiles (the wide
+/// kernel has no pipelined staging).
+pub fn cuda_small_grid(
+    tuning: &CudaTuning,
+    variant: CudaVariant,
+    gate_up_blocks: usize,
+    multiprocessors: usize,
+) -> bool {
+    tuning.small_grid
+        && variant.tokens_per_pass == 1
+        && tuning.pipe_stages == 1
+        && gate_up_blocks <= multiprocessors
+}
 
 /// The instantiation for a launch whose largest task has `max_task_pairs` tokens: the
 /// smallest that holds them all in one pass (the widest when none does). Every variant
@@ -606,6 +641,16 @@ pub(crate) fn cuda_launch(
         Some(v) => v,
         None => cuda_variant(t.max_task_pairs),
     };
+    let variant = if cuda_small_grid(
+        &tuning,
+        variant,
+        step.experts.len() * step.intermediate / cuda_group(step.format),
+        stream.shared().multiprocessors,
+    ) {
+        CUDA_SMALL_GRID_VARIANT
+    } else {
+        variant
+    };
     if step.hidden.div_ceil(variant.down_rows) * 4 > CUDA_COUNTER_BYTES {
         return Err(RuntimeError::invalid(
             "expert step hidden",
@@ -651,7 +696,6 @@ pub(crate) fn cuda_launch(
     let g = cuda_group(step.format);
     let stage_off = staging.gate_up_stage_off as u32;
     let down_stage = u32::from(staging.down_staged);
-    let block = (CUDA_THREADS, 1, 1);
     // One pointer to each argument, in the kernels' order (experts.cu's GATE_UP_ARGS and
     // DOWN_ARGS).
     fn p<T>(v: &T) -> *mut std::ffi::c_void {
@@ -697,7 +741,7 @@ pub(crate) fn cuda_launch(
         stream.launch_ex(
             &gate_up,
             ((step.intermediate / g) as u32, n_tasks, 1),
-            block,
+            (variant.gate_up_threads, 1, 1),
             staging.gate_up_shared as u32,
             &mut gate_up_args,
             false,
@@ -706,7 +750,7 @@ pub(crate) fn cuda_launch(
         stream.launch_ex(
             &down,
             (step.hidden.div_ceil(variant.down_rows) as u32, n_tasks, 1),
-            block,
+            (CUDA_THREADS, 1, 1),
             staging.down_shared as u32,
             &mut down_args,
             pdl,
@@ -782,6 +826,14 @@ mod tests {
             assert_eq!(v.down_rows, 16 * r, "{v:?}");
             assert!(experts.contains(&format!(" {}(", v.gate_up)), "{v:?}");
         }
+        let wide = CUDA_SMALL_GRID_VARIANT;
+        assert_eq!(wide.down_rows, 16 * cu_define(experts, "DOWN_R_1S"));
+        assert!(experts.contains(&format!(" {}(", wide.gate_up)));
+        assert!(experts.contains(&format!(" {}(", wide.down)));
+        assert!(experts.contains(&format!(
+            "__launch_bounds__({}, 2) {}(",
+            wide.gate_up_threads, wide.gate_up
+        )));
         assert_eq!(cu_define(experts, "MAXT"), CUDA_MAX_TOKENS_PER_PASS);
         assert_eq!(
             cu_define(experts, "ACT_F32") as i32,
@@ -895,6 +947,26 @@ mod tests {
                 t.bytes.len()
             );
         }
+    }
+
+    /// The small-grid kernels only where asked, for one-token launches of at most one
+    /// gate/up block per multiprocessor, and never with pipelined staging.
+    #[test]
+    fn small_grid_kernels_only_for_small_one_token_grids() {
+        let on = CudaTuning {
+            small_grid: true,
+            ..CudaTuning::default()
+        };
+        let one = cuda_variant(1);
+        assert!(cuda_small_grid(&on, one, 132, 132));
+        assert!(!cuda_small_grid(&on, one, 133, 132));
+        assert!(!cuda_small_grid(&CudaTuning::default(), one, 8, 132));
+        assert!(!cuda_small_grid(&on, cuda_variant(2), 8, 132));
+        let piped = CudaTuning {
+            pipe_stages: 2,
+            ..on
+        };
+        assert!(!cuda_small_grid(&piped, one, 8, 132));
     }
 
     /// The small table module only where asked and where the launch's table fits it.

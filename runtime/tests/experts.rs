@@ -293,7 +293,8 @@ mod cuda {
     /// Run `check` on a GPU once per way the weights can reach the CUDA kernels (staged
     /// tiles with a dependent launch, staged tiles alone, staged in 2 or 4 pipelined column
     /// stages, global reads, the down matrices prefetched into L2, the launch table in a
-    /// small parameter where it fits), per way the one-token
+    /// small parameter where it fits, the small-grid kernels where the grid is small), per
+    /// way the one-token
     /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
     /// (arithmetic, the hardware's conversion): each must give the same bits.
     fn on_every_path(check: impl Fn(&Device)) {
@@ -320,6 +321,7 @@ mod cuda {
                 e4m3_cvt: new_paths,
                 prefetch_down: new_paths,
                 small_table: new_paths,
+                small_grid: new_paths,
                 ..opened
             };
             d.set_cuda_tuning(t).unwrap();
@@ -346,6 +348,10 @@ mod cuda {
             (1024, 384, 9, 5, 3),
             (2560, 640, 20, 4, 10),
             (2560, 640, 10, 1, 10),
+            // One-token launches of fewer gate/up blocks than multiprocessors (the
+            // small-grid kernels where on).
+            (2560, 640, 2, 1, 2),
+            (4096, 2048, 1, 1, 1),
             (3072, 1536, 8, 2, 8),
             (4096, 2048, 6, 1, 6),
         ]);

@@ -74,6 +74,8 @@ pub(crate) struct Shared {
     /// Most dynamic shared memory one block may opt in to, bytes (the expert kernels' staged
     /// weight tiles can exceed the 48 KiB every launch gets without it).
     pub(crate) shared_optin_bytes: usize,
+    /// Streaming multiprocessors.
+    pub(crate) multiprocessors: usize,
     functions: Mutex<HashMap<(KernelId, Specialization, &'static str), CudaFunction>>,
     /// Origin of event timelines: an event recorded at open and its host time, us.
     origin: (sys::CUevent, f64),
@@ -278,6 +280,7 @@ impl CudaDevice {
                 ctx,
                 cc: (major as u32, minor as u32),
                 shared_optin_bytes: shared_optin.max(0) as usize,
+                multiprocessors: sms.max(0) as usize,
                 functions: Mutex::new(HashMap::new()),
                 origin: (origin_ev, 0.5 * (t0 + t1)),
                 driver_version: driver_version_num,

@@ -59,6 +59,13 @@ pub const CUDA_PREFETCH_DOWN_ENV: &str = "FT_CUDA_PREFETCH_DOWN";
 /// `kernels/cuda/common.cuh`). Off by default until `gpu_backend` has measured it.
 pub const CUDA_SMALL_TABLE_ENV: &str = "FT_CUDA_SMALL_TABLE";
 
+/// `1` runs one-token launches of fewer gate/up blocks than the device has multiprocessors
+/// (a layer's last fetched chunk, a few experts) with the small-grid instantiation: a
+/// 512-thread gate/up kernel with one dot per half-warp and a down kernel of half the rows
+/// per block (`ft_experts_gate_up_1w`, `ft_experts_down_1s` in `kernels/cuda/experts.cu`),
+/// the same bits. Off by default until `gpu_backend` has measured it.
+pub const CUDA_SMALL_GRID_ENV: &str = "FT_CUDA_SMALL_GRID";
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -80,7 +87,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 10] = [
+pub const CUDA_TUNING_ENVS: [&str; 11] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -88,6 +95,7 @@ pub const CUDA_TUNING_ENVS: [&str; 10] = [
     CUDA_E4M3_CVT_ENV,
     CUDA_PREFETCH_DOWN_ENV,
     CUDA_SMALL_TABLE_ENV,
+    CUDA_SMALL_GRID_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -141,6 +149,9 @@ pub struct CudaTuning {
     /// The small launch table parameter where a launch's table fits it
     /// ([`CUDA_SMALL_TABLE_ENV`]).
     pub small_table: bool,
+    /// The small-grid one-token instantiation where a launch has fewer gate/up blocks than
+    /// multiprocessors ([`CUDA_SMALL_GRID_ENV`]).
+    pub small_grid: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -158,6 +169,7 @@ impl Default for CudaTuning {
             e4m3_cvt: false,
             prefetch_down: false,
             small_table: false,
+            small_grid: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -240,6 +252,7 @@ impl CudaTuning {
             e4m3_cvt: switch(CUDA_E4M3_CVT_ENV)?.unwrap_or(d.e4m3_cvt),
             prefetch_down: switch(CUDA_PREFETCH_DOWN_ENV)?.unwrap_or(d.prefetch_down),
             small_table: switch(CUDA_SMALL_TABLE_ENV)?.unwrap_or(d.small_table),
+            small_grid: switch(CUDA_SMALL_GRID_ENV)?.unwrap_or(d.small_grid),
             expert_variant,
             copies,
         })
@@ -257,6 +270,7 @@ impl CudaTuning {
             (CUDA_E4M3_CVT_ENV, bit(self.e4m3_cvt)),
             (CUDA_PREFETCH_DOWN_ENV, bit(self.prefetch_down)),
             (CUDA_SMALL_TABLE_ENV, bit(self.small_table)),
+            (CUDA_SMALL_GRID_ENV, bit(self.small_grid)),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -291,9 +305,9 @@ impl CudaTuning {
     /// The expert kernels' path as the micro-bench's `path` column names it: `staged` or
     /// `direct`, then `+pdl` and `+split` where on, `+pipeN` for N pipelined column stages
     /// of staged tiles, `+cvt` for the hardware scale decode, `+l2down` for the down
-    /// matrices' prefetch from staged tiles and `+small` for the small launch table
-    /// (`staged+pdl`, `direct+split`, `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`,
-    /// ...).
+    /// matrices' prefetch from staged tiles, `+small` for the small launch table and `+wide`
+    /// for the small-grid instantiation (`staged+pdl`, `direct+split`,
+    /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
             "staged"
@@ -317,6 +331,9 @@ impl CudaTuning {
         }
         if self.small_table {
             s.push_str("+small");
+        }
+        if self.small_grid {
+            s.push_str("+wide");
         }
         s
     }
@@ -364,6 +381,7 @@ mod tests {
             (CUDA_E4M3_CVT_ENV, "1"),
             (CUDA_PREFETCH_DOWN_ENV, "1"),
             (CUDA_SMALL_TABLE_ENV, "1"),
+            (CUDA_SMALL_GRID_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -378,6 +396,7 @@ mod tests {
                 e4m3_cvt: true,
                 prefetch_down: true,
                 small_table: true,
+                small_grid: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
@@ -386,7 +405,7 @@ mod tests {
         // name them.
         assert_eq!(
             t.to_string(),
-            "direct+split+cvt+small, variant 4, copies split"
+            "direct+split+cvt+small+wide, variant 4, copies split"
         );
         assert_eq!(
             CudaTuning {
@@ -394,7 +413,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small"
+            "staged+split+pipe3+cvt+l2down+small+wide"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -425,7 +444,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..64u32 {
+            for bits in 0..128u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
@@ -435,6 +454,7 @@ mod tests {
                         e4m3_cvt: bits & 8 != 0,
                         prefetch_down: bits & 16 != 0,
                         small_table: bits & 32 != 0,
+                        small_grid: bits & 64 != 0,
                         expert_variant,
                         copies,
                     };
@@ -457,6 +477,7 @@ mod tests {
             (CUDA_E4M3_CVT_ENV, "on"),
             (CUDA_PREFETCH_DOWN_ENV, "-1"),
             (CUDA_SMALL_TABLE_ENV, "512"),
+            (CUDA_SMALL_GRID_ENV, "few"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
