@@ -58,7 +58,7 @@ pub struct HostFingerprint {
     /// NUMA nodes.
     pub numa_nodes: u32,
     /// The runtime's GPU paths where they are chosen at run time (the CUDA device's
-    /// tuning and the GPU's activation path, e.g. `staged+pdl+split, copies batch, int8
+    /// tuning and the GPU's activation path, e.g. `staged+pdl+split+cvt+wide, copies batch, int8
     /// activations`): a profile probed on other kernel, copy or activation paths timed other
     /// GPU work, so it is re-probed. Empty for simulated hosts and the
     /// host-emulated device (and in profiles written before the field existed).

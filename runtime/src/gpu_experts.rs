@@ -960,7 +960,11 @@ mod tests {
         let one = cuda_variant(1);
         assert!(cuda_small_grid(&on, one, 132, 132));
         assert!(!cuda_small_grid(&on, one, 133, 132));
-        assert!(!cuda_small_grid(&CudaTuning::default(), one, 8, 132));
+        let off = CudaTuning {
+            small_grid: false,
+            ..on
+        };
+        assert!(!cuda_small_grid(&off, one, 8, 132));
         assert!(!cuda_small_grid(&on, cuda_variant(2), 8, 132));
         let piped = CudaTuning {
             pipe_stages: 2,

@@ -120,7 +120,7 @@ pub struct DeviceInfo {
 
 impl DeviceInfo {
     /// The device in words for a table's header: its name, backend and, on CUDA, the paths
-    /// it runs (`NVIDIA H200 (cuda: staged+pdl+split, copies batch)`).
+    /// it runs (`NVIDIA H200 (cuda: staged+pdl+split+cvt+wide, copies batch)`).
     pub fn label(&self) -> String {
         match &self.cuda_tuning {
             Some(t) => format!("{} ({}: {t})", self.name, self.kind),

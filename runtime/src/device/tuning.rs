@@ -41,29 +41,38 @@ pub const CUDA_PIPE_ENV: &str = "FT_CUDA_PIPE";
 /// The most column stages [`CUDA_PIPE_ENV`] takes (the kernels' `cp.async.wait_group` waits).
 pub const CUDA_PIPE_MAX_STAGES: u8 = 4;
 
-/// `1` decodes the nvfp4 block scales with the hardware's e4m3 conversion (`FT_E4M3_CVT`
-/// in `kernels/cuda/experts.cu`: two instructions instead of seven in the innermost loop,
-/// the same f32 for every code but the NaNs, which stay NaN). Off by default until the GPU
-/// tests and `gpu_backend` have run it.
+/// `0` turns off the hardware's e4m3 conversion of the nvfp4 block scales (default on;
+/// `FT_E4M3_CVT` in `kernels/cuda/experts.cu`: two instructions instead of seven in the
+/// innermost loop, the same f32 for every code but the NaNs, which stay NaN). On since
+/// 2026-12-06: bit-identical in the GPU tests, 10 experts at one token 25.9 us against 26.7
+/// on an H100 in two runs (`experiments/gpu-backend/results/20261206T0329Z-h100-switches`).
 pub const CUDA_E4M3_CVT_ENV: &str = "FT_CUDA_E4M3_CVT";
 
 /// `1` has each staged gate/up block prefetch its share of its task's down matrix into L2
 /// (`FT_PREFETCH_DOWN` in `kernels/cuda/experts.cu`), so that the down blocks that start
-/// after gate/up read their tiles from L2 instead of DRAM. A hint, the same bits. Off by
-/// default until `gpu_backend` has measured it.
+/// after gate/up read their tiles from L2 instead of DRAM. A hint, the same bits. Off: 5%
+/// slower at one token on an H100 (28.2 against 26.7 us for 10 experts, the prefetches
+/// compete with gate/up's own tiles; `experiments/gpu-backend/results/
+/// 20261206T0329Z-h100-switches`).
 pub const CUDA_PREFETCH_DOWN_ENV: &str = "FT_CUDA_PREFETCH_DOWN";
 
 /// `1` launches the expert kernels with a 512-byte table parameter where the launch's table
 /// fits it (a one-token layer of up to 16 experts; larger tables take the 3 KiB parameter),
 /// to measure what the parameter's size costs each launch (`FT_PARAM_TABLE_BYTES` in
-/// `kernels/cuda/common.cuh`). Off by default until `gpu_backend` has measured it.
+/// `kernels/cuda/common.cuh`). Off: no difference measured on an H100 (0 tokens 7.00 against
+/// 7.03 us, 1 token 26.70 against 26.70; `experiments/gpu-backend/results/
+/// 20261206T0329Z-h100-switches`), so the parameter's size is not the launches' fixed cost.
 pub const CUDA_SMALL_TABLE_ENV: &str = "FT_CUDA_SMALL_TABLE";
 
-/// `1` runs one-token launches of fewer gate/up blocks than the device has multiprocessors
-/// (a layer's last fetched chunk, a few experts) with the small-grid instantiation: a
-/// 512-thread gate/up kernel with one dot per half-warp and a down kernel of half the rows
-/// per block (`ft_experts_gate_up_1w`, `ft_experts_down_1s` in `kernels/cuda/experts.cu`),
-/// the same bits. Off by default until `gpu_backend` has measured it.
+/// `0` turns off the small-grid instantiation (default on) that runs one-token launches of
+/// at most one gate/up block per multiprocessor (a layer's last fetched chunk, a few
+/// experts): a 512-thread gate/up kernel with one dot per half-warp and a down kernel of half
+/// the rows per block (`ft_experts_gate_up_1w`, `ft_experts_down_1s` in
+/// `kernels/cuda/experts.cu`), the same bits. On since 2026-12-06: bit-identical in the GPU
+/// tests; one expert 10.5 us against 11.5, two 11.3 against 12.1 on an H100 in two runs
+/// (`experiments/gpu-backend/results/20261206T0329Z-h100-switches`); the engine's quick
+/// grid the same within its noise (`experiments/runtime-grid/results/
+/// 20261206T0336Z-h100-small-grid`).
 pub const CUDA_SMALL_GRID_ENV: &str = "FT_CUDA_SMALL_GRID";
 
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
@@ -166,10 +175,10 @@ impl Default for CudaTuning {
             dependent_launch: true,
             e2m1_split: true,
             pipe_stages: 1,
-            e4m3_cvt: false,
+            e4m3_cvt: true,
             prefetch_down: false,
             small_table: false,
-            small_grid: false,
+            small_grid: true,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -341,7 +350,7 @@ impl CudaTuning {
 
 impl fmt::Display for CudaTuning {
     /// The expert path ([`CudaTuning::expert_path`]), the forced variant, and the copy
-    /// submission: `staged+pdl+split, copies batch`.
+    /// submission: `staged+pdl+split+cvt+wide, copies batch`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.expert_path())?;
         if let Some(n) = self.expert_variant {
@@ -423,7 +432,7 @@ mod tests {
         );
         assert_eq!(
             CudaTuning::default().to_string(),
-            "staged+pdl+split, copies batch"
+            "staged+pdl+split+cvt+wide, copies batch"
         );
         // Turning batching off gives one copy each; asking for the split alone wins over
         // the default batch.
