@@ -127,6 +127,69 @@ struct Report {
 struct Args {
     #[command(flatten)]
     bench: common::BenchArgs,
+    /// Run only the expert-kernel case of this key, act/tokens/variant/path/experts as the
+    /// kernel table prints them (e.g. int8/1/auto/staged+pdl+split+cvt+wide/10), so that a
+    /// profiler sees that case's launches first (scripts/ncu-experts.sh). The ceilings and
+    /// gathers still run; a key that names no case is an error.
+    #[arg(long)]
+    only: Option<String>,
+}
+
+/// An expert-kernel case: (act, tokens per expert, forced variant, path, experts of the
+/// layer).
+type KernelCase = (ActivationPath, usize, Option<usize>, &'static str, usize);
+
+/// The expert-kernel cases of the table, in order.
+fn kernel_cases() -> Vec<KernelCase> {
+    // (act, tokens per expert, forced variant, path, experts of the layer; ALL: the
+    // target's 10): 0 tokens runs both kernels with no work (the fixed cost: two launches,
+    // the ticket); the forced rows compare the instantiations, and the path rows the kernel
+    // paths (module docs of ft_runtime::device::tuning), on the same launch (A/B in one run).
+    // Paths measured slower and kept off (pipelined staging; staged tiles without the
+    // dependent launch) have their rows in the results of 2026-12-05.
+    const F32: ActivationPath = ActivationPath::F32;
+    const INT8: ActivationPath = ActivationPath::Int8;
+    const ALL: usize = LAYER_EXPERTS;
+    #[rustfmt::skip]
+    let cases = vec![
+        (F32, 1, None, "staged+pdl", ALL),
+        (INT8, 1, None, "staged+pdl", ALL),
+        (INT8, 1, None, "staged+pdl+split", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
+        (INT8, 1, None, "staged+pdl+split+l2down", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+l2down", ALL),
+        (INT8, 1, None, "staged+pdl+split+small", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+l2down+small", ALL),
+        (INT8, 1, None, "direct+split", ALL),
+        (INT8, 1, None, "direct", ALL),
+        (INT8, 1, Some(8), "staged+pdl", ALL),
+        (INT8, 0, None, "staged+pdl", ALL),
+        (INT8, 0, None, "staged+pdl+small", ALL),
+        (INT8, 0, None, "direct", ALL),
+        (INT8, 4, None, "staged+pdl", ALL),
+        (INT8, 4, None, "staged+pdl+cvt+wide", ALL),
+        (INT8, 4, None, "direct", ALL),
+        (INT8, 4, Some(8), "staged+pdl", ALL),
+        (INT8, 8, None, "staged+pdl", ALL),
+        (INT8, 8, None, "staged+pdl+cvt+wide", ALL),
+        (INT8, 8, None, "direct", ALL),
+        (F32, 8, None, "staged+pdl", ALL),
+        // Small grids (fewer gate/up blocks than multiprocessors): one and two experts, as
+        // the last fetched chunk of a layer launches them.
+        (INT8, 1, None, "staged+pdl+split", 1),
+        (INT8, 1, None, "staged+pdl+split+wide", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
+        (INT8, 1, None, "staged+pdl+split", 2),
+        (INT8, 1, None, "staged+pdl+split+wide", 2),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
+    ];
+    cases
+}
+
+/// A case's key for `--only`: act/tokens/variant/path/experts.
+fn case_key(&(act, tokens, forced, path, n): &KernelCase) -> String {
+    let variant = forced.map_or("auto".to_string(), |v| v.to_string());
+    format!("{}/{tokens}/{variant}/{path}/{n}", act.name())
 }
 
 fn main() -> std::process::ExitCode {
@@ -134,7 +197,17 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let Args { bench } = clap::Parser::parse();
+    let Args { bench, only } = clap::Parser::parse();
+    if let Some(k) = &only {
+        let keys: Vec<String> = kernel_cases().iter().map(case_key).collect();
+        if !keys.contains(k) {
+            return Err(format!(
+                "--only {k}: no such case; the cases are {}",
+                keys.join(", ")
+            )
+            .into());
+        }
+    }
     let common::Bench {
         device: d,
         small,
@@ -283,49 +356,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     gather::gather(&c, &bank, &pool, &moves, GatherMethod::CopyEngine)?;
     c.synchronize()?;
     let mut krows = Vec::new();
-    // (act, tokens per expert, forced variant, path, experts of the layer; ALL: the
-    // target's 10): 0 tokens runs both kernels with no work (the fixed cost: two launches,
-    // the ticket); the forced rows compare the instantiations, and the path rows the kernel
-    // paths (module docs of ft_runtime::device::tuning), on the same launch (A/B in one run).
-    // Paths measured slower and kept off (pipelined staging; staged tiles without the
-    // dependent launch) have their rows in the results of 2026-12-05.
-    const F32: ActivationPath = ActivationPath::F32;
-    const INT8: ActivationPath = ActivationPath::Int8;
-    const ALL: usize = LAYER_EXPERTS;
-    #[rustfmt::skip]
-    let cases: [(ActivationPath, usize, Option<usize>, &str, usize); 28] = [
-        (F32, 1, None, "staged+pdl", ALL),
-        (INT8, 1, None, "staged+pdl", ALL),
-        (INT8, 1, None, "staged+pdl+split", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
-        (INT8, 1, None, "staged+pdl+split+l2down", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+l2down", ALL),
-        (INT8, 1, None, "staged+pdl+split+small", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+l2down+small", ALL),
-        (INT8, 1, None, "direct+split", ALL),
-        (INT8, 1, None, "direct", ALL),
-        (INT8, 1, Some(8), "staged+pdl", ALL),
-        (INT8, 0, None, "staged+pdl", ALL),
-        (INT8, 0, None, "staged+pdl+small", ALL),
-        (INT8, 0, None, "direct", ALL),
-        (INT8, 4, None, "staged+pdl", ALL),
-        (INT8, 4, None, "staged+pdl+cvt+wide", ALL),
-        (INT8, 4, None, "direct", ALL),
-        (INT8, 4, Some(8), "staged+pdl", ALL),
-        (INT8, 8, None, "staged+pdl", ALL),
-        (INT8, 8, None, "staged+pdl+cvt+wide", ALL),
-        (INT8, 8, None, "direct", ALL),
-        (F32, 8, None, "staged+pdl", ALL),
-        // Small grids (fewer gate/up blocks than multiprocessors): one and two experts, as
-        // the last fetched chunk of a layer launches them.
-        (INT8, 1, None, "staged+pdl+split", 1),
-        (INT8, 1, None, "staged+pdl+split+wide", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
-        (INT8, 1, None, "staged+pdl+split", 2),
-        (INT8, 1, None, "staged+pdl+split+wide", 2),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
-    ];
-    for (act, tokens, forced, path, layer_experts) in cases {
+    let cases = kernel_cases();
+    for case in cases {
+        if only.as_ref().is_some_and(|k| *k != case_key(&case)) {
+            continue;
+        }
+        let (act, tokens, forced, path, layer_experts) = case;
         let tuning = CudaTuning {
             staged_tiles: path.starts_with("staged"),
             dependent_launch: path.contains("+pdl"),
