@@ -423,15 +423,17 @@ __device__ __forceinline__ void stage_wait_pending(int pending) {
 
 // Stage, for each of a G-row tile's matrices a and b (tiles at da, db), the rows the calling
 // warp's half-warps compute (rr = hw, hw + nhw, ... below G), `kb` blocks of columns per
-// stage, one commit group per stage holding both matrices' slices (and, in the first, the
-// rows' factors). Every thread of the warp calls it.
+// stage, one commit group per stage holding both matrices' slices of values and block
+// scales. Not the rows' factors: a row's 2- or 4-byte factor is no 16-byte unit for
+// cp.async, and the plain copy it would take stalls the warp on a DRAM load before its
+// later stages are issued (until 2026-12-06 it did, in the first stage); gate_up_impl reads
+// them from global memory instead. Every thread of the warp calls it.
 __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat& b, u64 r0, int G,
                                                 int nhw, int nb, int kb, Tile da, Tile db) {
     const u32 wl = threadIdx.x & 31;
     const int hw0 = (threadIdx.x / 32) * 2;
     const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
     const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
-    const u64 frb = factor_row_bytes(fmt);
     const u64 vbb = vrb / nb, sbb = srb / nb;   // bytes per block of 16 or 32 columns
     for (int b0 = 0; b0 < nb; b0 += kb) {
         const u64 n = (u64)(min(b0 + kb, nb) - b0);
@@ -443,10 +445,6 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
                 if (sbb) {
                     stage_async_by((u8*)da.scales + s, ga.scales + s, n * sbb, wl, 32);
                     stage_async_by((u8*)db.scales + s, gb.scales + s, n * sbb, wl, 32);
-                }
-                if (b0 == 0 && frb) {
-                    stage_async_by((u8*)da.factors + rr * frb, ga.factors + rr * frb, frb, wl, 32);
-                    stage_async_by((u8*)db.factors + rr * frb, gb.factors + rr * frb, frb, wl, 32);
                 }
             }
         }
@@ -786,6 +784,13 @@ __device__ __forceinline__ void gate_up_impl(
             for (int t = 0; t < MT; t++) { ga[t] = 0.0f; ua[t] = 0.0f; }
             const u8* grow = tg.vals + (u64)rr * vrb;
             const u8* urow = tu.vals + (u64)rr * vrb;
+            // Pipelined: the rows' factors from global memory (stage_warp_rows does not stage
+            // them), loaded before the dots so that their latency hides behind them.
+            float fg_pipe = 0.0f, fu_pipe = 0.0f;
+            if (PIPE) {
+                fg_pipe = row_factor(fmt, tile_at(fmt, gate, r0), rr);
+                fu_pipe = row_factor(fmt, tile_at(fmt, up, r0), rr);
+            }
             for (int s = 0; s < stages; s++) {
                 if (PIPE) {
                     // This warp's copies of stage s (and those before) have landed; the barrier
@@ -839,8 +844,8 @@ __device__ __forceinline__ void gate_up_impl(
                     }
                 }
             }
-            const float fg = row_factor(fmt, tg, rr);
-            const float fu = row_factor(fmt, tu, rr);
+            const float fg = PIPE ? fg_pipe : row_factor(fmt, tg, rr);
+            const float fu = PIPE ? fu_pipe : row_factor(fmt, tu, rr);
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 float g = __fmul_rn(reduce16(ga[t]), fg);

@@ -145,8 +145,8 @@ fn kernel_cases() -> Vec<KernelCase> {
     // target's 10): 0 tokens runs both kernels with no work (the fixed cost: two launches,
     // the ticket); the forced rows compare the instantiations, and the path rows the kernel
     // paths (module docs of ft_runtime::device::tuning), on the same launch (A/B in one run).
-    // Paths measured slower and kept off (pipelined staging; staged tiles without the
-    // dependent launch) have their rows in the results of 2026-12-05.
+    // Paths measured slower and kept off (staged tiles without the dependent launch, the
+    // pipelined staging at 4 and 8 tokens) have their rows in the results of 2026-12-05.
     const F32: ActivationPath = ActivationPath::F32;
     const INT8: ActivationPath = ActivationPath::Int8;
     const ALL: usize = LAYER_EXPERTS;
@@ -160,6 +160,9 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+l2down", ALL),
         (INT8, 1, None, "staged+pdl+split+small", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+small", ALL),
+        // Pipelined staging again, the rows' factors no longer staged by a stalling copy.
+        (INT8, 1, None, "staged+pdl+split+pipe2+cvt+wide", ALL),
+        (INT8, 1, None, "staged+pdl+split+pipe4+cvt+wide", ALL),
         (INT8, 1, None, "direct+split", ALL),
         (INT8, 1, None, "direct", ALL),
         (INT8, 1, Some(8), "staged+pdl", ALL),

@@ -35,7 +35,10 @@ pub const CUDA_SPLIT_ENV: &str = "FT_CUDA_SPLIT";
 /// Column stages (1 to 4) of the gate/up kernels' pipelined staged tiles (default 1, whole
 /// tiles): each warp stages the rows it computes in that many column stages and computes
 /// each as soon as it has landed (`FT_PIPE_STAGES` in `kernels/cuda/experts.cu`), the same
-/// bits. Off by default until the GPU tests and `gpu_backend` have run it.
+/// bits. Off: 11 to 36% slower on an H100 (2026-12-05), measured while each warp's first
+/// stage also copied its rows' 2-byte factors with plain loads that stalled the warp before
+/// its later stages were issued; since 2026-12-06 the factors are read from global memory
+/// instead, not yet measured (`gpu_backend`'s `+pipe2` and `+pipe4` rows).
 pub const CUDA_PIPE_ENV: &str = "FT_CUDA_PIPE";
 
 /// The most column stages [`CUDA_PIPE_ENV`] takes (the kernels' `cp.async.wait_group` waits).
