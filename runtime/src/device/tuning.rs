@@ -1,8 +1,10 @@
 //! The switches of the CUDA paths that are still measured against each other.
 //!
 //! The expert kernels and the gather copies have alternative paths (staged weight tiles, a
-//! dependent launch of the down kernel, the split-sign e2m1 dot, a forced kernel
-//! instantiation, batched or split copies) whose defaults follow the A/B measurements of
+//! dependent launch of the down kernel, the split-sign e2m1 dot, pipelined staging, the
+//! hardware e4m3 decode, an L2 prefetch of the down matrices, a small launch table, the
+//! small-grid kernels, a forced kernel instantiation, batched or split copies) whose
+//! defaults follow the A/B measurements of
 //! `experiments/gpu-backend` and `experiments/runtime-grid`. A script picks one with an
 //! environment variable; the variables are read **once**, when a CUDA device opens, and
 //! the result is a [`CudaTuning`] that the device keeps. So a decode step reads no
