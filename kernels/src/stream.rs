@@ -108,6 +108,15 @@ pub fn median(v: &[f64]) -> f64 {
     quantile(v, 0.5)
 }
 
+/// The median of `reps` timings of `f` after one warm-up call whose result is dropped
+/// (`f` is passed the call's index, 0 for the warm-up): the first call of a timed piece pays
+/// its one-time costs (module loads, first-touch, cold caches). The first error is returned.
+pub fn warm_median<E>(reps: usize, mut f: impl FnMut(usize) -> Result<f64, E>) -> Result<f64, E> {
+    f(0)?;
+    let t = (1..=reps).map(&mut f).collect::<Result<Vec<_>, E>>()?;
+    Ok(median(&t))
+}
+
 /// Linear-interpolated quantile `q` in [0, 1] of `v`; 0 for an empty slice.
 pub fn quantile(v: &[f64], q: f64) -> f64 {
     if v.is_empty() {
@@ -280,6 +289,24 @@ unsafe fn sum_256(b: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn warm_median_drops_the_warm_up_and_stops_at_an_error() {
+        // Call 0 (the warm-up) is far off; the others are 1, 2, 3.
+        let got: Result<f64, ()> = warm_median(3, |i| Ok(if i == 0 { 1e9 } else { i as f64 }));
+        assert_eq!(got, Ok(2.0));
+        let mut calls = 0;
+        let err = warm_median(5, |i| {
+            calls += 1;
+            if i == 2 {
+                Err("second timing")
+            } else {
+                Ok(1.0)
+            }
+        });
+        assert_eq!(err, Err("second timing"));
+        assert_eq!(calls, 3);
+    }
 
     #[test]
     fn a_window_is_the_cold_read_or_the_whole_buffer() {

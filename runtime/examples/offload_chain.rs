@@ -28,7 +28,7 @@
 
 use std::io::Write;
 
-use ft_kernels::stream::median;
+use ft_kernels::stream::warm_median;
 use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
 use ft_model::{ExpertFormat, ExpertId};
@@ -96,11 +96,9 @@ struct Report {
     expert_copy_us: f64,
 }
 
-/// Median over `reps` runs of `f` (one timing each, given the run's index) after one warm-up.
-fn timed(reps: usize, mut f: impl FnMut(usize) -> Res<f64>) -> Res<f64> {
-    f(0)?;
-    let t = (1..=reps).map(&mut f).collect::<Res<Vec<_>>>()?;
-    Ok(median(&t))
+/// [`warm_median`] with this bench's error type.
+fn timed(reps: usize, f: impl FnMut(usize) -> Res<f64>) -> Res<f64> {
+    warm_median(reps, f)
 }
 
 /// Event `a` to event `b`, once `b` has completed, us (for timings across streams).

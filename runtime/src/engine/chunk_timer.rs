@@ -11,6 +11,7 @@
 //! chunks"), and the model times a layer's fetched kernels in the halving chunks; where
 //! timed chunks become the default, the model's must follow through the same rule.
 
+use ft_kernels::stream::warm_median;
 use ft_model::plan::ChunkCosts;
 
 use crate::bank::HostBank;
@@ -114,7 +115,7 @@ impl ChunkTimer {
             .map(|e| (ExpertId::new(0, e), SlotId(e as u32)))
             .collect();
         let (a, b) = (on.device.new_event(true)?, on.device.new_event(true)?);
-        let copy_us = median_of(ROUNDS, || {
+        let copy_us = warm_median(ROUNDS, |_| {
             on.copy.hold_us(HOLD_US)?;
             on.copy.time_us(&a, &b, || {
                 gather::gather(on.copy, on.bank, on.slots, &moves, GatherMethod::CopyEngine)
@@ -137,7 +138,7 @@ impl ChunkTimer {
             s
         };
         let time = |s: &ExpertStep| -> Result<f64> {
-            let us = median_of(ROUNDS, || {
+            let us = warm_median(ROUNDS, |_| {
                 on.compute.hold_us(HOLD_US)?;
                 on.compute.time_us(&a, &b, || {
                     (0..BATCH).try_for_each(|_| {
@@ -179,11 +180,4 @@ impl ChunkTimer {
             kernel_us: self.expert_us + extra_pairs * self.pair_us,
         }
     }
-}
-
-/// The median of `rounds` runs of `f` (after one unrecorded warm-up run).
-fn median_of(rounds: usize, mut f: impl FnMut() -> Result<f64>) -> Result<f64> {
-    f()?;
-    let v = (0..rounds).map(|_| f()).collect::<Result<Vec<_>>>()?;
-    Ok(ft_kernels::stream::median(&v))
 }
