@@ -500,11 +500,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         kernel: krows,
         enqueue,
     };
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("gpu_backend.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    common::write_json(&out, "gpu_backend.json", &report)?;
     let mut csv = std::fs::File::create(out.join("gpu_backend.csv"))?;
     writeln!(csv, "kind,size,a_gbs,b_gbs,c_gbs,ratio,target,pass")?;
     for r in &report.gather {

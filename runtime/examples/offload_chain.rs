@@ -343,11 +343,7 @@ fn run() -> Res<()> {
         combine_us,
         expert_copy_us,
     };
-    std::fs::create_dir_all(&out)?;
-    std::fs::write(
-        out.join("offload_chain.json"),
-        serde_json::to_string_pretty(&report)?,
-    )?;
+    common::write_json(&out, "offload_chain.json", &report)?;
     let mut o = std::io::stdout().lock();
     writeln!(o, "device: {} ({} reps)", report.device.name, reps)?;
     writeln!(

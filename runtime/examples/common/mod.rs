@@ -53,6 +53,18 @@ impl BenchArgs {
     }
 }
 
+/// Write a bench's `report` as pretty JSON to `name` in its output folder `out` (created if
+/// missing).
+pub fn write_json(
+    out: &std::path::Path,
+    name: &str,
+    report: &impl serde::Serialize,
+) -> Result<(), Box<dyn Error>> {
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join(name), serde_json::to_string_pretty(report)?)?;
+    Ok(())
+}
+
 /// A bench's exit: its error, if any, in its readable form on stderr (`main` returning the
 /// error would print its Debug form) and a failing status.
 pub fn exit(result: Result<(), Box<dyn Error>>) -> ExitCode {
