@@ -9,8 +9,9 @@
 //! environment variable; the variables are read **once**, when a CUDA device opens, and
 //! the result is a [`CudaTuning`] that the device keeps. So a decode step reads no
 //! environment (a lock and an allocation per read, several per layer otherwise), a
-//! malformed value is an error naming the variable instead of silently meaning "off", and
-//! every report (`ft run`, `ft probe`, `ft bench bw`) records in its `device` the paths it
+//! malformed value is an error naming the variable instead of silently meaning "off", so is
+//! an `FT_CUDA_` variable that is no switch (a misspelt one left a grid A/B comparing the
+//! default with itself, 2026-12-06), and every report (`ft run`, `ft probe`, `ft bench bw`) records in its `device` the paths it
 //! ran. A measurement that compares paths in one process (the `gpu_backend` micro-bench,
 //! the device tests) sets them with [`crate::Device::set_cuda_tuning`] rather than the
 //! environment, which is not safe to change while other threads may read it.
@@ -198,10 +199,34 @@ fn not_a_variant(value: &str) -> RuntimeError {
     )
 }
 
+/// The prefix of every CUDA tuning variable ([`CUDA_TUNING_ENVS`]).
+pub const CUDA_TUNING_PREFIX: &str = "FT_CUDA_";
+
+/// An error naming the first of `names` that carries [`CUDA_TUNING_PREFIX`] but is not one of
+/// [`CUDA_TUNING_ENVS`], with the switches there are.
+pub fn refuse_unknown_switches(names: impl IntoIterator<Item = String>) -> Result<()> {
+    match names
+        .into_iter()
+        .find(|n| n.starts_with(CUDA_TUNING_PREFIX) && !CUDA_TUNING_ENVS.contains(&n.as_str()))
+    {
+        None => Ok(()),
+        Some(name) => Err(RuntimeError::invalid(
+            name,
+            format!(
+                "is not a CUDA tuning switch, so it would change nothing; the switches are {}",
+                CUDA_TUNING_ENVS.join(", ")
+            ),
+        )),
+    }
+}
+
 impl CudaTuning {
-    /// The tuning the process environment asks for (module docs); a malformed value is a
-    /// [`RuntimeError::Invalid`] naming the variable.
+    /// The tuning the process environment asks for (module docs); a malformed value, or a
+    /// variable named like a switch that is none (a misspelt switch would otherwise leave
+    /// an A/B comparing the default with itself), is a [`RuntimeError::Invalid`] naming the
+    /// variable.
     pub fn from_env() -> Result<Self> {
+        refuse_unknown_switches(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))?;
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
@@ -383,6 +408,18 @@ mod tests {
         assert_eq!(from(&[]).unwrap(), CudaTuning::default());
         let empty: Vec<(&str, &str)> = CUDA_TUNING_ENVS.iter().map(|k| (*k, "")).collect();
         assert_eq!(from(&empty).unwrap(), CudaTuning::default());
+    }
+
+    #[test]
+    fn a_misspelt_switch_is_refused_by_name() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(refuse_unknown_switches(names(&["PATH", "FT_THREADS"])).is_ok());
+        assert!(refuse_unknown_switches(names(&CUDA_TUNING_ENVS)).is_ok());
+        let err = refuse_unknown_switches(names(&["PATH", "FT_CUDA_PIPELINE", "FT_CUDA_PIPE"]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FT_CUDA_PIPELINE"), "{err}");
+        assert!(err.contains(CUDA_PIPE_ENV), "{err}");
     }
 
     #[test]
