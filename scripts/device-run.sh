@@ -9,7 +9,8 @@
 # those matching the glob FT_GPU_TESTS, e.g. 'ft_runtime-experts'),
 # bench (gpu_backend alone), cpu-kernels, runtime-grid, runtime-grid@VAR=VALUE (the grid with
 # one switch set, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1:170, compared with a runtime-grid
-# step run before it in the same call), validate, drift (experiments/validate-h200/drift.sh),
+# step run before it in the same call; runtime-grid@old: the grid by carry/ab/ft, the binary
+# before a change without a switch, as the base that plain grid is compared against), validate, drift (experiments/validate-h200/drift.sh),
 # serve-ab, diag, cpu-diag
 # (scripts/cpu-layer-diag.sh), ab (scripts/binary-ab.sh: carry/ab/ft against carry/device/ft),
 # ncu, and exp-NAME for
@@ -55,6 +56,20 @@ validate_step() { # limit
 # of the same call where one ran before it (compare.txt beside its grid).
 runtime_grid_with() { # VAR=VALUE, limit
     local sw="$1" limit="$2" dir rc
+    if [[ "$sw" == old ]]; then
+        # The grid by the binary before the change (carry/ab/ft), compared as the base of the
+        # plain grid of the same call: an A/B of a change that has no switch.
+        dir="$R/runtime-grid-old"
+        env FT="$ROOT/carry/ab/ft" FT_BIN="$ROOT/carry/ab/ft" \
+            FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
+            timeout "$limit" experiments/runtime-grid/run.sh "$dir"
+        rc=$?
+        if [[ -f "$R/runtime-grid/grid.csv" && -f "$dir/grid.csv" ]]; then
+            python3 experiments/runtime-grid/compare.py "$dir" "$R/runtime-grid" > "$dir/compare.txt"
+            cat "$dir/compare.txt"
+        fi
+        return "$rc"
+    fi
     if [[ ! "$sw" =~ ^FT_[A-Z0-9_]+=[A-Za-z0-9._-]+$ ]]; then
         echo "runtime-grid@$sw: give one switch, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1" >&2
         return 2

@@ -158,7 +158,7 @@ pub struct Args {
     /// When the host queues the GPU work a hybrid layer's CPU share does not wait for:
     /// overlapped (while it waits for the activations and beside the share) or serial (all
     /// of it before the share).
-    #[arg(long, default_value = "overlapped")]
+    #[arg(long, env = "FT_HOST_SUBMIT", default_value = "overlapped")]
     host_submit: String,
     /// Most chunks a layer's fetched experts are gathered and computed in (1 to 4): each
     /// chunk's kernel runs as soon as its copies land, and each chunk is one submission of

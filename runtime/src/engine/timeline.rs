@@ -98,6 +98,9 @@ pub(crate) struct LayerMarks {
     pub gather_bytes: u64,
     pub cpu_rows_bytes: u64,
     pub down_bytes: u64,
+    /// The activations' copy down waited for the router rather than the experts' input
+    /// rows (`HostSubmit::Overlapped`).
+    pub down_after_router: bool,
 }
 
 /// Add the spans of a finished step to `tl`: host and CPU spans always, device spans when
@@ -241,7 +244,7 @@ pub(crate) fn add_spans(
                 Lane::Copy,
                 SpanKind::ActivationsDown,
                 l,
-                prev_act.max(input),
+                prev_act.max(if m.down_after_router { router } else { input }),
                 down,
                 m.down_bytes,
                 0,
