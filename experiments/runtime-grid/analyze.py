@@ -14,8 +14,10 @@ Targets checked (README.md explains them):
    its cache admits only what it fetches) should take `max(f m a, (1 - f) m b + fixed)`, the
    probe's fixed cost per layer on the CPU side, plus the part of offload's layer that does
    not overlap its link (layer minus link busy: the dense part, the tail), which both share.
-   The run is "favoured" where that is below offload's measured layer time, and a favoured
-   loss is unexpected. The best split of offload's misses
+   The run is "favoured" where that is below offload's measured layer time by more than the
+   two runs' noise (the larger round spread), not favoured where it is above by as much, and
+   "marginal" in between; hybrid wins or loses only beyond the same noise, else it ties, and
+   only a favoured loss is unexpected. The best split of offload's misses
    (`f = b / (a + b)`, `m a b / (a + b)` plus the fixed cost) is reported beside it.
 3. where hybrid loses, the per-layer timeline says why: per layer, the CPU pool's busy time,
    the host's wait for the activations (the round trip), the link's busy time, and the GPU's.
@@ -139,6 +141,20 @@ def link_idle_columns(summary):
     return cols
 
 
+def spread_of(r):
+    """A run's noise: the spread of its interleaved rounds (0 for a single round)."""
+    return r["round_spread"] if r["round_spread"] != "" else 0.0
+
+
+def outcome(vs, noise):
+    """hybrid against offload: a win or a loss only beyond the runs' noise, else a tie."""
+    if vs > noise:
+        return "wins"
+    if vs < -noise:
+        return "loses"
+    return "ties"
+
+
 def idle_note(r):
     """'57 us idle link per layer: dense 30, fetched experts 12, ...' for a row that has it."""
     if r["link_idle_layer_us"] == "":
@@ -175,6 +191,7 @@ def main():
         r["expected_hybrid_layer_us"] = ""
         r["favoured"] = ""
         r["diagnosis"] = ""
+        r["outcome"] = ""
         if r["strategy"] == "offload":
             bound = r["bound_by"] == "pcie"
             r["pcie_bound"] = bound
@@ -203,7 +220,15 @@ def main():
                 mh, f = r["misses_per_layer"], r["fetch_fraction"]
                 expected = max(f * mh * a, (1 - f) * mh * b + overhead) + serial
                 r["expected_hybrid_layer_us"] = expected
-                r["favoured"] = expected < off["layer_us"]
+                # Within the runs' own noise either way, the bandwidths do not decide it.
+                noise = max(spread_of(r), spread_of(off))
+                if expected < off["layer_us"] * (1 - noise):
+                    r["favoured"] = True
+                elif expected > off["layer_us"] * (1 + noise):
+                    r["favoured"] = False
+                else:
+                    r["favoured"] = "marginal"
+            r["outcome"] = outcome(r["vs_offload"], max(spread_of(r), spread_of(off)))
             if r["vs_offload"] < 0:
                 cpu_path = r["cpu_busy_layer_us"] + r["host_wait_layer_us"]
                 if cpu_path > r["pcie_busy_layer_us"]:
@@ -250,11 +275,21 @@ def main():
             if idle:
                 note += "; " + idle
         if r["diagnosis"]:
-            note = ("UNEXPECTED LOSS: " if r["favoured"] is True else "loses: ") + r["diagnosis"]
+            unexpected = r["favoured"] is True and r["outcome"] == "loses"
+            note = ("UNEXPECTED LOSS: " if unexpected else f"{r['outcome']}: ") + r["diagnosis"]
         lines.append(
             f"{r['streams']:>7} {r['cache_share']:>6.2f} {label:>14} {r['tok_s_per_stream']:>9.2f} "
             f"{(f'{vs:+.0%}' if vs != '' else ''):>7} {r['miss_rate']:>5.0%} {r['bound_by']:>5} "
             f"{(f'{share:.0%}' if share != '' else ''):>6} {str(r['favoured']):>8}  {note}")
+    hybrid = [r for r in rows if r["strategy"] == "hybrid" and r["favoured"] != ""]
+    lines.append("")
+    for fav in (True, "marginal", False):
+        sel = [r for r in hybrid if r["favoured"] == fav]
+        if sel:
+            counts = ", ".join(f"{sum(r['outcome'] == o for r in sel)} {o}" for o in ("wins", "ties", "loses"))
+            what = {True: "favoured by the bandwidths beyond the runs' noise",
+                    "marginal": "within the runs' noise of even", False: "not favoured beyond the runs' noise"}[fav]
+            lines.append(f"hybrid {what}: {len(sel)} run(s): {counts}")
     text = "\n".join(lines) + "\n"
     (out / "summary.txt").write_text(text)
     print(text)
