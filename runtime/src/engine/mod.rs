@@ -24,8 +24,9 @@
 //!    from the host bank while the GPU computes the hits, and queues a zero-copy read of the
 //!    CPU's output rows into the GPU's. The host is the only thread that talks to the device
 //!    and also one of the CPU share's threads, so it queues before the share only what the
-//!    share waits for (the dense part up to the router, the gathers, the activations' copy
-//!    down); the post-router dense part, the experts' kernels and the next layer's plan
+//!    share waits for (the dense part up to the router, the activations' copy down right
+//!    behind it) and the first chunk of gathers; the other chunks' gathers, the experts' input
+//!    rows, the post-router dense part, the experts' kernels and the next layer's plan
 //!    ([`HostSubmit::Overlapped`]) go in while the activations travel and, what is left,
 //!    beside the share while the pool's workers take its first tiles. Plans still run in
 //!    layer order.
@@ -158,10 +159,11 @@ pub struct EngineConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum HostSubmit {
-    /// Only the work the share waits for (the dense part up to the router, the gathers,
-    /// the activations' copy down) before the share; the rest while the host waits for
-    /// the activations, and what is left beside the share, the pool's workers taking the
-    /// share's first tiles ([`CpuExecutor::run_layer_beside`]).
+    /// Only the work the share waits for (the dense part up to the router, then the
+    /// activations' copy down behind the router alone) and the first chunk of gathers
+    /// before the share; the rest (the other gathers and the experts' input rows first)
+    /// while the host waits for the activations, and what is left beside the share, the
+    /// pool's workers taking the share's first tiles ([`CpuExecutor::run_layer_beside`]).
     #[default]
     Overlapped,
     /// Everything queued and the next layer planned before the host waits for the
@@ -433,9 +435,10 @@ impl<'a> FetchChunks<'a> {
     }
 }
 
-/// The part of a layer's GPU submission that its CPU share does not wait for: the dense part
+/// The part of a layer's GPU submission that its CPU share does not wait for: the fetched
+/// chunks' gathers not yet queued (copy stream), the experts' input rows, the dense part
 /// after the router, the hits' kernel and the fetched experts' kernels (a chunk each), with
-/// their timing events, queued on the compute stream in that order one item at a time
+/// their timing events, queued in that order one item at a time
 /// ([`LayerRest::submit_next`]). With [`HostSubmit::Overlapped`] the host queues them
 /// while it waits for the activations and then beside the CPU share, instead of before the
 /// wait (a hybrid layer's CPU share starts 30 to 60 us of host calls earlier).
