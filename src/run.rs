@@ -72,7 +72,7 @@ pub struct Args {
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["fetch_fraction", "compare_numerics", "trace_out"])]
     interleave: Vec<String>,
     /// With --interleave: write each variant's report (the --json document of a plain run)
-    /// to PREFIX<LABEL>.json, atomically.
+    /// to `PREFIX<LABEL>.json`, atomically.
     #[arg(long, requires = "interleave")]
     report_prefix: Option<String>,
     /// Hybrid's fetch fraction: a number in [0, 1], or auto (the performance model of

@@ -113,7 +113,7 @@ pub enum WaitMode {
     /// phases took 113 us), the rest being wake-up latency.
     #[default]
     Spin,
-    /// The caller computes tiles beside the pool's workers ([`crate::team`]): a call on a
+    /// The caller computes tiles beside the pool's workers (`crate::team`): a call on a
     /// pool of `N` workers runs on `N + 1` threads and holds no core idle. Meant for a
     /// runtime whose workers spin between layers (the hybrid executor), where the caller
     /// would otherwise spin idle beside them.

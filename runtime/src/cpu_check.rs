@@ -34,7 +34,7 @@ const MAX_REPS: usize = 400;
 const CHECK_SEED: u64 = 0xC7EC;
 
 /// Time one layer of the bank's `top_k` experts at one token on `exec` (its threads and
-/// wait policy), `path` activations, for about `budget` (at least [`MIN_REPS`] timed
+/// wait policy), `path` activations, for about `budget` (at least `MIN_REPS` timed
 /// repetitions after one untimed), starting at flat expert `start` of the bank and moving on
 /// by `top_k` experts each repetition. Returns the median.
 pub fn measure(

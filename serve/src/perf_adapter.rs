@@ -1,6 +1,6 @@
 //! The performance model of `ft_model::perf` as a [`Predictor`].
 //!
-//! Predictions come from [`ft_model::perf::predict`] (per-stream tok/s with its interval, the
+//! Predictions come from [`ft_model::perf::predict()`] (per-stream tok/s with its interval, the
 //! miss rate of each strategy's simulated cache, the bounding resource, hybrid at the fetch
 //! fraction the model finds fastest). A refit turns the server's observations into
 //! end-to-end step samples ([`StepSample`], calibration role: one per window, its mean step

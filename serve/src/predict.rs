@@ -353,7 +353,7 @@ const CORRECTION_WINDOW: usize = 16;
 
 /// A predictor whose refit also learns a multiplicative correction per strategy kind (the
 /// geometric mean of measured over predicted tok/s) and the measured miss rate, from the
-/// latest [`CORRECTION_WINDOW`] observations of that kind. Kinds never measured keep the
+/// latest `CORRECTION_WINDOW` observations of that kind. Kinds never measured keep the
 /// inner prediction.
 pub struct Corrected<P> {
     inner: P,

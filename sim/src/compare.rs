@@ -6,7 +6,7 @@
 //! with ft-model's own functions, so the simulator and the analytic model run the same
 //! cache on the same routing (the routing seed is [`routing_seed`] of the run's seed for
 //! both). Hybrid's `auto` fetch fraction is the analytic model's optimum
-//! ([`predict`]'s fetch search).
+//! ([`predict()`]'s fetch search).
 
 use serde::{Deserialize, Serialize};
 

@@ -4,7 +4,7 @@
 //! Per step every active stream contributes one token (the runtime batches them so);
 //! routing comes from the shared [`RoutingSource`], each layer is planned by the shared
 //! [`plan_layer`] against the shared [`ExpertCache`] (so the simulator's misses are the
-//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`] on the resources.
+//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`](crate::layer::LayerMachine) on the resources.
 //! Context grows by one token per stream per step; a stream whose request reached its
 //! output length starts a new request (context back to the prompt length). Prompt
 //! processing is modelled as a fixed prefill time per new request, spent before the next

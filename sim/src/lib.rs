@@ -10,7 +10,7 @@
 //!
 //! Layout (after dslab/simcore): [`time`], [`event`] (the queue), [`component`] (what reacts
 //! to events), [`scheduler`] (the run loop and the run's one seeded RNG); [`resources`]
-//! compute durations and availability and never see events; [`reference`] is the naive
+//! compute durations and availability and never see events; [`reference`](mod@reference) is the naive
 //! slow model the event engine is tested against.
 
 pub mod compare;

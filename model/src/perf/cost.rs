@@ -146,7 +146,7 @@ impl PerfParams {
     }
 
     /// The host thread's own time in one layer doing `c` at `streams` streams, in us: the
-    /// fitted [`HostCost`] (`layer_us + expert_us x (hits + fetched) + cpu_expert_us x cpu +
+    /// fitted [`HostCost`](crate::perf::HostCost) (`layer_us + expert_us x (hits + fetched) + cpu_expert_us x cpu +
     /// stream_us x streams`), and never less than issuing the layer's gather
     /// ([`PerfParams::gather_fixed_us`]: the `gather` probe's per-layer and per-copy costs,
     /// timed from the first copy's submission), which is all a profile without the fitted

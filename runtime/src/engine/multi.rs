@@ -10,8 +10,8 @@
 //!   activations stream, host staging, and (for a CPU share) a [`CpuExecutor`]. Each layer,
 //!   GPU `g` plans with [`plan_layer`] on its own cache and the routes
 //!   [`GpuLayout::routes_on`]`(g, ..)`, then runs the single engine's layer pieces
-//!   ([`build_layer`], the chunked gathers and fetched steps of [`FetchChunks`], the hit
-//!   step, [`run_cpu`]) unchanged.
+//!   (`build_layer`, the chunked gathers and fetched steps of `FetchChunks`, the hit
+//!   step, `run_cpu`) unchanged.
 //! - **Banks.** One pinned host bank of whole experts serves every GPU (the devices are
 //!   opened as one group, [`Device::open_group`], so any of them may copy from it). Under
 //!   [`GpuPlacement::Sharded`] each GPU gathers its own experts from it. Under
