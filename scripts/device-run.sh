@@ -54,32 +54,28 @@ validate_step() { # limit
 # The runtime grid with one switch set (runtime-grid@VAR=VALUE), into
 # runtime-grid-<var>-<value>/, and compared point by point with the plain runtime-grid step
 # of the same call where one ran before it (compare.txt beside its grid).
-runtime_grid_with() { # VAR=VALUE, limit
-    local sw="$1" limit="$2" dir rc
+runtime_grid_with() { # VAR=VALUE or old, limit
+    local sw="$1" limit="$2" dir rc base new
+    local -a envs
     if [[ "$sw" == old ]]; then
-        # The grid by the binary before the change (carry/ab/ft), compared as the base of the
-        # plain grid of the same call: an A/B of a change that has no switch.
+        # The grid by the binary before a change that has no switch (carry/ab/ft), compared
+        # as the base of the plain grid of the same call.
         dir="$R/runtime-grid-old"
-        env FT="$ROOT/carry/ab/ft" FT_BIN="$ROOT/carry/ab/ft" \
-            FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
-            timeout "$limit" experiments/runtime-grid/run.sh "$dir"
-        rc=$?
-        if [[ -f "$R/runtime-grid/grid.csv" && -f "$dir/grid.csv" ]]; then
-            python3 experiments/runtime-grid/compare.py "$dir" "$R/runtime-grid" > "$dir/compare.txt"
-            cat "$dir/compare.txt"
-        fi
-        return "$rc"
-    fi
-    if [[ ! "$sw" =~ ^FT_[A-Z0-9_]+=[A-Za-z0-9._-]+$ ]]; then
-        echo "runtime-grid@$sw: give one switch, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1" >&2
+        envs=(FT="$ROOT/carry/ab/ft" FT_BIN="$ROOT/carry/ab/ft")
+        base="$dir" new="$R/runtime-grid"
+    elif [[ "$sw" =~ ^FT_[A-Z0-9_]+=[A-Za-z0-9._-]+$ ]]; then
+        dir="$R/runtime-grid-$(echo "${sw,,}" | tr '=_' '--')"
+        envs=("$sw")
+        base="$R/runtime-grid" new="$dir"
+    else
+        echo "runtime-grid@$sw: give one switch, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1, or old" >&2
         return 2
     fi
-    dir="$R/runtime-grid-$(echo "${sw,,}" | tr '=_' '--')"
-    env "$sw" FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
+    env "${envs[@]}" FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \
         timeout "$limit" experiments/runtime-grid/run.sh "$dir"
     rc=$?
     if [[ -f "$R/runtime-grid/grid.csv" && -f "$dir/grid.csv" ]]; then
-        python3 experiments/runtime-grid/compare.py "$R/runtime-grid" "$dir" > "$dir/compare.txt"
+        python3 experiments/runtime-grid/compare.py "$base" "$new" > "$dir/compare.txt"
         cat "$dir/compare.txt"
     fi
     return "$rc"
