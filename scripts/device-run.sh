@@ -10,8 +10,8 @@
 # bench (gpu_backend alone), cpu-kernels, runtime-grid, runtime-grid@VAR=VALUE (the grid with
 # one switch set, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1:170, compared with a runtime-grid
 # step run before it in the same call; runtime-grid@old: the grid by carry/ab/ft, the binary
-# before a change without a switch, as the base that plain grid is compared against), validate, drift (experiments/validate-h200/drift.sh),
-# serve-ab, diag, cpu-diag
+# before a change without a switch, as the base that plain grid is compared against),
+# validate, drift (experiments/validate-h200/drift.sh), serve-ab, diag, cpu-diag
 # (scripts/cpu-layer-diag.sh), ab (scripts/binary-ab.sh: carry/ab/ft against carry/device/ft),
 # ncu, and exp-NAME for
 # any experiments/NAME/run.sh OUTDIR (its GPU half runs where a CUDA device is usable).
@@ -52,8 +52,9 @@ validate_step() { # limit
     return "$rc"
 }
 # The runtime grid with one switch set (runtime-grid@VAR=VALUE), into
-# runtime-grid-<var>-<value>/, and compared point by point with the plain runtime-grid step
-# of the same call where one ran before it (compare.txt beside its grid).
+# runtime-grid-<var>-<value>/, or by the binary before a change (runtime-grid@old), into
+# runtime-grid-old/; either is compared point by point with the plain runtime-grid step of
+# the same call where one ran before it (compare.txt beside its grid).
 runtime_grid_with() { # VAR=VALUE or old, limit
     local sw="$1" limit="$2" dir rc base new
     local -a envs

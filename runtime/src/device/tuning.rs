@@ -11,8 +11,8 @@
 //! environment (a lock and an allocation per read, several per layer otherwise), a
 //! malformed value is an error naming the variable instead of silently meaning "off", so is
 //! an `FT_CUDA_` variable that is no switch (a misspelt one left a grid A/B comparing the
-//! default with itself, 2026-12-06), and every report (`ft run`, `ft probe`, `ft bench bw`) records in its `device` the paths it
-//! ran. A measurement that compares paths in one process (the `gpu_backend` micro-bench,
+//! default with itself, 2026-12-06), and every report (`ft run`, `ft probe`, `ft bench bw`)
+//! records in its `device` the paths it ran. A measurement that compares paths in one process (the `gpu_backend` micro-bench,
 //! the device tests) sets them with [`crate::Device::set_cuda_tuning`] rather than the
 //! environment, which is not safe to change while other threads may read it.
 
