@@ -18,7 +18,9 @@ use cudarc::driver::{
 };
 use ft_kernels::cuda_sources::{KernelId, Specialization};
 
-use super::{Clock, CopySubmit, CudaTuning, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer};
+use super::{
+    Bracket, Clock, CopySubmit, CudaTuning, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer,
+};
 use crate::dense::DenseRead;
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
@@ -211,6 +213,36 @@ pub fn unavailable_reason() -> Option<String> {
     }
 }
 
+/// Brackets taken for the timeline origin (`CudaDevice::new`): the first is the context's
+/// lazy start, the others a few microseconds each.
+const ORIGIN_SAMPLES: usize = 5;
+
+/// One event recorded on the idle legacy stream and waited for, with the host's bracket
+/// around it; the event is the caller's to destroy.
+fn origin_sample(clock: &Clock) -> Result<(sys::CUevent, Bracket)> {
+    let ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+        .map_err(cu("creating the timeline origin event"))?;
+    let before_us = clock.now_us();
+    // SAFETY: a live event on the legacy default stream, which is idle here.
+    let done = unsafe {
+        result::event::record(ev, std::ptr::null_mut())
+            .and_then(|()| result::event::synchronize(ev))
+    };
+    let after_us = clock.now_us();
+    if let Err(e) = done {
+        // SAFETY: created above, destroyed once.
+        let _ = unsafe { result::event::destroy(ev) };
+        return Err(cu("recording the timeline origin event")(e));
+    }
+    Ok((
+        ev,
+        Bracket {
+            before_us,
+            after_us,
+        },
+    ))
+}
+
 impl CudaDevice {
     pub(crate) fn new(ordinal: usize, clock: Clock) -> Result<(CudaDevice, DeviceInfo)> {
         if let Some(reason) = unavailable_reason() {
@@ -250,19 +282,40 @@ impl CudaDevice {
             driver_ok.then(|| format!("{}.{}", version / 1000, (version % 1000) / 10));
         let driver_version_num = if driver_ok { version } else { 0 };
         let tuning = runnable(tuning, driver_version_num);
-        // The origin of event timelines.
+        // The origin of event timelines: an event recorded on the idle device, placed on the
+        // host clock at the middle of the host's bracket around its record and completion
+        // (`Bracket`). The first record on a fresh context completes hundreds of microseconds
+        // after it is issued (the context starts lazily), which put every device span 25 to
+        // 155 us early against the host's spans, depending on the process (2026-12-06 H100
+        // grids: routers before the host had queued them); so the narrowest of
+        // ORIGIN_SAMPLES brackets is kept.
         ctx.bind_to_thread()
             .map_err(cu("binding the CUDA context"))?;
-        let origin_ev = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
-            .map_err(cu("creating the timeline origin event"))?;
-        let t0 = clock.now_us();
-        // SAFETY: a live event on the legacy default stream, which is idle here.
-        unsafe {
-            result::event::record(origin_ev, std::ptr::null_mut())
-                .map_err(cu("recording the origin event"))?;
-            result::event::synchronize(origin_ev).map_err(cu("waiting for the origin event"))?;
+        let mut samples: Vec<(sys::CUevent, Bracket)> = Vec::with_capacity(ORIGIN_SAMPLES);
+        let destroy_all = |samples: &[(sys::CUevent, Bracket)]| {
+            for &(ev, _) in samples {
+                // SAFETY: created below, destroyed once.
+                let _ = unsafe { result::event::destroy(ev) };
+            }
+        };
+        for _ in 0..ORIGIN_SAMPLES {
+            match origin_sample(&clock) {
+                Ok(s) => samples.push(s),
+                Err(e) => {
+                    destroy_all(&samples);
+                    return Err(e);
+                }
+            }
         }
-        let t1 = clock.now_us();
+        let brackets: Vec<Bracket> = samples.iter().map(|&(_, b)| b).collect();
+        let kept = Bracket::narrowest(&brackets).expect("ORIGIN_SAMPLES > 0");
+        let (origin_ev, origin) = samples.swap_remove(kept);
+        destroy_all(&samples);
+        tracing::debug!(
+            first_us = brackets[0].width_us(),
+            kept_us = origin.width_us(),
+            "timeline origin: the narrowest of {ORIGIN_SAMPLES} record-to-completion brackets"
+        );
         let info = DeviceInfo {
             kind: DeviceKind::Cuda,
             ordinal,
@@ -282,7 +335,7 @@ impl CudaDevice {
                 shared_optin_bytes: shared_optin.max(0) as usize,
                 multiprocessors: sms.max(0) as usize,
                 functions: Mutex::new(HashMap::new()),
-                origin: (origin_ev, 0.5 * (t0 + t1)),
+                origin: (origin_ev, origin.middle_us()),
                 driver_version: driver_version_num,
                 tuning: Mutex::new(tuning),
             })),

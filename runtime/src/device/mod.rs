@@ -166,6 +166,38 @@ impl DeviceSpec {
     }
 }
 
+/// A host-clock interval known to contain a device event's time: the host read the clock
+/// `before_us` just before recording the event on an idle device and `after_us` just after
+/// seeing it complete. The event is placed at its middle, within half its width.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) struct Bracket {
+    pub before_us: f64,
+    pub after_us: f64,
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Bracket {
+    pub fn width_us(&self) -> f64 {
+        self.after_us - self.before_us
+    }
+
+    pub fn middle_us(&self) -> f64 {
+        0.5 * (self.before_us + self.after_us)
+    }
+
+    /// The index of the narrowest of `brackets` (the first of equals); `None` when empty.
+    pub fn narrowest(brackets: &[Bracket]) -> Option<usize> {
+        (0..brackets.len()).reduce(|best, i| {
+            if brackets[i].width_us() < brackets[best].width_us() {
+                i
+            } else {
+                best
+            }
+        })
+    }
+}
+
 /// A host-side monotonic clock shared by every timeline of one device.
 ///
 /// Timestamps are microseconds since the device was opened; [`Event::timeline_us`] puts GPU
@@ -1272,4 +1304,28 @@ pub fn bytes_to_f32(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Bracket;
+
+    #[test]
+    fn the_narrowest_bracket_places_the_event() {
+        let b = |before_us: f64, after_us: f64| Bracket {
+            before_us,
+            after_us,
+        };
+        // A first record on a fresh context that completes late, then quick ones.
+        let samples = [
+            b(0.0, 300.0),
+            b(310.0, 322.0),
+            b(330.0, 338.0),
+            b(340.0, 348.0),
+        ];
+        assert_eq!(Bracket::narrowest(&samples), Some(2));
+        assert_eq!(samples[2].middle_us(), 334.0);
+        assert_eq!(samples[2].width_us(), 8.0);
+        assert_eq!(Bracket::narrowest(&[]), None);
+    }
 }
