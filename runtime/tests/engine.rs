@@ -478,6 +478,21 @@ fn chrome_trace_has_a_lane_per_resource(d: &Device) {
         assert!(e["dur"].as_f64().unwrap() >= 0.0);
         assert!(e["args"]["layer"].as_u64().unwrap() < 6);
     }
+    // The device's spans sit on the host's axis: none starts before its step did (a device
+    // clock placed tens of microseconds early put routers before the host had queued them).
+    for sp in &run.spans {
+        let step = run.records.iter().find(|r| r.step == sp.step).unwrap();
+        let start_ns = step.start_us * 1e3;
+        assert!(
+            sp.start_ns as f64 >= start_ns - 1e3,
+            "{:?} {:?} of layer {} starts {:.1} us before step {}",
+            sp.lane,
+            sp.kind,
+            sp.layer,
+            (start_ns - sp.start_ns as f64) / 1e3,
+            sp.step
+        );
+    }
 }
 
 fn bad_inputs_are_errors_naming_them(d: &Device) {

@@ -1242,6 +1242,21 @@ impl Event {
         }
     }
 
+    /// When this event completed on the device's [`Clock`], placed by an `anchor` event that
+    /// the host recorded at `anchor_us` (its clock, just before the record) on an idle
+    /// stream: `anchor_us` plus the elapsed time from the anchor. So a step's device spans
+    /// sit on the host's axis within the few microseconds an idle stream takes to reach a
+    /// record, whatever the device clock's drift or the origin's error since the device
+    /// opened. The host device's events carry host times already and keep them.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    pub fn timeline_us_from(&self, anchor: &Event, anchor_us: f64) -> Result<f64> {
+        match &self.imp {
+            EventImpl::Host(_) => self.timeline_us(),
+            #[cfg(feature = "cuda")]
+            EventImpl::Cuda(_) => Ok(anchor_us + anchor.elapsed_us(self)?),
+        }
+    }
+
     /// When this event completed, in microseconds on the device's [`Clock`] (the same axis
     /// as [`Clock::now_us`]); the event must have been recorded, completed, and created
     /// with timing. CUDA: the elapsed time from an origin event recorded when the device was

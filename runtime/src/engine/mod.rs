@@ -633,6 +633,9 @@ pub struct Engine {
     cpu_x: Vec<f32>,
     exec: Option<CpuExecutor>,
     events: Vec<LayerEvents>,
+    /// Recorded on the idle compute stream at each step's start, with timing: it places the
+    /// step's device events on the host's clock ([`Event::timeline_us_from`]).
+    anchor: Event,
     template: ExpertStep,
     /// The costs the fetch chunks are timed by ([`FetchChunking::Timed`]; measured when the
     /// engine starts, `None` otherwise or where nothing could be measured).
@@ -871,6 +874,7 @@ impl Engine {
         let events = (0..g.moe_layers)
             .map(|_| LayerEvents::new(device, config.timeline, MAX_FETCH_CHUNKS - 1))
             .collect::<Result<Vec<_>>>()?;
+        let anchor = device.new_event(config.timeline)?;
         let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
         device.warm_up_kernels(&[&template])?;
         let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
@@ -901,6 +905,7 @@ impl Engine {
             cpu_x: Vec::new(),
             exec: None,
             events,
+            anchor,
             template,
             chunk_timer: None,
             steps_run: 0,
@@ -1153,6 +1158,11 @@ impl Engine {
             e.begin_step();
         }
         let t0 = clock.now_us();
+        // The previous step ended with its output's download, so every stream is idle: the
+        // anchor completes a few microseconds after `t0`.
+        if self.config.timeline {
+            self.compute.record(&self.anchor)?;
+        }
         let mut tl = StepTimeline::new(step_index, input.warmup, b, layers, ns_of_us(t0));
         let mut marks = vec![LayerMarks::default(); layers];
         let flat: Vec<f32> = input.inputs.concat();
@@ -1394,7 +1404,7 @@ impl Engine {
             &mut tl,
             &marks,
             &self.events,
-            self.config.timeline,
+            self.config.timeline.then_some((&self.anchor, t0)),
             t0,
             (out_wait, t_end),
         )?;
