@@ -201,7 +201,8 @@ impl Bracket {
 /// A host-side monotonic clock shared by every timeline of one device.
 ///
 /// Timestamps are microseconds since the device was opened; [`Event::timeline_us`] puts GPU
-/// events on the same axis.
+/// events on the same axis, and [`Event::timeline_us_from`] does it by an anchor event the
+/// host recorded recently (what a decode step's timeline uses).
 #[derive(Debug, Clone, Copy)]
 pub struct Clock {
     origin: Instant,

@@ -4,6 +4,9 @@
 //! operation's end on the same stream, the events it waited for, and the host time it was
 //! queued at (a stream runs in order). So one event per operation gives the whole timeline,
 //! read once per step after the step's outputs are back (every event has completed by then).
+//! The device's times are placed on the host's clock by the step's anchor, an event recorded
+//! on the idle compute stream as the step starts ([`Event::timeline_us_from`]), so a step's
+//! device and host spans share one axis within a few microseconds.
 
 use crate::device::{Device, Event, Stream};
 use crate::error::Result;
