@@ -459,7 +459,7 @@ struct LayerRest<'a> {
     gathered: usize,
     /// The copies that replicate the first block of rows into the experts' input rows
     /// (`replicate_rounds`; none for the fast combine order), then the input event.
-    replicate: Vec<(usize, usize, usize)>,
+    replicate: &'a [(usize, usize, usize)],
     /// f32 per block of rows.
     block: usize,
     inputs_queued: bool,
@@ -501,7 +501,7 @@ impl LayerRest<'_> {
         if self.inputs_queued {
             return Ok(());
         }
-        for &(src, dst, n) in &self.replicate {
+        for &(src, dst, n) in self.replicate {
             self.compute.copy_d2d(
                 self.act,
                 src * self.block * F32_BYTES,
@@ -1168,6 +1168,12 @@ impl Engine {
         let flat: Vec<f32> = input.inputs.concat();
         self.compute.upload_f32(&flat, &self.act, 0)?;
 
+        // The copies that make the experts' input rows (the same every layer).
+        let replicate = if rows.order == CombineOrder::Fixed {
+            replicate_rounds(k)
+        } else {
+            Vec::new()
+        };
         // A layer planned ahead, while the host waited for the previous layer's activations.
         let mut ahead: Option<work::LayerWork> = None;
         // The planner borrows the cache for the whole step; the layers in flight borrow
@@ -1260,11 +1266,7 @@ impl Engine {
                 ev,
                 fetch: &fetch,
                 gathered: 0,
-                replicate: if rows.order == CombineOrder::Fixed {
-                    replicate_rounds(k)
-                } else {
-                    Vec::new()
-                },
+                replicate: &replicate,
                 block,
                 inputs_queued: false,
                 post: &post,
