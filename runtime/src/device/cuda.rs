@@ -284,11 +284,12 @@ impl CudaDevice {
         let tuning = runnable(tuning, driver_version_num);
         // The origin of event timelines: an event recorded on the idle device, placed on the
         // host clock at the middle of the host's bracket around its record and completion
-        // (`Bracket`). The first record on a fresh context completes hundreds of microseconds
-        // after it is issued (the context starts lazily), which put every device span 25 to
-        // 155 us early against the host's spans, depending on the process (2026-12-06 H100
-        // grids: routers before the host had queued them); so the narrowest of
-        // ORIGIN_SAMPLES brackets is kept.
+        // (`Bracket`). With one bracket, device spans sat 25 to 155 us early against the
+        // host's, depending on the process (2026-12-06 H100 grids: routers before the host
+        // had queued them); a first record on a fresh context that completes late, with a
+        // wide bracket, would do that, so the narrowest of ORIGIN_SAMPLES brackets is kept.
+        // (A decode step's timeline does not depend on it: it places its events by its own
+        // anchor, `Event::timeline_us_from`.)
         ctx.bind_to_thread()
             .map_err(cu("binding the CUDA context"))?;
         let mut samples: Vec<(sys::CUevent, Bracket)> = Vec::with_capacity(ORIGIN_SAMPLES);
