@@ -203,6 +203,9 @@ def main():
                 continue
             r["offload_tok_s_per_stream"] = off["tok_s_per_stream"]
             r["vs_offload"] = r["tok_s_per_stream"] / off["tok_s_per_stream"] - 1
+            # The two runs' noise: within it either way, neither the bandwidths nor the
+            # measurement decide between them.
+            noise = max(spread_of(r), spread_of(off))
             b = cpu_rate.get(r["streams"])
             if off["fetched_per_layer"] > 0 and b:
                 a = off["pcie_busy_layer_us"] / off["fetched_per_layer"]
@@ -220,15 +223,13 @@ def main():
                 mh, f = r["misses_per_layer"], r["fetch_fraction"]
                 expected = max(f * mh * a, (1 - f) * mh * b + overhead) + serial
                 r["expected_hybrid_layer_us"] = expected
-                # Within the runs' own noise either way, the bandwidths do not decide it.
-                noise = max(spread_of(r), spread_of(off))
                 if expected < off["layer_us"] * (1 - noise):
                     r["favoured"] = True
                 elif expected > off["layer_us"] * (1 + noise):
                     r["favoured"] = False
                 else:
                     r["favoured"] = "marginal"
-            r["outcome"] = outcome(r["vs_offload"], max(spread_of(r), spread_of(off)))
+            r["outcome"] = outcome(r["vs_offload"], noise)
             if r["vs_offload"] < 0:
                 cpu_path = r["cpu_busy_layer_us"] + r["host_wait_layer_us"]
                 if cpu_path > r["pcie_busy_layer_us"]:

@@ -636,6 +636,9 @@ pub struct Engine {
     /// Recorded on the idle compute stream at each step's start, with timing: it places the
     /// step's device events on the host's clock ([`Event::timeline_us_from`]).
     anchor: Event,
+    /// The copies that replicate the first block of rows into the experts' input rows
+    /// (`replicate_rounds` of top-k; none for the fast combine order), the same every layer.
+    input_copies: Vec<(usize, usize, usize)>,
     template: ExpertStep,
     /// The costs the fetch chunks are timed by ([`FetchChunking::Timed`]; measured when the
     /// engine starts, `None` otherwise or where nothing could be measured).
@@ -906,6 +909,11 @@ impl Engine {
             exec: None,
             events,
             anchor,
+            input_copies: if config.combine == CombineOrder::Fixed {
+                replicate_rounds(g.top_k)
+            } else {
+                Vec::new()
+            },
             template,
             chunk_timer: None,
             steps_run: 0,
@@ -1168,12 +1176,6 @@ impl Engine {
         let flat: Vec<f32> = input.inputs.concat();
         self.compute.upload_f32(&flat, &self.act, 0)?;
 
-        // The copies that make the experts' input rows (the same every layer).
-        let replicate = if rows.order == CombineOrder::Fixed {
-            replicate_rounds(k)
-        } else {
-            Vec::new()
-        };
         // A layer planned ahead, while the host waited for the previous layer's activations.
         let mut ahead: Option<work::LayerWork> = None;
         // The planner borrows the cache for the whole step; the layers in flight borrow
@@ -1266,7 +1268,7 @@ impl Engine {
                 ev,
                 fetch: &fetch,
                 gathered: 0,
-                replicate: &replicate,
+                replicate: &self.input_copies,
                 block,
                 inputs_queued: false,
                 post: &post,
@@ -1406,7 +1408,7 @@ impl Engine {
             &mut tl,
             &marks,
             &self.events,
-            self.config.timeline.then_some((&self.anchor, t0)),
+            self.config.timeline.then_some(&self.anchor),
             t0,
             (out_wait, t_end),
         )?;

@@ -108,13 +108,13 @@ pub(crate) struct LayerMarks {
 
 /// Add the spans of a finished step to `tl`: host and CPU spans always, device spans when
 /// the events carry timing, placed on the host's axis by the step's `anchor` (an event the
-/// host recorded at the given time on the idle compute stream, [`Event::timeline_us_from`]).
-/// `t0` is the step's start and `out` the final download's wait (start, end), us.
+/// host recorded at `t0` on the idle compute stream, [`Event::timeline_us_from`]). `t0` is
+/// the step's start and `out` the final download's wait (start, end), us.
 pub(crate) fn add_spans(
     tl: &mut StepTimeline,
     marks: &[LayerMarks],
     events: &[LayerEvents],
-    anchor: Option<(&Event, f64)>,
+    anchor: Option<&Event>,
     t0: f64,
     out: (f64, f64),
 ) -> Result<()> {
@@ -176,10 +176,10 @@ pub(crate) fn add_spans(
                 0,
             );
         }
-        let Some((anchor, anchor_us)) = anchor else {
+        let Some(anchor) = anchor else {
             continue;
         };
-        let t = |e: &Event| e.timeline_us_from(anchor, anchor_us);
+        let t = |e: &Event| e.timeline_us_from(anchor, t0);
         let router = t(&ev.router)?;
         let input = t(&ev.input)?;
         let post = t(&ev.post)?;
