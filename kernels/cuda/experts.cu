@@ -452,6 +452,14 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
     }
 }
 
+// A 32-bit load with acquire semantics at device scope: the loads after it see what the
+// writer released (its fenced writes before the atomic that this load observes).
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 // Programmatic dependent launch (sm_90): a primary kernel lets the next kernel of its stream
 // start early (`pdl_launch_dependents`), and that kernel waits for the primary to complete
 // and its writes to be visible (`pdl_wait`) before it reads them. Without the launch
@@ -674,16 +682,17 @@ template <int MT, bool STAGED, bool WIDE = false>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
-    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off)
+    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off,
+    int bx, int by)
 {
     constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
     extern __shared__ __align__(16) u8 smem[];
     __shared__ __align__(16) float hbuf[MAXT][32];
     const int G = group_of(fmt);
-    const Task task = tasks[blockIdx.y];
+    const Task task = tasks[by];
     if (task.pair_count == 0) return;
-    const int r0 = blockIdx.x * G;
+    const int r0 = bx * G;
     const int lane = threadIdx.x & (HW - 1);
     const int hw = threadIdx.x / HW;
     const int nhw = blockDim.x / HW;
@@ -710,7 +719,7 @@ __device__ __forceinline__ void gate_up_impl(
         tu = tile_at(fmt, up, r0);
     }
     if (STAGED && FT_PREFETCH_DOWN && threadIdx.x == 0)
-        prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), blockIdx.x, gridDim.x);
+        prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), bx, I / G);
     // The down kernel may be scheduled now: it stages its own weights while this one runs.
     pdl_launch_dependents();
     // Shared activations of the pass: int8 codes [tch][H] then scales [tch][nb]; or f32 [tch][H].
@@ -858,7 +867,7 @@ __device__ __forceinline__ void gate_up_impl(
             // Quantize this block of h per token (the down matrix's activation block r0 / G).
             for (int t = threadIdx.x; t < nt; t += blockDim.x) {
                 u32 p = task.pair_begin + c0 + t;
-                hs[(u64)p * (I / G) + blockIdx.x] = quantize_block(&hbuf[t][0], G, hq + (u64)p * I + r0);
+                hs[(u64)p * (I / G) + bx] = quantize_block(&hbuf[t][0], G, hq + (u64)p * I + r0);
             }
         } else {
             for (int k = threadIdx.x; k < nt * G; k += blockDim.x) {
@@ -874,25 +883,34 @@ __device__ __forceinline__ void gate_up_impl(
 // MT: tokens per pass, as in gate_up_impl. R: rows of down per half-warp, interleaved
 // (row hw + 16 k of the block's tile, k < R) and loaded together, so that a one-token lane
 // has R rows' blocks in flight instead of one; the block's tile is 16 R rows. Each row's
-// arithmetic is the same whichever half-warp runs it.
-template <int MT, int R>
+// arithmetic is the same whichever half-warp runs it. (bx, by): the row tile and the task;
+// n_tasks: the launch's tasks (the row tile's last block combines it).
+//
+// FUSED (the one-launch layer, ft_experts_layer_1 below; int8 path, R > 1): h is written by
+// other blocks of the same launch, so instead of the dependent launch's wait the block
+// waits until `ready` counts `ready_need` finished gate/up blocks of its task, and reads h
+// through L2 (__ldcg), never through the read-only path, which is not coherent with writes
+// made during the kernel.
+template <int MT, int R, bool FUSED = false>
 __device__ __forceinline__ void down_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs,
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
-    u32* counters, float* y, u32 stage, const FoldCombine& fold)
+    u32* counters, float* y, u32 stage, const FoldCombine& fold,
+    int bx, int by, int n_tasks, const u32* ready = nullptr, u32 ready_need = 0)
 {
+    static_assert(!FUSED || R > 1, "the fused layer reads h in the few-token branch");
     constexpr int UNROLL = MT == 1 ? (R >= 4 ? 2 : 4) : (MT == 2 ? 2 : 1);
     constexpr int ROWS = (256 / HW) * R;   // the block's row tile (blockDim.x is 256)
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
     extern __shared__ __align__(16) u8 smem[];
     __shared__ u32 ticket;
     const int G = group_of(fmt);
-    const Task task = tasks[blockIdx.y];
+    const Task task = tasks[by];
     const int lane = threadIdx.x & (HW - 1);
     const int hw = threadIdx.x / HW;
-    const int j0 = blockIdx.x * ROWS;
+    const int j0 = bx * ROWS;
     const int nb = I / G;
     const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
     const u64 vrb = values_row_bytes(fmt, I);
@@ -904,7 +922,15 @@ __device__ __forceinline__ void down_impl(
         ? stage_tile(fmt, down, j0, min(ROWS, H - j0), smem)
         : tile_at(fmt, down, j0);
     // The gate/up kernel's h (and nothing it writes is read before this).
-    pdl_wait();
+    if (FUSED) {
+        // Every gate/up block of the task has written its block of h and fenced it.
+        if (threadIdx.x == 0 && task.pair_count > 0) {
+            while (ld_acquire_gpu(ready) < ready_need) __nanosleep(64);
+        }
+        __threadfence();
+    } else {
+        pdl_wait();
+    }
     stage_wait();
     __syncthreads();
     // Row j0 + hw + 16 k exists for every hw of the block or for none (H % 32 == 0 and
@@ -939,9 +965,9 @@ __device__ __forceinline__ void down_impl(
                     if (t < nt) {
                         const u64 p = p0 + t;
                         const int4* a = (const int4*)(hq + p * I + (u64)b * G);
-                        qa[t][0] = a[0];
-                        qa[t][1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
-                        sa[t] = hs[p * nb + b];
+                        qa[t][0] = FUSED ? __ldcg(a) : a[0];
+                        qa[t][1] = G == 32 ? (FUSED ? __ldcg(a + 1) : a[1]) : make_int4(0, 0, 0, 0);
+                        sa[t] = FUSED ? __ldcg(&hs[p * nb + b]) : hs[p * nb + b];
                     }
                 }
 #pragma unroll
@@ -1014,9 +1040,9 @@ __device__ __forceinline__ void down_impl(
     // tile combines it.
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(&counters[blockIdx.x], 1u);
+    if (threadIdx.x == 0) ticket = atomicAdd(&counters[bx], 1u);
     __syncthreads();
-    if (ticket != gridDim.y - 1) return;
+    if (ticket != (u32)n_tasks - 1) return;
     __threadfence();
     for (int idx = threadIdx.x; idx < T * ROWS; idx += blockDim.x) {
         const int t = idx / ROWS;
@@ -1048,7 +1074,7 @@ __device__ __forceinline__ void down_impl(
         __syncthreads();
         fold_combine_tile(fold, H, j0, ROWS);
     }
-    if (threadIdx.x == 0) counters[blockIdx.x] = 0;
+    if (threadIdx.x == 0) counters[bx] = 0;
 }
 
 // Entry points. The launch's tables (tasks, then pairs at byte o_pairs, token starts at
@@ -1074,49 +1100,110 @@ __device__ __forceinline__ void down_impl(
 // loads in flight, which is what a memory-bound decode step needs.
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<MAXT, true>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off);
-    else gate_up_impl<MAXT, false>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<MAXT, true>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    else gate_up_impl<MAXT, false>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
-    else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
 }
 // The small-grid one-token kernel (WIDE above), 512 threads.
 extern "C" __global__ void __launch_bounds__(512, 2) ft_experts_gate_up_1w(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<1, true, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
-    else gate_up_impl<1, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<1, true, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    else gate_up_impl<1, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<2, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
-    else gate_up_impl<2, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<2, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    else gate_up_impl<2, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<4, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off);
-    else gate_up_impl<4, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off);
+    if (stage_off) gate_up_impl<4, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    else gate_up_impl<4, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
     TABLES
-    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
+    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) {
     TABLES
-    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
+    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
 }
 // The small-grid one-token down kernel: DOWN_R_1S rows per half-warp, so a launch of few
 // experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) {
     TABLES
-    down_impl<1, DOWN_R_1S>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
+    down_impl<1, DOWN_R_1S>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
     TABLES
-    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
+    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) {
     TABLES
-    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold);
+    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
+}
+
+// One launch for both halves of a one-token layer (FT_CUDA_FUSED, the runtime's
+// CudaTuning::fused_layer; int8 path): the down kernel's blocks no longer wait for the
+// gate/up grid to finish and a second launch to be scheduled. A block takes a ticket t as
+// it starts (the order blocks become resident) and does
+//   the gate/up item t (task t / gpe, row block t % gpe) if t < tasks x gpe, then signals
+//     its task's `ready` counter;
+//   the down item t - shift (task d / dpe, row tile d % dpe) if that is one, once its
+//     task's gpe gate/up items are ready, staging its tile into the shared memory the
+//     gate/up item has finished with.
+// shift (the runtime's `cuda_fused_grid`) puts every down item's ticket at or after the
+// last gate/up ticket of its task, so a block only ever waits for blocks that took their
+// tickets before it, are resident, and finish their gate/up item without waiting: no
+// deadlock however many blocks are resident. The arithmetic is gate_up_impl's and
+// down_impl's, so the bits are the two launches'. counters: the row tiles' tickets first
+// (as ft_experts_down_1), then at `fz` the launch's ticket, its count of finished blocks
+// and one ready counter per task (n_tasks of them); the last block to finish zeroes them for
+// the next launch. A one-dimensional grid of the runtime's `cuda_fused_grid` blocks.
+#define LAYER_ARGS \
+    TABLE_ARGS, int fmt, int act, int H, int I, int T, const float* __restrict__ x, \
+    float* O, float* hf, i8* hq, float* hs, u32* counters, float* y, u32 stage_off, \
+    u32 down_stage, const FoldCombine fold, u32 n_tasks, u32 fz, u32 shift
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_layer_1(LAYER_ARGS) {
+    TABLES
+    // The fused path reads h through L2 in down_impl's int8 branch; the runtime launches it
+    // for the int8 path only.
+    if (ACT_OF(act) != ACT_INT8) __trap();
+    __shared__ u32 item, last;
+    u32* launch = counters + fz;          // [0] tickets taken, [1] blocks finished
+    u32* ready = counters + fz + 2;       // per task: gate/up items done
+    if (threadIdx.x == 0) item = atomicAdd(&launch[0], 1u);
+    __syncthreads();
+    const u32 t = item;
+    const int G = group_of(FMT_OF(fmt));
+    const u32 gpe = (u32)(I / G);
+    const u32 dpe = (u32)((H + 16 * DOWN_R_1 - 1) / (16 * DOWN_R_1));
+    if (t < n_tasks * gpe) {
+        const int by = (int)(t / gpe), bx = (int)(t % gpe);
+        if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
+        else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
+        // This block's h (written by its thread 0) visible device-wide before the signal.
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(&ready[by], 1u);
+    }
+    if (t >= shift && t - shift < n_tasks * dpe) {
+        const u32 d = t - shift;
+        const int by = (int)(d / dpe), bx = (int)(d % dpe);
+        down_impl<1, DOWN_R_1, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs,
+                                     counters, y, down_stage, fold, bx, by, (int)n_tasks, &ready[by], gpe);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&launch[1], 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) {
+        // Every other block has finished (and read its ready counter): reset for the next
+        // launch on this scratch, which the stream orders after this one.
+        for (u32 k = threadIdx.x; k < n_tasks; k += blockDim.x) ready[k] = 0;
+        if (threadIdx.x == 0) { launch[0] = 0; launch[1] = 0; }
+    }
 }

@@ -74,6 +74,7 @@ impl KernelId {
                 "ft_experts_down_4",
                 "ft_experts_gate_up_1w",
                 "ft_experts_down_1s",
+                "ft_experts_layer_1",
             ],
             KernelId::Gather => &["ft_gather_zero_copy"],
             KernelId::Dense => &["ft_dense_read"],

@@ -156,6 +156,9 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl", ALL),
         (INT8, 1, None, "staged+pdl+split", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
+        // One launch for both halves (2026-12-06), and its unstaged form.
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
+        (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "staged+pdl+split+l2down", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down", ALL),
         (INT8, 1, None, "staged+pdl+split+small", ALL),
@@ -167,6 +170,8 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "direct", ALL),
         (INT8, 1, Some(8), "staged+pdl", ALL),
         (INT8, 0, None, "staged+pdl", ALL),
+        (INT8, 0, None, "staged+pdl+split+cvt+wide", ALL),
+        (INT8, 0, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 0, None, "staged+pdl+small", ALL),
         (INT8, 0, None, "direct", ALL),
         (INT8, 4, None, "staged+pdl", ALL),
@@ -182,9 +187,11 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split", 1),
         (INT8, 1, None, "staged+pdl+split+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
         (INT8, 1, None, "staged+pdl+split+wide", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 2),
     ];
     cases
 }
@@ -383,6 +390,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             prefetch_down: path.contains("+l2down"),
             small_table: path.contains("+small"),
             small_grid: path.contains("+wide"),
+            fused_layer: path.contains("+fused"),
             expert_variant: forced,
             ..opened
         };

@@ -477,6 +477,48 @@ pub fn cuda_small_grid(
         && gate_up_blocks <= multiprocessors
 }
 
+/// The one-launch layer (`ft_experts_layer_1` in `kernels/cuda/experts.cu`,
+/// [`crate::device::CudaTuning::fused_layer`]): a one-dimensional grid in which the block
+/// holding ticket `t` does gate/up item `t` (task `t / gate_up_per_task`) where there is
+/// one, then down item `t - shift` (task `(t - shift) / down_per_task`) where there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaFusedGrid {
+    /// Blocks of the launch.
+    pub blocks: usize,
+    /// Tickets between a down item and the block that does it.
+    pub shift: usize,
+}
+
+/// The fused grid of `tasks` tasks of `gate_up_per_task` gate/up items (row blocks of h)
+/// and `down_per_task` down items (row tiles) each: the least shift that puts every down
+/// item's ticket at or after the last gate/up ticket of its task (the items it waits for),
+/// so that a block never waits for a block that started after it. For task `e`, down item
+/// `j` has ticket `e * down_per_task + j + shift` and needs `(e + 1) * gate_up_per_task - 1`
+/// or more; the tightest is `j = 0` at the last task where gate/up has more items per task,
+/// at the first otherwise.
+pub fn cuda_fused_grid(
+    tasks: usize,
+    gate_up_per_task: usize,
+    down_per_task: usize,
+) -> CudaFusedGrid {
+    let shift = gate_up_per_task.saturating_sub(1)
+        + tasks.saturating_sub(1) * gate_up_per_task.saturating_sub(down_per_task);
+    CudaFusedGrid {
+        blocks: (tasks * gate_up_per_task).max(tasks * down_per_task + shift),
+        shift,
+    }
+}
+
+/// The one-launch layer's entry point in `kernels/cuda/experts.cu`.
+pub const CUDA_FUSED_ENTRY: &str = "ft_experts_layer_1";
+
+/// Whether a launch takes the one-launch layer: asked for, a one-token launch (the
+/// instantiation holds one token per pass) on the int8 path (the fused kernel reads h
+/// through L2 in the int8 branch alone).
+pub fn cuda_fused(tuning: &CudaTuning, variant: CudaVariant, act: ActivationPath) -> bool {
+    tuning.fused_layer && variant.tokens_per_pass == 1 && act == ActivationPath::Int8
+}
+
 /// The instantiation for a launch whose largest task has `max_task_pairs` tokens: the
 /// smallest that holds them all in one pass (the widest when none does). Every variant
 /// runs the same arithmetic per token, so the choice never changes an output.
@@ -641,12 +683,14 @@ pub(crate) fn cuda_launch(
         Some(v) => v,
         None => cuda_variant(t.max_task_pairs),
     };
-    let variant = if cuda_small_grid(
-        &tuning,
-        variant,
-        step.experts.len() * step.intermediate / cuda_group(step.format),
-        stream.shared().multiprocessors,
-    ) {
+    let fused = cuda_fused(&tuning, variant, step.act);
+    let variant = if !fused
+        && cuda_small_grid(
+            &tuning,
+            variant,
+            step.experts.len() * step.intermediate / cuda_group(step.format),
+            stream.shared().multiprocessors,
+        ) {
         CUDA_SMALL_GRID_VARIANT
     } else {
         variant
@@ -696,6 +740,12 @@ pub(crate) fn cuda_launch(
     let g = cuda_group(step.format);
     let stage_off = staging.gate_up_stage_off as u32;
     let down_stage = u32::from(staging.down_staged);
+    let down_tiles = step.hidden.div_ceil(variant.down_rows);
+    // The fused launch's counters after the row tiles' (its ticket, finished blocks, one
+    // ready count per task), on their own cache line; a launch whose counters would not fit
+    // takes the two launches.
+    let fused_counters = down_tiles.next_multiple_of(32);
+    let fused = fused && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
     // One pointer to each argument, in the kernels' order (experts.cu's GATE_UP_ARGS and
     // DOWN_ARGS).
     fn p<T>(v: &T) -> *mut std::ffi::c_void {
@@ -734,6 +784,46 @@ pub(crate) fn cuda_launch(
             p(&fold),
         ])
         .collect();
+    if fused {
+        let layer = stream
+            .shared()
+            .function_spec(KernelId::Experts, spec, CUDA_FUSED_ENTRY)?;
+        let grid = cuda_fused_grid(step.experts.len(), step.intermediate / g, down_tiles);
+        let (fz, shift) = (fused_counters as u32, grid.shift as u32);
+        let mut layer_args: Vec<_> = common
+            .iter()
+            .copied()
+            .chain([
+                p(&tokens),
+                p(&x),
+                p(&o),
+                p(&hf),
+                p(&hq),
+                p(&hs),
+                p(&counters),
+                p(&y),
+                p(&stage_off),
+                p(&down_stage),
+                p(&fold),
+                p(&n_tasks),
+                p(&fz),
+                p(&shift),
+            ])
+            .collect();
+        // SAFETY: the argument list matches ft_experts_layer_1 (LAYER_ARGS); the addresses
+        // and values as for the two launches below.
+        unsafe {
+            stream.launch_ex(
+                &layer,
+                (grid.blocks as u32, 1, 1),
+                (CUDA_THREADS, 1, 1),
+                staging.gate_up_shared.max(staging.down_shared) as u32,
+                &mut layer_args,
+                false,
+            )?;
+        }
+        return stream.release_arg(table);
+    }
     // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*; every
     // address was checked (validate) or allocated for this launch, and the values live
     // until the calls return (the driver copies them at launch).
@@ -749,7 +839,7 @@ pub(crate) fn cuda_launch(
         // The down kernel may start while gate/up runs (it waits for h in the kernel).
         stream.launch_ex(
             &down,
-            (step.hidden.div_ceil(variant.down_rows) as u32, n_tasks, 1),
+            (down_tiles as u32, n_tasks, 1),
             (CUDA_THREADS, 1, 1),
             staging.down_shared as u32,
             &mut down_args,
@@ -814,6 +904,51 @@ mod tests {
             .unwrap()
     }
 
+    /// The fused grid against a search of the least shift by brute force: every down item's
+    /// ticket at or after the last gate/up ticket of its task, one item of each kind per
+    /// ticket at most, every item in the grid.
+    #[test]
+    fn fused_grid_orders_every_down_item_after_its_gate_up_items() {
+        for tasks in 1..=12 {
+            for gpe in 1..=24 {
+                for dpe in 1..=24 {
+                    let after = |shift: usize| {
+                        (0..tasks * dpe).all(|d| d + shift + 1 >= (d / dpe + 1) * gpe)
+                    };
+                    let least = (0..).find(|&s| after(s)).unwrap();
+                    let g = cuda_fused_grid(tasks, gpe, dpe);
+                    assert_eq!(g.shift, least, "tasks {tasks}, gpe {gpe}, dpe {dpe}");
+                    assert_eq!(g.blocks, (tasks * gpe).max(tasks * dpe + least));
+                }
+            }
+        }
+        // The served one-token layer: 10 experts of 40 row blocks of h and 40 row tiles.
+        assert_eq!(
+            cuda_fused_grid(10, 40, 40),
+            CudaFusedGrid {
+                blocks: 439,
+                shift: 39
+            }
+        );
+    }
+
+    #[test]
+    fn fused_only_for_one_token_int8_launches_where_asked() {
+        let on = CudaTuning {
+            fused_layer: true,
+            ..CudaTuning::default()
+        };
+        let one = cuda_variant(1);
+        assert!(cuda_fused(&on, one, ActivationPath::Int8));
+        assert!(!cuda_fused(&on, one, ActivationPath::F32));
+        assert!(!cuda_fused(&on, cuda_variant(2), ActivationPath::Int8));
+        assert!(!cuda_fused(
+            &CudaTuning::default(),
+            one,
+            ActivationPath::Int8
+        ));
+    }
+
     #[test]
     fn launch_constants_match_the_kernel_sources() {
         use ft_kernels::cuda_sources::{KernelId, COMMON};
@@ -835,6 +970,10 @@ mod tests {
             wide.gate_up_threads, wide.gate_up
         )));
         assert_eq!(cu_define(experts, "MAXT"), CUDA_MAX_TOKENS_PER_PASS);
+        // The fused layer's row tiles are ft_experts_down_1's (its dpe from DOWN_R_1).
+        assert!(experts.contains(&format!(" {CUDA_FUSED_ENTRY}(")));
+        assert!(KernelId::Experts.entry_points().contains(&CUDA_FUSED_ENTRY));
+        assert!(experts.contains("down_impl<1, DOWN_R_1, true>"));
         assert_eq!(
             cu_define(experts, "ACT_F32") as i32,
             cuda_act_code(ActivationPath::F32)

@@ -96,7 +96,12 @@ fn case(
 
 /// Run the case on `d`; returns y.
 fn run_on(d: &Device, c: &Case) -> Vec<f32> {
-    let s = d.new_stream("compute").unwrap();
+    run_on_stream(d, &d.new_stream("compute").unwrap(), c)
+}
+
+/// Run the case on stream `s` of `d` (whose scratch, counters included, earlier launches on
+/// `s` have used); returns y.
+fn run_on_stream(d: &Device, s: &ft_runtime::device::Stream, c: &Case) -> Vec<f32> {
     let w = d.alloc(c.weights.len(), "weights").unwrap();
     let x = d.alloc(c.x.len() * 4, "x").unwrap();
     let y = d.alloc(c.x.len() * 4, "y").unwrap();
@@ -296,22 +301,27 @@ mod cuda {
     /// small parameter where it fits, the small-grid kernels where the grid is small), per
     /// way the one-token
     /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
-    /// (arithmetic, the hardware's conversion): each must give the same bits.
+    /// (arithmetic, the hardware's conversion), and per number of launches of a one-token
+    /// int8 layer (two, or one for both halves): each must give the same bits.
     fn on_every_path(check: impl Fn(&Device)) {
         use ft_runtime::device::CudaTuning;
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
         // The paths not yet made defaults first, so a run cut short still checks them.
-        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, new_paths) in [
-            (true, true, true, 1, true),
-            (true, true, false, 1, true),
-            (false, false, true, 1, true),
-            (true, true, true, 1, false),
-            (true, true, false, 1, false),
-            (true, false, false, 1, false),
-            (false, false, false, 1, false),
-            (true, true, true, 2, false),
-            (true, true, true, 4, false),
+        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, new_paths, fused_layer) in [
+            // The one-launch layer: staged, direct, without the split-sign dot.
+            (true, true, true, 1, true, true),
+            (false, false, true, 1, true, true),
+            (true, true, false, 1, false, true),
+            (true, true, true, 1, true, false),
+            (true, true, false, 1, true, false),
+            (false, false, true, 1, true, false),
+            (true, true, true, 1, false, false),
+            (true, true, false, 1, false, false),
+            (true, false, false, 1, false, false),
+            (false, false, false, 1, false, false),
+            (true, true, true, 2, false, false),
+            (true, true, true, 4, false, false),
         ] {
             let t = CudaTuning {
                 staged_tiles,
@@ -322,6 +332,7 @@ mod cuda {
                 prefetch_down: new_paths,
                 small_table: new_paths,
                 small_grid: new_paths,
+                fused_layer,
                 ..opened
             };
             d.set_cuda_tuning(t).unwrap();
@@ -356,6 +367,97 @@ mod cuda {
             (4096, 2048, 6, 1, 6),
         ]);
         on_every_path(|d| int8_path_is_bit_identical_to_cpu(d, &shapes));
+    }
+
+    /// The one-launch layer leaves its counters zero for the next launch on the same
+    /// stream: one-token int8 layers of different task counts (empty tasks and a token
+    /// routed nowhere among them) launched one after the other on one stream, three rounds,
+    /// each bit-identical to the CPU.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_fused_layer_repeats_on_one_stream() {
+        use ft_runtime::device::CudaTuning;
+        let d = gpu();
+        let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
+        d.set_cuda_tuning(CudaTuning {
+            fused_layer: true,
+            ..opened
+        })
+        .unwrap();
+        let mut cases = vec![
+            case(
+                ExpertFormat::Nvfp4,
+                ActivationPath::Int8,
+                2560,
+                640,
+                10,
+                1,
+                10,
+                31,
+            ),
+            case(
+                ExpertFormat::Nvfp4,
+                ActivationPath::Int8,
+                256,
+                160,
+                3,
+                1,
+                1,
+                32,
+            ),
+            case(
+                ExpertFormat::Mxfp4,
+                ActivationPath::Int8,
+                3072,
+                1536,
+                8,
+                1,
+                8,
+                33,
+            ),
+            case(
+                ExpertFormat::Nvfp4,
+                ActivationPath::Int8,
+                2560,
+                640,
+                1,
+                1,
+                1,
+                34,
+            ),
+        ];
+        // Two empty tasks (one token routed to one expert of three), and a layer whose
+        // every task is empty (its token routed nowhere: y is zero).
+        let mut nowhere = case(
+            ExpertFormat::Nvfp4,
+            ActivationPath::Int8,
+            256,
+            160,
+            3,
+            1,
+            1,
+            35,
+        );
+        for e in &mut nowhere.step.experts {
+            e.tokens.clear();
+        }
+        cases.push(nowhere);
+        let s = d.new_stream("compute").unwrap();
+        for round in 0..3 {
+            for (n, c) in cases.iter().enumerate() {
+                let got = run_on_stream(&d, &s, c);
+                let want = cpu(c);
+                let differ = got
+                    .iter()
+                    .zip(&want)
+                    .filter(|(a, b)| a.to_bits() != b.to_bits())
+                    .count();
+                assert_eq!(
+                    differ, 0,
+                    "round {round}, case {n}: {differ} outputs differ"
+                );
+            }
+        }
     }
 
     #[test]

@@ -81,6 +81,14 @@ pub const CUDA_SMALL_TABLE_ENV: &str = "FT_CUDA_SMALL_TABLE";
 /// 20261206T0336Z-h100-small-grid`).
 pub const CUDA_SMALL_GRID_ENV: &str = "FT_CUDA_SMALL_GRID";
 
+/// `1` runs each one-token int8 launch of the expert kernels as one launch for both halves
+/// (`ft_experts_layer_1` in `kernels/cuda/experts.cu`): a block does a gate/up item, then a
+/// down item once its task's h is complete, instead of a second, dependent launch whose
+/// blocks wait for the first grid to leave the multiprocessors before they can stage their
+/// tiles. The same arithmetic, so the same bits. Off by default until measured (`gpu_backend`'s
+/// `+fused` rows); where on it takes precedence over the small-grid instantiation.
+pub const CUDA_FUSED_ENV: &str = "FT_CUDA_FUSED";
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -102,7 +110,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 11] = [
+pub const CUDA_TUNING_ENVS: [&str; 12] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -111,6 +119,7 @@ pub const CUDA_TUNING_ENVS: [&str; 11] = [
     CUDA_PREFETCH_DOWN_ENV,
     CUDA_SMALL_TABLE_ENV,
     CUDA_SMALL_GRID_ENV,
+    CUDA_FUSED_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -167,6 +176,8 @@ pub struct CudaTuning {
     /// The small-grid one-token instantiation where a launch has fewer gate/up blocks than
     /// multiprocessors ([`CUDA_SMALL_GRID_ENV`]).
     pub small_grid: bool,
+    /// One launch for both halves of a one-token int8 layer ([`CUDA_FUSED_ENV`]).
+    pub fused_layer: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -185,6 +196,7 @@ impl Default for CudaTuning {
             prefetch_down: false,
             small_table: false,
             small_grid: true,
+            fused_layer: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -292,6 +304,7 @@ impl CudaTuning {
             prefetch_down: switch(CUDA_PREFETCH_DOWN_ENV)?.unwrap_or(d.prefetch_down),
             small_table: switch(CUDA_SMALL_TABLE_ENV)?.unwrap_or(d.small_table),
             small_grid: switch(CUDA_SMALL_GRID_ENV)?.unwrap_or(d.small_grid),
+            fused_layer: switch(CUDA_FUSED_ENV)?.unwrap_or(d.fused_layer),
             expert_variant,
             copies,
         })
@@ -310,6 +323,7 @@ impl CudaTuning {
             (CUDA_PREFETCH_DOWN_ENV, bit(self.prefetch_down)),
             (CUDA_SMALL_TABLE_ENV, bit(self.small_table)),
             (CUDA_SMALL_GRID_ENV, bit(self.small_grid)),
+            (CUDA_FUSED_ENV, bit(self.fused_layer)),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -344,8 +358,9 @@ impl CudaTuning {
     /// The expert kernels' path as the micro-bench's `path` column names it: `staged` or
     /// `direct`, then `+pdl` and `+split` where on, `+pipeN` for N pipelined column stages
     /// of staged tiles, `+cvt` for the hardware scale decode, `+l2down` for the down
-    /// matrices' prefetch from staged tiles, `+small` for the small launch table and `+wide`
-    /// for the small-grid instantiation (`staged+pdl`, `direct+split`,
+    /// matrices' prefetch from staged tiles, `+small` for the small launch table, `+wide`
+    /// for the small-grid instantiation and `+fused` for the one-launch layer (`staged+pdl`,
+    /// `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
@@ -373,6 +388,9 @@ impl CudaTuning {
         }
         if self.small_grid {
             s.push_str("+wide");
+        }
+        if self.fused_layer {
+            s.push_str("+fused");
         }
         s
     }
@@ -433,6 +451,7 @@ mod tests {
             (CUDA_PREFETCH_DOWN_ENV, "1"),
             (CUDA_SMALL_TABLE_ENV, "1"),
             (CUDA_SMALL_GRID_ENV, "1"),
+            (CUDA_FUSED_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -448,6 +467,7 @@ mod tests {
                 prefetch_down: true,
                 small_table: true,
                 small_grid: true,
+                fused_layer: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
@@ -456,7 +476,7 @@ mod tests {
         // name them.
         assert_eq!(
             t.to_string(),
-            "direct+split+cvt+small+wide, variant 4, copies split"
+            "direct+split+cvt+small+wide+fused, variant 4, copies split"
         );
         assert_eq!(
             CudaTuning {
@@ -464,7 +484,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -495,7 +515,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..128u32 {
+            for bits in 0..256u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
@@ -506,6 +526,7 @@ mod tests {
                         prefetch_down: bits & 16 != 0,
                         small_table: bits & 32 != 0,
                         small_grid: bits & 64 != 0,
+                        fused_layer: bits & 128 != 0,
                         expert_variant,
                         copies,
                     };
@@ -529,6 +550,7 @@ mod tests {
             (CUDA_PREFETCH_DOWN_ENV, "-1"),
             (CUDA_SMALL_TABLE_ENV, "512"),
             (CUDA_SMALL_GRID_ENV, "few"),
+            (CUDA_FUSED_ENV, "one"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
