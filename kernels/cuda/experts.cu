@@ -923,11 +923,12 @@ __device__ __forceinline__ void down_impl(
         : tile_at(fmt, down, j0);
     // The gate/up kernel's h (and nothing it writes is read before this).
     if (FUSED) {
-        // Every gate/up block of the task has written its block of h and fenced it.
+        // Every gate/up block of the task has written its block of h and fenced it; thread 0
+        // acquires that, and the barrier below orders the other threads' reads after it.
         if (threadIdx.x == 0 && task.pair_count > 0) {
             while (ld_acquire_gpu(ready) < ready_need) __nanosleep(64);
+            __threadfence();
         }
-        __threadfence();
     } else {
         pdl_wait();
     }
@@ -1186,10 +1187,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_layer_1(LAYER_AR
         const int by = (int)(t / gpe), bx = (int)(t % gpe);
         if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
         else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
-        // This block's h (written by its thread 0) visible device-wide before the signal.
-        __threadfence();
+        // This block's h visible device-wide before the signal: one token's block of h is
+        // written by thread 0 alone (gate_up_impl's quantization), so only it need fence.
         __syncthreads();
-        if (threadIdx.x == 0) atomicAdd(&ready[by], 1u);
+        if (threadIdx.x == 0) {
+            __threadfence();
+            atomicAdd(&ready[by], 1u);
+        }
     }
     if (t >= shift && t - shift < n_tasks * dpe) {
         const u32 d = t - shift;

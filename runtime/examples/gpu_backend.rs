@@ -159,6 +159,9 @@ fn kernel_cases() -> Vec<KernelCase> {
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", ALL),
+        // Twice the down blocks, each half the rows (2026-12-06).
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+short", ALL),
         (INT8, 1, None, "staged+pdl+split+l2down", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down", ALL),
         (INT8, 1, None, "staged+pdl+split+small", ALL),
@@ -188,6 +191,7 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
         (INT8, 1, None, "staged+pdl+split+wide", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
@@ -391,6 +395,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             small_table: path.contains("+small"),
             small_grid: path.contains("+wide"),
             fused_layer: path.contains("+fused"),
+            short_down: path.contains("+short"),
             expert_variant: forced,
             ..opened
         };

@@ -461,6 +461,14 @@ pub const CUDA_SMALL_GRID_VARIANT: CudaVariant = CudaVariant {
     gate_up_threads: 2 * CUDA_THREADS,
 };
 
+/// The default one-token instantiation with the small-grid down kernel (half the rows per
+/// block, [`crate::device::CudaTuning::short_down`]).
+pub const CUDA_SHORT_DOWN_VARIANT: CudaVariant = CudaVariant {
+    down: CUDA_SMALL_GRID_VARIANT.down,
+    down_rows: CUDA_SMALL_GRID_VARIANT.down_rows,
+    ..CUDA_VARIANTS[0]
+};
+
 /// Whether a launch of `gate_up_blocks` gate/up blocks with `variant` takes the small-grid
 /// instantiation on a device of `multiprocessors` where `tuning` asks for it: one-token
 /// launches of at most one gate/up block per multiprocessor, whole staged tiles (the wide
@@ -692,6 +700,8 @@ pub(crate) fn cuda_launch(
             stream.shared().multiprocessors,
         ) {
         CUDA_SMALL_GRID_VARIANT
+    } else if !fused && tuning.short_down && variant == CUDA_VARIANTS[0] {
+        CUDA_SHORT_DOWN_VARIANT
     } else {
         variant
     };
@@ -930,6 +940,15 @@ mod tests {
                 shift: 39
             }
         );
+    }
+
+    #[test]
+    fn short_down_blocks_keep_the_one_token_gate_up() {
+        let v = CUDA_SHORT_DOWN_VARIANT;
+        assert_eq!(v.gate_up, cuda_variant(1).gate_up);
+        assert_eq!(v.gate_up_threads, cuda_variant(1).gate_up_threads);
+        assert_eq!(v.tokens_per_pass, 1);
+        assert_eq!((v.down, v.down_rows), ("ft_experts_down_1s", 32));
     }
 
     #[test]

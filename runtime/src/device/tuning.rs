@@ -89,6 +89,13 @@ pub const CUDA_SMALL_GRID_ENV: &str = "FT_CUDA_SMALL_GRID";
 /// `+fused` rows); where on it takes precedence over the small-grid instantiation.
 pub const CUDA_FUSED_ENV: &str = "FT_CUDA_FUSED";
 
+/// `1` has one-token launches of the two-launch path that take the default instantiation
+/// use the small-grid down kernel (`ft_experts_down_1s`: 32 rows per block instead of 64,
+/// so twice the blocks and warps, each with half the rows), the profile's first suggestion
+/// for the latency-bound down kernel of a one-token layer (2026-12-06). The same arithmetic,
+/// so the same bits. Off by default until measured (`gpu_backend`'s `+short` rows).
+pub const CUDA_SHORT_DOWN_ENV: &str = "FT_CUDA_SHORT_DOWN";
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -110,7 +117,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 12] = [
+pub const CUDA_TUNING_ENVS: [&str; 13] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -120,6 +127,7 @@ pub const CUDA_TUNING_ENVS: [&str; 12] = [
     CUDA_SMALL_TABLE_ENV,
     CUDA_SMALL_GRID_ENV,
     CUDA_FUSED_ENV,
+    CUDA_SHORT_DOWN_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -178,6 +186,9 @@ pub struct CudaTuning {
     pub small_grid: bool,
     /// One launch for both halves of a one-token int8 layer ([`CUDA_FUSED_ENV`]).
     pub fused_layer: bool,
+    /// The small-grid down kernel for every two-launch one-token layer
+    /// ([`CUDA_SHORT_DOWN_ENV`]).
+    pub short_down: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -197,6 +208,7 @@ impl Default for CudaTuning {
             small_table: false,
             small_grid: true,
             fused_layer: false,
+            short_down: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -305,6 +317,7 @@ impl CudaTuning {
             small_table: switch(CUDA_SMALL_TABLE_ENV)?.unwrap_or(d.small_table),
             small_grid: switch(CUDA_SMALL_GRID_ENV)?.unwrap_or(d.small_grid),
             fused_layer: switch(CUDA_FUSED_ENV)?.unwrap_or(d.fused_layer),
+            short_down: switch(CUDA_SHORT_DOWN_ENV)?.unwrap_or(d.short_down),
             expert_variant,
             copies,
         })
@@ -324,6 +337,7 @@ impl CudaTuning {
             (CUDA_SMALL_TABLE_ENV, bit(self.small_table)),
             (CUDA_SMALL_GRID_ENV, bit(self.small_grid)),
             (CUDA_FUSED_ENV, bit(self.fused_layer)),
+            (CUDA_SHORT_DOWN_ENV, bit(self.short_down)),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -359,8 +373,8 @@ impl CudaTuning {
     /// `direct`, then `+pdl` and `+split` where on, `+pipeN` for N pipelined column stages
     /// of staged tiles, `+cvt` for the hardware scale decode, `+l2down` for the down
     /// matrices' prefetch from staged tiles, `+small` for the small launch table, `+wide`
-    /// for the small-grid instantiation and `+fused` for the one-launch layer (`staged+pdl`,
-    /// `direct+split`,
+    /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
+    /// the short down blocks (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
@@ -391,6 +405,9 @@ impl CudaTuning {
         }
         if self.fused_layer {
             s.push_str("+fused");
+        }
+        if self.short_down {
+            s.push_str("+short");
         }
         s
     }
@@ -452,6 +469,7 @@ mod tests {
             (CUDA_SMALL_TABLE_ENV, "1"),
             (CUDA_SMALL_GRID_ENV, "1"),
             (CUDA_FUSED_ENV, "1"),
+            (CUDA_SHORT_DOWN_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -468,6 +486,7 @@ mod tests {
                 small_table: true,
                 small_grid: true,
                 fused_layer: true,
+                short_down: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
@@ -476,7 +495,7 @@ mod tests {
         // name them.
         assert_eq!(
             t.to_string(),
-            "direct+split+cvt+small+wide+fused, variant 4, copies split"
+            "direct+split+cvt+small+wide+fused+short, variant 4, copies split"
         );
         assert_eq!(
             CudaTuning {
@@ -484,7 +503,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide+fused"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused+short"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -515,7 +534,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..256u32 {
+            for bits in 0..512u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
@@ -527,6 +546,7 @@ mod tests {
                         small_table: bits & 32 != 0,
                         small_grid: bits & 64 != 0,
                         fused_layer: bits & 128 != 0,
+                        short_down: bits & 256 != 0,
                         expert_variant,
                         copies,
                     };
@@ -551,6 +571,7 @@ mod tests {
             (CUDA_SMALL_TABLE_ENV, "512"),
             (CUDA_SMALL_GRID_ENV, "few"),
             (CUDA_FUSED_ENV, "one"),
+            (CUDA_SHORT_DOWN_ENV, "short"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
