@@ -1165,6 +1165,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS
 // (as ft_experts_down_1), then at `fz` the launch's ticket, its count of finished blocks
 // and one ready counter per task (n_tasks of them); the last block to finish zeroes them for
 // the next launch. A one-dimensional grid of the runtime's `cuda_fused_grid` blocks.
+// Off by default: slower than the two launches on an H100 (2026-12-06, 28.9 against 25.8 us
+// for 10 experts; experiments/gpu-backend, "One launch for both halves").
 #define LAYER_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, int T, const float* __restrict__ x, \
     float* O, float* hf, i8* hq, float* hs, u32* counters, float* y, u32 stage_off, \

@@ -85,15 +85,20 @@ pub const CUDA_SMALL_GRID_ENV: &str = "FT_CUDA_SMALL_GRID";
 /// (`ft_experts_layer_1` in `kernels/cuda/experts.cu`): a block does a gate/up item, then a
 /// down item once its task's h is complete, instead of a second, dependent launch whose
 /// blocks wait for the first grid to leave the multiprocessors before they can stage their
-/// tiles. The same arithmetic, so the same bits. Off by default until measured (`gpu_backend`'s
-/// `+fused` rows); where on it takes precedence over the small-grid instantiation.
+/// tiles. The same arithmetic, so the same bits; where on it takes precedence over the
+/// small-grid instantiation. Off: slower everywhere on an H100 (10 experts 28.9 against 25.8
+/// us, one expert 13.0 against 10.5, no work 8.3 against 7.1: each block's chain of tickets
+/// and fences costs more than the second launch, and a block stages its down tile only after
+/// its gate/up item; `experiments/gpu-backend/results/20261206T0605Z-h100-fused`).
 pub const CUDA_FUSED_ENV: &str = "FT_CUDA_FUSED";
 
 /// `1` has one-token launches of the two-launch path that take the default instantiation
 /// use the small-grid down kernel (`ft_experts_down_1s`: 32 rows per block instead of 64,
 /// so twice the blocks and warps, each with half the rows), the profile's first suggestion
 /// for the latency-bound down kernel of a one-token layer (2026-12-06). The same arithmetic,
-/// so the same bits. Off by default until measured (`gpu_backend`'s `+short` rows).
+/// so the same bits. Off: 10 experts 27.8 against 25.8 us on an H100 (the extra blocks start
+/// only as gate/up blocks leave, and each row tile's fixed work doubles in count;
+/// `experiments/gpu-backend/results/20261206T0605Z-h100-fused`).
 pub const CUDA_SHORT_DOWN_ENV: &str = "FT_CUDA_SHORT_DOWN";
 
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
