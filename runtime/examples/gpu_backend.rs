@@ -119,7 +119,65 @@ struct Report {
     dense_read_gbs: f64,
     gather: Vec<GatherRow>,
     kernel: Vec<KernelRow>,
+    /// What the default path's one-token layer could reach at best (`KernelFloor`); absent
+    /// when a run lacks its rows (`--only`).
+    floor: Option<KernelFloor>,
     enqueue: Enqueue,
+}
+
+/// The kernel target against this run's own floors, for the default path's one-token layer of
+/// the target's experts: the same layer with no work (its launches and fixed work) plus its
+/// weights read at the run's dense-read rate is the least time any arrangement of this
+/// layer's launches can take, so its share of the copy's read+write rate is the most the
+/// target can get without removing launches.
+#[derive(Serialize, Debug, Clone, PartialEq)]
+struct KernelFloor {
+    path: String,
+    /// Queued time of the layer with no tokens, us.
+    fixed_us: f64,
+    /// The layer's weight bytes at the dense-read rate, us.
+    memory_us: f64,
+    /// fixed_us + memory_us.
+    floor_us: f64,
+    /// The layer's bytes over floor_us, as a share of the copy's read+write rate.
+    floor_over_copy_rw: f64,
+    /// The layer's time at the target (50% of the copy's read+write rate), us.
+    target_us: f64,
+    /// The measured one-token layer, us.
+    measured_us: f64,
+}
+
+/// The floor of `path`'s one-token layer of `experts` experts from a run's kernel rows (int8,
+/// auto variant, 1 and 0 tokens), or None without both rows.
+fn kernel_floor(
+    rows: &[KernelRow],
+    path: &str,
+    experts: usize,
+    dense_read_gbs: f64,
+    copy_rw_gbs: f64,
+) -> Option<KernelFloor> {
+    let row = |tokens: usize| {
+        rows.iter().find(|r| {
+            r.act == "int8"
+                && r.variant == "auto"
+                && r.path == path
+                && r.experts == experts
+                && r.tokens == tokens
+        })
+    };
+    let (one, none) = (row(1)?, row(0)?);
+    let gb = one.bytes as f64 / 1e3; // bytes / (GB/s) in us: bytes / 1e3 / GB/s
+    let memory_us = gb / dense_read_gbs;
+    let floor_us = none.queued_us + memory_us;
+    Some(KernelFloor {
+        path: path.to_string(),
+        fixed_us: none.queued_us,
+        memory_us,
+        floor_us,
+        floor_over_copy_rw: gb / floor_us / copy_rw_gbs,
+        target_us: gb / (0.5 * copy_rw_gbs),
+        measured_us: one.queued_us,
+    })
 }
 
 /// The GPU backend against its ceilings (module docs).
@@ -513,6 +571,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         copy_rw_gbs,
         copy_gbs,
         dense_read_gbs,
+        floor: kernel_floor(
+            &krows,
+            &CudaTuning::default().expert_path(),
+            LAYER_EXPERTS,
+            dense_read_gbs,
+            copy_rw_gbs,
+        ),
         gather: grows,
         kernel: krows,
         enqueue,
@@ -637,9 +702,55 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             r.pass
         );
     }
+    if let Some(f) = &report.floor {
+        println!(
+            "floor of {} at 1 token: {:.2} us with no work + {:.2} us of weights at the dense-read rate = {:.2} us, {:.3} of the copy's read+write rate at best; the target (0.50) needs {:.2} us; measured {:.2} us",
+            f.path, f.fixed_us, f.memory_us, f.floor_us, f.floor_over_copy_rw, f.target_us, f.measured_us
+        );
+    }
     println!(
         "host enqueue per call: add kernel {:.2} us, event record {:.2} us, expert launch (1 token, 10 experts: two kernels) {:.2} us",
         report.enqueue.add_kernel_us, report.enqueue.event_record_us, report.enqueue.expert_launch_us
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(tokens: usize, path: &str, queued_us: f64) -> KernelRow {
+        KernelRow {
+            act: "int8".into(),
+            experts: LAYER_EXPERTS,
+            tokens,
+            variant: "auto".into(),
+            path: path.into(),
+            bytes: 27_700_000,
+            queued_us,
+            event_us: 0.0,
+            wall_us: 0.0,
+            enqueue_us: 0.0,
+            event_gbs: 0.0,
+            over_copy_rw: 0.0,
+            over_copy_bytes: 0.0,
+            target: 0.5,
+            pass: false,
+        }
+    }
+
+    /// The 2026-12-06 H100 run's numbers: 7.07 us with no work, 27.7 MB at 2850 GB/s, a
+    /// 3000 GB/s read+write copy.
+    #[test]
+    fn the_floor_adds_the_no_work_layer_and_the_bytes_at_the_dense_rate() {
+        let rows = vec![row(1, "p", 25.76), row(0, "p", 7.07), row(0, "other", 1.0)];
+        let f = kernel_floor(&rows, "p", LAYER_EXPERTS, 2850.0, 3000.0).unwrap();
+        assert!((f.memory_us - 27.7e6 / 2850e3).abs() < 1e-9);
+        assert!((f.floor_us - (7.07 + f.memory_us)).abs() < 1e-9);
+        assert!((f.target_us - 27.7e6 / 1500e3).abs() < 1e-9);
+        assert!((f.floor_over_copy_rw - 27.7e6 / (f.floor_us * 1e3) / 3000.0).abs() < 1e-12);
+        assert_eq!(f.measured_us, 25.76);
+        // No floor without both rows of the path.
+        assert!(kernel_floor(&rows, "other", LAYER_EXPERTS, 2850.0, 3000.0).is_none());
+    }
 }
