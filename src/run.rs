@@ -169,7 +169,7 @@ pub struct Args {
     /// share (on CUDA: the down kernel's last block of each row tile combines it), one launch
     /// fewer after the last copy; the same bits.
     #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::SetTrue,
-          value_parser = clap::builder::BoolishValueParser::new())]
+          value_parser = parse_env_switch)]
     fold_combine: bool,
     /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
     /// ... experts) or timed (each chunk as large as its kernels allow beside the next
@@ -1730,9 +1730,39 @@ fn run_probe(
     Ok(())
 }
 
+/// A switch set through the environment: 1/0 (or true/false, yes/no, on/off); an empty value
+/// counts as unset (off), as the CUDA tuning switches' do, so that `FT_X=$(cond && echo 1)`
+/// in a script means what it says.
+fn parse_env_switch(value: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" => Ok(false),
+        "1" | "true" | "yes" | "on" => Ok(true),
+        other => Err(format!(
+            "'{other}' is not a switch; use 1 or 0, or leave it empty"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::median_index;
+    #[test]
+    fn an_empty_switch_is_off_and_a_word_is_refused() {
+        for (v, want) in [
+            ("", false),
+            (" ", false),
+            ("0", false),
+            ("off", false),
+            ("1", true),
+            ("TRUE", true),
+            ("yes", true),
+        ] {
+            assert_eq!(parse_env_switch(v), Ok(want), "{v:?}");
+        }
+        let e = parse_env_switch("maybe").unwrap_err();
+        assert!(e.contains("maybe"), "{e}");
+    }
+
+    use super::{median_index, parse_env_switch};
 
     #[test]
     fn the_median_repetition_is_the_middle_one_by_value() {

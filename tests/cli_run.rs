@@ -528,6 +528,9 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         plain["summary"]["misses_per_layer"],
         set["summary"]["misses_per_layer"]
     );
+    // An empty switch is unset (a script's `FT_FOLD_COMBINE=$(cond && echo 1)`).
+    let empty = json(&common::ft_env(&args, &[("FT_FOLD_COMBINE", "")]));
+    assert_eq!(empty["fold_combine"], false);
     let bad = common::ft_env(&args, &[("FT_FOLD_COMBINE", "maybe")]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(
