@@ -678,6 +678,9 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
 // launch with fewer blocks than multiprocessors runs each block alone on its
 // multiprocessor, where a warp's chain of dependent loads and dots is the block's time:
 // twice the warps with half the chain each. The same operations per dot, so the same bits.
+//
+// (bx, by): the block's row block of h and its task (blockIdx in the gate/up kernels; the
+// fused layer's item).
 template <int MT, bool STAGED, bool WIDE = false>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
