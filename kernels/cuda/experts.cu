@@ -213,6 +213,19 @@ __device__ __forceinline__ u32 e2m1_table_lo() {
     return t;
 }
 
+// The same table word in a register of every thread of the block for a whole loop: thread 0
+// publishes it in shared memory (e2m1_table_publish), and after a barrier every thread reads
+// it (e2m1_table_read). Held as a constant, the compiler keeps it in a uniform register and
+// copies it into a vector register before nearly every prmt that reads it (47 copies in the
+// 314 instructions of the one-token gate/up loop's four blocks, 2026-12-06 SASS); a value
+// loaded from shared memory lives in one vector register instead (264 instructions). Only
+// where the table comes from changes, not a result.
+__shared__ u32 e2m1_table_smem;
+__device__ __forceinline__ void e2m1_table_publish() {
+    if (threadIdx.x == 0) e2m1_table_smem = e2m1_table_lo();
+}
+__device__ __forceinline__ u32 e2m1_table_read() { return e2m1_table_smem; }
+
 // prmt.b32 in its default mode over the magnitude table (low bytes in `lo`): byte n of the
 // result is table byte (sel >> 4n) & 7, or 0 where nibble n of sel has its top bit set.
 __device__ __forceinline__ u32 e2m1_mag(u32 lo, u32 sel) {
@@ -703,7 +716,8 @@ __device__ __forceinline__ void gate_up_impl(
     const Mat gate = {(const u8*)task.weights, (u64)I, (u64)H};
     const Mat up = {(const u8*)task.weights + matrix_bytes(fmt, I, H), (u64)I, (u64)H};
     const u64 vrb = values_row_bytes(fmt, H);
-    const u32 e2m1_lo = e2m1_table_lo();
+    // Read after the barrier below (the split-sign dot's table alone).
+    if (split_sign(MT, fmt)) e2m1_table_publish();
     // Pipelined (FT_PIPE_STAGES > 1): each warp stages its own rows in column stages of kb
     // blocks and waits for them stage by stage; otherwise kb = nb, one stage.
     constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1 && !WIDE;
@@ -748,6 +762,7 @@ __device__ __forceinline__ void gate_up_impl(
         // (Pipelined, each warp waits for its own stages below.)
         if (!PIPE) stage_wait();
         __syncthreads();
+        const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
         if constexpr (WIDE) {
             static_assert(MT == 1, "the wide kernel is the one-token variant");
             // The rows' gate and up values, in rows of hbuf that one token leaves unused (no
@@ -917,7 +932,8 @@ __device__ __forceinline__ void down_impl(
     const int nb = I / G;
     const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
     const u64 vrb = values_row_bytes(fmt, I);
-    const u32 e2m1_lo = e2m1_table_lo();
+    // Read after the barrier below (the split-sign dot's table alone).
+    if (split_sign(MT, fmt)) e2m1_table_publish();
     // stage (non-zero): the block's rows of down are copied into dynamic shared memory first
     // (as gate_up_impl's stage_off), before waiting for the gate/up kernel, so that with a
     // programmatic dependent launch the weights stream in while gate/up still runs.
@@ -937,6 +953,7 @@ __device__ __forceinline__ void down_impl(
     }
     stage_wait();
     __syncthreads();
+    const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
     // Row j0 + hw + 16 k exists for every hw of the block or for none (H % 32 == 0 and
     // j0 + 16 k is a multiple of 16), so `live[k]` is uniform and every lane reaches the
     // shuffles of reduce16.
