@@ -16,7 +16,8 @@
 //     into the residual stream (FoldCombine below).
 // Instantiations by tokens per pass (1, 2, 4, 8: _1, _2, _4 and the plain names), and for
 // one-token launches of at most one gate/up block per multiprocessor the small-grid pair
-// ft_experts_gate_up_1w (512 threads, one dot per half-warp) and ft_experts_down_1s.
+// ft_experts_gate_up_1w (512 threads, one dot per half-warp) and ft_experts_down_1s. Each
+// down kernel has a `_direct` twin for launches that do not stage their row tiles.
 //
 // The int8 path mirrors the specification in ft-kernels' w4a8 module docs operation by
 // operation: per-block int8 activation quantization (IEEE division, roundf), exact integer
@@ -904,18 +905,23 @@ __device__ __forceinline__ void gate_up_impl(
 // arithmetic is the same whichever half-warp runs it. (bx, by): the row tile and the task;
 // n_tasks: the launch's tasks (the row tile's last block combines it).
 //
+// STAGED: the block's rows of down are staged in shared memory first (the launch's `stage`
+// argument, a compile-time constant here as in gate_up_impl: the tile's pointers then come
+// from shared memory alone, so the compiler reads them with shared loads and 32-bit
+// addresses instead of generic loads and 64-bit arithmetic).
+//
 // FUSED (the one-launch layer, ft_experts_layer_1 below; int8 path, R > 1): h is written by
 // other blocks of the same launch, so instead of the dependent launch's wait the block
 // waits until `ready` counts `ready_need` finished gate/up blocks of its task, and reads h
 // through L2 (__ldcg), never through the read-only path, which is not coherent with writes
 // made during the kernel.
-template <int MT, int R, bool FUSED = false>
+template <int MT, int R, bool STAGED, bool FUSED = false>
 __device__ __forceinline__ void down_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs,
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
-    u32* counters, float* y, u32 stage, const FoldCombine& fold,
+    u32* counters, float* y, const FoldCombine& fold,
     int bx, int by, int n_tasks, const u32* ready = nullptr, u32 ready_need = 0)
 {
     static_assert(!FUSED || R > 1, "the fused layer reads h in the few-token branch");
@@ -934,12 +940,18 @@ __device__ __forceinline__ void down_impl(
     const u64 vrb = values_row_bytes(fmt, I);
     // Read after the barrier below (the split-sign dot's table alone).
     if (split_sign(MT, fmt)) e2m1_table_publish();
-    // stage (non-zero): the block's rows of down are copied into dynamic shared memory first
-    // (as gate_up_impl's stage_off), before waiting for the gate/up kernel, so that with a
-    // programmatic dependent launch the weights stream in while gate/up still runs.
-    const Tile td = stage && task.pair_count > 0
-        ? stage_tile(fmt, down, j0, min(ROWS, H - j0), smem)
-        : tile_at(fmt, down, j0);
+    // STAGED: the block's rows of down are copied into dynamic shared memory first (as
+    // gate_up_impl's stage_off), before waiting for the gate/up kernel, so that with a
+    // programmatic dependent launch the weights stream in while gate/up still runs. A block
+    // of an empty task stages nothing and reads no row.
+    Tile td;
+    if (STAGED) {
+        const u64 n = (u64)min(ROWS, H - j0);
+        td = tile_in(fmt, I, n, smem);
+        if (task.pair_count > 0) stage_tile(fmt, down, j0, n, smem);
+    } else {
+        td = tile_at(fmt, down, j0);
+    }
     // The gate/up kernel's h (and nothing it writes is read before this).
     if (FUSED) {
         // Every gate/up block of the task has written its block of h and fenced it; thread 0
@@ -1111,10 +1123,19 @@ __device__ __forceinline__ void down_impl(
 #define GATE_UP_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, const float* __restrict__ x, int tch, \
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off
+// stage: whether the launch stages its row tiles, which the runtime expresses by its choice of
+// entry point (ft_experts_down_* staged, ft_experts_down_*_direct not), so each kernel holds
+// one instantiation and the registers it needs (one kernel holding both spilled in some
+// formats); kept in the arguments so that both entries take the same list.
 #define DOWN_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, int T, \
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
     u32* counters, float* y, u32 stage, const FoldCombine fold
+// A down entry point: down_impl<MT, R, STAGED>.
+#define DOWN_ENTRY(MT, R, STAGED) \
+    TABLES (void)stage; \
+    down_impl<MT, R, STAGED>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, \
+                             fold, blockIdx.x, blockIdx.y, gridDim.y);
 
 // One instantiation per largest task size (tokens routed to one expert): 1, 2, 4 and 8
 // tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
@@ -1145,28 +1166,18 @@ extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_U
     if (stage_off) gate_up_impl<4, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     else gate_up_impl<4, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
 }
-extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) {
-    TABLES
-    down_impl<MAXT, DOWN_R_8>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) {
-    TABLES
-    down_impl<1, DOWN_R_1>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
-}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, true) }
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_direct(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, false) }
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1, true) }
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1_direct(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1, false) }
 // The small-grid one-token down kernel: DOWN_R_1S rows per half-warp, so a launch of few
 // experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) {
-    TABLES
-    down_impl<1, DOWN_R_1S>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) {
-    TABLES
-    down_impl<2, DOWN_R_2>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) {
-    TABLES
-    down_impl<4, DOWN_R_4>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, stage, fold, blockIdx.x, blockIdx.y, gridDim.y);
-}
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, true) }
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s_direct(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, false) }
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, true) }
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2_direct(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, false) }
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) { DOWN_ENTRY(4, DOWN_R_4, true) }
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4_direct(DOWN_ARGS) { DOWN_ENTRY(4, DOWN_R_4, false) }
 
 // One launch for both halves of a one-token layer (FT_CUDA_FUSED, the runtime's
 // CudaTuning::fused_layer; int8 path): the down kernel's blocks no longer wait for the
@@ -1220,8 +1231,12 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_layer_1(LAYER_AR
     if (t >= shift && t - shift < n_tasks * dpe) {
         const u32 d = t - shift;
         const int by = (int)(d / dpe), bx = (int)(d % dpe);
-        down_impl<1, DOWN_R_1, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs,
-                                     counters, y, down_stage, fold, bx, by, (int)n_tasks, &ready[by], gpe);
+        if (down_stage)
+            down_impl<1, DOWN_R_1, true, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq,
+                                               hs, counters, y, fold, bx, by, (int)n_tasks, &ready[by], gpe);
+        else
+            down_impl<1, DOWN_R_1, false, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq,
+                                                hs, counters, y, fold, bx, by, (int)n_tasks, &ready[by], gpe);
     }
     __syncthreads();
     if (threadIdx.x == 0) last = atomicAdd(&launch[1], 1u) == gridDim.x - 1;

@@ -405,8 +405,12 @@ pub fn cuda_scratch_layout(step: &ExpertStep, pairs: usize) -> ([usize; 4], usiz
 pub struct CudaVariant {
     /// Gate/up entry point.
     pub gate_up: &'static str,
-    /// Down entry point.
+    /// Down entry point of launches that stage their row tiles.
     pub down: &'static str,
+    /// Down entry point of launches that read their rows from global memory (the same
+    /// instantiation with its tile's pointers global, so each kernel holds the registers of
+    /// one path).
+    pub down_direct: &'static str,
     /// Tokens of one task per pass.
     pub tokens_per_pass: usize,
     /// Rows of down per block of the down kernel (16 half-warps times the kernel's
@@ -421,6 +425,7 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
     CudaVariant {
         gate_up: "ft_experts_gate_up_1",
         down: "ft_experts_down_1",
+        down_direct: "ft_experts_down_1_direct",
         tokens_per_pass: 1,
         down_rows: 64,
         gate_up_threads: CUDA_THREADS,
@@ -428,6 +433,7 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
     CudaVariant {
         gate_up: "ft_experts_gate_up_2",
         down: "ft_experts_down_2",
+        down_direct: "ft_experts_down_2_direct",
         tokens_per_pass: 2,
         down_rows: 32,
         gate_up_threads: CUDA_THREADS,
@@ -435,6 +441,7 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
     CudaVariant {
         gate_up: "ft_experts_gate_up_4",
         down: "ft_experts_down_4",
+        down_direct: "ft_experts_down_4_direct",
         tokens_per_pass: 4,
         down_rows: 16,
         gate_up_threads: CUDA_THREADS,
@@ -442,6 +449,7 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
     CudaVariant {
         gate_up: "ft_experts_gate_up",
         down: "ft_experts_down",
+        down_direct: "ft_experts_down_direct",
         tokens_per_pass: CUDA_MAX_TOKENS_PER_PASS,
         down_rows: 16,
         gate_up_threads: CUDA_THREADS,
@@ -456,6 +464,7 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
 pub const CUDA_SMALL_GRID_VARIANT: CudaVariant = CudaVariant {
     gate_up: "ft_experts_gate_up_1w",
     down: "ft_experts_down_1s",
+    down_direct: "ft_experts_down_1s_direct",
     tokens_per_pass: 1,
     down_rows: 32,
     gate_up_threads: 2 * CUDA_THREADS,
@@ -465,6 +474,7 @@ pub const CUDA_SMALL_GRID_VARIANT: CudaVariant = CudaVariant {
 /// block, [`crate::device::CudaTuning::short_down`]).
 pub const CUDA_SHORT_DOWN_VARIANT: CudaVariant = CudaVariant {
     down: CUDA_SMALL_GRID_VARIANT.down,
+    down_direct: CUDA_SMALL_GRID_VARIANT.down_direct,
     down_rows: CUDA_SMALL_GRID_VARIANT.down_rows,
     ..CUDA_VARIANTS[0]
 };
@@ -726,9 +736,14 @@ pub(crate) fn cuda_launch(
     let gate_up = stream
         .shared()
         .function_spec(KernelId::Experts, spec, variant.gate_up)?;
+    let down_entry = if staging.down_staged {
+        variant.down
+    } else {
+        variant.down_direct
+    };
     let down = stream
         .shared()
-        .function_spec(KernelId::Experts, spec, variant.down)?;
+        .function_spec(KernelId::Experts, spec, down_entry)?;
     let table = stream.table_arg(&t.bytes)?;
     let [_, o_pairs, o_begin, o_tok] = t.offsets.map(|o| o as u32);
     let (o, hf, hq, hs) = (
@@ -978,12 +993,16 @@ mod tests {
                 n => cu_define(experts, &format!("DOWN_R_{n}")),
             };
             assert_eq!(v.down_rows, 16 * r, "{v:?}");
-            assert!(experts.contains(&format!(" {}(", v.gate_up)), "{v:?}");
+            for entry in [v.gate_up, v.down, v.down_direct] {
+                assert!(experts.contains(&format!(" {entry}(")), "{v:?}");
+                assert!(KernelId::Experts.entry_points().contains(&entry), "{v:?}");
+            }
         }
         let wide = CUDA_SMALL_GRID_VARIANT;
         assert_eq!(wide.down_rows, 16 * cu_define(experts, "DOWN_R_1S"));
         assert!(experts.contains(&format!(" {}(", wide.gate_up)));
         assert!(experts.contains(&format!(" {}(", wide.down)));
+        assert!(experts.contains(&format!(" {}(", wide.down_direct)));
         assert!(experts.contains(&format!(
             "__launch_bounds__({}, 2) {}(",
             wide.gate_up_threads, wide.gate_up
@@ -992,7 +1011,8 @@ mod tests {
         // The fused layer's row tiles are ft_experts_down_1's (its dpe from DOWN_R_1).
         assert!(experts.contains(&format!(" {CUDA_FUSED_ENTRY}(")));
         assert!(KernelId::Experts.entry_points().contains(&CUDA_FUSED_ENTRY));
-        assert!(experts.contains("down_impl<1, DOWN_R_1, true>"));
+        assert!(experts.contains("down_impl<1, DOWN_R_1, true, true>"));
+        assert!(experts.contains("down_impl<1, DOWN_R_1, false, true>"));
         assert_eq!(
             cu_define(experts, "ACT_F32") as i32,
             cuda_act_code(ActivationPath::F32)
