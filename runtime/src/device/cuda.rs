@@ -1,6 +1,6 @@
 //! The CUDA backend, through cudarc's driver API with dynamic loading.
 //!
-//! A build with feature `cuda` runs on machines without CUDA: [`CudaDevice::new`] checks
+//! A build with feature `cuda` runs on machines without CUDA: `CudaDevice::new` checks
 //! that libcuda can be loaded, that the driver initialises and that the ordinal exists
 //! before touching anything else, and says which step failed. Memory is managed with raw
 //! driver calls (cudarc's `CudaSlice` event tracking is turned off: ordering is the
