@@ -665,6 +665,14 @@ pub(crate) struct CudaFoldCombine {
     pub k: u64,
 }
 
+/// The kernels one launch of the expert kernels runs: the gate/up and down pair, or the
+/// one-launch layer.
+#[cfg(feature = "cuda")]
+enum LaunchKernels {
+    Two(cudarc::driver::CudaFunction, cudarc::driver::CudaFunction),
+    Fused(cudarc::driver::CudaFunction),
+}
+
 /// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses), with the
 /// layer's combine folded into the down kernel where `fold.act` is set.
 #[cfg(feature = "cuda")]
@@ -715,7 +723,8 @@ pub(crate) fn cuda_launch(
     } else {
         variant
     };
-    if step.hidden.div_ceil(variant.down_rows) * 4 > CUDA_COUNTER_BYTES {
+    let down_tiles = step.hidden.div_ceil(variant.down_rows);
+    if down_tiles * 4 > CUDA_COUNTER_BYTES {
         return Err(RuntimeError::invalid(
             "expert step hidden",
             "too wide for the CUDA kernel",
@@ -730,20 +739,31 @@ pub(crate) fn cuda_launch(
         tuning.staged_tiles,
     )?;
     let pdl = tuning.dependent_launch;
+    // The fused launch's counters after the row tiles' (its ticket, finished blocks, one
+    // ready count per task), on their own cache line; a launch whose counters would not fit
+    // takes the two launches.
+    let fused_counters = down_tiles.next_multiple_of(32);
+    let fused = fused && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
     let spec = cuda_specialization(step, &tuning, t.bytes.len());
-    let gate_up = stream
-        .shared()
-        .function_spec(KernelId::Experts, spec, variant.gate_up)?;
-    let down_entry = if staging.down_staged {
-        variant.down
-    } else {
-        variant.down_direct
+    // The launch's kernels (compiled at first use), looked up before its table takes an
+    // argument slot.
+    let kernel = |entry: &'static str| {
+        stream
+            .shared()
+            .function_spec(KernelId::Experts, spec, entry)
     };
-    let down = stream
-        .shared()
-        .function_spec(KernelId::Experts, spec, down_entry)?;
+    let kernels = if fused {
+        LaunchKernels::Fused(kernel(CUDA_FUSED_ENTRY)?)
+    } else {
+        let down_entry = if staging.down_staged {
+            variant.down
+        } else {
+            variant.down_direct
+        };
+        LaunchKernels::Two(kernel(variant.gate_up)?, kernel(down_entry)?)
+    };
     let table = stream.table_arg(&t.bytes)?;
     let [_, o_pairs, o_begin, o_tok] = t.offsets.map(|o| o as u32);
     let (o, hf, hq, hs) = (
@@ -765,19 +785,13 @@ pub(crate) fn cuda_launch(
     let g = cuda_group(step.format);
     let stage_off = staging.gate_up_stage_off as u32;
     let down_stage = u32::from(staging.down_staged);
-    let down_tiles = step.hidden.div_ceil(variant.down_rows);
-    // The fused launch's counters after the row tiles' (its ticket, finished blocks, one
-    // ready count per task), on their own cache line; a launch whose counters would not fit
-    // takes the two launches.
-    let fused_counters = down_tiles.next_multiple_of(32);
-    let fused = fused && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
-    // One pointer to each argument, in the kernels' order (experts.cu's GATE_UP_ARGS and
-    // DOWN_ARGS).
+    // One pointer to each argument, in the kernels' order (experts.cu's GATE_UP_ARGS,
+    // DOWN_ARGS and LAYER_ARGS).
     fn p<T>(v: &T) -> *mut std::ffi::c_void {
         v as *const T as *mut std::ffi::c_void
     }
     let param: &ParamTableArg = &table.param;
-    // The arguments both kernels begin with (TABLE_ARGS, then format, path and shape).
+    // The arguments every kernel begins with (TABLE_ARGS, then format, path and shape).
     let common = [
         p(param),
         p(&table.staged),
@@ -789,87 +803,88 @@ pub(crate) fn cuda_launch(
         p(&h),
         p(&i),
     ];
-    let mut gate_up_args: Vec<_> = common
-        .iter()
-        .copied()
-        .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
-        .collect();
-    let mut down_args: Vec<_> = common
-        .iter()
-        .copied()
-        .chain([
-            p(&tokens),
-            p(&o),
-            p(&hf),
-            p(&hq),
-            p(&hs),
-            p(&counters),
-            p(&y),
-            p(&down_stage),
-            p(&fold),
-        ])
-        .collect();
-    if fused {
-        let layer = stream
-            .shared()
-            .function_spec(KernelId::Experts, spec, CUDA_FUSED_ENTRY)?;
-        let grid = cuda_fused_grid(step.experts.len(), step.intermediate / g, down_tiles);
-        let (fz, shift) = (fused_counters as u32, grid.shift as u32);
-        let mut layer_args: Vec<_> = common
-            .iter()
-            .copied()
-            .chain([
-                p(&tokens),
-                p(&x),
-                p(&o),
-                p(&hf),
-                p(&hq),
-                p(&hs),
-                p(&counters),
-                p(&y),
-                p(&stage_off),
-                p(&down_stage),
-                p(&fold),
-                p(&n_tasks),
-                p(&fz),
-                p(&shift),
-            ])
-            .collect();
-        // SAFETY: the argument list matches ft_experts_layer_1 (LAYER_ARGS); the addresses
-        // and values as for the two launches below.
-        unsafe {
-            stream.launch_ex(
-                &layer,
-                (grid.blocks as u32, 1, 1),
-                (CUDA_THREADS, 1, 1),
-                staging.gate_up_shared.max(staging.down_shared) as u32,
-                &mut layer_args,
-                false,
-            )?;
+    match kernels {
+        LaunchKernels::Fused(layer) => {
+            let grid = cuda_fused_grid(step.experts.len(), step.intermediate / g, down_tiles);
+            let (fz, shift) = (fused_counters as u32, grid.shift as u32);
+            let mut layer_args: Vec<_> = common
+                .iter()
+                .copied()
+                .chain([
+                    p(&tokens),
+                    p(&x),
+                    p(&o),
+                    p(&hf),
+                    p(&hq),
+                    p(&hs),
+                    p(&counters),
+                    p(&y),
+                    p(&stage_off),
+                    p(&down_stage),
+                    p(&fold),
+                    p(&n_tasks),
+                    p(&fz),
+                    p(&shift),
+                ])
+                .collect();
+            // SAFETY: the argument list matches ft_experts_layer_1 (LAYER_ARGS); every
+            // address was checked (validate) or allocated for this launch, and the values
+            // live until the call returns (the driver copies them at launch).
+            unsafe {
+                stream.launch_ex(
+                    &layer,
+                    (grid.blocks as u32, 1, 1),
+                    (CUDA_THREADS, 1, 1),
+                    staging.gate_up_shared.max(staging.down_shared) as u32,
+                    &mut layer_args,
+                    false,
+                )?;
+            }
         }
-        return stream.release_arg(table);
-    }
-    // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*; every
-    // address was checked (validate) or allocated for this launch, and the values live
-    // until the calls return (the driver copies them at launch).
-    unsafe {
-        stream.launch_ex(
-            &gate_up,
-            ((step.intermediate / g) as u32, n_tasks, 1),
-            (variant.gate_up_threads, 1, 1),
-            staging.gate_up_shared as u32,
-            &mut gate_up_args,
-            false,
-        )?;
-        // The down kernel may start while gate/up runs (it waits for h in the kernel).
-        stream.launch_ex(
-            &down,
-            (down_tiles as u32, n_tasks, 1),
-            (CUDA_THREADS, 1, 1),
-            staging.down_shared as u32,
-            &mut down_args,
-            pdl,
-        )?;
+        LaunchKernels::Two(gate_up, down) => {
+            let mut gate_up_args: Vec<_> = common
+                .iter()
+                .copied()
+                .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
+                .collect();
+            let mut down_args: Vec<_> = common
+                .iter()
+                .copied()
+                .chain([
+                    p(&tokens),
+                    p(&o),
+                    p(&hf),
+                    p(&hq),
+                    p(&hs),
+                    p(&counters),
+                    p(&y),
+                    p(&down_stage),
+                    p(&fold),
+                ])
+                .collect();
+            // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*;
+            // every address was checked (validate) or allocated for this launch, and the
+            // values live until the calls return (the driver copies them at launch).
+            unsafe {
+                stream.launch_ex(
+                    &gate_up,
+                    ((step.intermediate / g) as u32, n_tasks, 1),
+                    (variant.gate_up_threads, 1, 1),
+                    staging.gate_up_shared as u32,
+                    &mut gate_up_args,
+                    false,
+                )?;
+                // The down kernel may start while gate/up runs (it waits for h in the kernel).
+                stream.launch_ex(
+                    &down,
+                    (down_tiles as u32, n_tasks, 1),
+                    (CUDA_THREADS, 1, 1),
+                    staging.down_shared as u32,
+                    &mut down_args,
+                    pdl,
+                )?;
+            }
+        }
     }
     stream.release_arg(table)
 }
