@@ -1730,21 +1730,25 @@ fn run_probe(
     Ok(())
 }
 
-/// A switch set through the environment: 1/0 (or true/false, yes/no, on/off); an empty value
-/// counts as unset (off), as the CUDA tuning switches' do, so that `FT_X=$(cond && echo 1)`
-/// in a script means what it says.
+/// A switch set through the environment: what clap's [`clap::builder::BoolishValueParser`]
+/// takes (1/0, true/false, yes/no, on/off, ...), and an empty value, which counts as unset
+/// (off) as the CUDA tuning switches' empty values do, so that `FT_X=$(cond && echo 1)` in a
+/// script means what it says.
 fn parse_env_switch(value: &str) -> Result<bool, String> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "" | "0" | "false" | "no" | "off" => Ok(false),
-        "1" | "true" | "yes" | "on" => Ok(true),
-        other => Err(format!(
-            "'{other}' is not a switch; use 1 or 0, or leave it empty"
-        )),
+    use clap::builder::TypedValueParser;
+    let value = value.trim();
+    if value.is_empty() {
+        return Ok(false);
     }
+    clap::builder::BoolishValueParser::new()
+        .parse_ref(&clap::Command::new("ft"), None, std::ffi::OsStr::new(value))
+        .map_err(|_| format!("'{value}' is not a switch; use 1 or 0, or leave it empty"))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::{median_index, parse_env_switch};
+
     #[test]
     fn an_empty_switch_is_off_and_a_word_is_refused() {
         for (v, want) in [
@@ -1752,17 +1756,17 @@ mod tests {
             (" ", false),
             ("0", false),
             ("off", false),
+            ("n", false),
             ("1", true),
             ("TRUE", true),
             ("yes", true),
+            ("y", true),
         ] {
             assert_eq!(parse_env_switch(v), Ok(want), "{v:?}");
         }
         let e = parse_env_switch("maybe").unwrap_err();
         assert!(e.contains("maybe"), "{e}");
     }
-
-    use super::{median_index, parse_env_switch};
 
     #[test]
     fn the_median_repetition_is_the_middle_one_by_value() {
