@@ -2,12 +2,9 @@
 //! offload only beyond the runs' own noise (the larger round spread of the two), so a
 //! "favoured" run, a win, a loss and an "UNEXPECTED LOSS" each mean what the summary says.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{python, repo_root};
 
 fn num(row: &csv::StringRecord, at: usize) -> f64 {
     row[at]
@@ -17,28 +14,21 @@ fn num(row: &csv::StringRecord, at: usize) -> f64 {
 
 #[test]
 fn hybrid_is_favoured_won_or_lost_only_beyond_the_runs_noise() {
-    let committed = root().join("experiments/runtime-grid/results/20261206T0419Z-h100-full");
+    let committed = repo_root().join("experiments/runtime-grid/results/20261206T0419Z-h100-full");
     let dir = tempfile::tempdir().unwrap();
-    let unpack = Command::new("python3")
-        .args([
-            "-c",
-            "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])",
-        ])
-        .arg(committed.join("json-logs.tar.xz"))
-        .arg(dir.path())
-        .status()
-        .expect("python3");
-    assert!(unpack.success(), "unpacking the committed reports");
-    let out = Command::new("python3")
-        .arg(root().join("experiments/runtime-grid/analyze.py"))
-        .arg(dir.path())
-        .output()
-        .expect("running analyze.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Unpacking the committed reports, then analysing them.
+    python([
+        std::ffi::OsStr::new("-c"),
+        "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])".as_ref(),
+        committed.join("json-logs.tar.xz").as_os_str(),
+        dir.path().as_os_str(),
+    ]);
+    python([
+        repo_root()
+            .join("experiments/runtime-grid/analyze.py")
+            .as_os_str(),
+        dir.path().as_os_str(),
+    ]);
 
     let mut grid = csv::Reader::from_path(dir.path().join("grid.csv")).expect("grid.csv");
     let header = grid.headers().unwrap().clone();

@@ -2,13 +2,11 @@
 //! committed grid against a copy with known changes: points matched by what they ran (not by
 //! name), ratios, verdicts against the noise floor, a point only one side has.
 
-use serde_json::Value;
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-fn root() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
+use common::{python, repo_root};
+use serde_json::Value;
+use std::process::Command;
 
 /// `grid` with every `strategy` row's tok/s (total and per stream) times `k`, renamed.
 fn scaled(grid: &str, changes: &[(&str, f64)], drop_strategy: &str) -> String {
@@ -42,7 +40,7 @@ fn compare_matches_points_by_what_they_ran_and_judges_against_the_noise() {
         Command::new("python3").arg("--version").output().is_ok(),
         "compare.py needs python3"
     );
-    let base = root().join("experiments/runtime-grid/results/20261204T2034Z");
+    let base = repo_root().join("experiments/runtime-grid/results/20261204T2034Z");
     let grid = std::fs::read_to_string(base.join("grid.csv")).expect("the committed grid");
     let dir = tempfile::tempdir().unwrap();
     let new = dir.path().join("grid.csv");
@@ -51,18 +49,14 @@ fn compare_matches_points_by_what_they_ran_and_judges_against_the_noise() {
         scaled(&grid, &[("offload", 1.10), ("hybrid", 0.99)], "resident"),
     )
     .unwrap();
-    let out = Command::new("python3")
-        .arg(root().join("experiments/runtime-grid/compare.py"))
-        .arg(&base)
-        .arg(&new)
-        .arg("--json")
-        .output()
-        .expect("running compare.py");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = python([
+        repo_root()
+            .join("experiments/runtime-grid/compare.py")
+            .as_os_str(),
+        base.as_os_str(),
+        new.as_os_str(),
+        "--json".as_ref(),
+    ]);
     let doc: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let points = doc["points"].as_array().expect("points");
     let mut seen = 0;
@@ -99,12 +93,13 @@ fn compare_matches_points_by_what_they_ran_and_judges_against_the_noise() {
     );
 
     // The table names the switches each run took.
-    let table = Command::new("python3")
-        .arg(root().join("experiments/runtime-grid/compare.py"))
-        .arg(&base)
-        .arg(&base)
-        .output()
-        .unwrap();
+    let table = python([
+        repo_root()
+            .join("experiments/runtime-grid/compare.py")
+            .as_os_str(),
+        base.as_os_str(),
+        base.as_os_str(),
+    ]);
     let text = String::from_utf8_lossy(&table.stdout);
     assert!(text.contains("geometric mean new/base 1.000"), "{text}");
     assert!(text.starts_with("base: "), "{text}");

@@ -7,6 +7,27 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The repository's root (the workspace package's directory), where `experiments/` and
+/// `scripts/` live.
+pub fn repo_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Run `python3` with `args` (a script of the repository and its arguments, or `-c` and
+/// code), asserting that it succeeded with its stderr in the failure message; its output.
+pub fn python<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> Output {
+    let out = Command::new("python3")
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "python3: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Write `text` to `dir/name` (a model TOML, a host file) and return its path as an argument.
 pub fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
