@@ -309,8 +309,8 @@ mod cuda {
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
         // The paths not yet made defaults first, so a run cut short still checks them.
         for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, new_paths, fused_layer) in [
-            // The one-launch layer: staged (the down prefetch and the short down blocks on,
-            // which it ignores), direct, without the split-sign dot.
+            // The one-launch layer: staged (with the down matrices' L2 prefetch, and the
+            // short down blocks, which it ignores), direct, without the split-sign dot.
             (true, true, true, 1, true, true),
             (false, false, true, 1, true, true),
             (true, true, false, 1, false, true),
