@@ -1123,17 +1123,16 @@ __device__ __forceinline__ void down_impl(
 #define GATE_UP_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, const float* __restrict__ x, int tch, \
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off
-// stage: whether the launch stages its row tiles, which the runtime expresses by its choice of
-// entry point (ft_experts_down_* staged, ft_experts_down_*_direct not), so each kernel holds
-// one instantiation and the registers it needs (one kernel holding both spilled in some
-// formats); kept in the arguments so that both entries take the same list.
+// Whether a launch stages its row tiles is its choice of entry point (ft_experts_down_*
+// staged, ft_experts_down_*_direct not), so each kernel holds one instantiation and the
+// registers it needs (one kernel holding both spilled in some formats).
 #define DOWN_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, int T, \
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
-    u32* counters, float* y, u32 stage, const FoldCombine fold
+    u32* counters, float* y, const FoldCombine fold
 // A down entry point: down_impl<MT, R, STAGED>.
 #define DOWN_ENTRY(MT, R, STAGED) \
-    TABLES (void)stage; \
+    TABLES \
     down_impl<MT, R, STAGED>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, \
                              fold, blockIdx.x, blockIdx.y, gridDim.y);
 

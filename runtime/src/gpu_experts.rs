@@ -858,7 +858,6 @@ pub(crate) fn cuda_launch(
                     p(&hs),
                     p(&counters),
                     p(&y),
-                    p(&down_stage),
                     p(&fold),
                 ])
                 .collect();
