@@ -171,6 +171,13 @@ pub struct Args {
     #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::SetTrue,
           value_parser = parse_env_switch)]
     fold_combine: bool,
+    /// Queue a layer's last fetched chunk's launch at once, its blocks waiting on the device
+    /// for a flag the copy stream sets after the chunk's copies, instead of queueing it
+    /// behind an event wait: the launch's start overlaps the last copy; the same bits.
+    /// Copy-engine gathers, single GPU.
+    #[arg(long, env = "FT_GATE_LAST_CHUNK", action = clap::ArgAction::SetTrue,
+          value_parser = parse_env_switch)]
+    gate_last_chunk: bool,
     /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
     /// ... experts) or timed (each chunk as large as its kernels allow beside the next
     /// chunk's copies, the kernels and a copy timed when the engine starts); the same bits.
@@ -361,6 +368,10 @@ pub struct RunReport {
     /// Whether a layer's combine was folded into its last fetched chunk (`--fold-combine`).
     #[serde(default)]
     pub fold_combine: bool,
+    /// Whether a layer's last fetched chunk's launch was gated on a flag
+    /// (`--gate-last-chunk`).
+    #[serde(default)]
+    pub gate_last_chunk: bool,
     /// How fetched experts were cut into chunks (`--fetch-chunking`).
     #[serde(default)]
     pub fetch_chunking: String,
@@ -907,6 +918,7 @@ pub fn run(args: Args) -> Result<()> {
             .context("--host-submit")?,
         fetch_chunks: args.fetch_chunks,
         fold_combine: args.fold_combine,
+        gate_last_chunk: args.gate_last_chunk,
         fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
@@ -1175,6 +1187,7 @@ pub fn run(args: Args) -> Result<()> {
             host_submit: cfg.host_submit.name().into(),
             fetch_chunks: cfg.fetch_chunks,
             fold_combine: cfg.fold_combine,
+            gate_last_chunk: cfg.gate_last_chunk,
             fetch_chunking: cfg.fetch_chunking.name().into(),
             chunk_timer: engine.chunk_timer().copied(),
             gpu_act: cfg.gpu_path.name().into(),
@@ -1259,7 +1272,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} {} chunks{})",
+        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} {} chunks{}{})",
         r.device.label(),
         r.threads,
         r.pool_wait,
@@ -1272,6 +1285,11 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         r.fetch_chunking,
         if r.fold_combine {
             ", combine folded"
+        } else {
+            ""
+        },
+        if r.gate_last_chunk {
+            ", last chunk gated"
         } else {
             ""
         }

@@ -503,6 +503,7 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
     };
     let plain = json(&ft(&args));
     assert_eq!(plain["fold_combine"], false);
+    assert_eq!(plain["gate_last_chunk"], false);
     assert_eq!(plain["fetch_chunks"], 4);
     assert_eq!(plain["fetch_chunking"], "halving");
     assert!(plain["chunk_timer"].is_null());
@@ -511,11 +512,13 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         &args,
         &[
             ("FT_FOLD_COMBINE", "1"),
+            ("FT_GATE_LAST_CHUNK", "1"),
             ("FT_FETCH_CHUNKS", "2"),
             ("FT_FETCH_CHUNKING", "timed"),
         ],
     ));
     assert_eq!(set["fold_combine"], true);
+    assert_eq!(set["gate_last_chunk"], true);
     assert_eq!(set["fetch_chunks"], 2);
     assert_eq!(set["fetch_chunking"], "timed");
     assert!(

@@ -474,6 +474,29 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
     return v;
 }
 
+// A launch gated on a flag (the runtime's `Stream::launch_experts_gated`): the launch is
+// queued before the bytes it reads have landed, and another stream stores `value` at `gate`
+// once they have (`Stream::write_flag`, a stream memory operation ordered after that
+// stream's copies, their writes visible with it). Every block waits here before it reads a
+// weight, so the launch's own start (its scheduling, the tables, the dependent down kernel's
+// launch) overlaps the last copy instead of following it. The comparison is modular (the
+// runtime's values count up and wrap). Thread 0 polls with an acquire load, then the barrier
+// orders the block's reads after it. A flag not reached within 10 s traps (an error on the
+// stream, never a silent hang).
+__device__ __forceinline__ void gate_wait(const u32* gate, u32 value) {
+    if (gate == nullptr) return;
+    if (threadIdx.x == 0) {
+        u64 t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        while ((int)(ld_acquire_gpu(gate) - value) < 0) {
+            __nanosleep(128);
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 10000000000ull) __trap();
+        }
+    }
+    __syncthreads();
+}
+
 // Programmatic dependent launch (sm_90): a primary kernel lets the next kernel of its stream
 // start early (`pdl_launch_dependents`), and that kernel waits for the primary to complete
 // and its writes to be visible (`pdl_wait`) before it reads them. Without the launch
@@ -1112,8 +1135,12 @@ __device__ __forceinline__ void down_impl(
 
 // Entry points. The launch's tables (tasks, then pairs at byte o_pairs, token starts at
 // o_begin, token pairs at o_tok) come in `tab` or, when too large for it, staged (common.cuh).
-#define TABLE_ARGS const __grid_constant__ ParamTable tab, u64 staged, u32 o_pairs, u32 o_begin, u32 o_tok
+// gate, gate_value: the launch's start condition (the runtime's `FlagGate`; gate 0: none):
+// every block waits at its start until the u32 at gate has reached gate_value (gate_wait).
+#define TABLE_ARGS const __grid_constant__ ParamTable tab, u64 staged, u32 o_pairs, u32 o_begin, u32 o_tok, \
+    const u32* gate, u32 gate_value
 #define TASK_TABLES \
+    gate_wait(gate, gate_value); \
     const u8* tb = table_base(tab, staged); \
     const Task* tasks = (const Task*)tb; \
     const Pair* pairs = (const Pair*)(tb + o_pairs);

@@ -665,6 +665,15 @@ pub(crate) struct CudaFoldCombine {
     pub k: u64,
 }
 
+/// A launch's start condition (experts.cu's `gate_wait`): every block waits until the u32 at
+/// device address `flag` has reached `value`; `flag` 0: none.
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CudaGate {
+    pub flag: u64,
+    pub value: u32,
+}
+
 /// The kernels one launch of the expert kernels runs: the gate/up and down pair, or the
 /// one-launch layer.
 #[cfg(feature = "cuda")]
@@ -674,7 +683,8 @@ enum LaunchKernels {
 }
 
 /// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses), with the
-/// layer's combine folded into the down kernel where `fold.act` is set.
+/// layer's combine folded into the down kernel where `fold.act` is set, every block waiting
+/// for `gate` first where it is set.
 #[cfg(feature = "cuda")]
 pub(crate) fn cuda_launch(
     stream: &crate::device::cuda::CudaStreamH,
@@ -683,6 +693,7 @@ pub(crate) fn cuda_launch(
     x: u64,
     y: u64,
     fold: CudaFoldCombine,
+    gate: CudaGate,
 ) -> Result<()> {
     use crate::device::cuda::ParamTable as ParamTableArg;
     use ft_kernels::cuda_sources::KernelId;
@@ -792,12 +803,15 @@ pub(crate) fn cuda_launch(
     }
     let param: &ParamTableArg = &table.param;
     // The arguments every kernel begins with (TABLE_ARGS, then format, path and shape).
+    let (gate_flag, gate_value) = (gate.flag, gate.value);
     let common = [
         p(param),
         p(&table.staged),
         p(&o_pairs),
         p(&o_begin),
         p(&o_tok),
+        p(&gate_flag),
+        p(&gate_value),
         p(&fmt),
         p(&act),
         p(&h),

@@ -384,10 +384,11 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
 }
 
 fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
-    // The combine folded into the last chunk's launch or not, and the fetched experts in 1
-    // to 4 chunks: the same operations on the same buffers in the same dependency order, so
-    // the same outputs bit for bit and the same counts. Hybrid mixes layers with a CPU share
-    // (never folded) and without; with and without the timeline's events.
+    // The combine folded into the last chunk's launch or not, the fetched experts in 1 to 4
+    // chunks, the last chunk's launch gated on a flag or behind its event: the same
+    // operations on the same buffers in the same dependency order, so the same outputs bit
+    // for bit and the same counts. Hybrid mixes layers with a CPU share (never folded) and
+    // without; with and without the timeline's events.
     let model = tiny();
     let streams = 3;
     let steps = routing_for(&model, streams, 5);
@@ -395,23 +396,26 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
         let mut base: Option<ft_runtime::engine::Decoded> = None;
         for timeline in [true, false] {
             for fold_combine in [false, true] {
-                for (fetch_chunks, fetch_chunking) in [
-                    (4, FetchChunking::Halving),
-                    (2, FetchChunking::Halving),
-                    (1, FetchChunking::Halving),
-                    (4, FetchChunking::Timed),
+                for (fetch_chunks, fetch_chunking, gate_last_chunk) in [
+                    (4, FetchChunking::Halving, false),
+                    (2, FetchChunking::Halving, false),
+                    (1, FetchChunking::Halving, false),
+                    (4, FetchChunking::Timed, false),
+                    (4, FetchChunking::Halving, true),
+                    (1, FetchChunking::Halving, true),
                 ] {
                     let cfg = EngineConfig {
                         fetch_chunks,
                         fold_combine,
                         fetch_chunking,
+                        gate_last_chunk,
                         timeline,
                         gpu_path: ActivationPath::Int8,
                         ..config(strategy, 12, streams)
                     };
                     let run = decode_two_warm(d, &model, &cfg, &steps);
                     let what = format!(
-                        "{strategy} fold {fold_combine} {fetch_chunks} {} {timeline}",
+                        "{strategy} fold {fold_combine} {fetch_chunks} {} gate {gate_last_chunk} {timeline}",
                         fetch_chunking.name()
                     );
                     if timeline && strategy != Strategy::Resident {
@@ -432,6 +436,17 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
     };
     let e = Engine::new(d, &model, &cfg, None).unwrap_err().to_string();
     assert!(e.contains("--fetch-chunks"), "{e}");
+    // A gate holds multiprocessors a zero-copy gather's kernel would need: refused.
+    let cfg = EngineConfig {
+        gate_last_chunk: true,
+        gather: ft_runtime::gather::GatherMethod::ZeroCopy,
+        ..config(Strategy::Offload, 12, 1)
+    };
+    let e = Engine::new(d, &model, &cfg, None).unwrap_err().to_string();
+    assert!(
+        e.contains("--gate-last-chunk") && e.contains("zero-copy"),
+        "{e}"
+    );
     // Timed chunks are timed when the engine starts: a launch, a time per expert and per
     // pair, a copy; halving ones are not.
     let timed = EngineConfig {

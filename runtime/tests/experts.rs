@@ -267,6 +267,85 @@ fn empty_and_unrouted(d: &Device) {
     assert!(e.contains("task 0 weights"), "{e}");
 }
 
+/// A launch gated on a flag waits for it: the weights start as zeros, another stream holds
+/// (tens of ms), copies the real weights in and only then sets the flag; the gated launch,
+/// queued at once, must see the real weights (the CPU kernels' bits), round after round on
+/// the same flag with the next value. A misplaced flag is refused when queued.
+fn gated_launch_waits_for_its_flag(d: &Device, shapes: &[(usize, usize, usize, usize, usize)]) {
+    use ft_runtime::device::FlagGate;
+    let compute = d.new_stream("compute").unwrap();
+    let copy = d.new_stream("copy").unwrap();
+    let flag = d.alloc(4, "flag").unwrap();
+    compute.memset_zero(&flag, 0, 4).unwrap();
+    compute.synchronize().unwrap();
+    for (round, &(hidden, inter, ne, tokens, k)) in shapes.iter().enumerate() {
+        let c = case(
+            ExpertFormat::Nvfp4,
+            ActivationPath::Int8,
+            hidden,
+            inter,
+            ne,
+            tokens,
+            k,
+            60 + round as u64,
+        );
+        let w = d.alloc(c.weights.len(), "weights").unwrap();
+        let x = d.alloc(c.x.len() * 4, "x").unwrap();
+        let y = d.alloc(c.x.len() * 4, "y").unwrap();
+        let mut src = d.alloc_host(c.weights.len(), "weights").unwrap();
+        src.as_mut_slice().copy_from_slice(&c.weights);
+        compute.memset_zero(&w, 0, c.weights.len()).unwrap();
+        compute.upload_f32(&c.x, &x, 0).unwrap();
+        compute.synchronize().unwrap();
+        let gate = FlagGate {
+            flag: &flag,
+            offset: 0,
+            value: round as u32 + 1,
+        };
+        copy.hold_us(30_000.0).unwrap();
+        copy.copy_h2d(&src, 0, &w, 0, c.weights.len()).unwrap();
+        copy.write_flag(&gate).unwrap();
+        compute
+            .launch_experts_gated(&c.step, &w, &x, &y, None, &gate)
+            .unwrap();
+        let got = compute.download_f32(&y, 0, c.x.len()).unwrap();
+        copy.synchronize().unwrap();
+        let want = cpu(&c);
+        let differ = got
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(differ, 0, "round {round} ({hidden}x{inter}, {ne} experts): {differ} outputs differ from the CPU's");
+    }
+    let c = case(
+        ExpertFormat::Nvfp4,
+        ActivationPath::Int8,
+        64,
+        64,
+        2,
+        1,
+        1,
+        9,
+    );
+    let w = d.alloc(c.weights.len(), "w").unwrap();
+    let x = d.alloc(256, "x").unwrap();
+    for (offset, says) in [(2, "multiple of 4"), (4, "flag")] {
+        let gate = FlagGate {
+            flag: &flag,
+            offset,
+            value: 1,
+        };
+        let e = compute
+            .launch_experts_gated(&c.step, &w, &x, &x, None, &gate)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(says), "offset {offset}: {e}");
+        let e = copy.write_flag(&gate).unwrap_err().to_string();
+        assert!(e.contains(says), "offset {offset}: {e}");
+    }
+}
+
 /// Shapes for the bit-identity test: (hidden, intermediate, experts, tokens, top-k); tokens
 /// beyond 8 exercise the kernels' passes.
 const SHAPES: &[(usize, usize, usize, usize, usize)] =
@@ -285,6 +364,11 @@ fn host_int8_path_is_bit_identical_to_cpu() {
 #[test]
 fn host_empty_and_unrouted() {
     empty_and_unrouted(&host());
+}
+
+#[test]
+fn host_gated_launch_waits_for_its_flag() {
+    gated_launch_waits_for_its_flag(&host(), &[(64, 64, 2, 1, 1), (128, 96, 5, 3, 2)]);
 }
 
 #[cfg(feature = "cuda")]
@@ -369,6 +453,22 @@ mod cuda {
             (4096, 2048, 6, 1, 6),
         ]);
         on_every_path(|d| int8_path_is_bit_identical_to_cpu(d, &shapes));
+    }
+
+    /// A gated launch waits on the GPU for its flag (`gated_launch_waits_for_its_flag`).
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_gated_launch_waits_for_its_flag() {
+        // The served one-token layer (two launches, the dependent down kernel waiting too),
+        // a few tokens, and a small layer.
+        gated_launch_waits_for_its_flag(
+            &gpu(),
+            &[
+                (2560, 640, 10, 1, 10),
+                (2560, 640, 8, 4, 6),
+                (256, 160, 3, 2, 2),
+            ],
+        );
     }
 
     /// The one-launch layer leaves its counters zero for the next launch on the same

@@ -382,6 +382,13 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
         ),
         (
             EngineConfig {
+                gate_last_chunk: true,
+                ..cfg.clone()
+            },
+            "--gate-last-chunk",
+        ),
+        (
+            EngineConfig {
                 fetch_chunking: ft_runtime::engine::FetchChunking::Timed,
                 ..cfg.clone()
             },

@@ -19,7 +19,8 @@ use cudarc::driver::{
 use ft_kernels::cuda_sources::{KernelId, Specialization};
 
 use super::{
-    Bracket, Clock, CopySubmit, CudaTuning, DeviceBuffer, DeviceInfo, DeviceKind, HostBuffer,
+    Bracket, Clock, CopySubmit, CudaTuning, DeviceBuffer, DeviceInfo, DeviceKind, FlagGate,
+    HostBuffer,
 };
 use crate::dense::DenseRead;
 use crate::error::{Result, RuntimeError};
@@ -92,6 +93,10 @@ pub(crate) struct Shared {
 /// The first driver version with `cuMemcpyBatchAsync_v2` (CUDA 13.0).
 const COPY_BATCH_DRIVER: i32 = 13000;
 
+/// The first driver version with `cuStreamWriteValue32_v2` (CUDA 11.7), the flag store of
+/// [`CudaStreamH::write_flag`]; stream memory operations are on by default from CUDA 12.
+pub(crate) const FLAG_WRITE_DRIVER: i32 = 11070;
+
 /// `tuning` as a driver of `driver_version` runs it, so that what a device reports is what
 /// ran: batched copies need a CUDA 13 driver, and an older one copies one region at a time
 /// (with a warning).
@@ -124,6 +129,12 @@ impl Drop for Shared {
 }
 
 impl Shared {
+    /// Whether streams can store a flag ([`CudaStreamH::write_flag`]): the driver has
+    /// `cuStreamWriteValue32_v2`.
+    pub(crate) fn flag_writes(&self) -> bool {
+        self.driver_version >= FLAG_WRITE_DRIVER
+    }
+
     /// The paths launches and copies take now.
     pub(crate) fn tuning(&self) -> CudaTuning {
         *self.tuning.lock().unwrap_or_else(|p| p.into_inner())
@@ -653,6 +664,17 @@ impl Drop for SiblingCopies {
             let _ = result::event::destroy(self.join);
         }
     }
+}
+
+/// A gate as the expert kernels take it (none: address 0).
+fn cuda_gate(gate: Option<FlagGate<'_>>) -> Result<crate::gpu_experts::CudaGate> {
+    Ok(match gate {
+        Some(g) => crate::gpu_experts::CudaGate {
+            flag: dptr(g.flag)? + g.offset as u64,
+            value: g.value,
+        },
+        None => Default::default(),
+    })
 }
 
 fn dptr(b: &DeviceBuffer) -> Result<u64> {
@@ -1225,6 +1247,7 @@ impl CudaStreamH {
         w: &DeviceBuffer,
         x: &DeviceBuffer,
         y: &DeviceBuffer,
+        gate: Option<FlagGate<'_>>,
     ) -> Result<()> {
         crate::gpu_experts::cuda_launch(
             self,
@@ -1233,7 +1256,21 @@ impl CudaStreamH {
             dptr(x)?,
             dptr(y)?,
             Default::default(),
+            cuda_gate(gate)?,
         )
+    }
+
+    /// Store `value` at `flag` (a device address) once every earlier item of this stream has
+    /// completed, with their writes visible device-wide before it (`cuStreamWriteValue32_v2`
+    /// with its default memory barrier). The caller checked [`Shared::flag_writes`].
+    pub(crate) fn write_flag(&self, flag: &DeviceBuffer, offset: usize, value: u32) -> Result<()> {
+        self.shared.bind()?;
+        let addr = dptr(flag)? + offset as u64;
+        // SAFETY: a live stream; the caller checked that the 4 bytes at `addr` lie in
+        // `flag`, which the engine keeps alive past the stream's use of it.
+        unsafe { sys::cuStreamWriteValue32_v2(self.raw(), addr, value, 0) }
+            .result()
+            .map_err(cu("writing a stream flag (cuStreamWriteValue32_v2)"))
     }
 
     /// The expert kernels with the layer's fixed-order combine folded into the down kernel
@@ -1245,6 +1282,7 @@ impl CudaStreamH {
         x: &DeviceBuffer,
         y: &DeviceBuffer,
         combine: &crate::device::LayerCombine<'_>,
+        gate: Option<FlagGate<'_>>,
     ) -> Result<()> {
         let mut more = [0u64; crate::device::COMBINE_MAX_PARTS];
         for (slot, b) in more.iter_mut().zip(combine.more) {
@@ -1257,7 +1295,15 @@ impl CudaStreamH {
             block: combine.block as u64,
             k: combine.k as u64,
         };
-        crate::gpu_experts::cuda_launch(self, step, dptr(w)?, dptr(x)?, dptr(y)?, fold)
+        crate::gpu_experts::cuda_launch(
+            self,
+            step,
+            dptr(w)?,
+            dptr(x)?,
+            dptr(y)?,
+            fold,
+            cuda_gate(gate)?,
+        )
     }
 
     pub(crate) fn launch_dense(&self, reads: &[DenseRead<'_>], out: &DeviceBuffer) -> Result<()> {

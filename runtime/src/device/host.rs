@@ -9,7 +9,7 @@
 //! and is tested on machines without a GPU.
 
 use std::alloc::Layout;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -23,6 +23,10 @@ use crate::gpu_experts::ExpertStep;
 
 /// Alignment of every emulated allocation: one 4 KiB page, like pinned memory.
 const PAGE: usize = 4096;
+
+/// Longest a stream waits for a flag ([`HostStream::wait_flag`]) before it reports an
+/// error: a flag never written is an engine bug, which should fail, not hang.
+const FLAG_WAIT_LIMIT: Duration = Duration::from_secs(10);
 
 /// Capacity used when the host's available memory cannot be read, bytes (4 GiB).
 const FALLBACK_CAPACITY: u64 = 4 << 30;
@@ -638,6 +642,45 @@ impl HostStream {
                 what: "the emulated expert kernel is missing".into(),
             })?;
             crate::gpu_experts::host_expert_step(cpu, &step, w, xs, ys)
+        }))
+    }
+
+    /// Store `value` at `flag` + `offset` once every earlier op of this stream has run (a
+    /// release store: their writes are visible to whoever reads the value).
+    pub(crate) fn write_flag(&self, flag: &DeviceBuffer, offset: usize, value: u32) -> Result<()> {
+        let (fm, fp) = dev_of(flag)?;
+        self.enqueue(Box::new(move || {
+            let _keep = &fm;
+            // SAFETY: 4 aligned bytes inside `flag`, checked when queued; other streams
+            // touch them only atomically.
+            let a = unsafe { &*(fp.get().add(offset) as *const AtomicU32) };
+            a.store(value, Ordering::Release);
+            Ok(())
+        }))
+    }
+
+    /// Hold this stream until the u32 at `flag` + `offset` has reached `value` (modular, as
+    /// the CUDA kernels' `gate_wait`), an error after [`FLAG_WAIT_LIMIT`].
+    pub(crate) fn wait_flag(&self, flag: &DeviceBuffer, offset: usize, value: u32) -> Result<()> {
+        let (fm, fp) = dev_of(flag)?;
+        let name = self.shared.name.clone();
+        self.enqueue(Box::new(move || {
+            let _keep = &fm;
+            // SAFETY: as in `write_flag`.
+            let a = unsafe { &*(fp.get().add(offset) as *const AtomicU32) };
+            let start = Instant::now();
+            while (a.load(Ordering::Acquire).wrapping_sub(value) as i32) < 0 {
+                if start.elapsed() > FLAG_WAIT_LIMIT {
+                    return Err(RuntimeError::HostWorker {
+                        what: format!(
+                            "stream '{name}' waited {} s for a flag to reach {value}",
+                            FLAG_WAIT_LIMIT.as_secs()
+                        ),
+                    });
+                }
+                std::thread::yield_now();
+            }
+            Ok(())
         }))
     }
 

@@ -435,6 +435,17 @@ impl Device {
         }
     }
 
+    /// Whether its streams can store flags and gate launches on them
+    /// ([`Stream::write_flag`], [`Stream::launch_experts_gated`]): always on the host
+    /// backend; on CUDA with a driver of 11.7 or later (`cuStreamWriteValue32_v2`).
+    pub fn supports_flag_gates(&self) -> bool {
+        match &self.inner.backend {
+            Backend::Host(_) => true,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.0.flag_writes(),
+        }
+    }
+
     /// Its backend.
     pub fn kind(&self) -> DeviceKind {
         self.inner.info.kind
@@ -767,6 +778,34 @@ pub struct LayerCombine<'a> {
     pub k: usize,
 }
 
+/// A launch's start condition: a u32 flag in device memory that another stream sets
+/// ([`Stream::write_flag`]) once what the launch reads is in place. A launch gated on it
+/// ([`Stream::launch_experts_gated`]) is queued without an event wait and starts at once;
+/// its work waits on the device until the flag has reached `value` (modular: values count
+/// up and wrap), so its start overlaps the copies it depends on.
+#[derive(Debug, Clone, Copy)]
+pub struct FlagGate<'a> {
+    /// The buffer holding the flag.
+    pub flag: &'a DeviceBuffer,
+    /// Byte offset of the flag in it (a multiple of 4).
+    pub offset: usize,
+    /// The value the launch waits for.
+    pub value: u32,
+}
+
+impl FlagGate<'_> {
+    /// Refuse a flag outside its buffer or unaligned, naming `op`.
+    fn check(&self, op: &str) -> Result<()> {
+        if !self.offset.is_multiple_of(4) {
+            return Err(RuntimeError::invalid(
+                op,
+                format!("flag at byte {}: not a multiple of 4", self.offset),
+            ));
+        }
+        self.flag.check_range(&format!("{op} flag"), self.offset, 4)
+    }
+}
+
 /// The rounds (`dst block`, `src block`, `blocks`) of the fixed-order halving tree that sums
 /// `blocks` row blocks into block 0: while more than one is left, the upper half is added
 /// onto the lower (`ceil(log2 blocks)` rounds). One definition for the engine's combine and
@@ -987,7 +1026,7 @@ impl Stream {
             {
                 self.check_experts(step, weights, x, y)?;
                 self.check_combine(combine)?;
-                s.launch_experts_then_combine(step, weights, x, y, combine)
+                s.launch_experts_then_combine(step, weights, x, y, combine, None)
             }
             // Each checks its own arguments.
             _ => {
@@ -1071,7 +1110,85 @@ impl Stream {
         if step.experts.is_empty() {
             return self.memset_zero(y, 0, step.tokens * step.hidden * 4);
         }
-        on_stream!(self, s => s.launch_experts(step, weights, x, y))
+        match &self.imp {
+            StreamImpl::Host(s) => s.launch_experts(step, weights, x, y),
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => s.launch_experts(step, weights, x, y, None),
+        }
+    }
+
+    /// Store `gate.value` at `gate`'s flag once every earlier item of this stream has
+    /// completed, their writes visible with it: the signal a launch gated on the flag
+    /// ([`Stream::launch_experts_gated`], on another stream) waits for. A device without
+    /// flag writes ([`Device::supports_flag_gates`]) refuses it.
+    pub fn write_flag(&self, gate: &FlagGate<'_>) -> Result<()> {
+        self.check_gate(gate, "write_flag")?;
+        on_stream!(self, s => s.write_flag(gate.flag, gate.offset, gate.value))
+    }
+
+    /// [`Stream::launch_experts`] (then the layer's combine where `combine` is given, as
+    /// [`Stream::launch_experts_then_combine`]) with its work held until `gate`'s flag has
+    /// reached its value: queued without waiting for an event, so the launch's start
+    /// overlaps whatever the flag's writer is doing. The same bits as the ungated launch.
+    pub fn launch_experts_gated(
+        &self,
+        step: &ExpertStep,
+        weights: &DeviceBuffer,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+        combine: Option<&LayerCombine<'_>>,
+        gate: &FlagGate<'_>,
+    ) -> Result<()> {
+        self.check_gate(gate, "launch_experts_gated")?;
+        match &self.imp {
+            // The kernels wait for the flag themselves (experts.cu's gate_wait); an empty
+            // step reads no weights and zeroes its output rows at once.
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(_) if step.experts.is_empty() => match combine {
+                Some(cb) => self.launch_experts_then_combine(step, weights, x, y, cb),
+                None => self.launch_experts(step, weights, x, y),
+            },
+            #[cfg(feature = "cuda")]
+            StreamImpl::Cuda(s) => {
+                self.check_experts(step, weights, x, y)?;
+                match combine {
+                    Some(cb) if cb.block.is_multiple_of(step.hidden) => {
+                        self.check_combine(cb)?;
+                        s.launch_experts_then_combine(step, weights, x, y, cb, Some(*gate))
+                    }
+                    _ => {
+                        s.launch_experts(step, weights, x, y, Some(*gate))?;
+                        match combine {
+                            Some(cb) => {
+                                self.combine_fixed(cb.act, cb.parts, cb.more, cb.block, cb.k)
+                            }
+                            None => Ok(()),
+                        }
+                    }
+                }
+            }
+            // The stream itself waits, then launches as usual.
+            StreamImpl::Host(s) => {
+                s.wait_flag(gate.flag, gate.offset, gate.value)?;
+                match combine {
+                    Some(cb) => self.launch_experts_then_combine(step, weights, x, y, cb),
+                    None => self.launch_experts(step, weights, x, y),
+                }
+            }
+        }
+    }
+
+    /// Check a gate's flag: on this device, inside its buffer, and a device that has flag
+    /// writes.
+    fn check_gate(&self, gate: &FlagGate<'_>, op: &str) -> Result<()> {
+        if !self.device.supports_flag_gates() {
+            return Err(RuntimeError::invalid(
+                op,
+                "this device's driver has no stream flag writes (CUDA 11.7 or later)",
+            ));
+        }
+        self.device.check_same(gate.flag.uid, op, "flag")?;
+        gate.check(op)
     }
 
     /// Check an expert launch's buffers ([`Stream::launch_experts`]).

@@ -70,7 +70,7 @@ use serde::{Deserialize, Serialize};
 use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::dense::{DenseBuffers, DenseRead, DENSE_OUT_BYTES};
-use crate::device::{Device, DeviceBuffer, Event, HostBuffer, LayerCombine, Stream};
+use crate::device::{Device, DeviceBuffer, Event, FlagGate, HostBuffer, LayerCombine, Stream};
 use crate::error::{Result, RuntimeError};
 use crate::gather::{self, GatherMethod};
 use crate::gpu_experts::ExpertStep;
@@ -146,6 +146,12 @@ pub struct EngineConfig {
     pub fold_combine: bool,
     /// How a layer's fetched experts are cut into chunks (at most `fetch_chunks`).
     pub fetch_chunking: FetchChunking,
+    /// Queue the last fetched chunk's launch gated on a flag the copy stream sets after its
+    /// copies ([`FlagGate`]), instead of behind an event wait: the launch's start (its
+    /// scheduling, tables and dependent down launch) overlaps the last copy. Copy-engine
+    /// gathers only (a zero-copy gather's kernel needs the multiprocessors the waiting
+    /// blocks hold); a device without stream flag writes refuses it.
+    pub gate_last_chunk: bool,
 }
 
 /// When the host thread queues the GPU work of a layer with a CPU share that the share does
@@ -213,6 +219,16 @@ impl EngineConfig {
                 ),
             ));
         }
+        if self.gate_last_chunk && self.gather != GatherMethod::CopyEngine {
+            return Err(RuntimeError::invalid(
+                "--gate-last-chunk",
+                format!(
+                    "gates copy-engine gathers only, not {} (the gather kernel needs the \
+                     multiprocessors the gated launch's waiting blocks hold)",
+                    self.gather
+                ),
+            ));
+        }
         for (flag, p) in [("--gpu-act", self.gpu_path), ("--cpu-act", self.cpu_path)] {
             if !p.supports(model.format) {
                 return Err(RuntimeError::invalid(
@@ -250,6 +266,7 @@ impl Default for EngineConfig {
             fetch_chunks: MAX_FETCH_CHUNKS,
             fold_combine: false,
             fetch_chunking: FetchChunking::default(),
+            gate_last_chunk: false,
         }
     }
 }
@@ -349,23 +366,35 @@ pub(crate) struct FetchChunks<'a> {
     /// The cache's slots the chunks are gathered into and computed from.
     slots: &'a SlotPool,
     bounds: Vec<std::ops::Range<usize>>,
+    /// The last chunk's launch gated on this flag, set by the copy stream after the last
+    /// chunk's copies, instead of waiting for its event ([`EngineConfig::gate_last_chunk`]);
+    /// none where the layer gathers nothing.
+    gate: Option<FlagGate<'a>>,
 }
 
 impl<'a> FetchChunks<'a> {
     /// The chunks of `work`'s fetched experts into and from `slots`, at most `max_chunks`,
-    /// timed by `timer` where given ([`fetch_chunk_bounds_timed`]), else halving.
+    /// timed by `timer` where given ([`fetch_chunk_bounds_timed`]), else halving; the last
+    /// one's launch gated on `gate` where given and the layer gathers.
     pub fn of(
         work: &'a work::LayerWork,
         slots: &'a SlotPool,
         max_chunks: usize,
         timer: Option<&ChunkTimer>,
+        gate: Option<FlagGate<'a>>,
     ) -> Self {
         let costs = timer.map(|t| t.costs(&work.fetched));
         FetchChunks {
             work,
             slots,
             bounds: fetch_chunk_bounds_timed(work.moves.len(), max_chunks, costs.as_ref()),
+            gate: gate.filter(|_| !work.moves.is_empty()),
         }
+    }
+
+    /// The gate of chunk `c`'s launch: the last chunk's, where the layer has one.
+    fn gate_of(&self, c: usize) -> Option<&FlagGate<'a>> {
+        self.gate.as_ref().filter(|_| c + 1 == self.len())
     }
 
     /// How many chunks (at least 1, at most [`MAX_FETCH_CHUNKS`]).
@@ -373,7 +402,8 @@ impl<'a> FetchChunks<'a> {
         self.bounds.len()
     }
 
-    /// Queue chunk `c`'s gathers on `copy`, then record `landed` after them.
+    /// Queue chunk `c`'s gathers on `copy`, then (the last chunk, gated) set its flag, then
+    /// record `landed` after them.
     pub fn gather(
         &self,
         c: usize,
@@ -384,6 +414,9 @@ impl<'a> FetchChunks<'a> {
     ) -> Result<()> {
         let moves = &self.work.moves[self.bounds[c].clone()];
         gather::gather(copy, bank, self.slots, moves, method)?;
+        if let Some(gate) = self.gate_of(c) {
+            copy.write_flag(gate)?;
+        }
         copy.record(landed)
     }
 
@@ -413,8 +446,9 @@ impl<'a> FetchChunks<'a> {
     }
 
     /// Queue chunk `c`'s expert step on `compute` ([`FetchChunks::compute`] for one chunk):
-    /// it writes `out` and, where the layer gathers, starts after `landed`; with `combine`,
-    /// the layer's combine follows it in the same launch.
+    /// it writes `out` and, where the layer gathers, starts after `landed` (the last chunk,
+    /// gated: its work waits for the flag on the device instead); with `combine`, the
+    /// layer's combine follows it in the same launch.
     pub fn compute_chunk(
         &self,
         c: usize,
@@ -424,10 +458,13 @@ impl<'a> FetchChunks<'a> {
         landed: &Event,
         combine: Option<&LayerCombine<'_>>,
     ) -> Result<()> {
+        let (step, slots) = (self.chunk_step(c), self.slots.buffer());
+        if let Some(gate) = self.gate_of(c) {
+            return compute.launch_experts_gated(&step, slots, act, out, combine, gate);
+        }
         if !self.work.moves.is_empty() {
             compute.wait(landed)?;
         }
-        let (step, slots) = (self.chunk_step(c), self.slots.buffer());
         match combine {
             Some(cb) => compute.launch_experts_then_combine(&step, slots, act, out, cb),
             None => compute.launch_experts(&step, slots, act, out),
@@ -610,6 +647,10 @@ pub struct Engine {
     dense: DenseBuffers,
     /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
     dense_out: DeviceBuffer,
+    /// The flag the last fetched chunk's launch is gated on ([`EngineConfig::gate_last_chunk`]),
+    /// one u32, and the value the last gated layer waited for (each gated layer the next).
+    gate_flag: DeviceBuffer,
+    gate_value: u32,
     /// Bytes of each layer's dense weights read after the router (the shared experts).
     dense_post_bytes: usize,
     compute: Stream,
@@ -861,6 +902,17 @@ impl Engine {
         let dense_post_bytes = (2 * g.shared_experts as u64 * g.expert_params())
             .min(model.dense().weight_bytes_per_layer) as usize;
         let dense_out = device.alloc(DENSE_OUT_BYTES, "dense output")?;
+        if config.gate_last_chunk && !device.supports_flag_gates() {
+            return Err(RuntimeError::invalid(
+                "--gate-last-chunk",
+                format!(
+                    "{} cannot gate a launch on a flag (its driver has no stream flag writes: \
+                     CUDA 11.7 or later)",
+                    device.info().name
+                ),
+            ));
+        }
+        let gate_flag = device.alloc(4, "gate flag")?;
         let row = g.hidden * F32_BYTES;
         let rows = max_rows(model, config);
         let act = device.alloc(rows * row, "expert inputs")?;
@@ -878,6 +930,9 @@ impl Engine {
             .map(|_| LayerEvents::new(device, config.timeline, MAX_FETCH_CHUNKS - 1))
             .collect::<Result<Vec<_>>>()?;
         let anchor = device.new_event(config.timeline)?;
+        // The gate's flag starts below every value a layer waits for (the first is 1).
+        compute.memset_zero(&gate_flag, 0, 4)?;
+        compute.synchronize()?;
         let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
         device.warm_up_kernels(&[&template])?;
         let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
@@ -895,6 +950,8 @@ impl Engine {
             cache,
             dense,
             dense_out,
+            gate_flag,
+            gate_value: 0,
             dense_post_bytes,
             compute,
             copy,
@@ -1228,11 +1285,20 @@ impl Engine {
             // router has run: in a hybrid step the host reaches this point only after the
             // previous layer's CPU share, and every call it makes before the first copy is
             // time the link waits.
+            let gate = (self.config.gate_last_chunk && !work.moves.is_empty()).then(|| {
+                self.gate_value = self.gate_value.wrapping_add(1);
+                FlagGate {
+                    flag: &self.gate_flag,
+                    offset: 0,
+                    value: self.gate_value,
+                }
+            });
             let fetch = FetchChunks::of(
                 &work,
                 &self.slots,
                 self.config.fetch_chunks,
                 self.chunk_timer.as_ref(),
+                gate,
             );
             let chunks = fetch.len();
             // 1b. The rest of the dense part, 4. the experts: queued now, or with a CPU share

@@ -283,6 +283,14 @@ impl MultiEngine {
                 "single-GPU only: the multi-GPU engine combines after the peers' rows arrive",
             ));
         }
+        if config.gate_last_chunk {
+            // Gating is the single-GPU engine's pipeline (`Engine::step`); the multi-GPU one
+            // waits for each chunk's event.
+            return Err(RuntimeError::invalid(
+                "--gate-last-chunk",
+                "single-GPU only: the multi-GPU engine waits for each chunk's copies",
+            ));
+        }
         if config.fetch_chunking != FetchChunking::Halving {
             // Each GPU's chunks would need their own timing on their own link.
             return Err(RuntimeError::invalid(
@@ -602,7 +610,7 @@ impl MultiEngine {
                 // The first chunk's gathers right after the router, before the input rows
                 // and the activations for the CPU, the rest after them (as the single-GPU
                 // engine issues them): the link starts as soon as the router has run.
-                let fetch = FetchChunks::of(work, &p.slots, self.config.fetch_chunks, None);
+                let fetch = FetchChunks::of(work, &p.slots, self.config.fetch_chunks, None, None);
                 let link = !work.moves.is_empty();
                 let method = self.config.gather;
                 if link {
