@@ -167,16 +167,20 @@ pub struct Args {
     fetch_chunks: usize,
     /// Fold a layer's combine into its last fetched chunk's launch where the layer has no CPU
     /// share (on CUDA: the down kernel's last block of each row tile combines it), one launch
-    /// fewer after the last copy; the same bits.
-    #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::SetTrue,
-          value_parser = parse_env_switch)]
+    /// fewer after the last copy; the same bits. On by default on one GPU (`=0` turns it off;
+    /// the multi-GPU engine never folds).
+    #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_value = "1", default_missing_value = "1",
+          value_parser = parse_env_switch_on)]
     fold_combine: bool,
     /// Queue a layer's last fetched chunk's launch at once, its blocks waiting on the device
     /// for a flag the copy stream sets after the chunk's copies, instead of queueing it
-    /// behind an event wait: the launch's start overlaps the last copy; the same bits.
-    /// Copy-engine gathers, single GPU.
-    #[arg(long, env = "FT_GATE_LAST_CHUNK", action = clap::ArgAction::SetTrue,
-          value_parser = parse_env_switch)]
+    /// behind an event wait: the launch's start overlaps the last copy; the same bits. On by
+    /// default (`=0` turns it off) where it applies: one GPU, copy-engine gathers, a driver
+    /// with stream flag writes.
+    #[arg(long, env = "FT_GATE_LAST_CHUNK", action = clap::ArgAction::Set, num_args = 0..=1,
+          require_equals = true, default_value = "1", default_missing_value = "1",
+          value_parser = parse_env_switch_on)]
     gate_last_chunk: bool,
     /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
     /// ... experts) or timed (each chunk as large as its kernels allow beside the next
@@ -895,7 +899,7 @@ pub fn run(args: Args) -> Result<()> {
         .find(|v| v.fetch > 0.0)
         .unwrap_or(&variants[0]);
     let (strategy, fetch) = (primary.strategy, primary.fetch);
-    let cfg = EngineConfig {
+    let mut cfg = EngineConfig {
         strategy,
         cache_slots,
         policy: policy.clone(),
@@ -917,8 +921,12 @@ pub fn run(args: Args) -> Result<()> {
             .parse::<HostSubmit>()
             .context("--host-submit")?,
         fetch_chunks: args.fetch_chunks,
-        fold_combine: args.fold_combine,
-        gate_last_chunk: args.gate_last_chunk,
+        // The multi-GPU engine neither folds nor gates (it refuses both); a zero-copy
+        // gather's kernel needs the multiprocessors a gated launch's blocks would hold.
+        fold_combine: args.fold_combine && !layout.is_multi(),
+        gate_last_chunk: args.gate_last_chunk
+            && !layout.is_multi()
+            && args.gather.as_str() == "copy-engine",
         fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
@@ -1007,6 +1015,13 @@ pub fn run(args: Args) -> Result<()> {
             Device::cuda(0)?
         }
     };
+    if cfg.gate_last_chunk && !device.supports_flag_gates() {
+        tracing::warn!(
+            device = %device.info().name,
+            "no stream flag writes (a CUDA driver before 11.7): the last fetched chunk waits for its copies' event"
+        );
+        cfg.gate_last_chunk = false;
+    }
     tracing::info!(device = %device.info().name, model = %model.name, %strategy, "building the engine");
     let mut engine =
         Engine::new(&device, &model, &cfg, popularity).context("building the engine")?;
@@ -1748,15 +1763,20 @@ fn run_probe(
     Ok(())
 }
 
-/// A switch set through the environment: what clap's [`clap::builder::BoolishValueParser`]
-/// takes (1/0, true/false, yes/no, on/off, ...), and an empty value, which counts as unset
-/// (off) as the CUDA tuning switches' empty values do, so that `FT_X=$(cond && echo 1)` in a
-/// script means what it says.
-fn parse_env_switch(value: &str) -> Result<bool, String> {
+/// A switch on by default, set through the environment or `--flag=VALUE`: what clap's
+/// [`clap::builder::BoolishValueParser`] takes (1/0, true/false, yes/no, on/off, ...), and an
+/// empty value, which counts as unset (on), so that `FT_X=$(cond && echo 0)` in a script
+/// means what it says.
+fn parse_env_switch_on(value: &str) -> Result<bool, String> {
+    parse_switch(value, true)
+}
+
+/// A switch's value, `unset` where it is empty.
+fn parse_switch(value: &str, unset: bool) -> Result<bool, String> {
     use clap::builder::TypedValueParser;
     let value = value.trim();
     if value.is_empty() {
-        return Ok(false);
+        return Ok(unset);
     }
     clap::builder::BoolishValueParser::new()
         .parse_ref(&clap::Command::new("ft"), None, std::ffi::OsStr::new(value))
@@ -1765,13 +1785,17 @@ fn parse_env_switch(value: &str) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{median_index, parse_env_switch};
+    use super::{median_index, parse_env_switch_on, parse_switch};
 
     #[test]
-    fn an_empty_switch_is_off_and_a_word_is_refused() {
+    fn an_empty_switch_is_unset_and_a_word_is_refused() {
+        for unset in [false, true] {
+            assert_eq!(parse_switch("", unset), Ok(unset));
+            assert_eq!(parse_switch(" ", unset), Ok(unset));
+        }
         for (v, want) in [
-            ("", false),
-            (" ", false),
+            ("", true),
+            (" ", true),
             ("0", false),
             ("off", false),
             ("n", false),
@@ -1780,9 +1804,9 @@ mod tests {
             ("yes", true),
             ("y", true),
         ] {
-            assert_eq!(parse_env_switch(v), Ok(want), "{v:?}");
+            assert_eq!(parse_env_switch_on(v), Ok(want), "{v:?}");
         }
-        let e = parse_env_switch("maybe").unwrap_err();
+        let e = parse_env_switch_on("maybe").unwrap_err();
         assert!(e.contains("maybe"), "{e}");
     }
 

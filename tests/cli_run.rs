@@ -502,8 +502,9 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         v.as_array().map_or(v.clone(), |a| a[0].clone())
     };
     let plain = json(&ft(&args));
-    assert_eq!(plain["fold_combine"], false);
-    assert_eq!(plain["gate_last_chunk"], false);
+    // Folded and gated by default (one GPU, copy-engine gathers).
+    assert_eq!(plain["fold_combine"], true);
+    assert_eq!(plain["gate_last_chunk"], true);
     assert_eq!(plain["fetch_chunks"], 4);
     assert_eq!(plain["fetch_chunking"], "halving");
     assert!(plain["chunk_timer"].is_null());
@@ -511,14 +512,14 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
     let set = json(&common::ft_env(
         &args,
         &[
-            ("FT_FOLD_COMBINE", "1"),
-            ("FT_GATE_LAST_CHUNK", "1"),
+            ("FT_FOLD_COMBINE", "0"),
+            ("FT_GATE_LAST_CHUNK", "off"),
             ("FT_FETCH_CHUNKS", "2"),
             ("FT_FETCH_CHUNKING", "timed"),
         ],
     ));
-    assert_eq!(set["fold_combine"], true);
-    assert_eq!(set["gate_last_chunk"], true);
+    assert_eq!(set["fold_combine"], false);
+    assert_eq!(set["gate_last_chunk"], false);
     assert_eq!(set["fetch_chunks"], 2);
     assert_eq!(set["fetch_chunking"], "timed");
     assert!(
@@ -531,9 +532,20 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         plain["summary"]["misses_per_layer"],
         set["summary"]["misses_per_layer"]
     );
-    // An empty switch is unset (a script's `FT_FOLD_COMBINE=$(cond && echo 1)`).
+    // An empty switch is unset, so on (a script's `FT_FOLD_COMBINE=$(cond && echo 0)`).
     let empty = json(&common::ft_env(&args, &[("FT_FOLD_COMBINE", "")]));
-    assert_eq!(empty["fold_combine"], false);
+    assert_eq!(empty["fold_combine"], true);
+    // The flags: bare is on, `=0` off; a zero-copy gather is never gated.
+    let mut flags = args.clone();
+    flags.extend(["--fold-combine", "--gate-last-chunk=0"]);
+    let flagged = json(&ft(&flags));
+    assert_eq!(flagged["fold_combine"], true);
+    assert_eq!(flagged["gate_last_chunk"], false);
+    let mut zero_copy = args.clone();
+    zero_copy.extend(["--gather", "zero-copy"]);
+    let zero_copy = json(&ft(&zero_copy));
+    assert_eq!(zero_copy["gate_last_chunk"], false);
+    assert_eq!(zero_copy["fold_combine"], true);
     let bad = common::ft_env(&args, &[("FT_FOLD_COMBINE", "maybe")]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(

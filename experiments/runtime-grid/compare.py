@@ -80,9 +80,9 @@ def paths_of(folder):
             continue
         t = device.get("cuda_tuning") if isinstance(device, dict) else None
         if t:
-            # The engine's own switches (`ft run --fetch-chunks`, `--fold-combine`,
+            # The engine's own switches (`ft run --fetch-chunks`, `--fold-combine`, `--gate-last-chunk`,
             # `--fetch-chunking`) beside the device's paths, where the report has them.
-            for key in ("fetch_chunks", "fold_combine", "fetch_chunking"):
+            for key in ("fetch_chunks", "fold_combine", "gate_last_chunk", "fetch_chunking"):
                 if key in report:
                     t = {**t, key: report[key]}
             tunings.add(json.dumps(t, sort_keys=True))
