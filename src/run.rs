@@ -899,7 +899,7 @@ pub fn run(args: Args) -> Result<()> {
         .find(|v| v.fetch > 0.0)
         .unwrap_or(&variants[0]);
     let (strategy, fetch) = (primary.strategy, primary.fetch);
-    let mut cfg = EngineConfig {
+    let cfg = EngineConfig {
         strategy,
         cache_slots,
         policy: policy.clone(),
@@ -921,12 +921,10 @@ pub fn run(args: Args) -> Result<()> {
             .parse::<HostSubmit>()
             .context("--host-submit")?,
         fetch_chunks: args.fetch_chunks,
-        // The multi-GPU engine neither folds nor gates (it refuses both); a zero-copy
-        // gather's kernel needs the multiprocessors a gated launch's blocks would hold.
+        // The multi-GPU engine neither folds nor gates, so the report says off there; where
+        // the single-GPU engine gates is its own call (`Engine::gates_last_chunk`).
         fold_combine: args.fold_combine && !layout.is_multi(),
-        gate_last_chunk: args.gate_last_chunk
-            && !layout.is_multi()
-            && args.gather.as_str() == "copy-engine",
+        gate_last_chunk: args.gate_last_chunk && !layout.is_multi(),
         fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
@@ -1015,13 +1013,6 @@ pub fn run(args: Args) -> Result<()> {
             Device::cuda(0)?
         }
     };
-    if cfg.gate_last_chunk && !device.supports_flag_gates() {
-        tracing::warn!(
-            device = %device.info().name,
-            "no stream flag writes (a CUDA driver before 11.7): the last fetched chunk waits for its copies' event"
-        );
-        cfg.gate_last_chunk = false;
-    }
     tracing::info!(device = %device.info().name, model = %model.name, %strategy, "building the engine");
     let mut engine =
         Engine::new(&device, &model, &cfg, popularity).context("building the engine")?;
@@ -1202,7 +1193,7 @@ pub fn run(args: Args) -> Result<()> {
             host_submit: cfg.host_submit.name().into(),
             fetch_chunks: cfg.fetch_chunks,
             fold_combine: cfg.fold_combine,
-            gate_last_chunk: cfg.gate_last_chunk,
+            gate_last_chunk: engine.gates_last_chunk(),
             fetch_chunking: cfg.fetch_chunking.name().into(),
             chunk_timer: engine.chunk_timer().copied(),
             gpu_act: cfg.gpu_path.name().into(),

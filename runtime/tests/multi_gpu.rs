@@ -364,7 +364,8 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--threads"), "{e}");
-    // The engine switches the single-GPU engine checks, and the fold it alone can run.
+    // The engine switches the single-GPU engine checks; its fold and gate (on by default) do
+    // not apply here and are not refused.
     for (bad, flag) in [
         (
             EngineConfig {
@@ -372,20 +373,6 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
                 ..cfg.clone()
             },
             "--fetch-chunks",
-        ),
-        (
-            EngineConfig {
-                fold_combine: true,
-                ..cfg.clone()
-            },
-            "--fold-combine",
-        ),
-        (
-            EngineConfig {
-                gate_last_chunk: true,
-                ..cfg.clone()
-            },
-            "--gate-last-chunk",
         ),
         (
             EngineConfig {

@@ -276,21 +276,9 @@ impl MultiEngine {
             ));
         }
         config.check(model)?;
-        if config.fold_combine {
-            // Each GPU's combine follows the peers' partial rows, not its last chunk.
-            return Err(RuntimeError::invalid(
-                "--fold-combine",
-                "single-GPU only: the multi-GPU engine combines after the peers' rows arrive",
-            ));
-        }
-        if config.gate_last_chunk {
-            // Gating is the single-GPU engine's pipeline (`Engine::step`); the multi-GPU one
-            // waits for each chunk's event.
-            return Err(RuntimeError::invalid(
-                "--gate-last-chunk",
-                "single-GPU only: the multi-GPU engine waits for each chunk's copies",
-            ));
-        }
+        // `fold_combine` and `gate_last_chunk` (on by default) are the single-GPU engine's
+        // pipeline and do not apply here: each GPU's combine follows the peers' partial rows,
+        // not its last chunk, and each chunk's kernel waits for its copies' event.
         if config.fetch_chunking != FetchChunking::Halving {
             // Each GPU's chunks would need their own timing on their own link.
             return Err(RuntimeError::invalid(
