@@ -11,7 +11,7 @@
 //! |---|---|
 //! | dense part (GPU stream) | `dense_us(dense, streams, context)` |
 //! | hit kernel | `gpu_experts_us` = launch + kernel (the launch hides when queued) |
-//! | fetched kernels | `fetched_kernels`: the chunks before the last queued behind the hits, one launch each; the last chunk after the gather and them, its launch after both |
+//! | fetched kernels | `fetched_kernels`: the chunks before the last queued behind the hits, one launch each; the last chunk after the gather and them, its launch after both, or on one GPU (gated, the runtime's default) beside the gather |
 //! | gather (H2D copy stream) | `gather_layer_us` once, then per expert `gather_copy_us` + bytes (times `link_serving_factor(threads)` beside a CPU share) at `gather_gbs` |
 //! | CPU share | `cpu_fixed_us` (less the pool wake-up, paid only when parked), then bytes (times `1 + cpu_serving_slowdown`) at `cpu_rate_gbs(threads)` |
 //! | contention | `dram_shares(cpu rate, gather rate)` while both stream bytes |
@@ -283,6 +283,7 @@ impl CostModel {
                 .max(0.0),
             fetched_early_launches: fetched.early_chunks as u32,
             fetched_kernel_ns: (us(fetched.last_us) - launch).max(0.0),
+            fetched_gated: !p.layout.is_multi(),
             overhead_ns: us(p.overhead.get(kind)),
             gather,
             cpu,

@@ -8,7 +8,8 @@
 //!    on the H2D copy stream; for a CPU share, the activations' copy to the host (D2H)
 //!    followed by the event round trip that tells the CPU they are there;
 //! 3. the last fetched chunk's kernel after the gather's last copy (and after the kernels
-//!    before it: one stream);
+//!    before it: one stream); on one GPU gated, as the runtime's default, so its launch is
+//!    paid when the stream reaches it, beside the gather, not after the last copy;
 //! 4. the CPU share: wake-up (unless the pool spins), fixed costs, then the weight bytes at
 //!    the CPU's DRAM bandwidth, contended while a copy runs;
 //! 5. its result copied back on the same copy stream (behind the gather if that is still
@@ -49,8 +50,12 @@ pub struct LayerCosts {
     /// How many chunks come before the last.
     pub fetched_early_launches: u32,
     /// GPU time of the last fetched chunk's kernel after its launch, ns: it follows the
-    /// gather's last copy and the kernels before it, its launch paid after both.
+    /// gather's last copy and the kernels before it, its launch paid after both, or (gated)
+    /// after the kernels before it alone.
     pub fetched_kernel_ns: f64,
+    /// Whether the last fetched chunk is gated on a flag (the single-GPU runtime's default,
+    /// `gate_last_chunk`): its launch overlaps the gather (the analytic model's `launch`).
+    pub fetched_gated: bool,
     /// Calibrated per-layer overhead of the strategy, ns, added after the layer's last
     /// kernel (the analytic model's `overhead`; 0 until an end-to-end probe fits it).
     pub overhead_ns: f64,
@@ -453,7 +458,14 @@ impl LayerMachine {
                 }
                 match done.map(|d| d.tag) {
                     Some(TAG_GATHER) => {
-                        let ready = r.gpu.busy_until().max(now);
+                        // Gated, the launch was paid from when the stream reached it: the
+                        // kernel starts at max(now, stream free + launch).
+                        let ready = if self.costs.fetched_gated {
+                            now.saturating_sub(ceil_ns(self.costs.launch_ns))
+                                .max(r.gpu.busy_until())
+                        } else {
+                            r.gpu.busy_until().max(now)
+                        };
                         r.gpu
                             .submit(ready, self.costs.launch_ns, self.costs.fetched_kernel_ns);
                         self.gather_pending = false;

@@ -195,9 +195,15 @@ pub fn reference_layer(c: &LayerCosts, p: &ReferenceParams) -> u64 {
         assert!(t < limit, "reference did not finish");
     }
     // GPU tail: the last fetched chunk after the gather and the kernels before it, its
-    // launch after both; the sum after the result.
+    // launch after both (gated: after the kernels before it alone); the sum after the
+    // result.
     if let (Some(g), Some(_)) = (gather_done_at, c.gather) {
-        gpu_free = g.max(gpu_free) + c.launch_ns + c.fetched_kernel_ns;
+        gpu_free = if c.fetched_gated {
+            // Its launch paid from when the stream reached it, beside the gather.
+            g.max(gpu_free + c.launch_ns) + c.fetched_kernel_ns
+        } else {
+            g.max(gpu_free) + c.launch_ns + c.fetched_kernel_ns
+        };
     }
     if let (Some(r), Some(cpu)) = (result_done_at, c.cpu) {
         gpu_free = (r + c.launch_ns).max(gpu_free) + cpu.sum_ns;

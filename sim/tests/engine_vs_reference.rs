@@ -80,6 +80,7 @@ fn random_case(rng: &mut impl Rng) -> (LayerCosts, ReferenceParams) {
             0
         },
         fetched_kernel_ns: rng.random_range(1_000.0..30_000.0),
+        fetched_gated: rng.random_bool(0.5),
         overhead_ns: rng.random_range(0.0..3_000.0),
         gather,
         cpu,
@@ -140,6 +141,7 @@ fn offload_layer_is_the_closed_form() {
         fetched_early_ns: 15_000.0,
         fetched_early_launches: 1,
         fetched_kernel_ns: 10_000.0,
+        fetched_gated: false,
         overhead_ns: 0.0,
         gather: Some(TransferJob {
             tag: TAG_GATHER,
@@ -156,4 +158,13 @@ fn offload_layer_is_the_closed_form() {
     let one = 50_000 + gather + 4_000 + 10_000;
     assert_eq!(ends, vec![one, 2 * one]);
     assert_eq!(reference_layer(&c, &p), one);
+    // Gated (the single-GPU runtime's default), its launch is paid beside the gather.
+    let gated = LayerCosts {
+        fetched_gated: true,
+        ..c
+    };
+    let (ends, _) = LayerRunner::new(resources(&p), vec![gated]).run(0);
+    let one = 50_000 + gather + 10_000;
+    assert_eq!(ends, vec![one]);
+    assert_eq!(reference_layer(&gated, &p), one);
 }

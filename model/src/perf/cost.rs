@@ -99,6 +99,10 @@ pub struct FetchedKernels {
     pub early_chunks: usize,
     /// The last chunk's launch, launch included, in us (0 without fetched experts).
     pub last_us: f64,
+    /// Of `last_us`, the launch itself (`gpu_launch_us`; 0 without fetched experts): on one
+    /// GPU the runtime gates the last chunk on a flag, so this part overlaps the gather
+    /// ([`crate::perf::step`], point 3).
+    pub last_launch_us: f64,
 }
 
 /// The two sides of a hybrid layer run at once (see [`PerfParams::overlapped`]).
@@ -569,6 +573,7 @@ impl PerfParams {
             early_us: early.iter().map(|r| kernel(r.len())).sum(),
             early_chunks: early.len(),
             last_us: kernel(last.len()),
+            last_launch_us: self.gpu_launch_us,
         }
     }
 

@@ -22,13 +22,18 @@
 //!    ([`crate::plan::fetch_chunk_bounds`]: the last is one expert as soon as there are
 //!    two): each chunk's launch runs once its copies have landed and the launches before it
 //!    are done, so every chunk but the last (`early`) overlaps the gather, and only the last
-//!    chunk's launch (`last`) follows the gather's last copy.
+//!    chunk's launch (`last`) follows the gather's last copy. On one GPU the runtime gates
+//!    the last chunk on a flag the copy stream sets (its `gate_last_chunk`, the default):
+//!    the launch itself (`launch`, [`FetchedKernels::last_launch_us`]) is paid when the
+//!    stream reaches it, beside the gather, and only the rest of `last` follows the last
+//!    copy; the multi-GPU engine waits for the copies' event, so there all of `last` does.
 //! 4. Where the CPU computed experts, the GPU **combines** the CPU's partial output once both
 //!    the GPU side and the CPU path are done.
 //!
-//! So a layer takes `dense + max(max(gather, hits + early) + last, cpu + sync) + combine`
-//! (the terms that do not exist in a strategy are zero), plus the strategy's calibrated
-//! overhead: offload is `dense + max(gather, hits + early) + last`, resident `dense + hits`,
+//! So a layer takes `dense + max(max(gather, hits + early + launch) + last - launch, cpu +
+//! sync) + combine` on one GPU (`launch` 0 on several), the terms that do not exist in a
+//! strategy zero, plus the strategy's calibrated overhead: offload is `dense + max(gather,
+//! hits + early + launch) + last - launch`, resident `dense + hits`,
 //! cpu `dense + max(hits, cpu + sync) + combine`. The GPU side takes each chunk's copies to
 //! land no later than the launches before it end (a chunk's launch is a few us, the next
 //! chunk's copies tens), which is what the runtime's chunk sizes are chosen for. The fetched
@@ -326,6 +331,7 @@ impl PerfParams {
             hits,
             &k,
             c.fetched > 0.0,
+            true,
             has_cpu.then_some((cpu, sync)),
         );
         critical.dense_us = dense;
@@ -349,18 +355,26 @@ impl PerfParams {
 }
 
 /// The two paths of a layer after its dense part (module docs): the GPU side, `max(gather,
-/// hits + early) + last` (the hits, then each fetched chunk as its copies land, the last
-/// after the gather and the kernels before it), and, with a CPU share, the CPU path `cpu +
-/// sync` (`cpu_path`: the share's time and its sync). Returns the longer one's duration and
-/// how it splits by resource (the CPU path where it is strictly longer).
+/// hits + early + launch) + last - launch` (the hits, then each fetched chunk as its copies
+/// land, the last after the gather and the kernels before it; `launch`, the last chunk's
+/// launch, beside the gather where the last chunk is `gated`, else 0), and, with a CPU
+/// share, the CPU path `cpu + sync` (`cpu_path`: the share's time and its sync). Returns the
+/// longer one's duration and how it splits by resource (the CPU path where it is strictly
+/// longer).
 fn longer_side(
     gather: f64,
     hits: f64,
     fetched: &FetchedKernels,
     has_fetched: bool,
+    gated: bool,
     cpu_path: Option<(f64, f64)>,
 ) -> (f64, TimeSplit) {
-    let (early, last) = (fetched.early_us, fetched.last_us);
+    let launch = if gated {
+        fetched.last_launch_us.min(fetched.last_us)
+    } else {
+        0.0
+    };
+    let (early, last) = (fetched.early_us + launch, fetched.last_us - launch);
     let gpu_side = gather.max(hits + early) + last;
     let (cpu, sync) = cpu_path.unwrap_or((0.0, 0.0));
     let cpu_side = if cpu_path.is_some() { cpu + sync } else { 0.0 };
@@ -447,11 +461,13 @@ impl PerfParams {
             } else {
                 (0.0, 0.0)
             };
+            // The multi-GPU engine waits for each chunk's event: no gate.
             let (side, mut crit) = longer_side(
                 gather,
                 hits,
                 &k,
                 c.fetched > 0.0,
+                false,
                 has_cpu.then_some((cpu, sync_g)),
             );
             let body = side + sum;
@@ -557,14 +573,20 @@ mod tests {
             // chunk but the last after the launch before it (its copies land beside the
             // gather), the last also after the whole gather.
             let chunks = crate::plan::fetch_chunk_bounds(fetched as usize);
+            // The last one gated (one GPU): its launch after the chunk before it, its work
+            // after that launch and the whole gather.
             let mut before = 2;
             for (k, r) in chunks.iter().enumerate() {
                 let n = r.len() as f64;
-                let mut pred = vec![before];
+                let kernel = p.gpu_experts_us(n, n * 1.1, s);
                 if k + 1 == chunks.len() {
-                    pred.push(1);
+                    let launch = if n > 0.0 { p.gpu_launch_us } else { 0.0 };
+                    tasks.push(("last launch", launch, vec![before]));
+                    let launched = tasks.len() - 1;
+                    tasks.push(("last chunk", kernel - launch, vec![launched, 1]));
+                } else {
+                    tasks.push(("chunk", kernel, vec![before]));
                 }
-                tasks.push(("chunk", p.gpu_experts_us(n, n * 1.1, s), pred));
                 before = tasks.len() - 1;
             }
             tasks[5].2 = vec![before, 4];
