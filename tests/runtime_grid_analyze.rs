@@ -91,4 +91,40 @@ fn hybrid_is_favoured_won_or_lost_only_beyond_the_runs_noise() {
         )),
         "{summary}"
     );
+
+    // Offload's ceiling with nothing after the last copy, recomputed from its columns: the
+    // bound's time a layer over the link's busy time plus the dense part before the router.
+    // It bounds what the run reached, and every run below the target says it.
+    let mut below = 0;
+    for r in rows.iter().filter(|r| &r[at("strategy")] == "offload") {
+        let layers = num(r, at("layers"));
+        let bound = num(r, at("pcie_bound_step_us")) / layers;
+        let (busy, dense) = (
+            num(r, at("pcie_busy_layer_us")),
+            num(r, at("idle_dense_us")),
+        );
+        let ceiling = num(r, at("tail_free_ceiling"));
+        assert!((ceiling - bound / (busy + dense)).abs() < 1e-9, "{r:?}");
+        assert!(
+            (num(r, at("link_busy_rate")) - bound / busy).abs() < 1e-9,
+            "{r:?}"
+        );
+        assert!(ceiling >= num(r, at("share_of_pcie_bound")), "{r:?}");
+        if &r[at("meets_pcie_target")] == "False" {
+            below += 1;
+            let line = summary
+                .lines()
+                .find(|l| {
+                    l.contains(" offload ")
+                        && l.contains("BELOW")
+                        && l.contains(&format!("{:.0}%", 100.0 * ceiling))
+                })
+                .unwrap_or_else(|| panic!("no ceiling in the summary for {r:?}"));
+            assert!(line.contains("with nothing after the last copy"), "{line}");
+        }
+    }
+    assert!(
+        below > 0,
+        "the committed grid has offload runs below the target"
+    );
 }

@@ -78,7 +78,7 @@ def row_of(doc):
     cpu = doc.get("cpu") or {}
     total_experts = layers * 512
     pl = per_layer(doc)
-    return {
+    row = {
         "name": doc["_name"],
         "strategy": kind_of(doc["strategy"]),
         "fetch_fraction": doc["fetch_fraction"],
@@ -115,6 +115,8 @@ def row_of(doc):
         **rounds_columns(doc),
         **link_idle_columns(s),
     }
+    row.update(tail_free_columns(row))
+    return row
 
 
 def rounds_columns(doc):
@@ -139,6 +141,23 @@ def link_idle_columns(summary):
     for c in IDLE_CAUSES:
         cols[f"idle_{c}_us"] = idle.get(f"{c}_us", "")
     return cols
+
+
+def tail_free_columns(r):
+    """For a run that gathers: the link's rate while busy as a share of the linear rate (the
+    bound's bytes over the busy time), and the most of the PCIe bound the run could reach with
+    nothing after its last copy: the dense part up to the router precedes every gather (the
+    router needs it) and the copies keep their busy rate, so a layer takes at least the link's
+    busy time plus that dense part. Empty where a column is missing."""
+    try:
+        bound = float(r["pcie_bound_step_us"]) / r["layers"]
+        busy = float(r["pcie_busy_layer_us"])
+        dense = float(r["idle_dense_us"])
+    except (TypeError, ValueError, KeyError):
+        return {"link_busy_rate": "", "tail_free_ceiling": ""}
+    if busy <= 0 or bound <= 0:
+        return {"link_busy_rate": "", "tail_free_ceiling": ""}
+    return {"link_busy_rate": bound / busy, "tail_free_ceiling": bound / (busy + dense)}
 
 
 def spread_of(r):
@@ -275,6 +294,9 @@ def main():
             idle = idle_note(r)
             if idle:
                 note += "; " + idle
+            if not r["meets_pcie_target"] and r["tail_free_ceiling"] != "":
+                note += (f"; at most {r['tail_free_ceiling']:.0%} with nothing after the last copy "
+                         f"(the link at {r['link_busy_rate']:.0%} of its linear rate while busy)")
         if r["diagnosis"]:
             unexpected = r["favoured"] is True and r["outcome"] == "loses"
             note = ("UNEXPECTED LOSS: " if unexpected else f"{r['outcome']}: ") + r["diagnosis"]
