@@ -134,6 +134,14 @@ fn token_lists(c: &Case) -> Vec<Vec<(u32, f32)>> {
         .collect()
 }
 
+/// How many of `got`'s values differ in any bit from `want`'s.
+fn differing_bits(got: &[f32], want: &[f32]) -> usize {
+    got.iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count()
+}
+
 /// The CPU kernels' output for the case (zeroed y first).
 fn cpu(c: &Case) -> Vec<f32> {
     let tl = token_lists(c);
@@ -208,11 +216,7 @@ fn int8_path_is_bit_identical_to_cpu(d: &Device, shapes: &[(usize, usize, usize,
             );
             let got = run_on(d, &c);
             let want = cpu(&c);
-            let differ = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let differ = differing_bits(&got, &want);
             let max_abs = got
                 .iter()
                 .zip(&want)
@@ -311,11 +315,7 @@ fn gated_launch_waits_for_its_flag(d: &Device, shapes: &[(usize, usize, usize, u
         let got = compute.download_f32(&y, 0, c.x.len()).unwrap();
         copy.synchronize().unwrap();
         let want = cpu(&c);
-        let differ = got
-            .iter()
-            .zip(&want)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
+        let differ = differing_bits(&got, &want);
         assert_eq!(differ, 0, "round {round} ({hidden}x{inter}, {ne} experts): {differ} outputs differ from the CPU's");
     }
     let c = case(
@@ -549,11 +549,7 @@ mod cuda {
             for (n, c) in cases.iter().enumerate() {
                 let got = run_on_stream(&d, &s, c);
                 let want = cpu(c);
-                let differ = got
-                    .iter()
-                    .zip(&want)
-                    .filter(|(a, b)| a.to_bits() != b.to_bits())
-                    .count();
+                let differ = differing_bits(&got, &want);
                 assert_eq!(
                     differ, 0,
                     "round {round}, case {n}: {differ} outputs differ"

@@ -1241,21 +1241,41 @@ impl CudaStreamH {
         Ok(())
     }
 
+    /// The expert kernels, with the layer's fixed-order combine folded into the down kernel
+    /// where `combine` is given (as [`Stream::combine_fixed`] takes it; checked by the
+    /// caller) and every block waiting for `gate` first where it is given.
     pub(crate) fn launch_experts(
         &self,
         step: &ExpertStep,
         w: &DeviceBuffer,
         x: &DeviceBuffer,
         y: &DeviceBuffer,
+        combine: Option<&crate::device::LayerCombine<'_>>,
         gate: Option<FlagGate<'_>>,
     ) -> Result<()> {
+        let fold = match combine {
+            Some(c) => {
+                let mut more = [0u64; crate::device::COMBINE_MAX_PARTS];
+                for (slot, b) in more.iter_mut().zip(c.more) {
+                    *slot = dptr(b)?;
+                }
+                crate::gpu_experts::CudaFoldCombine {
+                    act: dptr(c.act)?,
+                    parts: dptr(c.parts)?,
+                    more,
+                    block: c.block as u64,
+                    k: c.k as u64,
+                }
+            }
+            None => Default::default(),
+        };
         crate::gpu_experts::cuda_launch(
             self,
             step,
             dptr(w)?,
             dptr(x)?,
             dptr(y)?,
-            Default::default(),
+            fold,
             cuda_gate(gate)?,
         )
     }
@@ -1271,39 +1291,6 @@ impl CudaStreamH {
         unsafe { sys::cuStreamWriteValue32_v2(self.raw(), addr, value, 0) }
             .result()
             .map_err(cu("writing a stream flag (cuStreamWriteValue32_v2)"))
-    }
-
-    /// The expert kernels with the layer's fixed-order combine folded into the down kernel
-    /// (`combine` as [`Stream::combine_fixed`] takes it; checked by the caller).
-    pub(crate) fn launch_experts_then_combine(
-        &self,
-        step: &ExpertStep,
-        w: &DeviceBuffer,
-        x: &DeviceBuffer,
-        y: &DeviceBuffer,
-        combine: &crate::device::LayerCombine<'_>,
-        gate: Option<FlagGate<'_>>,
-    ) -> Result<()> {
-        let mut more = [0u64; crate::device::COMBINE_MAX_PARTS];
-        for (slot, b) in more.iter_mut().zip(combine.more) {
-            *slot = dptr(b)?;
-        }
-        let fold = crate::gpu_experts::CudaFoldCombine {
-            act: dptr(combine.act)?,
-            parts: dptr(combine.parts)?,
-            more,
-            block: combine.block as u64,
-            k: combine.k as u64,
-        };
-        crate::gpu_experts::cuda_launch(
-            self,
-            step,
-            dptr(w)?,
-            dptr(x)?,
-            dptr(y)?,
-            fold,
-            cuda_gate(gate)?,
-        )
     }
 
     pub(crate) fn launch_dense(&self, reads: &[DenseRead<'_>], out: &DeviceBuffer) -> Result<()> {

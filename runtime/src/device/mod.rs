@@ -1026,7 +1026,7 @@ impl Stream {
             {
                 self.check_experts(step, weights, x, y)?;
                 self.check_combine(combine)?;
-                s.launch_experts_then_combine(step, weights, x, y, combine, None)
+                s.launch_experts(step, weights, x, y, Some(combine), None)
             }
             // Each checks its own arguments.
             _ => {
@@ -1113,7 +1113,7 @@ impl Stream {
         match &self.imp {
             StreamImpl::Host(s) => s.launch_experts(step, weights, x, y),
             #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.launch_experts(step, weights, x, y, None),
+            StreamImpl::Cuda(s) => s.launch_experts(step, weights, x, y, None, None),
         }
     }
 
@@ -1154,10 +1154,10 @@ impl Stream {
                 match combine {
                     Some(cb) if cb.block.is_multiple_of(step.hidden) => {
                         self.check_combine(cb)?;
-                        s.launch_experts_then_combine(step, weights, x, y, cb, Some(*gate))
+                        s.launch_experts(step, weights, x, y, Some(cb), Some(*gate))
                     }
                     _ => {
-                        s.launch_experts(step, weights, x, y, Some(*gate))?;
+                        s.launch_experts(step, weights, x, y, None, Some(*gate))?;
                         match combine {
                             Some(cb) => {
                                 self.combine_fixed(cb.act, cb.parts, cb.more, cb.block, cb.k)
