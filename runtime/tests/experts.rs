@@ -274,14 +274,22 @@ fn empty_and_unrouted(d: &Device) {
 /// A launch gated on a flag waits for it: the weights start as zeros, another stream holds
 /// (tens of ms), copies the real weights in and only then sets the flag; the gated launch,
 /// queued at once, must see the real weights (the CPU kernels' bits), round after round on
-/// the same flag with the next value. A misplaced flag is refused when queued.
+/// the same flag with the next value. The values start just below the u32 wrap, so the
+/// rounds wait for u32::MAX, then 0, 1, ... (the comparison is modular). A misplaced flag
+/// is refused when queued.
 fn gated_launch_waits_for_its_flag(d: &Device, shapes: &[(usize, usize, usize, usize, usize)]) {
     use ft_runtime::device::FlagGate;
     let compute = d.new_stream("compute").unwrap();
     let copy = d.new_stream("copy").unwrap();
     let flag = d.alloc(4, "flag").unwrap();
-    compute.memset_zero(&flag, 0, 4).unwrap();
-    compute.synchronize().unwrap();
+    let start = u32::MAX - 1;
+    copy.write_flag(&FlagGate {
+        flag: &flag,
+        offset: 0,
+        value: start,
+    })
+    .unwrap();
+    copy.synchronize().unwrap();
     for (round, &(hidden, inter, ne, tokens, k)) in shapes.iter().enumerate() {
         let c = case(
             ExpertFormat::Nvfp4,
@@ -304,7 +312,7 @@ fn gated_launch_waits_for_its_flag(d: &Device, shapes: &[(usize, usize, usize, u
         let gate = FlagGate {
             flag: &flag,
             offset: 0,
-            value: round as u32 + 1,
+            value: start.wrapping_add(round as u32 + 1),
         };
         copy.hold_us(30_000.0).unwrap();
         copy.copy_h2d(&src, 0, &w, 0, c.weights.len()).unwrap();
