@@ -16,8 +16,13 @@
 //!    engine that reads the router's output would.
 //! 3. **Gather** (copy stream): one copy-engine transfer per fetched expert, bank to slot,
 //!    overlapping the hits' compute.
-//! 4. **Experts** (compute stream): one expert step over the hits, then (after the gather)
-//!    one over the fetched misses ([`crate::gpu_experts::ExpertStep`]).
+//! 4. **Experts** (compute stream): one expert step over the hits, then one over the fetched
+//!    misses ([`crate::gpu_experts::ExpertStep`]) in chunks (`FetchChunks`), each after
+//!    its chunk's copies: the earlier chunks behind an event wait, the last one (by default)
+//!    queued at once and gated on a flag the copy stream sets after its copies
+//!    ([`EngineConfig::gate_last_chunk`], [`crate::device::FlagGate`]), so that its launch
+//!    overlaps the last copy; where the layer has no CPU share, the combine (6) is folded
+//!    into that last launch ([`EngineConfig::fold_combine`]).
 //! 5. **CPU share** (hybrid, cpu): the layer's activations go device-to-host on a third
 //!    stream; the host waits for them (the layer's one host round trip; a layer without CPU
 //!    work has none), runs the CPU experts on the pool ([`crate::cpu_pool::CpuExecutor`])
