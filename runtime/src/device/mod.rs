@@ -1017,29 +1017,7 @@ impl Stream {
         y: &DeviceBuffer,
         combine: &LayerCombine<'_>,
     ) -> Result<()> {
-        match &self.imp {
-            // The down kernel's tiles cover every column of the hidden size for every row;
-            // the fold covers every stream of `block` in them.
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s)
-                if !step.experts.is_empty() && combine.block.is_multiple_of(step.hidden) =>
-            {
-                self.check_experts(step, weights, x, y)?;
-                self.check_combine(combine)?;
-                s.launch_experts(step, weights, x, y, Some(combine), None)
-            }
-            // Each checks its own arguments.
-            _ => {
-                self.launch_experts(step, weights, x, y)?;
-                self.combine_fixed(
-                    combine.act,
-                    combine.parts,
-                    combine.more,
-                    combine.block,
-                    combine.k,
-                )
-            }
-        }
+        self.queue_experts(step, weights, x, y, Some(combine), None)
     }
 
     /// Check a combine's arguments ([`Stream::combine_fixed`]).
@@ -1106,15 +1084,7 @@ impl Stream {
         x: &DeviceBuffer,
         y: &DeviceBuffer,
     ) -> Result<()> {
-        self.check_experts(step, weights, x, y)?;
-        if step.experts.is_empty() {
-            return self.memset_zero(y, 0, step.tokens * step.hidden * 4);
-        }
-        match &self.imp {
-            StreamImpl::Host(s) => s.launch_experts(step, weights, x, y),
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.launch_experts(step, weights, x, y, None, None),
-        }
+        self.queue_experts(step, weights, x, y, None, None)
     }
 
     /// Store `gate.value` at `gate`'s flag once every earlier item of this stream has
@@ -1140,41 +1110,50 @@ impl Stream {
         gate: &FlagGate<'_>,
     ) -> Result<()> {
         self.check_gate(gate, "launch_experts_gated")?;
-        match &self.imp {
-            // The kernels wait for the flag themselves (experts.cu's gate_wait); an empty
-            // step reads no weights and zeroes its output rows at once.
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(_) if step.experts.is_empty() => match combine {
-                Some(cb) => self.launch_experts_then_combine(step, weights, x, y, cb),
-                None => self.launch_experts(step, weights, x, y),
-            },
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => {
-                self.check_experts(step, weights, x, y)?;
-                match combine {
-                    Some(cb) if cb.block.is_multiple_of(step.hidden) => {
+        self.queue_experts(step, weights, x, y, combine, Some(gate))
+    }
+
+    /// The expert launch behind [`Stream::launch_experts`],
+    /// [`Stream::launch_experts_then_combine`] and [`Stream::launch_experts_gated`]: the
+    /// experts of `step` (an empty step zeroes `y`), then the layer's combine where
+    /// `combine` is given (on CUDA folded into the down kernel where it covers whole rows),
+    /// the work held until `gate`'s flag where that is given. Every argument is checked
+    /// before anything is queued, except the combine's, which its own launch checks.
+    fn queue_experts(
+        &self,
+        step: &ExpertStep,
+        weights: &DeviceBuffer,
+        x: &DeviceBuffer,
+        y: &DeviceBuffer,
+        combine: Option<&LayerCombine<'_>>,
+        gate: Option<&FlagGate<'_>>,
+    ) -> Result<()> {
+        self.check_experts(step, weights, x, y)?;
+        // The host device's stream waits for the flag itself; CUDA's kernels do
+        // (experts.cu's gate_wait), and an empty step there reads no weights.
+        if let (StreamImpl::Host(s), Some(g)) = (&self.imp, gate) {
+            s.wait_flag(g.flag, g.offset, g.value)?;
+        }
+        if step.experts.is_empty() {
+            self.memset_zero(y, 0, step.tokens * step.hidden * 4)?;
+        } else {
+            match &self.imp {
+                StreamImpl::Host(s) => s.launch_experts(step, weights, x, y)?,
+                #[cfg(feature = "cuda")]
+                StreamImpl::Cuda(s) => {
+                    // The down kernel's tiles cover every column of the hidden size for
+                    // every row; the fold covers every stream of `block` in them.
+                    if let Some(cb) = combine.filter(|c| c.block.is_multiple_of(step.hidden)) {
                         self.check_combine(cb)?;
-                        s.launch_experts(step, weights, x, y, Some(cb), Some(*gate))
+                        return s.launch_experts(step, weights, x, y, Some(cb), gate.copied());
                     }
-                    _ => {
-                        s.launch_experts(step, weights, x, y, None, Some(*gate))?;
-                        match combine {
-                            Some(cb) => {
-                                self.combine_fixed(cb.act, cb.parts, cb.more, cb.block, cb.k)
-                            }
-                            None => Ok(()),
-                        }
-                    }
+                    s.launch_experts(step, weights, x, y, None, gate.copied())?;
                 }
             }
-            // The stream itself waits, then launches as usual.
-            StreamImpl::Host(s) => {
-                s.wait_flag(gate.flag, gate.offset, gate.value)?;
-                match combine {
-                    Some(cb) => self.launch_experts_then_combine(step, weights, x, y, cb),
-                    None => self.launch_experts(step, weights, x, y),
-                }
-            }
+        }
+        match combine {
+            Some(cb) => self.combine_fixed(cb.act, cb.parts, cb.more, cb.block, cb.k),
+            None => Ok(()),
         }
     }
 
