@@ -921,10 +921,10 @@ pub fn run(args: Args) -> Result<()> {
             .parse::<HostSubmit>()
             .context("--host-submit")?,
         fetch_chunks: args.fetch_chunks,
-        // The multi-GPU engine neither folds nor gates, so the report says off there; where
-        // the single-GPU engine gates is its own call (`Engine::gates_last_chunk`).
-        fold_combine: args.fold_combine && !layout.is_multi(),
-        gate_last_chunk: args.gate_last_chunk && !layout.is_multi(),
+        // The multi-GPU engine neither folds nor gates; where the single-GPU engine gates is
+        // its own call (`Engine::gates_last_chunk`, what the report says).
+        fold_combine: args.fold_combine,
+        gate_last_chunk: args.gate_last_chunk,
         fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
@@ -1759,15 +1759,10 @@ fn run_probe(
 /// empty value, which counts as unset (on), so that `FT_X=$(cond && echo 0)` in a script
 /// means what it says.
 fn parse_env_switch_on(value: &str) -> Result<bool, String> {
-    parse_switch(value, true)
-}
-
-/// A switch's value, `unset` where it is empty.
-fn parse_switch(value: &str, unset: bool) -> Result<bool, String> {
     use clap::builder::TypedValueParser;
     let value = value.trim();
     if value.is_empty() {
-        return Ok(unset);
+        return Ok(true);
     }
     clap::builder::BoolishValueParser::new()
         .parse_ref(&clap::Command::new("ft"), None, std::ffi::OsStr::new(value))
@@ -1776,14 +1771,10 @@ fn parse_switch(value: &str, unset: bool) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{median_index, parse_env_switch_on, parse_switch};
+    use super::{median_index, parse_env_switch_on};
 
     #[test]
     fn an_empty_switch_is_unset_and_a_word_is_refused() {
-        for unset in [false, true] {
-            assert_eq!(parse_switch("", unset), Ok(unset));
-            assert_eq!(parse_switch(" ", unset), Ok(unset));
-        }
         for (v, want) in [
             ("", true),
             (" ", true),
