@@ -720,7 +720,12 @@ pub(crate) fn cuda_launch(
         Some(v) => v,
         None => cuda_variant(t.max_task_pairs),
     };
-    let fused = cuda_fused(&tuning, variant, step.act);
+    // The one-launch layer's counters follow its row tiles' (its ticket, finished blocks, one
+    // ready count per task), on their own cache line; a launch whose counters would not fit
+    // takes the two launches, as any launch the fused layer does not take.
+    let fused_counters = step.hidden.div_ceil(variant.down_rows).next_multiple_of(32);
+    let fused = cuda_fused(&tuning, variant, step.act)
+        && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
     let variant = if !fused
         && cuda_small_grid(
             &tuning,
@@ -750,11 +755,6 @@ pub(crate) fn cuda_launch(
         tuning.staged_tiles,
     )?;
     let pdl = tuning.dependent_launch;
-    // The fused launch's counters after the row tiles' (its ticket, finished blocks, one
-    // ready count per task), on their own cache line; a launch whose counters would not fit
-    // takes the two launches.
-    let fused_counters = down_tiles.next_multiple_of(32);
-    let fused = fused && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
     let spec = cuda_specialization(step, &tuning, t.bytes.len());
