@@ -651,10 +651,7 @@ impl HostStream {
         let (fm, fp) = dev_of(flag)?;
         self.enqueue(Box::new(move || {
             let _keep = &fm;
-            // SAFETY: 4 aligned bytes inside `flag`, checked when queued; other streams
-            // touch them only atomically.
-            let a = unsafe { &*(fp.get().add(offset) as *const AtomicU32) };
-            a.store(value, Ordering::Release);
+            flag_at(fp, offset).store(value, Ordering::Release);
             Ok(())
         }))
     }
@@ -666,8 +663,7 @@ impl HostStream {
         let name = self.shared.name.clone();
         self.enqueue(Box::new(move || {
             let _keep = &fm;
-            // SAFETY: as in `write_flag`.
-            let a = unsafe { &*(fp.get().add(offset) as *const AtomicU32) };
+            let a = flag_at(fp, offset);
             let start = Instant::now();
             while (a.load(Ordering::Acquire).wrapping_sub(value) as i32) < 0 {
                 if start.elapsed() > FLAG_WAIT_LIMIT {
@@ -744,6 +740,15 @@ impl HostStream {
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.shared.synchronize()
     }
+}
+
+/// The u32 flag at `offset` of the allocation `p` points into ([`HostStream::write_flag`],
+/// [`HostStream::wait_flag`]), as an atomic.
+fn flag_at<'a>(p: SendPtr, offset: usize) -> &'a AtomicU32 {
+    // SAFETY: `FlagGate::check` put 4 aligned bytes at `offset` inside the buffer when the
+    // operation was queued; the caller's `HostMem` clone keeps the allocation alive while
+    // the reference is used, and every stream touches a flag only atomically.
+    unsafe { &*(p.get().add(offset) as *const AtomicU32) }
 }
 
 fn host_of(b: &HostBuffer) -> Result<(HostMem, SendPtr)> {
