@@ -645,12 +645,11 @@ pub struct Engine {
     dense: DenseBuffers,
     /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
     dense_out: DeviceBuffer,
-    /// The flag the last fetched chunk's launch is gated on ([`EngineConfig::gate_last_chunk`]),
-    /// one u32, and the value the last gated layer waited for (each gated layer the next).
-    gate_flag: DeviceBuffer,
+    /// The flag the last fetched chunk's launch is gated on, one u32, where it is
+    /// ([`Engine::gates_last_chunk`]), and the value the last gated layer waited for (each
+    /// gated layer the next).
+    gate_flag: Option<DeviceBuffer>,
     gate_value: u32,
-    /// Whether the last fetched chunk is gated ([`Engine::gates_last_chunk`]).
-    gates: bool,
     /// Bytes of each layer's dense weights read after the router (the shared experts).
     dense_post_bytes: usize,
     compute: Stream,
@@ -912,7 +911,7 @@ impl Engine {
                 "the last fetched chunk waits for its copies' event (no gate: zero-copy gathers or no stream flag writes)"
             );
         }
-        let gate_flag = device.alloc(4, "gate flag")?;
+        let gate_flag = gates.then(|| device.alloc(4, "gate flag")).transpose()?;
         let row = g.hidden * F32_BYTES;
         let rows = max_rows(model, config);
         let act = device.alloc(rows * row, "expert inputs")?;
@@ -930,9 +929,12 @@ impl Engine {
             .map(|_| LayerEvents::new(device, config.timeline, MAX_FETCH_CHUNKS - 1))
             .collect::<Result<Vec<_>>>()?;
         let anchor = device.new_event(config.timeline)?;
-        // The gate's flag starts below every value a layer waits for (the first is 1).
-        compute.memset_zero(&gate_flag, 0, 4)?;
-        compute.synchronize()?;
+        // The gate's flag starts below every value a layer waits for (the first is 1), before
+        // any launch on another stream reads it.
+        if let Some(flag) = &gate_flag {
+            compute.memset_zero(flag, 0, 4)?;
+            compute.synchronize()?;
+        }
         let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
         device.warm_up_kernels(&[&template])?;
         let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
@@ -952,7 +954,6 @@ impl Engine {
             dense_out,
             gate_flag,
             gate_value: 0,
-            gates,
             dense_post_bytes,
             compute,
             copy,
@@ -1125,7 +1126,7 @@ impl Engine {
     /// ([`EngineConfig::gate_last_chunk`] where it applies: copy-engine gathers on a device
     /// with stream flag writes).
     pub fn gates_last_chunk(&self) -> bool {
-        self.gates
+        self.gate_flag.is_some()
     }
 
     /// What the fetch chunks are timed by ([`FetchChunking::Timed`]; `None` otherwise).
@@ -1293,14 +1294,18 @@ impl Engine {
             // router has run: in a hybrid step the host reaches this point only after the
             // previous layer's CPU share, and every call it makes before the first copy is
             // time the link waits.
-            let gate = (self.gates && !work.moves.is_empty()).then(|| {
-                self.gate_value = self.gate_value.wrapping_add(1);
-                FlagGate {
-                    flag: &self.gate_flag,
-                    offset: 0,
-                    value: self.gate_value,
-                }
-            });
+            let gate = self
+                .gate_flag
+                .as_ref()
+                .filter(|_| !work.moves.is_empty())
+                .map(|flag| {
+                    self.gate_value = self.gate_value.wrapping_add(1);
+                    FlagGate {
+                        flag,
+                        offset: 0,
+                        value: self.gate_value,
+                    }
+                });
             let fetch = FetchChunks::of(
                 &work,
                 &self.slots,
