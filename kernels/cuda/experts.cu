@@ -497,6 +497,68 @@ __device__ __forceinline__ void gate_wait(const u32* gate, u32 value) {
     __syncthreads();
 }
 
+// Block timelines (FT_STAMPS=1, the runtime's FT_CUDA_STAMPS; off by default, and then none
+// of this is compiled). Thread 0 of every block of the expert kernels notes the global timer
+// at five points of the block's life and appends one record at its end: where a layer's time
+// goes (the gaps between launches, how long blocks take to become resident, the wait for
+// their weights, for gate/up's h, the compute and the combine), which the profiler's counters
+// do not show for a launch of a few microseconds. Only thread 0 writes and reads the block's
+// stamps (ft_stamp_t), so they need no barrier. The runtime reads ft_stamps and
+// ft_stamp_count from the module (`Device::take_block_stamps`) and zeroes the count; records
+// past FT_STAMP_CAP are counted, not kept. Record layout, 8 u64 (the runtime's BlockStamp):
+//   [0] kernel << 56 | sm << 40 | blockIdx.y << 20 | blockIdx.x
+//   [1..6) globaltimer, ns: 0 entry, 1 start condition met (the gate; for down, gate/up's h
+//          ready), 2 weights and activations in shared memory, 3 own work done (down: before
+//          its row tile's ticket; 0 where not noted), 4 exit
+//   [6], [7] clock64 at entry and exit (the multiprocessor's cycles, for its clock rate)
+#ifndef FT_STAMPS
+#define FT_STAMPS 0
+#endif
+#define FT_STAMP_CAP 32768
+#define STAMP_GATE_UP 1
+#define STAMP_DOWN 2
+#define STAMP_LAYER 3
+#if FT_STAMPS
+__device__ u32 ft_stamp_count;
+__device__ u64 ft_stamps[FT_STAMP_CAP][8];
+__shared__ u64 ft_stamp_t[5];
+__shared__ u64 ft_stamp_c0;
+__device__ __forceinline__ u64 stamp_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void stamp_begin() {
+    if (threadIdx.x == 0) {
+        ft_stamp_c0 = clock64();
+        ft_stamp_t[0] = stamp_now();
+        ft_stamp_t[1] = ft_stamp_t[2] = ft_stamp_t[3] = 0;
+    }
+}
+__device__ __forceinline__ void stamp(int i) {
+    if (threadIdx.x == 0) ft_stamp_t[i] = stamp_now();
+}
+__device__ __forceinline__ void stamp_end(u32 kernel, u32 bx, u32 by) {
+    if (threadIdx.x != 0) return;
+    const u64 c1 = clock64();
+    const u64 t4 = stamp_now();
+    u32 sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const u32 k = atomicAdd(&ft_stamp_count, 1u);
+    if (k >= FT_STAMP_CAP) return;
+    u64* r = ft_stamps[k];
+    r[0] = (u64)kernel << 56 | (u64)(sm & 0xffff) << 40 | (u64)(by & 0xfffff) << 20 | (u64)(bx & 0xfffff);
+    for (int i = 0; i < 4; i++) r[1 + i] = ft_stamp_t[i];
+    r[5] = t4;
+    r[6] = ft_stamp_c0;
+    r[7] = c1;
+}
+#else
+__device__ __forceinline__ void stamp_begin() {}
+__device__ __forceinline__ void stamp(int) {}
+__device__ __forceinline__ void stamp_end(u32, u32, u32) {}
+#endif
+
 // Programmatic dependent launch (sm_90): a primary kernel lets the next kernel of its stream
 // start early (`pdl_launch_dependents`), and that kernel waits for the primary to complete
 // and its writes to be visible (`pdl_wait`) before it reads them. Without the launch
@@ -763,6 +825,13 @@ __device__ __forceinline__ void gate_up_impl(
         prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), bx, I / G);
     // The down kernel may be scheduled now: it stages its own weights while this one runs.
     pdl_launch_dependents();
+    // A chained launch (the runtime's CudaTuning::chained_launch) is itself a programmatic
+    // dependent of the kernel before it on its stream (the previous layer's down kernel, or
+    // another kernel): it was scheduled as soon as every block of that kernel had started,
+    // and has requested its tiles while that kernel ran. It waits for that kernel here,
+    // before it reads x or writes h (which the previous layer's down kernel may still be
+    // reading). Without the launch attribute the wait returns at once.
+    pdl_wait();
     // Shared activations of the pass: int8 codes [tch][H] then scales [tch][nb]; or f32 [tch][H].
     i8* sq = (i8*)smem;
     float* ss = (float*)(smem + (u64)tch * H);
@@ -786,6 +855,7 @@ __device__ __forceinline__ void gate_up_impl(
         // (Pipelined, each warp waits for its own stages below.)
         if (!PIPE) stage_wait();
         __syncthreads();
+        stamp(2);
         const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
         if constexpr (WIDE) {
             static_assert(MT == 1, "the wide kernel is the one-token variant");
@@ -975,6 +1045,10 @@ __device__ __forceinline__ void down_impl(
     } else {
         td = tile_at(fmt, down, j0);
     }
+    // A chained gate/up launch after this one may be scheduled now (every block of this
+    // launch has started once all have passed here, so its blocks only take the slots that
+    // these leave); it waits for this launch to complete before it writes h.
+    if (!FUSED) pdl_launch_dependents();
     // The gate/up kernel's h (and nothing it writes is read before this).
     if (FUSED) {
         // Every gate/up block of the task has written its block of h and fenced it; thread 0
@@ -986,8 +1060,10 @@ __device__ __forceinline__ void down_impl(
     } else {
         pdl_wait();
     }
+    stamp(1);
     stage_wait();
     __syncthreads();
+    stamp(2);
     const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
     // Row j0 + hw + 16 k exists for every hw of the block or for none (H % 32 == 0 and
     // j0 + 16 k is a multiple of 16), so `live[k]` is uniform and every lane reaches the
@@ -1094,6 +1170,7 @@ __device__ __forceinline__ void down_impl(
     }
     // Make this block's O visible device-wide, then take a ticket; the last block of the row
     // tile combines it.
+    stamp(3);
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) ticket = atomicAdd(&counters[bx], 1u);
@@ -1140,7 +1217,9 @@ __device__ __forceinline__ void down_impl(
 #define TABLE_ARGS const __grid_constant__ ParamTable tab, u64 staged, u32 o_pairs, u32 o_begin, u32 o_tok, \
     const u32* gate, u32 gate_value
 #define TASK_TABLES \
+    stamp_begin(); \
     gate_wait(gate, gate_value); \
+    stamp(1); \
     const u8* tb = table_base(tab, staged); \
     const Task* tasks = (const Task*)tb; \
     const Pair* pairs = (const Pair*)(tb + o_pairs);
@@ -1161,7 +1240,8 @@ __device__ __forceinline__ void down_impl(
 #define DOWN_ENTRY(MT, R, STAGED) \
     TABLES \
     down_impl<MT, R, STAGED>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs, counters, y, \
-                             fold, blockIdx.x, blockIdx.y, gridDim.y);
+                             fold, blockIdx.x, blockIdx.y, gridDim.y); \
+    stamp_end(STAMP_DOWN, blockIdx.x, blockIdx.y);
 
 // One instantiation per largest task size (tokens routed to one expert): 1, 2, 4 and 8
 // tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
@@ -1170,27 +1250,32 @@ extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_
     TASK_TABLES (void)o_begin; (void)o_tok;
     if (stage_off) gate_up_impl<MAXT, true>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     else gate_up_impl<MAXT, false>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
     if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 }
 // The small-grid one-token kernel (WIDE above), 512 threads.
 extern "C" __global__ void __launch_bounds__(512, 2) ft_experts_gate_up_1w(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
     if (stage_off) gate_up_impl<1, true, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     else gate_up_impl<1, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
     if (stage_off) gate_up_impl<2, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     else gate_up_impl<2, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
     TASK_TABLES (void)o_begin; (void)o_tok;
     if (stage_off) gate_up_impl<4, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     else gate_up_impl<4, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
+    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, true) }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_direct(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, false) }
@@ -1273,4 +1358,5 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_layer_1(LAYER_AR
         for (u32 k = threadIdx.x; k < n_tasks; k += blockDim.x) ready[k] = 0;
         if (threadIdx.x == 0) { launch[0] = 0; launch[1] = 0; }
     }
+    stamp_end(STAMP_LAYER, t, 0);
 }

@@ -114,6 +114,9 @@ pub struct Specialization {
     /// The launch table parameter's bytes where not the default 3072
     /// (`-DFT_PARAM_TABLE_BYTES=n`; see `cuda/common.cuh`).
     pub param_table_bytes: Option<u16>,
+    /// Every block of the expert kernels records its timeline (`-DFT_STAMPS=1`; see
+    /// `cuda/experts.cu`, "Block timelines"): instrumentation, the same results.
+    pub block_stamps: bool,
 }
 
 impl Specialization {
@@ -126,6 +129,7 @@ impl Specialization {
         e4m3_cvt: false,
         prefetch_down: false,
         param_table_bytes: None,
+        block_stamps: false,
     };
 
     /// The expert kernels for one format and activation path.
@@ -138,6 +142,7 @@ impl Specialization {
             e4m3_cvt: false,
             prefetch_down: false,
             param_table_bytes: None,
+            block_stamps: false,
         }
     }
 
@@ -182,6 +187,14 @@ impl Specialization {
         }
     }
 
+    /// The same with the blocks' timelines recorded or not.
+    pub fn with_block_stamps(self, on: bool) -> Self {
+        Specialization {
+            block_stamps: on,
+            ..self
+        }
+    }
+
     /// The preprocessor definitions that build it (`-DFT_FMT=3`, ...).
     pub fn defines(&self) -> Vec<String> {
         let mut d = Vec::new();
@@ -205,6 +218,9 @@ impl Specialization {
         }
         if let Some(n) = self.param_table_bytes {
             d.push(format!("-DFT_PARAM_TABLE_BYTES={n}"));
+        }
+        if self.block_stamps {
+            d.push("-DFT_STAMPS=1".to_string());
         }
         d
     }
@@ -272,6 +288,13 @@ mod tests {
             ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_PARAM_TABLE_BYTES=512"]
         );
         assert!(COMMON.contains("#ifndef FT_PARAM_TABLE_BYTES"));
+        assert_eq!(
+            Specialization::experts(3, 1)
+                .with_block_stamps(true)
+                .defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_STAMPS=1"]
+        );
+        assert!(src.contains("#ifndef FT_STAMPS"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ use ft_kernels::ActivationPath;
 use ft_model::cache::SlotId;
 use ft_model::{ExpertFormat, ExpertId};
 use ft_runtime::bank::HostBank;
+use ft_runtime::block_stamps::{self, batch_timeline, BatchTimeline, BlockStamp};
 use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
 use ft_runtime::device::{CopySubmit, CudaTuning};
 use ft_runtime::gather::{self, GatherMethod};
@@ -97,6 +98,9 @@ struct KernelRow {
     wall_us: f64,
     /// Host time of the launch call itself (tables, argument packing, two launches).
     enqueue_us: f64,
+    /// The last queued batch's block timelines (`--stamps`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stamps: Option<BatchTimeline>,
     event_gbs: f64,
     over_copy_rw: f64,
     over_copy_bytes: f64,
@@ -193,9 +197,19 @@ struct Args {
     /// Run only the expert-kernel case of this key, act/tokens/variant/path/experts as the
     /// kernel table prints them (e.g. int8/1/auto/staged+pdl+split+cvt+wide/10), so that a
     /// profiler sees that case's launches first (scripts/ncu-experts.sh). The ceilings and
-    /// gathers still run; a key that names no case is an error.
+    /// gathers still run; a key that names no case is an error. Several keys: comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Build the expert kernels with block timelines (`FT_CUDA_STAMPS`) and record the last
+    /// queued batch of each case: its phases in the table below the kernel table and in the
+    /// JSON (`stamps`), every block's record in `stamps-<case>.csv`. The stamps cost each
+    /// block a few hundred nanoseconds, so compare times with a run without them.
     #[arg(long)]
-    only: Option<String>,
+    stamps: bool,
+    /// Print the block timelines of `stamps-*.csv` files an earlier `--stamps` run wrote,
+    /// and nothing else (no device is opened).
+    #[arg(long, num_args = 1.., value_name = "CSV")]
+    analyze_stamps: Vec<std::path::PathBuf>,
 }
 
 /// An expert-kernel case: (act, tokens per expert, forced variant, path, experts of the
@@ -219,6 +233,8 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl", ALL),
         (INT8, 1, None, "staged+pdl+split", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
+        // The gate/up launch chained to the kernel before it (2026-12-06).
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", ALL),
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
@@ -238,14 +254,17 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 0, None, "staged+pdl", ALL),
         (INT8, 0, None, "staged+pdl+split+cvt+wide", ALL),
         (INT8, 0, None, "staged+pdl+split+cvt+wide+fused", ALL),
+        (INT8, 0, None, "staged+pdl+split+cvt+wide+chain", ALL),
         (INT8, 0, None, "staged+pdl+small", ALL),
         (INT8, 0, None, "direct", ALL),
         (INT8, 4, None, "staged+pdl", ALL),
         (INT8, 4, None, "staged+pdl+cvt+wide", ALL),
+        (INT8, 4, None, "staged+pdl+cvt+wide+chain", ALL),
         (INT8, 4, None, "direct", ALL),
         (INT8, 4, Some(8), "staged+pdl", ALL),
         (INT8, 8, None, "staged+pdl", ALL),
         (INT8, 8, None, "staged+pdl+cvt+wide", ALL),
+        (INT8, 8, None, "staged+pdl+cvt+wide+chain", ALL),
         (INT8, 8, None, "direct", ALL),
         (F32, 8, None, "staged+pdl", ALL),
         // Small grids (fewer gate/up blocks than multiprocessors): one and two experts, as
@@ -253,6 +272,7 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split", 1),
         (INT8, 1, None, "staged+pdl+split+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
@@ -261,6 +281,96 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 2),
     ];
     cases
+}
+
+/// Every block's record of a case's last queued batch, ns from its first start, in
+/// `stamps-<act>-t<tokens>-v<variant>-<path>-e<experts>.csv`.
+fn write_stamps(
+    out: &std::path::Path,
+    &(act, tokens, forced, path, n): &KernelCase,
+    records: &[BlockStamp],
+) -> ft_runtime::Result<()> {
+    let variant = forced.map_or("auto".to_string(), |v| v.to_string());
+    let name = format!("stamps-{}-t{tokens}-v{variant}-{path}-e{n}.csv", act.name());
+    block_stamps::write_csv(&out.join(name), records)
+}
+
+/// The block timelines of the cases that have them (`--stamps`), us.
+fn print_timelines(rows: &[KernelRow]) {
+    let timed: Vec<(String, &BatchTimeline)> = rows
+        .iter()
+        .filter_map(|r| {
+            r.stamps.as_ref().map(|t| {
+                let key = format!(
+                    "{}/{}/{}/{}/{}",
+                    r.act, r.tokens, r.variant, r.path, r.experts
+                );
+                (key, t)
+            })
+        })
+        .collect();
+    print_timeline_table(&timed);
+}
+
+/// A table of block timelines, one row per labelled batch, us.
+fn print_timeline_table(timed: &[(String, &BatchTimeline)]) {
+    if timed.is_empty() {
+        return;
+    }
+    println!(
+        "block timelines, us from a launch's first block start (medians over a queued batch's launches after its first; gate/up: entry spread, tiles landed, compute, last end; down: first start, waiting for h, tiles, compute, ticket and combine, last end)"
+    );
+    println!(
+        "{:>48} {:>7} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>6} {:>6} | {:>5} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} | {:>5} {:>5}",
+        "case", "period", "span", "gap",
+        "gu n", "spread", "tiles", "work", "end",
+        "dn n", "first", "h wait", "tiles", "work", "tail", "end",
+        "step", "GHz"
+    );
+    let us = |ns: f64| ns / 1e3;
+    for (r, t) in timed {
+        let (gn, gs, gt, gw, ge) =
+            t.gate_up
+                .map_or((0, f64::NAN, f64::NAN, f64::NAN, f64::NAN), |p| {
+                    (
+                        p.blocks,
+                        us(p.last_entry_ns - p.first_entry_ns),
+                        us(p.median_ready_ns),
+                        us(p.median_work_ns),
+                        us(p.last_exit_ns),
+                    )
+                });
+        let (dn, df, dc, dt, dw, dl, de) = t.down.map_or(
+            (
+                0,
+                f64::NAN,
+                f64::NAN,
+                f64::NAN,
+                f64::NAN,
+                f64::NAN,
+                f64::NAN,
+            ),
+            |p| {
+                (
+                    p.blocks,
+                    us(p.first_entry_ns),
+                    us(p.median_condition_ns),
+                    us(p.median_ready_ns),
+                    us(p.median_work_ns),
+                    us(p.median_tail_ns),
+                    us(p.last_exit_ns),
+                )
+            },
+        );
+        println!(
+            "{:>48} {:>7.2} {:>6.2} {:>6.2} | {:>5} {:>6.2} {:>6.2} {:>6.2} {:>6.2} | {:>5} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} {:>6.2} | {:>5} {:>5.2}",
+            r,
+            us(t.median_period_ns), us(t.median_span_ns), us(t.median_gap_ns),
+            gn, gs, gt, gw, ge, dn, df, dc, dt, dw, dl, de,
+            t.timer_step_ns.map_or("?".into(), |s| s.to_string()),
+            t.sm_clock_ghz.unwrap_or(f64::NAN)
+        );
+    }
 }
 
 /// A case's key for `--only`: act/tokens/variant/path/experts.
@@ -274,9 +384,27 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let Args { bench, only } = clap::Parser::parse();
-    if let Some(k) = &only {
-        let keys: Vec<String> = kernel_cases().iter().map(case_key).collect();
+    let Args {
+        bench,
+        only,
+        stamps,
+        analyze_stamps,
+    } = clap::Parser::parse();
+    if !analyze_stamps.is_empty() {
+        let mut timed = Vec::new();
+        for p in &analyze_stamps {
+            let label = p.file_name().map_or(p.display().to_string(), |n| {
+                n.to_string_lossy().into_owned()
+            });
+            timed.push((label, batch_timeline(&block_stamps::read_csv(p)?)));
+        }
+        let rows: Vec<(String, &BatchTimeline)> =
+            timed.iter().map(|(l, t)| (l.clone(), t)).collect();
+        print_timeline_table(&rows);
+        return Ok(());
+    }
+    let keys: Vec<String> = kernel_cases().iter().map(case_key).collect();
+    for k in &only {
         if !keys.contains(k) {
             return Err(format!(
                 "--only {k}: no such case; the cases are {}",
@@ -439,7 +567,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     let mut krows = Vec::new();
     let cases = kernel_cases();
     for case in cases {
-        if only.as_ref().is_some_and(|k| *k != case_key(&case)) {
+        if !only.is_empty() && !only.contains(&case_key(&case)) {
             continue;
         }
         let (act, tokens, forced, path, layer_experts) = case;
@@ -459,11 +587,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             small_grid: path.contains("+wide"),
             fused_layer: path.contains("+fused"),
             short_down: path.contains("+short"),
+            chained_launch: path.contains("+chain"),
             expert_variant: forced,
+            block_stamps: false,
             ..opened
         };
         assert_eq!(tuning.expert_path(), path, "a case's path names its tuning");
-        tune(tuning)?;
+        tune(CudaTuning {
+            block_stamps: stamps,
+            ..tuning
+        })?;
         let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
             .map(|l| {
                 let mut st =
@@ -502,7 +635,13 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // The same launches queued back to back behind a hold long enough for the host to
         // queue the whole batch: the device's time per launch.
         let mut queued = Vec::new();
-        for r in 0..=reps.min(10) {
+        let mut timeline = None;
+        let last = reps.min(10);
+        for r in 0..=last {
+            if stamps && r == last {
+                // Only the last batch's records (the earlier launches' are dropped).
+                d.take_block_stamps()?;
+            }
             s.hold_us(QUEUE_HOLD_US)?;
             let us = s.time_us(&e0, &e1, || {
                 (0..QUEUE_BATCH).try_for_each(|j| {
@@ -511,6 +650,17 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             })?;
             if r > 0 {
                 queued.push(us / QUEUE_BATCH as f64);
+            }
+            if stamps && r == last {
+                let got = d.take_block_stamps()?;
+                if got.dropped > 0 {
+                    tracing::warn!(
+                        dropped = got.dropped,
+                        "block stamps past the kernels' capacity"
+                    );
+                }
+                write_stamps(&out, &case, &got.records)?;
+                timeline = Some(batch_timeline(&got.records));
             }
         }
         let queued_us = median(&queued);
@@ -527,6 +677,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             event_us: ev,
             wall_us: wall,
             enqueue_us: enqueue,
+            stamps: timeline,
             event_gbs: gbs,
             over_copy_rw: gbs / copy_rw_gbs,
             over_copy_bytes: gbs / copy_gbs,
@@ -713,6 +864,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             f.path, f.fixed_us, f.memory_us, f.floor_us, f.floor_over_copy_rw, KERNEL_TARGET, f.target_us, f.measured_us
         );
     }
+    print_timelines(&report.kernel);
     println!(
         "host enqueue per call: add kernel {:.2} us, event record {:.2} us, expert launch (1 token, 10 experts: two kernels) {:.2} us",
         report.enqueue.add_kernel_us, report.enqueue.event_record_us, report.enqueue.expert_launch_us
@@ -736,6 +888,7 @@ mod tests {
             event_us: 0.0,
             wall_us: 0.0,
             enqueue_us: 0.0,
+            stamps: None,
             event_gbs: 0.0,
             over_copy_rw: 0.0,
             over_copy_bytes: 0.0,

@@ -357,7 +357,8 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 /// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where `tuning`
 /// asks for it and the step can use it (nvfp4 and mxfp4, int8 path), the gate/up tiles
 /// in pipelined column stages where `tuning` stages tiles in more than one, the hardware
-/// scale decode (nvfp4) and the down prefetch where asked, and the small launch table
+/// scale decode (nvfp4) and the down prefetch where asked, the block timelines where asked,
+/// and the small launch table
 /// parameter where asked and the launch's table of `table_bytes` fits it.
 pub fn cuda_specialization(
     step: &ExpertStep,
@@ -379,6 +380,7 @@ pub fn cuda_specialization(
     })
     .with_e4m3_cvt(tuning.e4m3_cvt && step.format == ExpertFormat::Nvfp4)
     .with_prefetch_down(tuning.prefetch_down && tuning.staged_tiles)
+    .with_block_stamps(tuning.block_stamps)
     .with_param_table_bytes(
         (tuning.small_table && table_bytes <= CUDA_SMALL_PARAM_TABLE_BYTES)
             .then_some(CUDA_SMALL_PARAM_TABLE_BYTES as u16),
@@ -878,6 +880,8 @@ pub(crate) fn cuda_launch(
             // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*;
             // every address was checked (validate) or allocated for this launch, and the
             // values live until the calls return (the driver copies them at launch).
+            // A chained gate/up launch may start while the kernel before it ends (it waits for
+            // that kernel in the kernel, before it reads x or writes h).
             unsafe {
                 stream.launch_ex(
                     &gate_up,
@@ -885,7 +889,7 @@ pub(crate) fn cuda_launch(
                     (variant.gate_up_threads, 1, 1),
                     staging.gate_up_shared as u32,
                     &mut gate_up_args,
-                    false,
+                    tuning.chained_launch,
                 )?;
                 // The down kernel may start while gate/up runs (it waits for h in the kernel).
                 stream.launch_ex(

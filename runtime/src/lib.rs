@@ -6,6 +6,7 @@
 //! `docs/runtime-device.md` for the device API.
 
 pub mod bank;
+pub mod block_stamps;
 pub mod cpu_check;
 pub mod cpu_pool;
 pub mod dense;

@@ -375,6 +375,12 @@ fn host_empty_and_unrouted() {
 }
 
 #[test]
+fn host_device_has_no_block_stamps() {
+    let e = host().take_block_stamps().unwrap_err().to_string();
+    assert!(e.contains("block stamps"), "{e}");
+}
+
+#[test]
 fn host_gated_launch_waits_for_its_flag() {
     gated_launch_waits_for_its_flag(&host(), &[(64, 64, 2, 1, 1), (128, 96, 5, 3, 2)]);
 }
@@ -427,6 +433,7 @@ mod cuda {
                 small_grid: new_paths,
                 fused_layer,
                 short_down: new_paths,
+                chained_launch: new_paths,
                 ..opened
             };
             d.set_cuda_tuning(t).unwrap();
@@ -477,6 +484,140 @@ mod cuda {
                 (256, 160, 3, 2, 2),
             ],
         );
+    }
+
+    /// The block timelines: a stamped one-token layer (two launches, and the one-launch
+    /// layer) gives the CPU's bits, and one record per block comes back, each in order
+    /// (entry <= start condition <= tiles <= own work <= exit), gate/up's grid and down's
+    /// whole, with the launch cut as one; the count is zero after a read.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_block_stamps_time_every_block() {
+        use ft_runtime::block_stamps::{launches, StampedKernel};
+        use ft_runtime::device::CudaTuning;
+        let d = gpu();
+        let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
+        let c = case(
+            ExpertFormat::Nvfp4,
+            ActivationPath::Int8,
+            2560,
+            640,
+            10,
+            1,
+            10,
+            41,
+        );
+        let want = cpu(&c);
+        for fused_layer in [false, true] {
+            d.set_cuda_tuning(CudaTuning {
+                block_stamps: true,
+                fused_layer,
+                ..opened
+            })
+            .unwrap();
+            d.take_block_stamps().unwrap();
+            let got = run_on(&d, &c);
+            assert_eq!(differing_bits(&got, &want), 0, "fused {fused_layer}");
+            let st = d.take_block_stamps().unwrap();
+            assert_eq!(st.dropped, 0);
+            let count = |k| st.records.iter().filter(|b| b.kernel == k).count();
+            if fused_layer {
+                assert!(
+                    count(StampedKernel::Layer) >= 10 * 640 / 16,
+                    "{}",
+                    st.records.len()
+                );
+            } else {
+                // 640 / 16 gate/up row blocks and a down tile per 64 rows, per expert.
+                assert_eq!(count(StampedKernel::GateUp), 10 * 640 / 16);
+                assert_eq!(count(StampedKernel::Down), 10 * 2560 / 64);
+            }
+            for b in &st.records {
+                let mut last = b.entry_ns;
+                for t in [b.condition_ns, b.ready_ns, b.work_ns]
+                    .into_iter()
+                    .flatten()
+                {
+                    assert!(t >= last, "{b:?}");
+                    last = t;
+                }
+                assert!(b.exit_ns >= last, "{b:?}");
+            }
+            assert_eq!(launches(&st.records).len(), 1);
+            assert!(d.take_block_stamps().unwrap().records.is_empty());
+        }
+        d.set_cuda_tuning(opened).unwrap();
+    }
+
+    /// Chained launches (`CudaTuning::chained_launch`): layers of different shapes and
+    /// token counts queued back to back on one stream with no wait between them, each gate/up
+    /// launch scheduled while the down kernel before it still runs; they share the stream's
+    /// scratch (h, the row tiles' counters), and each must give the CPU's bits, into its own
+    /// y, over three rounds.
+    #[test]
+    #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
+    fn cuda_chained_layers_share_a_stream() {
+        use ft_runtime::device::CudaTuning;
+        let d = gpu();
+        let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
+        let nv = ExpertFormat::Nvfp4;
+        let i8p = ActivationPath::Int8;
+        let cases = [
+            case(nv, i8p, 2560, 640, 10, 1, 10, 51),
+            case(nv, i8p, 256, 160, 3, 1, 1, 52),
+            case(nv, i8p, 2560, 640, 8, 4, 6, 53),
+            case(ExpertFormat::Mxfp4, i8p, 3072, 1536, 8, 1, 8, 54),
+            case(nv, ActivationPath::F32, 2560, 640, 10, 1, 10, 55),
+            case(nv, i8p, 2560, 640, 1, 1, 1, 56),
+        ];
+        // What each layer gives launched alone, unchained: the CPU's bits on the int8 path
+        // (checked), the f32 path's own.
+        let alone: Vec<Vec<f32>> = cases.iter().map(|c| run_on(&d, c)).collect();
+        for (c, a) in cases.iter().zip(&alone) {
+            if c.step.act == ActivationPath::Int8 {
+                assert_eq!(differing_bits(a, &cpu(c)), 0);
+            }
+        }
+        d.set_cuda_tuning(CudaTuning {
+            chained_launch: true,
+            ..opened
+        })
+        .unwrap();
+        let s = d.new_stream("compute").unwrap();
+        let inputs: Vec<_> = cases
+            .iter()
+            .map(|c| {
+                let w = d.alloc(c.weights.len(), "weights").unwrap();
+                let x = d.alloc(c.x.len() * 4, "x").unwrap();
+                s.upload(&c.weights, &w, 0).unwrap();
+                s.upload_f32(&c.x, &x, 0).unwrap();
+                (w, x)
+            })
+            .collect();
+        let rounds = 3;
+        let mut outputs = Vec::new();
+        for _ in 0..rounds {
+            for c in &cases {
+                let y = d.alloc(c.x.len() * 4, "y").unwrap();
+                s.upload_f32(&vec![f32::NAN; c.x.len()], &y, 0).unwrap();
+                outputs.push(y);
+            }
+            // The launches back to back: no upload or wait between them.
+            let ys = &outputs[outputs.len() - cases.len()..];
+            for ((c, (w, x)), y) in cases.iter().zip(&inputs).zip(ys) {
+                s.launch_experts(&c.step, w, x, y).unwrap();
+            }
+        }
+        for (n, y) in outputs.iter().enumerate() {
+            let (round, k) = (n / cases.len(), n % cases.len());
+            let got = s.download_f32(y, 0, cases[k].x.len()).unwrap();
+            let differ = differing_bits(&got, &alone[k]);
+            assert_eq!(
+                differ, 0,
+                "round {round}, case {k}: {differ} outputs differ"
+            );
+        }
+        d.set_cuda_tuning(opened).unwrap();
     }
 
     /// The one-launch layer leaves its counters zero for the next launch on the same

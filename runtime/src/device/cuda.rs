@@ -206,6 +206,69 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// [`crate::Device::take_block_stamps`]: the records of every loaded module of the
+    /// expert kernels built with block timelines (`ft_stamps`, `ft_stamp_count` in
+    /// `experts.cu`), read after the device has finished its queued work, then the counts
+    /// zeroed.
+    pub(crate) fn take_block_stamps(&self) -> Result<crate::block_stamps::BlockStamps> {
+        use crate::block_stamps::{BlockStamp, BlockStamps, STAMP_RECORD_BYTES};
+        self.bind()?;
+        self.ctx
+            .synchronize()
+            .map_err(cu("synchronizing before reading block stamps"))?;
+        let map = self
+            .functions
+            .lock()
+            .map_err(|_| RuntimeError::cuda("kernel cache", "poisoned lock"))?;
+        let mut modules: Vec<sys::CUmodule> = Vec::new();
+        for ((kernel, spec, _), f) in map.iter() {
+            if *kernel != KernelId::Experts || !spec.block_stamps {
+                continue;
+            }
+            let mut m: sys::CUmodule = std::ptr::null_mut();
+            // SAFETY: a live function of a module the cache keeps loaded.
+            unsafe { sys::cuFuncGetModule(&mut m, f.cu_function()) }
+                .result()
+                .map_err(cu("finding an expert kernel's module"))?;
+            if !modules.contains(&m) {
+                modules.push(m);
+            }
+        }
+        let mut out = BlockStamps::default();
+        for m in modules {
+            let global = |name: &str| {
+                let c = std::ffi::CString::new(name).expect("no NUL in a symbol name");
+                // SAFETY: a loaded module (above).
+                unsafe { result::module::get_global(m, c) }
+                    .map_err(cu(&format!("finding {name} in the expert kernels")))
+            };
+            let (count_ptr, _) = global("ft_stamp_count")?;
+            let (stamps_ptr, stamps_bytes) = global("ft_stamps")?;
+            let mut count = [0u32];
+            // SAFETY: the symbol is one u32; the device is idle (synchronized above).
+            unsafe { result::memcpy_dtoh_sync(&mut count, count_ptr) }
+                .map_err(cu("reading ft_stamp_count"))?;
+            let kept = (count[0] as usize).min(stamps_bytes / STAMP_RECORD_BYTES);
+            let mut raw = vec![0u64; kept * 8];
+            if kept > 0 {
+                // SAFETY: `kept` records lie inside the symbol's bytes.
+                unsafe { result::memcpy_dtoh_sync(&mut raw, stamps_ptr) }
+                    .map_err(cu("reading ft_stamps"))?;
+            }
+            // SAFETY: the count's 4 bytes; nothing runs on the device.
+            unsafe { result::memset_d8_sync(count_ptr, 0, 4) }
+                .map_err(cu("zeroing ft_stamp_count"))?;
+            for r in raw.chunks_exact(8) {
+                let r: &[u64; 8] = r.try_into().expect("chunks of 8");
+                out.records.push(BlockStamp::from_raw(r)?);
+            }
+            out.dropped += count[0] as u64 - kept as u64;
+        }
+        Ok(out)
+    }
+}
+
 /// An opened CUDA device.
 pub(crate) struct CudaDevice(pub(crate) Arc<Shared>);
 

@@ -534,6 +534,21 @@ impl Device {
         }
     }
 
+    /// The block timelines the expert kernels recorded since the last call, every queued
+    /// launch finished first (the device is synchronized), and the kernels' buffers emptied
+    /// for the next ones: launches record only with [`CudaTuning::block_stamps`] on (module
+    /// docs of [`crate::block_stamps`]). The host backend runs no CUDA kernels: an error.
+    pub fn take_block_stamps(&self) -> Result<crate::block_stamps::BlockStamps> {
+        match &self.inner.backend {
+            Backend::Host(_) => Err(RuntimeError::invalid(
+                "block stamps",
+                "the host-emulated device runs no CUDA kernels to time",
+            )),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => c.0.take_block_stamps(),
+        }
+    }
+
     /// Compile (once per device) every kernel a decode step may use, so that the first step
     /// pays no NVRTC time: the streaming kernels, and the expert kernels for the format and
     /// activation path of each of `steps` (one module each). No-op on the host backend.

@@ -101,6 +101,24 @@ pub const CUDA_FUSED_ENV: &str = "FT_CUDA_FUSED";
 /// `experiments/gpu-backend/results/20261206T0605Z-h100-fused`).
 pub const CUDA_SHORT_DOWN_ENV: &str = "FT_CUDA_SHORT_DOWN";
 
+/// `1` launches the gate/up kernel as a programmatic dependent of the kernel before it on its
+/// stream (a chained launch): once every block of that kernel has started (the previous
+/// layer's down kernel signals at its start), gate/up's blocks are scheduled into the slots
+/// its blocks leave and request their weight tiles, then wait for it to complete before they
+/// read x or write h (`pdl_wait` in `kernels/cuda/experts.cu`'s gate_up_impl). The block
+/// timelines of 2026-12-06 put 2.6 us between one layer's last block and the next one's
+/// first, and gate/up's tiles landing 7.9 us after its start, both after the previous
+/// layer had ended (`experiments/gpu-backend`, "Block timelines"). The same arithmetic and
+/// order of every write, so the same bits.
+pub const CUDA_CHAIN_ENV: &str = "FT_CUDA_CHAIN";
+
+/// `1` builds the expert kernels with block timelines (`FT_STAMPS` in
+/// `kernels/cuda/experts.cu`): every block notes when it starts, when its start condition is
+/// met, when its tiles have landed, when its own work is done and when it ends, read back by
+/// [`crate::Device::take_block_stamps`] (`gpu_backend --stamps`). Instrumentation: the same
+/// results, a few hundred nanoseconds more per block; off by default.
+pub const CUDA_STAMPS_ENV: &str = "FT_CUDA_STAMPS";
+
 /// Forces one instantiation of the expert kernels by its tokens per pass (1, 2, 4 or 8),
 /// for A/B measurements of the variants; unset: chosen by each launch's largest task.
 pub const CUDA_VARIANT_ENV: &str = "FT_CUDA_EXPERT_VARIANT";
@@ -122,7 +140,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 13] = [
+pub const CUDA_TUNING_ENVS: [&str; 15] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -133,6 +151,8 @@ pub const CUDA_TUNING_ENVS: [&str; 13] = [
     CUDA_SMALL_GRID_ENV,
     CUDA_FUSED_ENV,
     CUDA_SHORT_DOWN_ENV,
+    CUDA_CHAIN_ENV,
+    CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
     CUDA_COPY_SPLIT_ENV,
@@ -194,6 +214,11 @@ pub struct CudaTuning {
     /// The small-grid down kernel for every two-launch one-token layer
     /// ([`CUDA_SHORT_DOWN_ENV`]).
     pub short_down: bool,
+    /// The gate/up kernel launched as a programmatic dependent of the kernel before it
+    /// ([`CUDA_CHAIN_ENV`]).
+    pub chained_launch: bool,
+    /// Block timelines in the expert kernels ([`CUDA_STAMPS_ENV`]; instrumentation).
+    pub block_stamps: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
     /// ([`CUDA_VARIANT_ENV`]).
     pub expert_variant: Option<usize>,
@@ -214,6 +239,8 @@ impl Default for CudaTuning {
             small_grid: true,
             fused_layer: false,
             short_down: false,
+            chained_launch: false,
+            block_stamps: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
@@ -323,6 +350,8 @@ impl CudaTuning {
             small_grid: switch(CUDA_SMALL_GRID_ENV)?.unwrap_or(d.small_grid),
             fused_layer: switch(CUDA_FUSED_ENV)?.unwrap_or(d.fused_layer),
             short_down: switch(CUDA_SHORT_DOWN_ENV)?.unwrap_or(d.short_down),
+            chained_launch: switch(CUDA_CHAIN_ENV)?.unwrap_or(d.chained_launch),
+            block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
             copies,
         })
@@ -343,6 +372,8 @@ impl CudaTuning {
             (CUDA_SMALL_GRID_ENV, bit(self.small_grid)),
             (CUDA_FUSED_ENV, bit(self.fused_layer)),
             (CUDA_SHORT_DOWN_ENV, bit(self.short_down)),
+            (CUDA_CHAIN_ENV, bit(self.chained_launch)),
+            (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
                 CUDA_VARIANT_ENV,
                 self.expert_variant
@@ -379,7 +410,7 @@ impl CudaTuning {
     /// of staged tiles, `+cvt` for the hardware scale decode, `+l2down` for the down
     /// matrices' prefetch from staged tiles, `+small` for the small launch table, `+wide`
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
-    /// the short down blocks (`staged+pdl`, `direct+split`,
+    /// the short down blocks, `+chain` for the chained gate/up launch, `+stamps` for the block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
@@ -413,6 +444,12 @@ impl CudaTuning {
         }
         if self.short_down {
             s.push_str("+short");
+        }
+        if self.chained_launch {
+            s.push_str("+chain");
+        }
+        if self.block_stamps {
+            s.push_str("+stamps");
         }
         s
     }
@@ -475,6 +512,8 @@ mod tests {
             (CUDA_SMALL_GRID_ENV, "1"),
             (CUDA_FUSED_ENV, "1"),
             (CUDA_SHORT_DOWN_ENV, "1"),
+            (CUDA_CHAIN_ENV, "1"),
+            (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
         ])
@@ -492,6 +531,8 @@ mod tests {
                 small_grid: true,
                 fused_layer: true,
                 short_down: true,
+                chained_launch: true,
+                block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
@@ -500,7 +541,7 @@ mod tests {
         // name them.
         assert_eq!(
             t.to_string(),
-            "direct+split+cvt+small+wide+fused+short, variant 4, copies split"
+            "direct+split+cvt+small+wide+fused+short+chain+stamps, variant 4, copies split"
         );
         assert_eq!(
             CudaTuning {
@@ -508,7 +549,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide+fused+short"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -539,7 +580,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..512u32 {
+            for bits in 0..2048u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
@@ -552,6 +593,8 @@ mod tests {
                         small_grid: bits & 64 != 0,
                         fused_layer: bits & 128 != 0,
                         short_down: bits & 256 != 0,
+                        block_stamps: bits & 512 != 0,
+                        chained_launch: bits & 1024 != 0,
                         expert_variant,
                         copies,
                     };
@@ -577,6 +620,8 @@ mod tests {
             (CUDA_SMALL_GRID_ENV, "few"),
             (CUDA_FUSED_ENV, "one"),
             (CUDA_SHORT_DOWN_ENV, "short"),
+            (CUDA_STAMPS_ENV, "on"),
+            (CUDA_CHAIN_ENV, "yes"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
