@@ -467,11 +467,30 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
 }
 
 // A 32-bit load with acquire semantics at device scope: the loads after it see what the
-// writer released (its fenced writes before the atomic that this load observes).
+// writer released (its writes before the release that this load observes).
 __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
     u32 v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// Device-scope hand-offs between blocks without a sequentially consistent fence.
+// `__threadfence()` compiles to MEMBAR.SC.GPU (with an L1 invalidate) on sm_90, which waits
+// behind every memory request in flight on the chip: in the block timelines of 2026-12-06 a
+// row tile's last down block took 2.7 us from its own work to its end, 6.5 us while a chained
+// gate/up launch streamed its tiles (experiments/gpu-backend, "Block timelines"). The
+// pattern the CUDA memory model gives instead (as CUTLASS's barriers use it): the block's
+// threads write, a barrier, then thread 0 releases at device scope (its release is
+// cumulative over the writes the barrier ordered before it); the receiving thread 0
+// acquires the same location, then a barrier orders its block's reads after it. The values
+// written and read are the same, so the same bits.
+__device__ __forceinline__ u32 atom_add_acq_rel_gpu(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+__device__ __forceinline__ void red_add_release_gpu(u32* p, u32 v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
 // A launch gated on a flag (the runtime's `Stream::launch_experts_gated`): the launch is
@@ -1051,11 +1070,10 @@ __device__ __forceinline__ void down_impl(
     if (!FUSED) pdl_launch_dependents();
     // The gate/up kernel's h (and nothing it writes is read before this).
     if (FUSED) {
-        // Every gate/up block of the task has written its block of h and fenced it; thread 0
-        // acquires that, and the barrier below orders the other threads' reads after it.
+        // Every gate/up block of the task has written its block of h and released it; thread
+        // 0 acquires that, and the barrier below orders the other threads' reads after it.
         if (threadIdx.x == 0 && task.pair_count > 0) {
             while (ld_acquire_gpu(ready) < ready_need) __nanosleep(64);
-            __threadfence();
         }
     } else {
         pdl_wait();
@@ -1168,15 +1186,14 @@ __device__ __forceinline__ void down_impl(
             }
         }
     }
-    // Make this block's O visible device-wide, then take a ticket; the last block of the row
-    // tile combines it.
+    // Take a ticket that releases this block's O (the barrier first: every thread's writes)
+    // and acquires the earlier blocks'; the last block of the row tile combines the tile,
+    // its reads ordered after the acquire by the second barrier.
     stamp(3);
-    __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) ticket = atomicAdd(&counters[bx], 1u);
+    if (threadIdx.x == 0) ticket = atom_add_acq_rel_gpu(&counters[bx], 1u);
     __syncthreads();
     if (ticket != (u32)n_tasks - 1) return;
-    __threadfence();
     for (int idx = threadIdx.x; idx < T * ROWS; idx += blockDim.x) {
         const int t = idx / ROWS;
         const int j = j0 + idx % ROWS;
@@ -1331,13 +1348,10 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_layer_1(LAYER_AR
         const int by = (int)(t / gpe), bx = (int)(t % gpe);
         if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
         else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
-        // This block's h visible device-wide before the signal: one token's block of h is
-        // written by thread 0 alone (gate_up_impl's quantization), so only it need fence.
+        // This block's h released device-wide with the signal (the barrier first: the
+        // release covers what every thread of the block wrote).
         __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence();
-            atomicAdd(&ready[by], 1u);
-        }
+        if (threadIdx.x == 0) red_add_release_gpu(&ready[by], 1u);
     }
     if (t >= shift && t - shift < n_tasks * dpe) {
         const u32 d = t - shift;
