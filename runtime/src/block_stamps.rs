@@ -156,17 +156,13 @@ pub struct LaunchTimeline {
     pub down: Option<PhaseStats>,
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (ft-kernels' own), NaN where no block reached the point (shown as such,
+/// not as 0).
+fn median(v: &[f64]) -> f64 {
     if v.is_empty() {
         return f64::NAN;
     }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+    ft_kernels::stream::median(v)
 }
 
 fn phase(blocks: &[&BlockStamp], start: u64) -> Option<PhaseStats> {
@@ -197,11 +193,11 @@ fn phase(blocks: &[&BlockStamp], start: u64) -> Option<PhaseStats> {
         first_entry_ns: rel(blocks.iter().map(|b| b.entry_ns).min()?),
         last_entry_ns: rel(blocks.iter().map(|b| b.entry_ns).max()?),
         last_exit_ns: rel(blocks.iter().map(|b| b.exit_ns).max()?),
-        median_condition_ns: median(&mut cond),
-        median_ready_ns: median(&mut ready),
-        median_work_ns: median(&mut work),
-        median_tail_ns: median(&mut tail),
-        median_life_ns: median(&mut life),
+        median_condition_ns: median(&cond),
+        median_ready_ns: median(&ready),
+        median_work_ns: median(&work),
+        median_tail_ns: median(&tail),
+        median_life_ns: median(&life),
     })
 }
 
@@ -365,7 +361,7 @@ fn median_phase(ps: &[PhaseStats]) -> Option<PhaseStats> {
     if ps.is_empty() {
         return None;
     }
-    let m = |f: fn(&PhaseStats) -> f64| median(&mut ps.iter().map(f).collect::<Vec<_>>());
+    let m = |f: fn(&PhaseStats) -> f64| median(&ps.iter().map(f).collect::<Vec<_>>());
     Some(PhaseStats {
         blocks: ps[0].blocks,
         first_entry_ns: m(|p| p.first_entry_ns),
@@ -383,13 +379,13 @@ fn median_phase(ps: &[PhaseStats]) -> Option<PhaseStats> {
 pub fn batch_timeline(records: &[BlockStamp]) -> BatchTimeline {
     let ls = launches(records);
     let measured: Vec<&LaunchTimeline> = ls.iter().skip(1).collect();
-    let mut period: Vec<f64> = ls
+    let period: Vec<f64> = ls
         .windows(2)
         .skip(1)
         .map(|w| w[1].start_ns as f64 - w[0].start_ns as f64)
         .collect();
-    let mut span: Vec<f64> = measured.iter().map(|l| l.span_ns).collect();
-    let mut gap: Vec<f64> = measured.iter().filter_map(|l| l.gap_before_ns).collect();
+    let span: Vec<f64> = measured.iter().map(|l| l.span_ns).collect();
+    let gap: Vec<f64> = measured.iter().filter_map(|l| l.gap_before_ns).collect();
     let gu: Vec<PhaseStats> = measured.iter().filter_map(|l| l.gate_up).collect();
     let dn: Vec<PhaseStats> = measured.iter().filter_map(|l| l.down).collect();
     let mut stamps: Vec<u64> = records
@@ -417,9 +413,9 @@ pub fn batch_timeline(records: &[BlockStamp]) -> BatchTimeline {
     BatchTimeline {
         launches: ls.len(),
         measured: measured.len(),
-        median_period_ns: median(&mut period),
-        median_span_ns: median(&mut span),
-        median_gap_ns: median(&mut gap),
+        median_period_ns: median(&period),
+        median_span_ns: median(&span),
+        median_gap_ns: median(&gap),
         gate_up: median_phase(&gu),
         down: median_phase(&dn),
         timer_step_ns,
