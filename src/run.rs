@@ -158,12 +158,14 @@ pub struct Args {
     /// When the host queues the GPU work a hybrid layer's CPU share does not wait for:
     /// overlapped (while it waits for the activations and beside the share) or serial (all
     /// of it before the share).
-    #[arg(long, env = "FT_HOST_SUBMIT", default_value = "overlapped")]
+    #[arg(long, env = "FT_HOST_SUBMIT", default_value = HOST_SUBMIT_DEFAULT,
+          value_parser = empty_means(HOST_SUBMIT_DEFAULT))]
     host_submit: String,
     /// Most chunks a layer's fetched experts are gathered and computed in (1 to 4): each
     /// chunk's kernel runs as soon as its copies land, and each chunk is one submission of
     /// copies.
-    #[arg(long, env = "FT_FETCH_CHUNKS", default_value_t = ft_model::plan::MAX_FETCH_CHUNKS)]
+    #[arg(long, env = "FT_FETCH_CHUNKS", default_value_t = ft_model::plan::MAX_FETCH_CHUNKS,
+          value_parser = parse_fetch_chunks)]
     fetch_chunks: usize,
     /// Fold a layer's combine into its last fetched chunk's launch where the layer has no CPU
     /// share (on CUDA: the down kernel's last block of each row tile combines it), one launch
@@ -185,7 +187,8 @@ pub struct Args {
     /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
     /// ... experts) or timed (each chunk as large as its kernels allow beside the next
     /// chunk's copies, the kernels and a copy timed when the engine starts); the same bits.
-    #[arg(long, env = "FT_FETCH_CHUNKING", default_value = "halving")]
+    #[arg(long, env = "FT_FETCH_CHUNKING", default_value = FETCH_CHUNKING_DEFAULT,
+          value_parser = empty_means(FETCH_CHUNKING_DEFAULT))]
     fetch_chunking: String,
     /// Host device only: emulated link bandwidth, GB/s.
     #[arg(long)]
@@ -1754,6 +1757,35 @@ fn run_probe(
     Ok(())
 }
 
+/// `--host-submit`'s default.
+const HOST_SUBMIT_DEFAULT: &str = "overlapped";
+/// `--fetch-chunking`'s default.
+const FETCH_CHUNKING_DEFAULT: &str = "halving";
+
+/// A word option's parser that takes an empty value (an `FT_` variable set to nothing) as
+/// `default`, as the switches do ([`parse_env_switch_on`]); the word itself is checked where
+/// the option is used.
+fn empty_means(default: &'static str) -> impl Fn(&str) -> Result<String, String> + Clone {
+    move |v: &str| {
+        let v = v.trim();
+        Ok(if v.is_empty() { default } else { v }.to_string())
+    }
+}
+
+/// `--fetch-chunks` (FT_FETCH_CHUNKS): a count, empty taken as the default.
+fn parse_fetch_chunks(value: &str) -> Result<usize, String> {
+    let v = value.trim();
+    if v.is_empty() {
+        return Ok(ft_model::plan::MAX_FETCH_CHUNKS);
+    }
+    v.parse().map_err(|_| {
+        format!(
+            "'{v}' is not a number of chunks; use 1 to {}, or leave it empty",
+            ft_model::plan::MAX_FETCH_CHUNKS
+        )
+    })
+}
+
 /// A switch on by default, set through the environment or `--flag=VALUE`: what clap's
 /// [`clap::builder::BoolishValueParser`] takes (1/0, true/false, yes/no, on/off, ...), and an
 /// empty value, which counts as unset (on), so that `FT_X=$(cond && echo 0)` in a script
@@ -1771,7 +1803,18 @@ fn parse_env_switch_on(value: &str) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{median_index, parse_env_switch_on};
+    use super::{empty_means, median_index, parse_env_switch_on, parse_fetch_chunks};
+
+    #[test]
+    fn an_empty_word_or_count_is_its_default() {
+        let p = empty_means("halving");
+        assert_eq!(p("").unwrap(), "halving");
+        assert_eq!(p("  ").unwrap(), "halving");
+        assert_eq!(p(" timed ").unwrap(), "timed");
+        assert_eq!(parse_fetch_chunks(""), Ok(ft_model::plan::MAX_FETCH_CHUNKS));
+        assert_eq!(parse_fetch_chunks(" 2"), Ok(2));
+        assert!(parse_fetch_chunks("two").unwrap_err().contains("'two'"));
+    }
 
     #[test]
     fn an_empty_switch_is_unset_and_a_word_is_refused() {
