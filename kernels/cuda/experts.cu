@@ -477,8 +477,9 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
 // Device-scope hand-offs between blocks without a sequentially consistent fence.
 // `__threadfence()` compiles to MEMBAR.SC.GPU (with an L1 invalidate) on sm_90, which waits
 // behind every memory request in flight on the chip: in the block timelines of 2026-12-06 a
-// row tile's last down block took 2.7 us from its own work to its end, 6.5 us while a chained
-// gate/up launch streamed its tiles (experiments/gpu-backend, "Block timelines"). The
+// row tile's last down block took 2.7 us from its own work to its end (2.3 with the hand-off
+// below), 6.5 us while a chained gate/up launch streamed its tiles (6.3 with it; the rest is
+// the combine's own reads; experiments/gpu-backend, "Block timelines"). The
 // pattern the CUDA memory model gives instead (as CUTLASS's barriers use it): the block's
 // threads write, a barrier, then thread 0 releases at device scope (its release is
 // cumulative over the writes the barrier ordered before it); the receiving thread 0
