@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One remote call on the GPU machine: run the named steps in order, each under its own time
 # limit, and pack everything they wrote into $OUT/results.tar.gz (what comes back from a
-# remote call is limited in file count and depth, so results travel as one archive).
+# remote call is limited in file count and depth, so results travel as one archive), again
+# after each step: a call the device's time limit ends keeps what its finished steps wrote.
 #
 # Usage (on the GPU machine, from the repository root, with carry/device/ carried):
 #   OUT=... scripts/device-run.sh STEP[:LIMIT_S] ...
@@ -120,6 +121,9 @@ for spec in "$@"; do
     *) echo "unknown step $name" >&2; false ;;
     esac >"$R/$name.stdout" 2>"$R/$name.stderr"
     echo "$name: rc=$? ($((SECONDS - t0)) s, limit $limit)" >>"$log"
+    # Packed after every step, so that a call cut by its own time limit still brings back
+    # the steps that finished (2026-12-06: a call that packed only at its end lost them all).
+    tar -czf "$OUT/results.tar.gz" -C "$R" .
 done
 kill "$sampler" 2>/dev/null
 cat "$log"
