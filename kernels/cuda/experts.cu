@@ -64,7 +64,13 @@
 #define DOWN_R_8 1
 // ... and of the small-grid one-token down kernel (ft_experts_down_1s).
 #define DOWN_R_1S 2
-// Pairs of a token whose partial rows the down kernel's combine loads at once.
+// Pairs of a token whose partial rows the down kernel's combine loads at once: 16 in the
+// one- and two-token variants (a top-10 token's pairs in one round of L2 loads instead of
+// two, on the layer's critical path: the row tile's last block combines after every other
+// block; they are capped at 64 registers either way, and the SASS keeps all 16 loads in
+// flight), 8 in the others (16 would take them from 72 to 96 registers, fewer blocks per SM,
+// and would double the one-launch layer's spills).
+#define COMBINE_UNROLL_FEW 16
 #define COMBINE_UNROLL 8
 
 struct Task {
@@ -1199,14 +1205,15 @@ __device__ __forceinline__ void down_impl(
         const int t = idx / ROWS;
         const int j = j0 + idx % ROWS;
         if (j >= H) continue;
-        // The token's pairs in task order, COMBINE_UNROLL loads in flight before their sum
-        // (the same additions in the same order as one pair at a time).
+        // The token's pairs in task order, CU loads in flight before their sum (the same
+        // additions in the same order as one pair at a time).
+        constexpr int CU = MT <= 2 && !FUSED ? COMBINE_UNROLL_FEW : COMBINE_UNROLL;
         float acc = 0.0f;
         const u32 k1 = tok_begin[t + 1];
-        for (u32 k0 = tok_begin[t]; k0 < k1; k0 += COMBINE_UNROLL) {
-            float o[COMBINE_UNROLL], w[COMBINE_UNROLL];
+        for (u32 k0 = tok_begin[t]; k0 < k1; k0 += CU) {
+            float o[CU], w[CU];
 #pragma unroll
-            for (int u = 0; u < COMBINE_UNROLL; u++) {
+            for (int u = 0; u < CU; u++) {
                 if (k0 + u < k1) {
                     const Pair tp = tok_pairs[k0 + u];
                     o[u] = __ldcg(&O[(u64)tp.index * H + j]);
@@ -1214,7 +1221,7 @@ __device__ __forceinline__ void down_impl(
                 }
             }
 #pragma unroll
-            for (int u = 0; u < COMBINE_UNROLL; u++)
+            for (int u = 0; u < CU; u++)
                 if (k0 + u < k1) acc = __fadd_rn(acc, __fmul_rn(w[u], o[u]));
         }
         y[(u64)t * H + j] = acc;
