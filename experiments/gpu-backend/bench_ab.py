@@ -16,12 +16,15 @@ Usage: bench_ab.py FOLDER [--base LABEL] [--json]
   --json   the same as one JSON document instead of the table
 Standard library only. Exit 1 when the folder holds no run.
 """
-import argparse
 import json
 import pathlib
 import re
 import statistics
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import ab_cli  # noqa: E402  (the shared command line)
+from ab_cli import fmt  # noqa: E402
 
 RUN = re.compile(r"^([A-Za-z_-]+?)(\d+)$")
 
@@ -82,28 +85,7 @@ def summarize(runs, base):
     return out
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("folder", type=pathlib.Path)
-    ap.add_argument("--base")
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args()
-    if not a.folder.is_dir():
-        sys.exit(f"bench_ab: {a.folder} is not a folder")
-    runs = load(a.folder)
-    if not runs:
-        print(f"bench_ab: no <label><round>/gpu_backend.json run in {a.folder}", file=sys.stderr)
-        sys.exit(1)
-    base = a.base or sorted({lab for _, lab in runs})[0]
-    rows = summarize(runs, base)
-    if a.json:
-        json.dump(rows, sys.stdout, indent=1)
-        print()
-        return
+def print_table(rows):
     width = max(len(r["case"]) for r in rows)
     print(f"{'case':>{width}} {'build':>8} {'rounds':>6} {'queued us':>9} {'min':>7} {'max':>7} "
           f"{'/copy rw':>8} {'vs base':>8}")
@@ -112,6 +94,11 @@ def main():
               f"{fmt(r['queued_us_min'], '7.2f')} {fmt(r['queued_us_max'], '7.2f')} "
               f"{fmt(r['over_copy_rw'], '8.3f')} "
               f"{'base' if r['label'] == r['base'] else fmt(r['vs_base'], '8.3f')}")
+
+
+def main():
+    ab_cli.run(__doc__, "bench_ab", "<label><round>/gpu_backend.json run", load,
+               lambda runs: {lab for _, lab in runs}, summarize, print_table)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,15 @@ Usage: switch_ab.py FOLDER [--base LABEL] [--json]
   --json   the same as one JSON document instead of the table
 Standard library only. Exit 1 when the folder holds no report.
 """
-import argparse
 import json
 import pathlib
 import re
 import statistics
 import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "scripts"))
+import ab_cli  # noqa: E402  (the shared command line)
+from ab_cli import fmt  # noqa: E402
 
 NAME = re.compile(r"^b(\d+)-r(\d+)-(.+)\.json$")
 IDLE_PARTS = ("dense_us", "fetched_experts_us", "combine_us", "host_us", "gaps_us")
@@ -84,28 +87,7 @@ def summarize(runs, base):
     return out
 
 
-def fmt(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("folder", type=pathlib.Path)
-    ap.add_argument("--base")
-    ap.add_argument("--json", action="store_true")
-    a = ap.parse_args()
-    if not a.folder.is_dir():
-        sys.exit(f"switch_ab: {a.folder} is not a folder")
-    runs = load(a.folder)
-    if not runs:
-        print(f"switch_ab: no b<streams>-r<round>-<label>.json report in {a.folder}", file=sys.stderr)
-        sys.exit(1)
-    base = a.base or sorted({lab for _, lab in runs})[0]
-    rows = summarize(runs, base)
-    if a.json:
-        json.dump(rows, sys.stdout, indent=1)
-        print()
-        return
+def print_table(rows):
     print(f"{'streams':>7} {'setting':>8} {'rounds':>6} {'tok/s/str':>9} {'min':>7} {'max':>7} "
           f"{'spread':>6} {'%bound':>6} {'idle us':>7} {'dense':>5} {'fetched':>7} {'combine':>7} "
           f"{'host':>5} {'vs base':>8}")
@@ -117,6 +99,11 @@ def main():
               f"{fmt(r['idle_fetched_experts_us'], '7.1f')} {fmt(r['idle_combine_us'], '7.1f')} "
               f"{fmt(r['idle_host_us'], '5.1f')} "
               f"{'base' if r['label'] == r['base'] else fmt(r['vs_base'], '8.3f')}")
+
+
+def main():
+    ab_cli.run(__doc__, "switch_ab", "b<streams>-r<round>-<label>.json report", load,
+               lambda runs: {lab for _, lab in runs}, summarize, print_table)
 
 
 if __name__ == "__main__":
