@@ -500,6 +500,13 @@ __device__ __forceinline__ void red_add_release_gpu(u32* p, u32 v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
+// The GPU's global timer, ns.
+__device__ __forceinline__ u64 globaltimer_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 // A launch gated on a flag (the runtime's `Stream::launch_experts_gated`): the launch is
 // queued before the bytes it reads have landed, and another stream stores `value` at `gate`
 // once they have (`Stream::write_flag`, a stream memory operation ordered after that
@@ -512,12 +519,10 @@ __device__ __forceinline__ void red_add_release_gpu(u32* p, u32 v) {
 __device__ __forceinline__ void gate_wait(const u32* gate, u32 value) {
     if (gate == nullptr) return;
     if (threadIdx.x == 0) {
-        u64 t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        const u64 t0 = globaltimer_ns();
         while ((int)(ld_acquire_gpu(gate) - value) < 0) {
             __nanosleep(128);
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-            if (t - t0 > 10000000000ull) __trap();
+            if (globaltimer_ns() - t0 > 10000000000ull) __trap();
         }
     }
     __syncthreads();
@@ -547,27 +552,22 @@ __device__ __forceinline__ void gate_wait(const u32* gate, u32 value) {
 #if FT_STAMPS
 __device__ u32 ft_stamp_count;
 __device__ u64 ft_stamps[FT_STAMP_CAP][8];
-__shared__ u64 ft_stamp_t[5];
+__shared__ u64 ft_stamp_t[4];
 __shared__ u64 ft_stamp_c0;
-__device__ __forceinline__ u64 stamp_now() {
-    u64 t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
 __device__ __forceinline__ void stamp_begin() {
     if (threadIdx.x == 0) {
         ft_stamp_c0 = clock64();
-        ft_stamp_t[0] = stamp_now();
+        ft_stamp_t[0] = globaltimer_ns();
         ft_stamp_t[1] = ft_stamp_t[2] = ft_stamp_t[3] = 0;
     }
 }
 __device__ __forceinline__ void stamp(int i) {
-    if (threadIdx.x == 0) ft_stamp_t[i] = stamp_now();
+    if (threadIdx.x == 0) ft_stamp_t[i] = globaltimer_ns();
 }
 __device__ __forceinline__ void stamp_end(u32 kernel, u32 bx, u32 by) {
     if (threadIdx.x != 0) return;
     const u64 c1 = clock64();
-    const u64 t4 = stamp_now();
+    const u64 t4 = globaltimer_ns();
     u32 sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     const u32 k = atomicAdd(&ft_stamp_count, 1u);
@@ -1261,6 +1261,13 @@ __device__ __forceinline__ void down_impl(
     TABLE_ARGS, int fmt, int act, int H, int I, int T, \
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs, \
     u32* counters, float* y, const FoldCombine fold
+// A gate/up entry point: gate_up_impl<MT, staged, WIDE> with TCH tokens per pass, staged or
+// not as the launch's stage_off says.
+#define GATE_UP_ENTRY(MT, WIDE, TCH) \
+    TASK_TABLES (void)o_begin; (void)o_tok; \
+    if (stage_off) gate_up_impl<MT, true, WIDE>(tasks, pairs, fmt, act, H, I, x, TCH, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y); \
+    else gate_up_impl<MT, false, WIDE>(tasks, pairs, fmt, act, H, I, x, TCH, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y); \
+    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 // A down entry point: down_impl<MT, R, STAGED>.
 #define DOWN_ENTRY(MT, R, STAGED) \
     TABLES \
@@ -1271,37 +1278,12 @@ __device__ __forceinline__ void down_impl(
 // One instantiation per largest task size (tokens routed to one expert): 1, 2, 4 and 8
 // tokens per pass. Fewer register accumulators leave room for more blocks per SM and more
 // loads in flight, which is what a memory-bound decode step needs.
-extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) {
-    TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<MAXT, true>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    else gate_up_impl<MAXT, false>(tasks, pairs, fmt, act, H, I, x, tch, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) {
-    TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up(GATE_UP_ARGS) { GATE_UP_ENTRY(MAXT, false, tch) }
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_gate_up_1(GATE_UP_ARGS) { GATE_UP_ENTRY(1, false, 1) }
 // The small-grid one-token kernel (WIDE above), 512 threads.
-extern "C" __global__ void __launch_bounds__(512, 2) ft_experts_gate_up_1w(GATE_UP_ARGS) {
-    TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<1, true, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    else gate_up_impl<1, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) {
-    TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<2, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    else gate_up_impl<2, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 2), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) {
-    TASK_TABLES (void)o_begin; (void)o_tok;
-    if (stage_off) gate_up_impl<4, true>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    else gate_up_impl<4, false>(tasks, pairs, fmt, act, H, I, x, min(tch, 4), hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
+extern "C" __global__ void __launch_bounds__(512, 2) ft_experts_gate_up_1w(GATE_UP_ARGS) { GATE_UP_ENTRY(1, true, 1) }
+extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_2(GATE_UP_ARGS) { GATE_UP_ENTRY(2, false, min(tch, 2)) }
+extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_gate_up_4(GATE_UP_ARGS) { GATE_UP_ENTRY(4, false, min(tch, 4)) }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, true) }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_direct(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, false) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1, true) }
