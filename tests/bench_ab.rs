@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::{python, repo_root};
+use common::{python, python_failing, repo_root};
 use serde_json::{json, Value};
-use std::process::Command;
 
 /// A `gpu_backend.json` with the fields the script reads: one kernel row per (tokens, us).
 fn run(rows: &[(u64, f64)]) -> Value {
@@ -93,11 +92,6 @@ fn bench_ab_takes_the_median_round_and_compares_with_the_base() {
     );
     // A folder without runs is an error naming the expected layout.
     let empty = tempfile::tempdir().unwrap();
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg(empty.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("<label><round>"));
+    let err = python_failing([script.as_os_str(), empty.path().as_os_str()]);
+    assert!(err.contains("<label><round>"), "{err}");
 }

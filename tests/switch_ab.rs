@@ -4,9 +4,8 @@
 
 mod common;
 
-use common::{python, repo_root};
+use common::{python, python_failing, repo_root};
 use serde_json::{json, Value};
-use std::process::Command;
 
 /// A report as `ft run --json` writes its fields the script reads.
 fn report(tok: f64, share: f64, idle: f64) -> Value {
@@ -79,11 +78,6 @@ fn switch_ab_takes_the_median_round_and_compares_with_the_base() {
     assert!(text.contains("vs base") && text.contains("1.050"), "{text}");
     // A folder without reports is an error naming the folder.
     let empty = tempfile::tempdir().unwrap();
-    let out = Command::new("python3")
-        .arg(&script)
-        .arg(empty.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("no b<streams>"));
+    let err = python_failing([script.as_os_str(), empty.path().as_os_str()]);
+    assert!(err.contains("no b<streams>"), "{err}");
 }

@@ -290,7 +290,7 @@ fn write_stamps(
     &(act, tokens, forced, path, n): &KernelCase,
     records: &[BlockStamp],
 ) -> ft_runtime::Result<()> {
-    let variant = forced.map_or("auto".to_string(), |v| v.to_string());
+    let variant = variant_name(forced);
     let name = format!("stamps-{}-t{tokens}-v{variant}-{path}-e{n}.csv", act.name());
     block_stamps::write_csv(&out.join(name), records)
 }
@@ -301,10 +301,7 @@ fn print_timelines(rows: &[KernelRow]) {
         .iter()
         .filter_map(|r| {
             r.stamps.as_ref().map(|t| {
-                let key = format!(
-                    "{}/{}/{}/{}/{}",
-                    r.act, r.tokens, r.variant, r.path, r.experts
-                );
+                let key = row_key(&r.act, r.tokens, &r.variant, &r.path, r.experts);
                 (key, t)
             })
         })
@@ -375,8 +372,17 @@ fn print_timeline_table(timed: &[(String, &BatchTimeline)]) {
 
 /// A case's key for `--only`: act/tokens/variant/path/experts.
 fn case_key(&(act, tokens, forced, path, n): &KernelCase) -> String {
-    let variant = forced.map_or("auto".to_string(), |v| v.to_string());
-    format!("{}/{tokens}/{variant}/{path}/{n}", act.name())
+    row_key(act.name(), tokens, &variant_name(forced), path, n)
+}
+
+/// A kernel row's key, as the table prints it: act/tokens/variant/path/experts.
+fn row_key(act: &str, tokens: usize, variant: &str, path: &str, experts: usize) -> String {
+    format!("{act}/{tokens}/{variant}/{path}/{experts}")
+}
+
+/// A forced instantiation's name in keys and rows ("auto": chosen by each launch).
+fn variant_name(forced: Option<usize>) -> String {
+    forced.map_or("auto".to_string(), |v| v.to_string())
 }
 
 fn main() -> std::process::ExitCode {
@@ -670,7 +676,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             act: act.name().into(),
             experts: layer_experts,
             tokens,
-            variant: forced.map_or("auto".into(), |v| v.to_string()),
+            variant: variant_name(forced),
             path: path.into(),
             bytes,
             queued_us,

@@ -28,6 +28,21 @@ pub fn python<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> Output {
     out
 }
 
+/// Run `python3` with `args`, asserting that it failed (its stdout in the failure message);
+/// its stderr, as text.
+pub fn python_failing<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> String {
+    let out = Command::new("python3")
+        .args(args)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        !out.status.success(),
+        "python3 succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    stderr(&out)
+}
+
 /// Write `text` to `dir/name` (a model TOML, a host file) and return its path as an argument.
 pub fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);

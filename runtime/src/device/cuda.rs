@@ -204,9 +204,7 @@ impl Shared {
             )
         })
     }
-}
 
-impl Shared {
     /// [`crate::Device::take_block_stamps`]: the records of every loaded module of the
     /// expert kernels built with block timelines (`ft_stamps`, `ft_stamp_count` in
     /// `experts.cu`), read after the device has finished its queued work, then the counts
