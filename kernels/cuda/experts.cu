@@ -64,13 +64,7 @@
 #define DOWN_R_8 1
 // ... and of the small-grid one-token down kernel (ft_experts_down_1s).
 #define DOWN_R_1S 2
-// Pairs of a token whose partial rows the down kernel's combine loads at once: 16 in the
-// one- and two-token variants (a top-10 token's pairs in one round of L2 loads instead of
-// two, on the layer's critical path: the row tile's last block combines after every other
-// block; they are capped at 64 registers either way, and the SASS keeps all 16 loads in
-// flight), 8 in the others (16 would take them from 72 to 96 registers, fewer blocks per SM,
-// and would double the one-launch layer's spills).
-#define COMBINE_UNROLL_FEW 16
+// Pairs of a token whose partial rows the down kernel's combine loads at once.
 #define COMBINE_UNROLL 8
 
 struct Task {
@@ -718,6 +712,18 @@ __device__ __forceinline__ float reduce16(float acc) {
     return acc;
 }
 
+// reduce16 for kernels whose two half-warps of a warp may take different branches
+// (down_cross_impl: a half-warp per task, and tasks without a token): the same additions in
+// the same order, the shuffles masked to the calling half-warp.
+__device__ __forceinline__ float reduce16_half(float acc) {
+    const unsigned mask = 0xffffu << (threadIdx.x & 16);
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 8, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 4, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 2, 16));
+    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 1, 16));
+    return acc;
+}
+
 // exp as the spec defines it (Cephes expf in plain f32 operations). The constants are the
 // exact f32 bit patterns of ft-kernels' `w4a8::exp_ft` (its code is the definition; note
 // that its P1 literal 1.3982e-3 rounds to 0x3ab743cf, one ulp above Cephes' 1.3981999507e-3).
@@ -1205,15 +1211,14 @@ __device__ __forceinline__ void down_impl(
         const int t = idx / ROWS;
         const int j = j0 + idx % ROWS;
         if (j >= H) continue;
-        // The token's pairs in task order, CU loads in flight before their sum (the same
-        // additions in the same order as one pair at a time).
-        constexpr int CU = MT <= 2 && !FUSED ? COMBINE_UNROLL_FEW : COMBINE_UNROLL;
+        // The token's pairs in task order, COMBINE_UNROLL loads in flight before their sum
+        // (the same additions in the same order as one pair at a time).
         float acc = 0.0f;
         const u32 k1 = tok_begin[t + 1];
-        for (u32 k0 = tok_begin[t]; k0 < k1; k0 += CU) {
-            float o[CU], w[CU];
+        for (u32 k0 = tok_begin[t]; k0 < k1; k0 += COMBINE_UNROLL) {
+            float o[COMBINE_UNROLL], w[COMBINE_UNROLL];
 #pragma unroll
-            for (int u = 0; u < CU; u++) {
+            for (int u = 0; u < COMBINE_UNROLL; u++) {
                 if (k0 + u < k1) {
                     const Pair tp = tok_pairs[k0 + u];
                     o[u] = __ldcg(&O[(u64)tp.index * H + j]);
@@ -1221,7 +1226,7 @@ __device__ __forceinline__ void down_impl(
                 }
             }
 #pragma unroll
-            for (int u = 0; u < CU; u++)
+            for (int u = 0; u < COMBINE_UNROLL; u++)
                 if (k0 + u < k1) acc = __fadd_rn(acc, __fmul_rn(w[u], o[u]));
         }
         y[(u64)t * H + j] = acc;
@@ -1233,6 +1238,154 @@ __device__ __forceinline__ void down_impl(
         fold_combine_tile(fold, H, j0, ROWS);
     }
     if (threadIdx.x == 0) counters[bx] = 0;
+}
+
+// Most tasks (and so pairs: one each) of a launch that the cross-task down kernel takes.
+#define CROSS_MAX_TASKS 16
+
+// The cross-task down kernel of a one-token launch (ft_experts_down_1x, the runtime's
+// `CudaTuning::cross_down`): every task holds at most one pair and the launch at most
+// CROSS_MAX_TASKS tasks. Instead of a block per (row tile, task) whose partial rows go to O
+// in global memory and a row tile's last block (by an atomic ticket) adding them up, a block
+// takes a row tile of *every* task: `hpt` half-warps per task (16 / hpt tasks or fewer),
+// each with DOWN_R_1 rows of its task (rows sub, sub + hpt, ... of the block's hpt *
+// DOWN_R_1), their partial rows in shared memory, and after one barrier the block adds them
+// per token over the token's pairs in task order into y. No ticket, no second round of L2
+// reads after the last block, and no combine that waits for the slowest task's block: the
+// block timelines put that tail at 2.3 us of a 24.7 us one-token layer (6.3 under a chained
+// launch). Each row's arithmetic is down_impl's (R > 1, one token), and the sum the same
+// additions in the same order, so the same bits. Off by default: 29.4 against 24.8 us on an
+// H100 for ten tasks (experiments/gpu-backend, "A down kernel across tasks").
+//
+// The block has 16 * hpt * n_tasks threads rounded up to a warp (no idle half-warps, so a
+// ten-task launch's 640 blocks of 160 threads fit the multiprocessors in one wave where 256
+// threads took two: 2026-12-06, 31.3 against 24.7 us). The tasks' table entries are read
+// once, by one thread each, into shared memory: a loop over them in global memory waits for
+// each load in turn before the next task's copies are issued.
+//
+// Staged only: each task's rows of the tile go to its own part of dynamic shared memory
+// (staged_tile_bytes of the block's rows each), except the row factors, which a tile of a
+// few rows would copy with plain byte loads that stall the thread before its next task's
+// copies are issued; they are read from global memory once per row instead.
+__device__ __forceinline__ void down_cross_impl(
+    const Task* __restrict__ tasks, const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
+    int fmt_arg, int act_arg, int H, int I, int T,
+    const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
+    float* y, const FoldCombine& fold, int bx, int n_tasks, int hpt)
+{
+    constexpr int R = DOWN_R_1;
+    const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
+    extern __shared__ __align__(16) u8 smem[];
+    __shared__ float osm[CROSS_MAX_TASKS][16 * R];
+    __shared__ Task tsm[CROSS_MAX_TASKS];
+    const int G = group_of(fmt);
+    const int rows = hpt * R;
+    const int j0 = bx * rows;
+    const int n = min(rows, H - j0);
+    const int nb = I / G;
+    const u64 vrb = values_row_bytes(fmt, I);
+    const u64 tile_bytes = staged_tile_bytes(fmt, I, rows);
+    const u64 down_off = 2 * matrix_bytes(fmt, I, H);
+    if (split_sign(1, fmt)) e2m1_table_publish();
+    if (threadIdx.x < n_tasks) tsm[threadIdx.x] = tasks[threadIdx.x];
+    __syncthreads();
+    for (int e = 0; e < n_tasks; e++) {
+        const Task te = tsm[e];
+        if (te.pair_count == 0) continue;
+        const Mat down = {(const u8*)te.weights + down_off, (u64)H, (u64)I};
+        const Tile g = tile_at(fmt, down, j0), t = tile_in(fmt, I, n, smem + e * tile_bytes);
+        const u64 sb = (u64)n * scale_row_bytes(fmt, I);
+        stage_async(smem + e * tile_bytes, g.vals, (u64)n * vrb);
+        if (sb) stage_async((u8*)t.scales, g.scales, sb);
+    }
+    // As in down_impl: a chained gate/up launch after this one may be scheduled now; h next.
+    pdl_launch_dependents();
+    pdl_wait();
+    stamp(1);
+    stage_wait();
+    __syncthreads();
+    stamp(2);
+    const u32 e2m1_lo = split_sign(1, fmt) ? e2m1_table_read() : 0u;
+    const int lane = threadIdx.x & (HW - 1);
+    const int hw = threadIdx.x / HW;
+    const int e = hw / hpt, sub = hw % hpt;
+    if (e < n_tasks) {
+        const Task task = tsm[e];
+        if (task.pair_count > 0) {
+            const Mat down = {(const u8*)task.weights + down_off, (u64)H, (u64)I};
+            Tile td = tile_in(fmt, I, n, smem + e * tile_bytes);
+            td.factors = tile_at(fmt, down, j0).factors;
+            const u64 p = task.pair_begin;
+            // Row sub + hpt k of the tile; `live` is uniform in the half-warp, so every lane
+            // of a live row reaches reduce16_half.
+            bool live[R];
+            float f[R], acc[R];
+#pragma unroll
+            for (int k = 0; k < R; k++) {
+                live[k] = sub + hpt * k < n;
+                f[k] = live[k] ? row_factor(fmt, td, sub + hpt * k) : 0.0f;
+                acc[k] = 0.0f;
+            }
+#pragma unroll 2
+            for (int b = lane; b < nb; b += HW) {
+                if (act == ACT_INT8) {
+                    int4 qa[2];
+                    const int4* a = (const int4*)(hq + p * I + (u64)b * G);
+                    qa[0] = a[0];
+                    qa[1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
+                    const float sa = hs[p * nb + b];
+#pragma unroll
+                    for (int k = 0; k < R; k++) {
+                        if (!live[k]) continue;
+                        const int r = sub + hpt * k;
+                        const u8* row = td.vals + (u64)r * vrb;
+                        const float sb = block_scale(fmt, td, I, r, b);
+                        int d;
+                        if (split_sign(1, fmt)) {
+                            d = e2m1_block_dot(row, b, G, qa[0], qa[1], e2m1_lo);
+                        } else {
+                            u32 W[8];
+                            load_w8(fmt, row, b, W);
+                            d = block_dot_i8_regs(W, G, qa);
+                        }
+                        acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
+                    }
+                } else {
+#pragma unroll
+                    for (int k = 0; k < R; k++) {
+                        if (!live[k]) continue;
+                        const int r = sub + hpt * k;
+                        const u8* row = td.vals + (u64)r * vrb;
+                        const float sb = block_scale(fmt, td, I, r, b);
+                        acc[k] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[k]);
+                    }
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < R; k++) {
+                if (!live[k]) continue;
+                const float o = __fmul_rn(reduce16_half(acc[k]), f[k]);
+                if (lane == 0) osm[p][sub + hpt * k] = o;
+            }
+        }
+    }
+    __syncthreads();
+    stamp(3);
+    // Each token's row: its pairs in task order (the row tile's combine of down_impl).
+    for (int idx = threadIdx.x; idx < T * rows; idx += blockDim.x) {
+        const int t = idx / rows, r = idx % rows;
+        if (r >= n) continue;
+        float acc = 0.0f;
+        for (u32 k = tok_begin[t]; k < tok_begin[t + 1]; k++) {
+            const Pair tp = tok_pairs[k];
+            acc = __fadd_rn(acc, __fmul_rn(tp.weight, osm[tp.index][r]));
+        }
+        y[(u64)t * H + j0 + r] = acc;
+    }
+    if (fold.act) {
+        __syncthreads();
+        fold_combine_tile(fold, H, j0, rows);
+    }
 }
 
 // Entry points. The launch's tables (tasks, then pairs at byte o_pairs, token starts at
@@ -1292,6 +1445,15 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1_direct(DO
 // experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, true) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s_direct(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, false) }
+// The cross-task one-token down kernel (down_cross_impl): grid (ceil(H / (hpt * DOWN_R_1))),
+// blocks of 16 * hpt * n_tasks threads rounded up to a warp, n_tasks <= CROSS_MAX_TASKS
+// tasks of at most one pair each, hpt half-warps per task.
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1x(DOWN_ARGS, int n_tasks, int hpt) {
+    TABLES
+    (void)pairs; (void)O; (void)counters;
+    down_cross_impl(tasks, tok_begin, tok_pairs, fmt, act, H, I, T, hf, hq, hs, y, fold, blockIdx.x, n_tasks, hpt);
+    stamp_end(STAMP_DOWN, blockIdx.x, blockIdx.y);
+}
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, true) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2_direct(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, false) }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) { DOWN_ENTRY(4, DOWN_R_4, true) }

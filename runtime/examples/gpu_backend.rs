@@ -235,6 +235,9 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
         // The gate/up launch chained to the kernel before it (2026-12-06).
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", ALL),
+        // The cross-task down kernel (2026-12-06), alone and chained.
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross", ALL),
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
@@ -255,6 +258,7 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 0, None, "staged+pdl+split+cvt+wide", ALL),
         (INT8, 0, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 0, None, "staged+pdl+split+cvt+wide+chain", ALL),
+        (INT8, 0, None, "staged+pdl+split+cvt+wide+cross", ALL),
         (INT8, 0, None, "staged+pdl+small", ALL),
         (INT8, 0, None, "direct", ALL),
         (INT8, 4, None, "staged+pdl", ALL),
@@ -273,11 +277,13 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
         (INT8, 1, None, "staged+pdl+split+wide", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 2),
     ];
     cases
@@ -594,6 +600,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             fused_layer: path.contains("+fused"),
             short_down: path.contains("+short"),
             chained_launch: path.contains("+chain"),
+            cross_down: path.contains("+cross"),
             expert_variant: forced,
             block_stamps: false,
             ..opened

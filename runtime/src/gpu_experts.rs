@@ -497,6 +497,52 @@ pub fn cuda_small_grid(
         && gate_up_blocks <= multiprocessors
 }
 
+/// The cross-task down kernel's entry point (`ft_experts_down_1x` in
+/// `kernels/cuda/experts.cu`).
+pub const CUDA_CROSS_DOWN_ENTRY: &str = "ft_experts_down_1x";
+
+/// Most tasks of a launch the cross-task down kernel takes (`CROSS_MAX_TASKS` there).
+pub const CUDA_CROSS_MAX_TASKS: usize = 16;
+
+/// How a launch runs the cross-task down kernel ([`crate::device::CudaTuning::cross_down`]):
+/// each block takes `rows` rows of every task, `half_warps_per_task` half-warps per task
+/// (each with the one-token kernel's `DOWN_R_1` rows), and adds the tasks' partial rows per
+/// token itself, so no block waits for a ticket and none combines after the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CudaCrossDown {
+    /// Half-warps of a block per task: 16 over the tasks rounded up to a power of two (the
+    /// two half-warps of a warp then hold the same rows or none).
+    pub half_warps_per_task: usize,
+    /// Rows of the block's tile: its grid's x is `hidden / rows`, rounded up.
+    pub rows: usize,
+    /// Threads per block: the tasks' half-warps, rounded up to a warp (a block of 256
+    /// threads with idle half-warps took two waves of blocks for ten tasks).
+    pub threads: u32,
+}
+
+/// The cross-task down plan of a launch of `tasks` tasks whose largest holds
+/// `max_task_pairs` pairs, where `tuning` asks for it: one-token launches (at most one pair
+/// per task, so at most one partial row per task and row) of 1 to
+/// [`CUDA_CROSS_MAX_TASKS`] tasks with staged tiles; `None` otherwise (the launch takes the
+/// down kernel of its variant). The one-launch layer, where on, takes precedence.
+pub fn cuda_cross_down(
+    tuning: &CudaTuning,
+    max_task_pairs: usize,
+    tasks: usize,
+) -> Option<CudaCrossDown> {
+    let on = tuning.cross_down
+        && tuning.staged_tiles
+        && tuning.expert_variant.is_none_or(|v| v == 1)
+        && max_task_pairs <= 1
+        && (1..=CUDA_CROSS_MAX_TASKS).contains(&tasks);
+    let half_warps_per_task = 16 / tasks.next_power_of_two();
+    on.then_some(CudaCrossDown {
+        half_warps_per_task,
+        rows: half_warps_per_task * CUDA_VARIANTS[0].down_rows / 16,
+        threads: (16 * half_warps_per_task * tasks).next_multiple_of(32) as u32,
+    })
+}
+
 /// The one-launch layer (`ft_experts_layer_1` in `kernels/cuda/experts.cu`,
 /// [`crate::device::CudaTuning::fused_layer`]): a one-dimensional grid in which the block
 /// holding ticket `t` does gate/up item `t` (task `t / gate_up_per_task`) where there is
@@ -676,11 +722,15 @@ pub(crate) struct CudaGate {
     pub value: u32,
 }
 
-/// The kernels one launch of the expert kernels runs: the gate/up and down pair, or the
-/// one-launch layer.
+/// The kernels one launch of the expert kernels runs: the gate/up and down pair (the down
+/// kernel across tasks where the plan is set), or the one-launch layer.
 #[cfg(feature = "cuda")]
 enum LaunchKernels {
-    Two(cudarc::driver::CudaFunction, cudarc::driver::CudaFunction),
+    Two(
+        cudarc::driver::CudaFunction,
+        cudarc::driver::CudaFunction,
+        Option<CudaCrossDown>,
+    ),
     Fused(cudarc::driver::CudaFunction),
 }
 
@@ -757,6 +807,21 @@ pub(crate) fn cuda_launch(
         tuning.staged_tiles,
     )?;
     let pdl = tuning.dependent_launch;
+    // The cross-task down kernel where asked and its tiles (every task's rows of a block)
+    // fit the shared memory a staged tile may take.
+    let cross = match cuda_cross_down(&tuning, t.max_task_pairs, step.experts.len()) {
+        Some(c) if !fused && staging.down_staged => {
+            let bytes = step.experts.len()
+                * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
+            (bytes
+                <= stream
+                    .shared()
+                    .shared_optin_bytes
+                    .min(CUDA_STAGED_SHARED_MAX))
+            .then_some((c, bytes))
+        }
+        _ => None,
+    };
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
     let spec = cuda_specialization(step, &tuning, t.bytes.len());
@@ -770,12 +835,18 @@ pub(crate) fn cuda_launch(
     let kernels = if fused {
         LaunchKernels::Fused(kernel(CUDA_FUSED_ENTRY)?)
     } else {
-        let down_entry = if staging.down_staged {
+        let down_entry = if cross.is_some() {
+            CUDA_CROSS_DOWN_ENTRY
+        } else if staging.down_staged {
             variant.down
         } else {
             variant.down_direct
         };
-        LaunchKernels::Two(kernel(variant.gate_up)?, kernel(down_entry)?)
+        LaunchKernels::Two(
+            kernel(variant.gate_up)?,
+            kernel(down_entry)?,
+            cross.map(|(c, _)| c),
+        )
     };
     let table = stream.table_arg(&t.bytes)?;
     let [_, o_pairs, o_begin, o_tok] = t.offsets.map(|o| o as u32);
@@ -857,7 +928,7 @@ pub(crate) fn cuda_launch(
                 )?;
             }
         }
-        LaunchKernels::Two(gate_up, down) => {
+        LaunchKernels::Two(gate_up, down, cross) => {
             let mut gate_up_args: Vec<_> = common
                 .iter()
                 .copied()
@@ -877,7 +948,30 @@ pub(crate) fn cuda_launch(
                     p(&fold),
                 ])
                 .collect();
-            // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*;
+            // The cross-task kernel: a row tile of every task per block, its tasks and
+            // half-warps per task after DOWN_ARGS.
+            let (n_tasks_arg, hpt) = (
+                n_tasks as i32,
+                cross.map_or(0, |c| c.half_warps_per_task as i32),
+            );
+            let (down_grid, down_threads, down_shared) = match cross {
+                Some(c) => {
+                    down_args.extend([p(&n_tasks_arg), p(&hpt)]);
+                    (
+                        (step.hidden.div_ceil(c.rows) as u32, 1, 1),
+                        c.threads,
+                        step.experts.len()
+                            * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?,
+                    )
+                }
+                None => (
+                    (down_tiles as u32, n_tasks, 1),
+                    CUDA_THREADS,
+                    staging.down_shared,
+                ),
+            };
+            // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*
+            // (ft_experts_down_1x: DOWN_ARGS, then its tasks and half-warps per task);
             // every address was checked (validate) or allocated for this launch, and the
             // values live until the calls return (the driver copies them at launch).
             // A chained gate/up launch may start while the kernel before it ends (it waits for
@@ -894,9 +988,9 @@ pub(crate) fn cuda_launch(
                 // The down kernel may start while gate/up runs (it waits for h in the kernel).
                 stream.launch_ex(
                     &down,
-                    (down_tiles as u32, n_tasks, 1),
-                    (CUDA_THREADS, 1, 1),
-                    staging.down_shared as u32,
+                    down_grid,
+                    (down_threads, 1, 1),
+                    down_shared as u32,
                     &mut down_args,
                     pdl,
                 )?;
@@ -1157,6 +1251,57 @@ mod tests {
                 t.bytes.len()
             );
         }
+    }
+
+    /// The cross-task down kernel only where asked, for staged one-token launches of 1 to 16
+    /// tasks; its half-warps per task a power of two that, times the tasks, fills at most a
+    /// block's 16 and more than half of them, its rows those half-warps' one-token rows; the
+    /// task limit and the rows per half-warp the kernel's own.
+    #[test]
+    fn cross_down_only_for_staged_one_token_launches_of_few_tasks() {
+        let on = CudaTuning {
+            cross_down: true,
+            ..CudaTuning::default()
+        };
+        let src = ft_kernels::cuda_sources::KernelId::Experts.source();
+        assert_eq!(cu_define(src, "CROSS_MAX_TASKS"), CUDA_CROSS_MAX_TASKS);
+        let rows_per_half_warp = cu_define(src, "DOWN_R_1");
+        for tasks in 1..=CUDA_CROSS_MAX_TASKS {
+            for max_task_pairs in [0, 1] {
+                let c = cuda_cross_down(&on, max_task_pairs, tasks).expect("taken");
+                let h = c.half_warps_per_task;
+                assert!(h.is_power_of_two(), "{tasks}: {h}");
+                assert!(h * tasks <= 16 && 2 * h * tasks > 16, "{tasks}: {h}");
+                assert_eq!(c.rows, h * rows_per_half_warp);
+                let t = c.threads as usize;
+                assert!(t.is_multiple_of(32) && t >= 16 * h * tasks && t < 16 * h * tasks + 32);
+                assert!(t <= CUDA_THREADS as usize);
+            }
+        }
+        assert_eq!(cuda_cross_down(&on, 1, 10).unwrap().rows, 4);
+        assert_eq!(cuda_cross_down(&on, 1, 10).unwrap().threads, 160);
+        assert_eq!(cuda_cross_down(&on, 1, 1).unwrap().rows, 64);
+        assert_eq!(cuda_cross_down(&on, 1, 0), None);
+        assert_eq!(cuda_cross_down(&on, 1, CUDA_CROSS_MAX_TASKS + 1), None);
+        assert_eq!(cuda_cross_down(&on, 2, 4), None);
+        assert_eq!(cuda_cross_down(&CudaTuning::default(), 1, 10), None);
+        for off in [
+            CudaTuning {
+                staged_tiles: false,
+                ..on
+            },
+            CudaTuning {
+                expert_variant: Some(2),
+                ..on
+            },
+        ] {
+            assert_eq!(cuda_cross_down(&off, 1, 10), None, "{off}");
+        }
+        let forced_one = CudaTuning {
+            expert_variant: Some(1),
+            ..on
+        };
+        assert!(cuda_cross_down(&forced_one, 1, 10).is_some());
     }
 
     /// The small-grid kernels only where asked, for one-token launches of at most one

@@ -399,28 +399,53 @@ mod cuda {
     /// small parameter where it fits, the small-grid kernels where the grid is small), per
     /// way the one-token
     /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
-    /// (arithmetic, the hardware's conversion), and per number of launches of a one-token
-    /// int8 layer (two, or one for both halves): each must give the same bits.
+    /// (arithmetic, the hardware's conversion), per number of launches of a one-token
+    /// int8 layer (two, or one for both halves) and per down kernel of a one-token launch
+    /// (a block per task, or across tasks): each must give the same bits.
+    ///
+    /// `FT_TEST_PATHS` (comma-separated) runs only the paths whose name (`expert_path`)
+    /// contains one of its words, so a device call with little time left checks a new path
+    /// alone (`FT_TEST_PATHS=cross`); the paths it ran are printed either way.
     fn on_every_path(check: impl Fn(&Device)) {
         use ft_runtime::device::CudaTuning;
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
+        let only: Vec<String> = std::env::var("FT_TEST_PATHS")
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .map(String::from)
+            .collect();
+        let mut ran = 0;
         // The paths not yet made defaults first, so a run cut short still checks them.
-        for (staged_tiles, dependent_launch, e2m1_split, pipe_stages, new_paths, fused_layer) in [
+        for (
+            staged_tiles,
+            dependent_launch,
+            e2m1_split,
+            pipe_stages,
+            new_paths,
+            fused_layer,
+            cross_down,
+        ) in [
+            // The cross-task down kernel: with the other new paths, without the split-sign
+            // dot and the dependent launch.
+            (true, true, true, 1, true, false, true),
+            (true, false, false, 1, false, false, true),
             // The one-launch layer: staged (with the down matrices' L2 prefetch, and the
             // short down blocks, which it ignores), direct, without the split-sign dot.
-            (true, true, true, 1, true, true),
-            (false, false, true, 1, true, true),
-            (true, true, false, 1, false, true),
-            (true, true, true, 1, true, false),
-            (true, true, false, 1, true, false),
-            (false, false, true, 1, true, false),
-            (true, true, true, 1, false, false),
-            (true, true, false, 1, false, false),
-            (true, false, false, 1, false, false),
-            (false, false, false, 1, false, false),
-            (true, true, true, 2, false, false),
-            (true, true, true, 4, false, false),
+            (true, true, true, 1, true, true, false),
+            (false, false, true, 1, true, true, false),
+            (true, true, false, 1, false, true, false),
+            (true, true, true, 1, true, false, false),
+            (true, true, false, 1, true, false, false),
+            (false, false, true, 1, true, false, false),
+            (true, true, true, 1, false, false, false),
+            (true, true, false, 1, false, false, false),
+            (true, false, false, 1, false, false, false),
+            (false, false, false, 1, false, false, false),
+            (true, true, true, 2, false, false, false),
+            (true, true, true, 4, false, false, false),
         ] {
             let t = CudaTuning {
                 staged_tiles,
@@ -434,12 +459,19 @@ mod cuda {
                 fused_layer,
                 short_down: new_paths,
                 chained_launch: new_paths,
+                cross_down,
                 ..opened
             };
+            let path = t.expert_path();
+            if !only.is_empty() && !only.iter().any(|w| path.contains(w.as_str())) {
+                continue;
+            }
             d.set_cuda_tuning(t).unwrap();
-            eprintln!("path {}", t.expert_path());
+            eprintln!("path {path}");
             check(&d);
+            ran += 1;
         }
+        assert!(ran > 0, "FT_TEST_PATHS={only:?} names no path");
     }
 
     #[test]
@@ -553,7 +585,7 @@ mod cuda {
     /// token counts queued back to back on one stream with no wait between them, each gate/up
     /// launch scheduled while the down kernel before it still runs; they share the stream's
     /// scratch (h, the row tiles' counters), and each must give the CPU's bits, into its own
-    /// y, over three rounds.
+    /// y, over three rounds, with either down kernel of one-token launches.
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_chained_layers_share_a_stream() {
@@ -578,44 +610,48 @@ mod cuda {
                 assert_eq!(differing_bits(a, &cpu(c)), 0);
             }
         }
-        d.set_cuda_tuning(CudaTuning {
-            chained_launch: true,
-            ..opened
-        })
-        .unwrap();
-        let s = d.new_stream("compute").unwrap();
-        let inputs: Vec<_> = cases
-            .iter()
-            .map(|c| {
-                let w = d.alloc(c.weights.len(), "weights").unwrap();
-                let x = d.alloc(c.x.len() * 4, "x").unwrap();
-                s.upload(&c.weights, &w, 0).unwrap();
-                s.upload_f32(&c.x, &x, 0).unwrap();
-                (w, x)
+        // With each down kernel of one-token launches (a block per task, across tasks).
+        for cross_down in [false, true] {
+            d.set_cuda_tuning(CudaTuning {
+                chained_launch: true,
+                cross_down,
+                ..opened
             })
-            .collect();
-        let rounds = 3;
-        let mut outputs = Vec::new();
-        for _ in 0..rounds {
-            for c in &cases {
-                let y = d.alloc(c.x.len() * 4, "y").unwrap();
-                s.upload_f32(&vec![f32::NAN; c.x.len()], &y, 0).unwrap();
-                outputs.push(y);
+            .unwrap();
+            let s = d.new_stream("compute").unwrap();
+            let inputs: Vec<_> = cases
+                .iter()
+                .map(|c| {
+                    let w = d.alloc(c.weights.len(), "weights").unwrap();
+                    let x = d.alloc(c.x.len() * 4, "x").unwrap();
+                    s.upload(&c.weights, &w, 0).unwrap();
+                    s.upload_f32(&c.x, &x, 0).unwrap();
+                    (w, x)
+                })
+                .collect();
+            let rounds = 3;
+            let mut outputs = Vec::new();
+            for _ in 0..rounds {
+                for c in &cases {
+                    let y = d.alloc(c.x.len() * 4, "y").unwrap();
+                    s.upload_f32(&vec![f32::NAN; c.x.len()], &y, 0).unwrap();
+                    outputs.push(y);
+                }
+                // The launches back to back: no upload or wait between them.
+                let ys = &outputs[outputs.len() - cases.len()..];
+                for ((c, (w, x)), y) in cases.iter().zip(&inputs).zip(ys) {
+                    s.launch_experts(&c.step, w, x, y).unwrap();
+                }
             }
-            // The launches back to back: no upload or wait between them.
-            let ys = &outputs[outputs.len() - cases.len()..];
-            for ((c, (w, x)), y) in cases.iter().zip(&inputs).zip(ys) {
-                s.launch_experts(&c.step, w, x, y).unwrap();
+            for (n, y) in outputs.iter().enumerate() {
+                let (round, k) = (n / cases.len(), n % cases.len());
+                let got = s.download_f32(y, 0, cases[k].x.len()).unwrap();
+                let differ = differing_bits(&got, &alone[k]);
+                assert_eq!(
+                    differ, 0,
+                    "cross-task down {cross_down}, round {round}, case {k}: {differ} outputs differ"
+                );
             }
-        }
-        for (n, y) in outputs.iter().enumerate() {
-            let (round, k) = (n / cases.len(), n % cases.len());
-            let got = s.download_f32(y, 0, cases[k].x.len()).unwrap();
-            let differ = differing_bits(&got, &alone[k]);
-            assert_eq!(
-                differ, 0,
-                "round {round}, case {k}: {differ} outputs differ"
-            );
         }
         d.set_cuda_tuning(opened).unwrap();
     }

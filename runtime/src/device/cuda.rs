@@ -39,12 +39,6 @@ pub const CHUNK_BYTES: u64 = 64 * 1024;
 /// Threads per block of the streaming kernels (gather, dense, add).
 const STREAM_THREADS: u32 = 256;
 
-/// Static shared memory of the expert kernels, bytes, bounded above (`hbuf`, `ticket`, the
-/// fused layer's `item` and `last` in `kernels/cuda/experts.cu`: 2064 bytes as ptxas counts
-/// them for sm_90, its 1 KiB reserve included): subtracted from the device's opt-in limit
-/// when raising their dynamic limit, since the two together must fit it.
-const KERNEL_STATIC_SHARED_BYTES: usize = 3072;
-
 /// Argument tables in flight per stream before the oldest must have been consumed.
 const ARG_RING: usize = 8;
 
@@ -185,10 +179,16 @@ impl Shared {
                 .map_err(cu(&format!("finding {e} in kernel module '{kernel}'")))?;
             if kernel == KernelId::Experts {
                 // Lets a launch ask for more than the default 48 KiB of dynamic shared memory
-                // (staged weight tiles); what a launch gets is still what it asks for.
+                // (staged weight tiles); what a launch gets is still what it asks for. The
+                // kernel's static shared memory (from 16 bytes to the cross-task down
+                // kernel's 4 KiB of partial rows) and the dynamic limit together must fit
+                // the device's opt-in limit.
+                let static_bytes = f
+                    .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                    .map_err(cu(&format!("reading {e}'s static shared memory")))?;
                 let dynamic = self
                     .shared_optin_bytes
-                    .saturating_sub(KERNEL_STATIC_SHARED_BYTES);
+                    .saturating_sub(static_bytes.max(0) as usize);
                 f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     dynamic as i32,

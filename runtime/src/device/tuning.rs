@@ -112,6 +112,19 @@ pub const CUDA_SHORT_DOWN_ENV: &str = "FT_CUDA_SHORT_DOWN";
 /// order of every write, so the same bits.
 pub const CUDA_CHAIN_ENV: &str = "FT_CUDA_CHAIN";
 
+/// `1` runs the down half of one-token launches of 1 to 16 experts with staged tiles as the
+/// cross-task kernel (`ft_experts_down_1x` in `kernels/cuda/experts.cu`): a block takes a
+/// row tile of every task and adds the tasks' partial rows per token in shared memory,
+/// instead of a block per row tile and task whose partial rows the tile's last block adds up
+/// after an atomic ticket. The block timelines of 2026-12-06 put that last block's ticket
+/// and combine at 2.3 us of a 24.7 us layer, after every other block (6.3 under a chained
+/// launch). The same arithmetic and order of additions, so the same bits (the GPU tests run
+/// it). Off: slower on an H100 (10 experts 29.4 against 24.8 us, chained 25.4 against 22.2;
+/// offload at one stream x0.99): its blocks on one multiprocessor pass the wait for h about
+/// 1 us apart, where the default's pass it together (`experiments/gpu-backend`, "A down
+/// kernel across tasks").
+pub const CUDA_CROSS_DOWN_ENV: &str = "FT_CUDA_CROSS_DOWN";
+
 /// `1` builds the expert kernels with block timelines (`FT_STAMPS` in
 /// `kernels/cuda/experts.cu`): every block notes when it starts, when its start condition is
 /// met, when its tiles have landed, when its own work is done and when it ends, read back by
@@ -140,7 +153,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 15] = [
+pub const CUDA_TUNING_ENVS: [&str; 16] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -152,6 +165,7 @@ pub const CUDA_TUNING_ENVS: [&str; 15] = [
     CUDA_FUSED_ENV,
     CUDA_SHORT_DOWN_ENV,
     CUDA_CHAIN_ENV,
+    CUDA_CROSS_DOWN_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
@@ -217,6 +231,9 @@ pub struct CudaTuning {
     /// The gate/up kernel launched as a programmatic dependent of the kernel before it
     /// ([`CUDA_CHAIN_ENV`]).
     pub chained_launch: bool,
+    /// The cross-task down kernel of one-token launches of up to 16 experts
+    /// ([`CUDA_CROSS_DOWN_ENV`]).
+    pub cross_down: bool,
     /// Block timelines in the expert kernels ([`CUDA_STAMPS_ENV`]; instrumentation).
     pub block_stamps: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
@@ -240,6 +257,7 @@ impl Default for CudaTuning {
             fused_layer: false,
             short_down: false,
             chained_launch: false,
+            cross_down: false,
             block_stamps: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
@@ -351,6 +369,7 @@ impl CudaTuning {
             fused_layer: switch(CUDA_FUSED_ENV)?.unwrap_or(d.fused_layer),
             short_down: switch(CUDA_SHORT_DOWN_ENV)?.unwrap_or(d.short_down),
             chained_launch: switch(CUDA_CHAIN_ENV)?.unwrap_or(d.chained_launch),
+            cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
             copies,
@@ -373,6 +392,7 @@ impl CudaTuning {
             (CUDA_FUSED_ENV, bit(self.fused_layer)),
             (CUDA_SHORT_DOWN_ENV, bit(self.short_down)),
             (CUDA_CHAIN_ENV, bit(self.chained_launch)),
+            (CUDA_CROSS_DOWN_ENV, bit(self.cross_down)),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
                 CUDA_VARIANT_ENV,
@@ -410,7 +430,8 @@ impl CudaTuning {
     /// of staged tiles, `+cvt` for the hardware scale decode, `+l2down` for the down
     /// matrices' prefetch from staged tiles, `+small` for the small launch table, `+wide`
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
-    /// the short down blocks, `+chain` for the chained gate/up launch, `+stamps` for the block timelines (`staged+pdl`, `direct+split`,
+    /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
+    /// cross-task down kernel of staged tiles, `+stamps` for the block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
@@ -447,6 +468,9 @@ impl CudaTuning {
         }
         if self.chained_launch {
             s.push_str("+chain");
+        }
+        if self.staged_tiles && self.cross_down {
+            s.push_str("+cross");
         }
         if self.block_stamps {
             s.push_str("+stamps");
@@ -513,6 +537,7 @@ mod tests {
             (CUDA_FUSED_ENV, "1"),
             (CUDA_SHORT_DOWN_ENV, "1"),
             (CUDA_CHAIN_ENV, "1"),
+            (CUDA_CROSS_DOWN_ENV, "1"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
@@ -532,13 +557,14 @@ mod tests {
                 fused_layer: true,
                 short_down: true,
                 chained_launch: true,
+                cross_down: true,
                 block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
         );
-        // Pipelining and the prefetch work on staged tiles only, so a direct path does not
-        // name them.
+        // Pipelining, the prefetch and the cross-task down kernel work on staged tiles only,
+        // so a direct path does not name them.
         assert_eq!(
             t.to_string(),
             "direct+split+cvt+small+wide+fused+short+chain+stamps, variant 4, copies split"
@@ -549,7 +575,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+stamps"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -580,7 +606,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..2048u32 {
+            for bits in 0..4096u32 {
                 for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
@@ -595,6 +621,7 @@ mod tests {
                         short_down: bits & 256 != 0,
                         block_stamps: bits & 512 != 0,
                         chained_launch: bits & 1024 != 0,
+                        cross_down: bits & 2048 != 0,
                         expert_variant,
                         copies,
                     };
@@ -622,6 +649,7 @@ mod tests {
             (CUDA_SHORT_DOWN_ENV, "short"),
             (CUDA_STAMPS_ENV, "on"),
             (CUDA_CHAIN_ENV, "yes"),
+            (CUDA_CROSS_DOWN_ENV, "across"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
