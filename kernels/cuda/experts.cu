@@ -1242,6 +1242,8 @@ __device__ __forceinline__ void down_impl(
 
 // Most tasks (and so pairs: one each) of a launch that the cross-task down kernel takes.
 #define CROSS_MAX_TASKS 16
+// Most row groups per half-warp of the cross-task down kernel (`reps`).
+#define CROSS_MAX_REPS 2
 
 // The cross-task down kernel of a one-token launch (ft_experts_down_1x, the runtime's
 // `CudaTuning::cross_down`): every task holds at most one pair and the launch at most
@@ -1257,6 +1259,10 @@ __device__ __forceinline__ void down_impl(
 // additions in the same order, so the same bits. Off by default: 29.4 against 24.8 us on an
 // H100 for ten tasks (experiments/gpu-backend, "A down kernel across tasks").
 //
+// A half-warp takes `reps` groups of DOWN_R_1 rows one after the other (rows sub + hpt k,
+// k < DOWN_R_1 * reps), so that a launch whose one-group grid would put more than about three
+// blocks on a multiprocessor takes half the blocks instead (the runtime's choice).
+//
 // The block has 16 * hpt * n_tasks threads rounded up to a warp (no idle half-warps, so a
 // ten-task launch's 640 blocks of 160 threads fit the multiprocessors in one wave where 256
 // threads took two: 2026-12-06, 31.3 against 24.7 us). The tasks' table entries are read
@@ -1271,15 +1277,15 @@ __device__ __forceinline__ void down_cross_impl(
     const Task* __restrict__ tasks, const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
     const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
-    float* y, const FoldCombine& fold, int bx, int n_tasks, int hpt)
+    float* y, const FoldCombine& fold, int bx, int n_tasks, int hpt, int reps)
 {
     constexpr int R = DOWN_R_1;
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
     extern __shared__ __align__(16) u8 smem[];
-    __shared__ float osm[CROSS_MAX_TASKS][16 * R];
+    __shared__ float osm[CROSS_MAX_TASKS][16 * R * CROSS_MAX_REPS];
     __shared__ Task tsm[CROSS_MAX_TASKS];
     const int G = group_of(fmt);
-    const int rows = hpt * R;
+    const int rows = hpt * R * reps;
     const int j0 = bx * rows;
     const int n = min(rows, H - j0);
     const int nb = I / G;
@@ -1289,14 +1295,19 @@ __device__ __forceinline__ void down_cross_impl(
     if (split_sign(1, fmt)) e2m1_table_publish();
     if (threadIdx.x < n_tasks) tsm[threadIdx.x] = tasks[threadIdx.x];
     __syncthreads();
-    for (int e = 0; e < n_tasks; e++) {
+    // Warp w stages tasks w, w + warps, ...: each thread issues its copies for one or two
+    // tasks, not for all of them (a block that starts while older blocks of its
+    // multiprocessor compute gets few issue slots until they stall, and must reach the wait
+    // for h with its copies issued).
+    const u32 warp = threadIdx.x / 32, warps = blockDim.x / 32, lane32 = threadIdx.x & 31;
+    for (int e = warp; e < n_tasks; e += warps) {
         const Task te = tsm[e];
         if (te.pair_count == 0) continue;
         const Mat down = {(const u8*)te.weights + down_off, (u64)H, (u64)I};
         const Tile g = tile_at(fmt, down, j0), t = tile_in(fmt, I, n, smem + e * tile_bytes);
         const u64 sb = (u64)n * scale_row_bytes(fmt, I);
-        stage_async(smem + e * tile_bytes, g.vals, (u64)n * vrb);
-        if (sb) stage_async((u8*)t.scales, g.scales, sb);
+        stage_async_by(smem + e * tile_bytes, g.vals, (u64)n * vrb, lane32, 32);
+        if (sb) stage_async_by((u8*)t.scales, g.scales, sb, lane32, 32);
     }
     // As in down_impl: a chained gate/up launch after this one may be scheduled now; h next.
     pdl_launch_dependents();
@@ -1316,56 +1327,59 @@ __device__ __forceinline__ void down_cross_impl(
             Tile td = tile_in(fmt, I, n, smem + e * tile_bytes);
             td.factors = tile_at(fmt, down, j0).factors;
             const u64 p = task.pair_begin;
-            // Row sub + hpt k of the tile; `live` is uniform in the half-warp, so every lane
-            // of a live row reaches reduce16_half.
-            bool live[R];
-            float f[R], acc[R];
+            for (int g = 0; g < reps; g++) {
+                // Row r0 + hpt k of the tile; `live` is uniform in the half-warp, so every lane
+                // of a live row reaches reduce16_half.
+                const int r0 = sub + hpt * R * g;
+                bool live[R];
+                float f[R], acc[R];
 #pragma unroll
-            for (int k = 0; k < R; k++) {
-                live[k] = sub + hpt * k < n;
-                f[k] = live[k] ? row_factor(fmt, td, sub + hpt * k) : 0.0f;
-                acc[k] = 0.0f;
-            }
+                for (int k = 0; k < R; k++) {
+                    live[k] = r0 + hpt * k < n;
+                    f[k] = live[k] ? row_factor(fmt, td, r0 + hpt * k) : 0.0f;
+                    acc[k] = 0.0f;
+                }
 #pragma unroll 2
-            for (int b = lane; b < nb; b += HW) {
-                if (act == ACT_INT8) {
-                    int4 qa[2];
-                    const int4* a = (const int4*)(hq + p * I + (u64)b * G);
-                    qa[0] = a[0];
-                    qa[1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
-                    const float sa = hs[p * nb + b];
+                for (int b = lane; b < nb; b += HW) {
+                    if (act == ACT_INT8) {
+                        int4 qa[2];
+                        const int4* a = (const int4*)(hq + p * I + (u64)b * G);
+                        qa[0] = a[0];
+                        qa[1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
+                        const float sa = hs[p * nb + b];
 #pragma unroll
-                    for (int k = 0; k < R; k++) {
-                        if (!live[k]) continue;
-                        const int r = sub + hpt * k;
-                        const u8* row = td.vals + (u64)r * vrb;
-                        const float sb = block_scale(fmt, td, I, r, b);
-                        int d;
-                        if (split_sign(1, fmt)) {
-                            d = e2m1_block_dot(row, b, G, qa[0], qa[1], e2m1_lo);
-                        } else {
-                            u32 W[8];
-                            load_w8(fmt, row, b, W);
-                            d = block_dot_i8_regs(W, G, qa);
+                        for (int k = 0; k < R; k++) {
+                            if (!live[k]) continue;
+                            const int r = r0 + hpt * k;
+                            const u8* row = td.vals + (u64)r * vrb;
+                            const float sb = block_scale(fmt, td, I, r, b);
+                            int d;
+                            if (split_sign(1, fmt)) {
+                                d = e2m1_block_dot(row, b, G, qa[0], qa[1], e2m1_lo);
+                            } else {
+                                u32 W[8];
+                                load_w8(fmt, row, b, W);
+                                d = block_dot_i8_regs(W, G, qa);
+                            }
+                            acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
                         }
-                        acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
-                    }
-                } else {
+                    } else {
 #pragma unroll
-                    for (int k = 0; k < R; k++) {
-                        if (!live[k]) continue;
-                        const int r = sub + hpt * k;
-                        const u8* row = td.vals + (u64)r * vrb;
-                        const float sb = block_scale(fmt, td, I, r, b);
-                        acc[k] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[k]);
+                        for (int k = 0; k < R; k++) {
+                            if (!live[k]) continue;
+                            const int r = r0 + hpt * k;
+                            const u8* row = td.vals + (u64)r * vrb;
+                            const float sb = block_scale(fmt, td, I, r, b);
+                            acc[k] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[k]);
+                        }
                     }
                 }
-            }
 #pragma unroll
-            for (int k = 0; k < R; k++) {
-                if (!live[k]) continue;
-                const float o = __fmul_rn(reduce16_half(acc[k]), f[k]);
-                if (lane == 0) osm[p][sub + hpt * k] = o;
+                for (int k = 0; k < R; k++) {
+                    if (!live[k]) continue;
+                    const float o = __fmul_rn(reduce16_half(acc[k]), f[k]);
+                    if (lane == 0) osm[p][r0 + hpt * k] = o;
+                }
             }
         }
     }
@@ -1394,16 +1408,18 @@ __device__ __forceinline__ void down_cross_impl(
 // every block waits at its start until the u32 at gate has reached gate_value (gate_wait).
 #define TABLE_ARGS const __grid_constant__ ParamTable tab, u64 staged, u32 o_pairs, u32 o_begin, u32 o_tok, \
     const u32* gate, u32 gate_value
-#define TASK_TABLES \
+#define TASK_LIST \
     stamp_begin(); \
     gate_wait(gate, gate_value); \
     stamp(1); \
     const u8* tb = table_base(tab, staged); \
-    const Task* tasks = (const Task*)tb; \
-    const Pair* pairs = (const Pair*)(tb + o_pairs);
-#define TABLES TASK_TABLES \
+    const Task* tasks = (const Task*)tb;
+#define TOKEN_LISTS \
     const u32* tok_begin = (const u32*)(tb + o_begin); \
     const Pair* tok_pairs = (const Pair*)(tb + o_tok);
+#define TASK_TABLES TASK_LIST \
+    const Pair* pairs = (const Pair*)(tb + o_pairs);
+#define TABLES TASK_TABLES TOKEN_LISTS
 #define GATE_UP_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, const float* __restrict__ x, int tch, \
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off
@@ -1445,13 +1461,13 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1_direct(DO
 // experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, true) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s_direct(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, false) }
-// The cross-task one-token down kernel (down_cross_impl): grid (ceil(H / (hpt * DOWN_R_1))),
+// The cross-task one-token down kernel (down_cross_impl): grid (ceil(H / (hpt * DOWN_R_1 * reps))),
 // blocks of 16 * hpt * n_tasks threads rounded up to a warp, n_tasks <= CROSS_MAX_TASKS
 // tasks of at most one pair each, hpt half-warps per task.
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1x(DOWN_ARGS, int n_tasks, int hpt) {
-    TABLES
-    (void)pairs; (void)O; (void)counters;
-    down_cross_impl(tasks, tok_begin, tok_pairs, fmt, act, H, I, T, hf, hq, hs, y, fold, blockIdx.x, n_tasks, hpt);
+extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1x(DOWN_ARGS, int n_tasks, int hpt, int reps) {
+    TASK_LIST TOKEN_LISTS
+    (void)o_pairs; (void)O; (void)counters;
+    down_cross_impl(tasks, tok_begin, tok_pairs, fmt, act, H, I, T, hf, hq, hs, y, fold, blockIdx.x, n_tasks, hpt, reps);
     stamp_end(STAMP_DOWN, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, true) }

@@ -504,6 +504,15 @@ pub const CUDA_CROSS_DOWN_ENTRY: &str = "ft_experts_down_1x";
 /// Most tasks of a launch the cross-task down kernel takes (`CROSS_MAX_TASKS` there).
 pub const CUDA_CROSS_MAX_TASKS: usize = 16;
 
+/// Most row groups per half-warp of the cross-task down kernel (`CROSS_MAX_REPS` there).
+pub const CUDA_CROSS_MAX_ROW_GROUPS: usize = 2;
+
+/// Blocks per multiprocessor above which the cross-task down kernel gives each half-warp
+/// two groups of rows (half the blocks): the default one-token down kernel puts about three
+/// on each (400 blocks on 132 for ten experts), and the cross kernel's 640 one-group blocks
+/// (up to seven on one multiprocessor) passed their wait for h about 1 us apart.
+pub const CUDA_CROSS_BLOCKS_PER_SM: usize = 3;
+
 /// How a launch runs the cross-task down kernel ([`crate::device::CudaTuning::cross_down`]):
 /// each block takes `rows` rows of every task, `half_warps_per_task` half-warps per task
 /// (each with the one-token kernel's `DOWN_R_1` rows), and adds the tasks' partial rows per
@@ -513,6 +522,8 @@ pub struct CudaCrossDown {
     /// Half-warps of a block per task: 16 over the tasks rounded up to a power of two (the
     /// two half-warps of a warp then hold the same rows or none).
     pub half_warps_per_task: usize,
+    /// Groups of the one-token kernel's rows each half-warp takes one after the other.
+    pub row_groups: usize,
     /// Rows of the block's tile: its grid's x is `hidden / rows`, rounded up.
     pub rows: usize,
     /// Threads per block: the tasks' half-warps, rounded up to a warp (a block of 256
@@ -521,24 +532,38 @@ pub struct CudaCrossDown {
 }
 
 /// The cross-task down plan of a launch of `tasks` tasks whose largest holds
-/// `max_task_pairs` pairs, where `tuning` asks for it: one-token launches (at most one pair
-/// per task, so at most one partial row per task and row) of 1 to
-/// [`CUDA_CROSS_MAX_TASKS`] tasks with staged tiles; `None` otherwise (the launch takes the
-/// down kernel of its variant). The one-launch layer, where on, takes precedence.
+/// `max_task_pairs` pairs, `hidden` rows of down, on a device of `multiprocessors`, where
+/// `tuning` asks for it: one-token launches (at most one pair per task, so at most one
+/// partial row per task and row) of 1 to [`CUDA_CROSS_MAX_TASKS`] tasks with staged tiles;
+/// `None` otherwise (the launch takes the down kernel of its variant). Two row groups per
+/// half-warp where one would put more than [`CUDA_CROSS_BLOCKS_PER_SM`] blocks on each
+/// multiprocessor. The one-launch layer, where on, takes precedence.
 pub fn cuda_cross_down(
     tuning: &CudaTuning,
     max_task_pairs: usize,
     tasks: usize,
+    hidden: usize,
+    multiprocessors: usize,
 ) -> Option<CudaCrossDown> {
     let on = tuning.cross_down
         && tuning.staged_tiles
         && tuning.expert_variant.is_none_or(|v| v == 1)
         && max_task_pairs <= 1
         && (1..=CUDA_CROSS_MAX_TASKS).contains(&tasks);
+    if !on {
+        return None;
+    }
     let half_warps_per_task = 16 / tasks.next_power_of_two();
-    on.then_some(CudaCrossDown {
+    let group_rows = half_warps_per_task * CUDA_VARIANTS[0].down_rows / 16;
+    let row_groups = if hidden.div_ceil(group_rows) > CUDA_CROSS_BLOCKS_PER_SM * multiprocessors {
+        CUDA_CROSS_MAX_ROW_GROUPS
+    } else {
+        1
+    };
+    Some(CudaCrossDown {
         half_warps_per_task,
-        rows: half_warps_per_task * CUDA_VARIANTS[0].down_rows / 16,
+        row_groups,
+        rows: group_rows * row_groups,
         threads: (16 * half_warps_per_task * tasks).next_multiple_of(32) as u32,
     })
 }
@@ -809,7 +834,13 @@ pub(crate) fn cuda_launch(
     let pdl = tuning.dependent_launch;
     // The cross-task down kernel where asked and its tiles (every task's rows of a block)
     // fit the shared memory a staged tile may take.
-    let cross = match cuda_cross_down(&tuning, t.max_task_pairs, step.experts.len()) {
+    let cross = match cuda_cross_down(
+        &tuning,
+        t.max_task_pairs,
+        step.experts.len(),
+        step.hidden,
+        stream.shared().multiprocessors,
+    ) {
         Some(c) if !fused && staging.down_staged => {
             let bytes = step.experts.len()
                 * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
@@ -950,13 +981,14 @@ pub(crate) fn cuda_launch(
                 .collect();
             // The cross-task kernel: a row tile of every task per block, its tasks and
             // half-warps per task after DOWN_ARGS.
-            let (n_tasks_arg, hpt) = (
+            let (n_tasks_arg, hpt, reps) = (
                 n_tasks as i32,
                 cross.map_or(0, |c| c.half_warps_per_task as i32),
+                cross.map_or(0, |c| c.row_groups as i32),
             );
             let (down_grid, down_threads, down_shared) = match cross {
                 Some(c) => {
-                    down_args.extend([p(&n_tasks_arg), p(&hpt)]);
+                    down_args.extend([p(&n_tasks_arg), p(&hpt), p(&reps)]);
                     (
                         (step.hidden.div_ceil(c.rows) as u32, 1, 1),
                         c.threads,
@@ -971,7 +1003,8 @@ pub(crate) fn cuda_launch(
                 ),
             };
             // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*
-            // (ft_experts_down_1x: DOWN_ARGS, then its tasks and half-warps per task);
+            // (ft_experts_down_1x: DOWN_ARGS, then its tasks, half-warps per task and row
+            // groups);
             // every address was checked (validate) or allocated for this launch, and the
             // values live until the calls return (the driver copies them at launch).
             // A chained gate/up launch may start while the kernel before it ends (it waits for
@@ -1265,26 +1298,44 @@ mod tests {
         };
         let src = ft_kernels::cuda_sources::KernelId::Experts.source();
         assert_eq!(cu_define(src, "CROSS_MAX_TASKS"), CUDA_CROSS_MAX_TASKS);
+        assert_eq!(cu_define(src, "CROSS_MAX_REPS"), CUDA_CROSS_MAX_ROW_GROUPS);
         let rows_per_half_warp = cu_define(src, "DOWN_R_1");
+        // (hidden, multiprocessors): one group everywhere, or two where the grid is large.
+        let (wide, sms) = (2560, 132);
         for tasks in 1..=CUDA_CROSS_MAX_TASKS {
             for max_task_pairs in [0, 1] {
-                let c = cuda_cross_down(&on, max_task_pairs, tasks).expect("taken");
+                let c = cuda_cross_down(&on, max_task_pairs, tasks, 256, sms).expect("taken");
                 let h = c.half_warps_per_task;
                 assert!(h.is_power_of_two(), "{tasks}: {h}");
                 assert!(h * tasks <= 16 && 2 * h * tasks > 16, "{tasks}: {h}");
+                assert_eq!(c.row_groups, 1);
                 assert_eq!(c.rows, h * rows_per_half_warp);
+                let w = cuda_cross_down(&on, max_task_pairs, tasks, wide, sms).unwrap();
+                let one_group_blocks = wide.div_ceil(h * rows_per_half_warp);
+                assert_eq!(
+                    w.row_groups == 2,
+                    one_group_blocks > CUDA_CROSS_BLOCKS_PER_SM * sms
+                );
+                assert_eq!(w.rows, h * rows_per_half_warp * w.row_groups);
                 let t = c.threads as usize;
                 assert!(t.is_multiple_of(32) && t >= 16 * h * tasks && t < 16 * h * tasks + 32);
                 assert!(t <= CUDA_THREADS as usize);
             }
         }
-        assert_eq!(cuda_cross_down(&on, 1, 10).unwrap().rows, 4);
-        assert_eq!(cuda_cross_down(&on, 1, 10).unwrap().threads, 160);
-        assert_eq!(cuda_cross_down(&on, 1, 1).unwrap().rows, 64);
-        assert_eq!(cuda_cross_down(&on, 1, 0), None);
-        assert_eq!(cuda_cross_down(&on, 1, CUDA_CROSS_MAX_TASKS + 1), None);
-        assert_eq!(cuda_cross_down(&on, 2, 4), None);
-        assert_eq!(cuda_cross_down(&CudaTuning::default(), 1, 10), None);
+        // The bench's layer on an H100: ten tasks, 640 one-group blocks, so 320 of 8 rows.
+        let bench = cuda_cross_down(&on, 1, 10, wide, sms).unwrap();
+        assert_eq!((bench.rows, bench.threads, bench.row_groups), (8, 160, 2));
+        assert_eq!(cuda_cross_down(&on, 1, 1, wide, sms).unwrap().rows, 64);
+        assert_eq!(cuda_cross_down(&on, 1, 0, wide, sms), None);
+        assert_eq!(
+            cuda_cross_down(&on, 1, CUDA_CROSS_MAX_TASKS + 1, wide, sms),
+            None
+        );
+        assert_eq!(cuda_cross_down(&on, 2, 4, wide, sms), None);
+        assert_eq!(
+            cuda_cross_down(&CudaTuning::default(), 1, 10, wide, sms),
+            None
+        );
         for off in [
             CudaTuning {
                 staged_tiles: false,
@@ -1295,13 +1346,13 @@ mod tests {
                 ..on
             },
         ] {
-            assert_eq!(cuda_cross_down(&off, 1, 10), None, "{off}");
+            assert_eq!(cuda_cross_down(&off, 1, 10, wide, sms), None, "{off}");
         }
         let forced_one = CudaTuning {
             expert_variant: Some(1),
             ..on
         };
-        assert!(cuda_cross_down(&forced_one, 1, 10).is_some());
+        assert!(cuda_cross_down(&forced_one, 1, 10, wide, sms).is_some());
     }
 
     /// The small-grid kernels only where asked, for one-token launches of at most one
