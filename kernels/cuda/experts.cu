@@ -1341,37 +1341,34 @@ __device__ __forceinline__ void down_cross_impl(
                 }
 #pragma unroll 2
                 for (int b = lane; b < nb; b += HW) {
+                    // The block's activations (int8 path), loaded once for the R rows.
+                    int4 qa[2];
+                    float sa = 0.0f;
                     if (act == ACT_INT8) {
-                        int4 qa[2];
                         const int4* a = (const int4*)(hq + p * I + (u64)b * G);
                         qa[0] = a[0];
                         qa[1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
-                        const float sa = hs[p * nb + b];
+                        sa = hs[p * nb + b];
+                    }
 #pragma unroll
-                        for (int k = 0; k < R; k++) {
-                            if (!live[k]) continue;
-                            const int r = r0 + hpt * k;
-                            const u8* row = td.vals + (u64)r * vrb;
-                            const float sb = block_scale(fmt, td, I, r, b);
-                            int d;
-                            if (split_sign(1, fmt)) {
-                                d = e2m1_block_dot(row, b, G, qa[0], qa[1], e2m1_lo);
-                            } else {
-                                u32 W[8];
-                                load_w8(fmt, row, b, W);
-                                d = block_dot_i8_regs(W, G, qa);
-                            }
-                            acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
-                        }
-                    } else {
-#pragma unroll
-                        for (int k = 0; k < R; k++) {
-                            if (!live[k]) continue;
-                            const int r = r0 + hpt * k;
-                            const u8* row = td.vals + (u64)r * vrb;
-                            const float sb = block_scale(fmt, td, I, r, b);
+                    for (int k = 0; k < R; k++) {
+                        if (!live[k]) continue;
+                        const int r = r0 + hpt * k;
+                        const u8* row = td.vals + (u64)r * vrb;
+                        const float sb = block_scale(fmt, td, I, r, b);
+                        if (act != ACT_INT8) {
                             acc[k] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[k]);
+                            continue;
                         }
+                        int d;
+                        if (split_sign(1, fmt)) {
+                            d = e2m1_block_dot(row, b, G, qa[0], qa[1], e2m1_lo);
+                        } else {
+                            u32 W[8];
+                            load_w8(fmt, row, b, W);
+                            d = block_dot_i8_regs(W, G, qa);
+                        }
+                        acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
                     }
                 }
 #pragma unroll
