@@ -748,13 +748,14 @@ pub(crate) struct CudaGate {
 }
 
 /// The kernels one launch of the expert kernels runs: the gate/up and down pair (the down
-/// kernel across tasks where the plan is set), or the one-launch layer.
+/// kernel across tasks where its plan and dynamic shared memory are set), or the one-launch
+/// layer.
 #[cfg(feature = "cuda")]
 enum LaunchKernels {
     Two(
         cudarc::driver::CudaFunction,
         cudarc::driver::CudaFunction,
-        Option<CudaCrossDown>,
+        Option<(CudaCrossDown, usize)>,
     ),
     Fused(cudarc::driver::CudaFunction),
 }
@@ -873,11 +874,7 @@ pub(crate) fn cuda_launch(
         } else {
             variant.down_direct
         };
-        LaunchKernels::Two(
-            kernel(variant.gate_up)?,
-            kernel(down_entry)?,
-            cross.map(|(c, _)| c),
-        )
+        LaunchKernels::Two(kernel(variant.gate_up)?, kernel(down_entry)?, cross)
     };
     let table = stream.table_arg(&t.bytes)?;
     let [_, o_pairs, o_begin, o_tok] = t.offsets.map(|o| o as u32);
@@ -979,21 +976,20 @@ pub(crate) fn cuda_launch(
                     p(&fold),
                 ])
                 .collect();
-            // The cross-task kernel: a row tile of every task per block, its tasks and
-            // half-warps per task after DOWN_ARGS.
+            // The cross-task kernel: a row tile of every task per block; its tasks, half-warps
+            // per task and row groups after DOWN_ARGS.
             let (n_tasks_arg, hpt, reps) = (
                 n_tasks as i32,
-                cross.map_or(0, |c| c.half_warps_per_task as i32),
-                cross.map_or(0, |c| c.row_groups as i32),
+                cross.map_or(0, |(c, _)| c.half_warps_per_task as i32),
+                cross.map_or(0, |(c, _)| c.row_groups as i32),
             );
             let (down_grid, down_threads, down_shared) = match cross {
-                Some(c) => {
+                Some((c, shared)) => {
                     down_args.extend([p(&n_tasks_arg), p(&hpt), p(&reps)]);
                     (
                         (step.hidden.div_ceil(c.rows) as u32, 1, 1),
                         c.threads,
-                        step.experts.len()
-                            * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?,
+                        shared,
                     )
                 }
                 None => (
