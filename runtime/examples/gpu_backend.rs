@@ -235,8 +235,11 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
         // The gate/up launch chained to the kernel before it (2026-12-06).
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", ALL),
-        // The cross-task down kernel (2026-12-06), alone and chained.
+        // The cross-task down kernel (2026-12-06), alone (its row groups by the grid, and
+        // each forced) and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross1", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross2", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross", ALL),
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
@@ -601,6 +604,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             short_down: path.contains("+short"),
             chained_launch: path.contains("+chain"),
             cross_down: path.contains("+cross"),
+            // `+cross1`, `+cross2`: the row groups forced.
+            cross_row_groups: path
+                .split_once("+cross")
+                .and_then(|(_, rest)| rest.chars().next()?.to_digit(10))
+                .map(|n| n as u8),
             expert_variant: forced,
             block_stamps: false,
             ..opened

@@ -15,6 +15,7 @@ use ft_kernels::ActivationPath;
 use ft_model::{ExpertFormat, MoeGeometry};
 use serde::{Deserialize, Serialize};
 
+use crate::device::tuning::CUDA_CROSS_MAX_ROW_GROUPS;
 use crate::device::CudaTuning;
 use crate::error::{Result, RuntimeError};
 
@@ -504,9 +505,6 @@ pub const CUDA_CROSS_DOWN_ENTRY: &str = "ft_experts_down_1x";
 /// Most tasks of a launch the cross-task down kernel takes (`CROSS_MAX_TASKS` there).
 pub const CUDA_CROSS_MAX_TASKS: usize = 16;
 
-/// Most row groups per half-warp of the cross-task down kernel (`CROSS_MAX_REPS` there).
-pub const CUDA_CROSS_MAX_ROW_GROUPS: usize = 2;
-
 /// Blocks per multiprocessor above which the cross-task down kernel gives each half-warp
 /// two groups of rows (half the blocks): the default one-token down kernel puts about three
 /// on each (400 blocks on 132 for ten experts), and the cross kernel's 640 one-group blocks
@@ -537,7 +535,8 @@ pub struct CudaCrossDown {
 /// partial row per task and row) of 1 to [`CUDA_CROSS_MAX_TASKS`] tasks with staged tiles;
 /// `None` otherwise (the launch takes the down kernel of its variant). Two row groups per
 /// half-warp where one would put more than [`CUDA_CROSS_BLOCKS_PER_SM`] blocks on each
-/// multiprocessor. The one-launch layer, where on, takes precedence.
+/// multiprocessor, unless the tuning forces their number. The one-launch layer, where on,
+/// takes precedence.
 pub fn cuda_cross_down(
     tuning: &CudaTuning,
     max_task_pairs: usize,
@@ -555,10 +554,12 @@ pub fn cuda_cross_down(
     }
     let half_warps_per_task = 16 / tasks.next_power_of_two();
     let group_rows = half_warps_per_task * CUDA_VARIANTS[0].down_rows / 16;
-    let row_groups = if hidden.div_ceil(group_rows) > CUDA_CROSS_BLOCKS_PER_SM * multiprocessors {
-        CUDA_CROSS_MAX_ROW_GROUPS
-    } else {
-        1
+    let row_groups = match tuning.cross_row_groups {
+        Some(n) => n as usize,
+        None if hidden.div_ceil(group_rows) > CUDA_CROSS_BLOCKS_PER_SM * multiprocessors => {
+            CUDA_CROSS_MAX_ROW_GROUPS as usize
+        }
+        None => 1,
     };
     Some(CudaCrossDown {
         half_warps_per_task,
@@ -1294,7 +1295,10 @@ mod tests {
         };
         let src = ft_kernels::cuda_sources::KernelId::Experts.source();
         assert_eq!(cu_define(src, "CROSS_MAX_TASKS"), CUDA_CROSS_MAX_TASKS);
-        assert_eq!(cu_define(src, "CROSS_MAX_REPS"), CUDA_CROSS_MAX_ROW_GROUPS);
+        assert_eq!(
+            cu_define(src, "CROSS_MAX_REPS"),
+            CUDA_CROSS_MAX_ROW_GROUPS as usize
+        );
         let rows_per_half_warp = cu_define(src, "DOWN_R_1");
         // (hidden, multiprocessors): one group everywhere, or two where the grid is large.
         let (wide, sms) = (2560, 132);
@@ -1349,6 +1353,18 @@ mod tests {
             ..on
         };
         assert!(cuda_cross_down(&forced_one, 1, 10, wide, sms).is_some());
+        // Forced row groups win over the grid's rule either way.
+        for (groups, hidden) in [(1u8, wide), (2, 256)] {
+            let forced = CudaTuning {
+                cross_row_groups: Some(groups),
+                ..on
+            };
+            let c = cuda_cross_down(&forced, 1, 10, hidden, sms).unwrap();
+            assert_eq!(
+                (c.row_groups, c.rows),
+                (groups as usize, 4 * groups as usize)
+            );
+        }
     }
 
     /// The small-grid kernels only where asked, for one-token launches of at most one

@@ -125,6 +125,15 @@ pub const CUDA_CHAIN_ENV: &str = "FT_CUDA_CHAIN";
 /// kernel across tasks").
 pub const CUDA_CROSS_DOWN_ENV: &str = "FT_CUDA_CROSS_DOWN";
 
+/// Forces the cross-task down kernel's row groups per half-warp (1 or 2; unset: two where one
+/// would put more than three blocks on a multiprocessor, `gpu_experts::cuda_cross_down`), so
+/// that one run can time both forms beside the default.
+pub const CUDA_CROSS_ROWS_ENV: &str = "FT_CUDA_CROSS_ROWS";
+
+/// The most row groups per half-warp the cross-task down kernel takes (`CROSS_MAX_REPS` in
+/// `kernels/cuda/experts.cu`).
+pub const CUDA_CROSS_MAX_ROW_GROUPS: u8 = 2;
+
 /// `1` builds the expert kernels with block timelines (`FT_STAMPS` in
 /// `kernels/cuda/experts.cu`): every block notes when it starts, when its start condition is
 /// met, when its tiles have landed, when its own work is done and when it ends, read back by
@@ -153,7 +162,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 16] = [
+pub const CUDA_TUNING_ENVS: [&str; 17] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -166,6 +175,7 @@ pub const CUDA_TUNING_ENVS: [&str; 16] = [
     CUDA_SHORT_DOWN_ENV,
     CUDA_CHAIN_ENV,
     CUDA_CROSS_DOWN_ENV,
+    CUDA_CROSS_ROWS_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
@@ -234,6 +244,9 @@ pub struct CudaTuning {
     /// The cross-task down kernel of one-token launches of up to 16 experts
     /// ([`CUDA_CROSS_DOWN_ENV`]).
     pub cross_down: bool,
+    /// The cross-task down kernel's row groups per half-warp, forced (1 to
+    /// [`CUDA_CROSS_MAX_ROW_GROUPS`]); `None`: by the launch's grid ([`CUDA_CROSS_ROWS_ENV`]).
+    pub cross_row_groups: Option<u8>,
     /// Block timelines in the expert kernels ([`CUDA_STAMPS_ENV`]; instrumentation).
     pub block_stamps: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
@@ -258,11 +271,20 @@ impl Default for CudaTuning {
             short_down: false,
             chained_launch: false,
             cross_down: false,
+            cross_row_groups: None,
             block_stamps: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
         }
     }
+}
+
+/// The error of a [`CUDA_CROSS_ROWS_ENV`] value that is no number of row groups.
+fn not_row_groups(value: &str) -> RuntimeError {
+    RuntimeError::invalid(
+        CUDA_CROSS_ROWS_ENV,
+        format!("'{value}' is not a number of row groups per half-warp; use 1 to {CUDA_CROSS_MAX_ROW_GROUPS}, or leave it unset"),
+    )
 }
 
 /// The error of an [`CUDA_VARIANT_ENV`] value that names no instantiation.
@@ -330,6 +352,13 @@ impl CudaTuning {
                 _ => return Err(not_a_variant(v.trim())),
             },
         };
+        let cross_row_groups = match get(CUDA_CROSS_ROWS_ENV) {
+            None => None,
+            Some(v) => match v.trim().parse::<u8>() {
+                Ok(n) if (1..=CUDA_CROSS_MAX_ROW_GROUPS).contains(&n) => Some(n),
+                _ => return Err(not_row_groups(v.trim())),
+            },
+        };
         let pipe_stages = match get(CUDA_PIPE_ENV) {
             None => d.pipe_stages,
             Some(v) => match v.trim().parse::<u8>() {
@@ -370,6 +399,7 @@ impl CudaTuning {
             short_down: switch(CUDA_SHORT_DOWN_ENV)?.unwrap_or(d.short_down),
             chained_launch: switch(CUDA_CHAIN_ENV)?.unwrap_or(d.chained_launch),
             cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
+            cross_row_groups,
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
             copies,
@@ -393,6 +423,12 @@ impl CudaTuning {
             (CUDA_SHORT_DOWN_ENV, bit(self.short_down)),
             (CUDA_CHAIN_ENV, bit(self.chained_launch)),
             (CUDA_CROSS_DOWN_ENV, bit(self.cross_down)),
+            (
+                CUDA_CROSS_ROWS_ENV,
+                self.cross_row_groups
+                    .map(|n| n.to_string())
+                    .unwrap_or_default(),
+            ),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
                 CUDA_VARIANT_ENV,
@@ -408,7 +444,8 @@ impl CudaTuning {
 
 impl CudaTuning {
     /// A [`RuntimeError::Invalid`] naming the field where one is out of range: column stages
-    /// outside 1 to [`CUDA_PIPE_MAX_STAGES`], a forced variant that is no instantiation.
+    /// outside 1 to [`CUDA_PIPE_MAX_STAGES`], a forced variant that is no instantiation, forced
+    /// row groups outside 1 to [`CUDA_CROSS_MAX_ROW_GROUPS`].
     pub fn check(&self) -> Result<()> {
         if !(1..=CUDA_PIPE_MAX_STAGES).contains(&self.pipe_stages) {
             return Err(RuntimeError::invalid(
@@ -418,6 +455,11 @@ impl CudaTuning {
                     self.pipe_stages
                 ),
             ));
+        }
+        if let Some(n) = self.cross_row_groups {
+            if !(1..=CUDA_CROSS_MAX_ROW_GROUPS).contains(&n) {
+                return Err(not_row_groups(&n.to_string()));
+            }
         }
         match self.expert_variant {
             Some(n) if !CUDA_VARIANT_TOKENS.contains(&n) => Err(not_a_variant(&n.to_string())),
@@ -431,7 +473,8 @@ impl CudaTuning {
     /// matrices' prefetch from staged tiles, `+small` for the small launch table, `+wide`
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
     /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
-    /// cross-task down kernel of staged tiles, `+stamps` for the block timelines (`staged+pdl`, `direct+split`,
+    /// cross-task down kernel of staged tiles (`+cross1`, `+cross2` with its row groups
+    /// forced), `+stamps` for the block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
@@ -471,6 +514,9 @@ impl CudaTuning {
         }
         if self.staged_tiles && self.cross_down {
             s.push_str("+cross");
+            if let Some(n) = self.cross_row_groups {
+                s.push_str(&n.to_string());
+            }
         }
         if self.block_stamps {
             s.push_str("+stamps");
@@ -538,6 +584,7 @@ mod tests {
             (CUDA_SHORT_DOWN_ENV, "1"),
             (CUDA_CHAIN_ENV, "1"),
             (CUDA_CROSS_DOWN_ENV, "1"),
+            (CUDA_CROSS_ROWS_ENV, "2"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
@@ -558,6 +605,7 @@ mod tests {
                 short_down: true,
                 chained_launch: true,
                 cross_down: true,
+                cross_row_groups: Some(2),
                 block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
@@ -575,7 +623,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross+stamps"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross2+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -607,7 +655,9 @@ mod tests {
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
             for bits in 0..4096u32 {
-                for (expert_variant, pipe_stages) in [(None, 1), (Some(2), 4)] {
+                for (expert_variant, pipe_stages, cross_row_groups) in
+                    [(None, 1, None), (Some(2), 4, Some(1)), (None, 2, Some(2))]
+                {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
                         dependent_launch: bits & 2 != 0,
@@ -622,6 +672,7 @@ mod tests {
                         block_stamps: bits & 512 != 0,
                         chained_launch: bits & 1024 != 0,
                         cross_down: bits & 2048 != 0,
+                        cross_row_groups,
                         expert_variant,
                         copies,
                     };
@@ -650,6 +701,9 @@ mod tests {
             (CUDA_STAMPS_ENV, "on"),
             (CUDA_CHAIN_ENV, "yes"),
             (CUDA_CROSS_DOWN_ENV, "across"),
+            (CUDA_CROSS_ROWS_ENV, "0"),
+            (CUDA_CROSS_ROWS_ENV, "3"),
+            (CUDA_CROSS_ROWS_ENV, "two"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
@@ -675,6 +729,10 @@ mod tests {
             },
             CudaTuning {
                 expert_variant: Some(3),
+                ..CudaTuning::default()
+            },
+            CudaTuning {
+                cross_row_groups: Some(3),
                 ..CudaTuning::default()
             },
         ] {
