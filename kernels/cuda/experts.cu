@@ -386,15 +386,22 @@ __device__ __forceinline__ Tile tile_in(int fmt, u64 cols, u64 n, u8* dst) {
     return {dst, ds, ds + round16(n * scale_row_bytes(fmt, cols))};
 }
 
-// Start staging rows r0 .. r0 + n of m into shared memory at `dst` (staged_tile_bytes long)
-// and return the tile that reads them there (valid after stage_wait and a barrier).
-__device__ __forceinline__ Tile stage_tile(int fmt, const Mat& m, u64 r0, u64 n, u8* dst) {
+// Start staging rows r0 .. r0 + n of m into shared memory at `dst` (staged_tile_bytes long),
+// `nthreads` threads taking part (this one thread `k` of them), the row factors too where
+// `factors`, and return the tile that reads them there (valid after stage_wait and a
+// barrier; where not `factors`, its factors pointer is still the shared one, unfilled).
+__device__ __forceinline__ Tile stage_tile_by(int fmt, const Mat& m, u64 r0, u64 n, u8* dst, u32 k, u32 nthreads,
+                                              bool factors) {
     const Tile g = tile_at(fmt, m, r0), t = tile_in(fmt, m.cols, n, dst);
-    const u64 sb = n * scale_row_bytes(fmt, m.cols), fb = n * factor_row_bytes(fmt);
-    stage_async(dst, g.vals, n * values_row_bytes(fmt, m.cols));
-    if (sb) stage_async((u8*)t.scales, g.scales, sb);
-    if (fb) stage_async((u8*)t.factors, g.factors, fb);
+    const u64 sb = n * scale_row_bytes(fmt, m.cols), fb = factors ? n * factor_row_bytes(fmt) : 0;
+    stage_async_by(dst, g.vals, n * values_row_bytes(fmt, m.cols), k, nthreads);
+    if (sb) stage_async_by((u8*)t.scales, g.scales, sb, k, nthreads);
+    if (fb) stage_async_by((u8*)t.factors, g.factors, fb, k, nthreads);
     return t;
+}
+// The whole block stages the whole tile.
+__device__ __forceinline__ Tile stage_tile(int fmt, const Mat& m, u64 r0, u64 n, u8* dst) {
+    return stage_tile_by(fmt, m, r0, n, dst, threadIdx.x, blockDim.x, true);
 }
 
 // Pipelined staging (FT_PIPE_STAGES > 1, the gate/up kernels' staged path): instead of the
@@ -1304,10 +1311,7 @@ __device__ __forceinline__ void down_cross_impl(
         const Task te = tsm[e];
         if (te.pair_count == 0) continue;
         const Mat down = {(const u8*)te.weights + down_off, (u64)H, (u64)I};
-        const Tile g = tile_at(fmt, down, j0), t = tile_in(fmt, I, n, smem + e * tile_bytes);
-        const u64 sb = (u64)n * scale_row_bytes(fmt, I);
-        stage_async_by(smem + e * tile_bytes, g.vals, (u64)n * vrb, lane32, 32);
-        if (sb) stage_async_by((u8*)t.scales, g.scales, sb, lane32, 32);
+        stage_tile_by(fmt, down, j0, n, smem + e * tile_bytes, lane32, 32, false);
     }
     // As in down_impl: a chained gate/up launch after this one may be scheduled now; h next.
     pdl_launch_dependents();
