@@ -675,6 +675,9 @@ pub struct CudaStaging {
     pub down_staged: bool,
     /// Dynamic shared memory of the down launch.
     pub down_shared: usize,
+    /// The most dynamic shared memory a staged tile may take on this device (the device's
+    /// limit, at most [`CUDA_STAGED_SHARED_MAX`]).
+    pub shared_limit: usize,
 }
 
 /// The shared-memory plan of a launch of `variant` with `tch` tokens per gate/up pass, on a
@@ -705,6 +708,7 @@ pub fn cuda_staging(
         gate_up_shared,
         down_staged: down,
         down_shared: if down { down_staged } else { 0 },
+        shared_limit: limit,
     })
 }
 
@@ -846,12 +850,7 @@ pub(crate) fn cuda_launch(
         Some(c) if !fused && staging.down_staged => {
             let bytes = step.experts.len()
                 * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
-            (bytes
-                <= stream
-                    .shared()
-                    .shared_optin_bytes
-                    .min(CUDA_STAGED_SHARED_MAX))
-            .then_some((c, bytes))
+            (bytes <= staging.shared_limit).then_some((c, bytes))
         }
         _ => None,
     };
