@@ -13,13 +13,18 @@ pub fn repo_root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// `python3` with `args`, run to its end, however it ended.
+fn run_python<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> Output {
+    Command::new("python3")
+        .args(args)
+        .output()
+        .expect("python3 runs")
+}
+
 /// Run `python3` with `args` (a script of the repository and its arguments, or `-c` and
 /// code), asserting that it succeeded with its stderr in the failure message; its output.
 pub fn python<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> Output {
-    let out = Command::new("python3")
-        .args(args)
-        .output()
-        .expect("python3 runs");
+    let out = run_python(args);
     assert!(
         out.status.success(),
         "python3: {}",
@@ -31,10 +36,7 @@ pub fn python<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> Output {
 /// Run `python3` with `args`, asserting that it failed (its stdout in the failure message);
 /// its stderr, as text.
 pub fn python_failing<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> String {
-    let out = Command::new("python3")
-        .args(args)
-        .output()
-        .expect("python3 runs");
+    let out = run_python(args);
     assert!(
         !out.status.success(),
         "python3 succeeded: {}",
