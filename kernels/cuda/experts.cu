@@ -473,6 +473,108 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
     }
 }
 
+// Bulk staging of the gate/up tiles (FT_BULK_STAGE=1, sm_90, staged whole tiles): instead of
+// every thread of the block issuing 16-byte cp.async copies of the whole tile and the block
+// waiting for all of it, lane 0 of each warp hands the copy engine of its multiprocessor (the
+// tensor memory accelerator) one bulk copy per contiguous range of the rows its two
+// half-warps compute (values and block scales of each matrix: their rows are contiguous in
+// both the matrix and the staged tile), all completing on the warp's own mbarrier, and the
+// warp computes as soon as its own rows have landed. The block timelines (experiments/
+// gpu-backend, "Block timelines") show a one-token layer's gate/up blocks all computing only
+// after the whole layer's tiles have landed (6.5 to 11.3 us), then 3.5 us of decode in
+// series; a multiprocessor's bulk copies are served in the order they were issued, so the
+// first warps' rows land first and their decode overlaps the transfer of the later rows.
+// The rows' factors are read from global memory, as in the pipelined staging. The same bytes
+// in the same places, so the same bits. Where a tile's ranges are not 16-byte units (the bulk
+// copy's alignment rule) the block stages it the usual way.
+#ifndef FT_BULK_STAGE
+#define FT_BULK_STAGE 0
+#endif
+// Warps of the largest gate/up block (the small-grid kernel's 512 threads): one mbarrier each.
+#define BULK_MAX_WARPS 16
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+
+// Make the calling thread's mbarrier at `bar` ready for one arrival (and the bytes it expects).
+__device__ __forceinline__ void bulk_init(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+
+// Arrive on `bar`, which completes its phase once `bytes` more have landed by bulk copies.
+__device__ __forceinline__ void bulk_expect(u64* bar, u32 bytes) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+#endif
+}
+
+// Copy `bytes` (a multiple of 16; both ends 16-byte aligned) from global `src` to shared
+// `dst` by the tensor memory accelerator, completing on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                     smem_u32(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
+                 : "memory");
+#endif
+}
+
+// Wait until `bar`'s first phase has completed (every byte it expected has landed, visible to
+// the calling thread). Returns at once when it already has.
+__device__ __forceinline__ void bulk_wait(u64* bar) {
+#if __CUDA_ARCH__ >= 900
+    u32 done = 0;
+    while (!done)
+        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
+                     "selp.u32 %0, 1, 0, p;\n\t}"
+                     : "=r"(done)
+                     : "r"(smem_u32(bar))
+                     : "memory");
+#endif
+}
+
+// Whether a gate/up tile of matrices a and b (row tile at r0, staged at da and db) can be
+// staged by bulk_stage_warp_rows: every range a 16-byte unit (the warps' row pairs start at
+// multiples of two rows) and a mbarrier for each warp of the block. The same for every thread
+// of the block.
+__device__ __forceinline__ bool bulk_fits(int fmt, const Mat& a, const Mat& b, u64 r0, Tile da, Tile db) {
+    const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
+    const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
+    const u64 v = (u64)ga.vals | (u64)gb.vals | (u64)da.vals | (u64)db.vals | 2 * vrb;
+    const u64 s = srb ? ((u64)ga.scales | (u64)gb.scales | (u64)da.scales | (u64)db.scales | 2 * srb) : 0;
+    return __CUDA_ARCH__ >= 900 && ((v | s) & 15) == 0 && blockDim.x <= 32 * BULK_MAX_WARPS;
+}
+
+// Stage the rows of a G-row gate/up tile (matrices a and b at row r0, staged at da and db)
+// that the calling warp's half-warps compute, by bulk copies completing on the warp's
+// mbarrier `bar` (lane 0 initializes it and issues them; bulk_wait before reading). The warp's
+// half-warps 2w and 2w + 1 compute the row pairs d = 2w + k nhw: in gate_up_impl's loop the
+// rows d and d + 1 of both matrices, in the wide loop (`wide`, 2G rows in all) rows d % G and
+// d % G + 1 of a (d < G) or b. Values and block scales; not the rows' factors.
+__device__ __forceinline__ void bulk_stage_warp_rows(int fmt, const Mat& a, const Mat& b, u64 r0, int G, int nhw,
+                                                     bool wide, Tile da, Tile db, u64* bar) {
+    if ((threadIdx.x & 31) != 0) return;
+    const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
+    const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
+    const int hw0 = (threadIdx.x / 32) * 2;
+    const int span = wide ? 2 * G : G;
+    u32 bytes = 0;
+    for (int d = hw0; d < span; d += nhw) bytes += (wide ? 1u : 2u) * 2u * (u32)(vrb + srb);
+    bulk_init(bar);
+    bulk_expect(bar, bytes);
+    for (int d = hw0; d < span; d += nhw) {
+        const u64 rr = (u64)(d % G);
+        for (int m = 0; m < 2; m++) {
+            if (wide && m != (d >= G ? 1 : 0)) continue;
+            const Tile g = m ? gb : ga, t = m ? db : da;
+            bulk_copy((u8*)t.vals + rr * vrb, g.vals + rr * vrb, (u32)(2 * vrb), bar);
+            if (srb) bulk_copy((u8*)t.scales + rr * srb, g.scales + rr * srb, (u32)(2 * srb), bar);
+        }
+    }
+}
+
 // A 32-bit load with acquire semantics at device scope: the loads after it see what the
 // writer released (its writes before the release that this load observes).
 __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
@@ -848,14 +950,29 @@ __device__ __forceinline__ void gate_up_impl(
     constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1 && !WIDE;
     const int kb = PIPE ? pipe_stage_blocks(nb, FT_PIPE_STAGES) : nb;
     const int stages = (nb + kb - 1) / kb;
+    // Bulk (FT_BULK_STAGE): each warp's rows by bulk copies on its own mbarrier, where the
+    // tile's ranges allow (`bulk`); the rows' factors then come from global memory.
+    constexpr bool BULK = STAGED && FT_BULK_STAGE && !PIPE;
+    __shared__ __align__(8) u64 bulk_bar[BULK_MAX_WARPS];
+    u64* const warp_bar = &bulk_bar[threadIdx.x / 32];
+    bool bulk = false;
     Tile tg, tu;
     if (PIPE) {
         tg = tile_in(fmt, H, G, smem + stage_off);
         tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
         stage_warp_rows(fmt, gate, up, r0, G, nhw, nb, kb, tg, tu);
     } else if (STAGED) {
-        tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
-        tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
+        tg = tile_in(fmt, H, G, smem + stage_off);
+        tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
+        bulk = BULK && bulk_fits(fmt, gate, up, r0, tg, tu);
+        if (bulk) {
+            bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
+            tg.factors = tile_at(fmt, gate, r0).factors;
+            tu.factors = tile_at(fmt, up, r0).factors;
+        } else {
+            tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
+            tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
+        }
     } else {
         tg = tile_at(fmt, gate, r0);
         tu = tile_at(fmt, up, r0);
@@ -912,6 +1029,13 @@ __device__ __forceinline__ void gate_up_impl(
                 const Tile tm = {is_up ? tu.vals : tg.vals, is_up ? tu.scales : tg.scales,
                                  is_up ? tu.factors : tg.factors};
                 const u8* mrow = tm.vals + (u64)rr * vrb;
+                // Bulk: the row's factor from global memory, loaded before the wait for the
+                // warp's rows so that its latency hides behind it.
+                float f_pre = 0.0f;
+                if (bulk) {
+                    f_pre = row_factor(fmt, tm, rr);
+                    bulk_wait(warp_bar);
+                }
                 float acc = 0.0f;
 #pragma unroll 4
                 for (int b = lane; b < nb; b += HW) {
@@ -931,7 +1055,7 @@ __device__ __forceinline__ void gate_up_impl(
                         acc = fmaf(block_dot_f32(fmt, mrow, b, G, sx + (u64)b * G), sm, acc);
                     }
                 }
-                const float v = __fmul_rn(reduce16(acc), row_factor(fmt, tm, rr));
+                const float v = __fmul_rn(reduce16(acc), bulk ? f_pre : row_factor(fmt, tm, rr));
                 if (lane == 0) (is_up ? ush : gsh)[rr] = v;
             }
             __syncthreads();
@@ -946,11 +1070,13 @@ __device__ __forceinline__ void gate_up_impl(
             const u8* urow = tu.vals + (u64)rr * vrb;
             // Pipelined: the rows' factors from global memory (stage_warp_rows does not stage
             // them), loaded before the dots so that their latency hides behind them.
+            // Bulk: the same, then the wait for the warp's rows.
             float fg_pipe = 0.0f, fu_pipe = 0.0f;
-            if (PIPE) {
+            if (PIPE || bulk) {
                 fg_pipe = row_factor(fmt, tile_at(fmt, gate, r0), rr);
                 fu_pipe = row_factor(fmt, tile_at(fmt, up, r0), rr);
             }
+            if (bulk) bulk_wait(warp_bar);
             for (int s = 0; s < stages; s++) {
                 if (PIPE) {
                     // This warp's copies of stage s (and those before) have landed; the barrier
@@ -1004,8 +1130,8 @@ __device__ __forceinline__ void gate_up_impl(
                     }
                 }
             }
-            const float fg = PIPE ? fg_pipe : row_factor(fmt, tg, rr);
-            const float fu = PIPE ? fu_pipe : row_factor(fmt, tu, rr);
+            const float fg = PIPE || bulk ? fg_pipe : row_factor(fmt, tg, rr);
+            const float fu = PIPE || bulk ? fu_pipe : row_factor(fmt, tu, rr);
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 float g = __fmul_rn(reduce16(ga[t]), fg);

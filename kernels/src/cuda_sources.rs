@@ -118,6 +118,9 @@ pub struct Specialization {
     /// Every block of the expert kernels records its timeline (`-DFT_STAMPS=1`; see
     /// `cuda/experts.cu`, "Block timelines"): instrumentation, the same results.
     pub block_stamps: bool,
+    /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
+    /// mbarrier (`-DFT_BULK_STAGE=1`; sm_90; see `cuda/experts.cu`).
+    pub bulk_stage: bool,
 }
 
 impl Specialization {
@@ -131,6 +134,7 @@ impl Specialization {
         prefetch_down: false,
         param_table_bytes: None,
         block_stamps: false,
+        bulk_stage: false,
     };
 
     /// The expert kernels for one format and activation path.
@@ -144,6 +148,7 @@ impl Specialization {
             prefetch_down: false,
             param_table_bytes: None,
             block_stamps: false,
+            bulk_stage: false,
         }
     }
 
@@ -196,6 +201,14 @@ impl Specialization {
         }
     }
 
+    /// The same with the gate/up tiles staged by bulk copies or not.
+    pub fn with_bulk_stage(self, on: bool) -> Self {
+        Specialization {
+            bulk_stage: on,
+            ..self
+        }
+    }
+
     /// The preprocessor definitions that build it (`-DFT_FMT=3`, ...).
     pub fn defines(&self) -> Vec<String> {
         let mut d = Vec::new();
@@ -222,6 +235,9 @@ impl Specialization {
         }
         if self.block_stamps {
             d.push("-DFT_STAMPS=1".to_string());
+        }
+        if self.bulk_stage {
+            d.push("-DFT_BULK_STAGE=1".to_string());
         }
         d
     }
@@ -296,6 +312,13 @@ mod tests {
             ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_STAMPS=1"]
         );
         assert!(src.contains("#ifndef FT_STAMPS"));
+        assert_eq!(
+            Specialization::experts(3, 1)
+                .with_bulk_stage(true)
+                .defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_BULK_STAGE=1"]
+        );
+        assert!(src.contains("#ifndef FT_BULK_STAGE"));
     }
 
     /// Both ways: every listed entry point is defined, and every `extern "C"` kernel of a

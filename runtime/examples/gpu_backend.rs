@@ -241,6 +241,10 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross1", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross2", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross", ALL),
+        // Whole gate/up tiles by bulk copies, each warp's rows on its own mbarrier
+        // (2026-12-06), alone and chained.
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+bulk", ALL),
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
@@ -267,11 +271,13 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 4, None, "staged+pdl", ALL),
         (INT8, 4, None, "staged+pdl+cvt+wide", ALL),
         (INT8, 4, None, "staged+pdl+cvt+wide+chain", ALL),
+        (INT8, 4, None, "staged+pdl+cvt+wide+bulk", ALL),
         (INT8, 4, None, "direct", ALL),
         (INT8, 4, Some(8), "staged+pdl", ALL),
         (INT8, 8, None, "staged+pdl", ALL),
         (INT8, 8, None, "staged+pdl+cvt+wide", ALL),
         (INT8, 8, None, "staged+pdl+cvt+wide+chain", ALL),
+        (INT8, 8, None, "staged+pdl+cvt+wide+bulk", ALL),
         (INT8, 8, None, "direct", ALL),
         (F32, 8, None, "staged+pdl", ALL),
         // Small grids (fewer gate/up blocks than multiprocessors): one and two experts, as
@@ -281,12 +287,14 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
         (INT8, 1, None, "staged+pdl+split+wide", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 2),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 2),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 2),
     ];
     cases
@@ -598,6 +606,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }),
             e4m3_cvt: path.contains("+cvt"),
             prefetch_down: path.contains("+l2down"),
+            bulk_copies: path.contains("+bulk"),
             small_table: path.contains("+small"),
             small_grid: path.contains("+wide"),
             fused_layer: path.contains("+fused"),

@@ -359,6 +359,7 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 /// asks for it and the step can use it (nvfp4 and mxfp4, int8 path), the gate/up tiles
 /// in pipelined column stages where `tuning` stages tiles in more than one, the hardware
 /// scale decode (nvfp4) and the down prefetch where asked, the block timelines where asked,
+/// the gate/up tiles by bulk copies where asked (staged whole tiles),
 /// and the small launch table
 /// parameter where asked and the launch's table of `table_bytes` fits it.
 pub fn cuda_specialization(
@@ -382,6 +383,7 @@ pub fn cuda_specialization(
     .with_e4m3_cvt(tuning.e4m3_cvt && step.format == ExpertFormat::Nvfp4)
     .with_prefetch_down(tuning.prefetch_down && tuning.staged_tiles)
     .with_block_stamps(tuning.block_stamps)
+    .with_bulk_stage(tuning.bulk_stage())
     .with_param_table_bytes(
         (tuning.small_table && table_bytes <= CUDA_SMALL_PARAM_TABLE_BYTES)
             .then_some(CUDA_SMALL_PARAM_TABLE_BYTES as u16),

@@ -401,7 +401,9 @@ mod cuda {
     /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
     /// (arithmetic, the hardware's conversion), per number of launches of a one-token
     /// int8 layer (two, or one for both halves) and per down kernel of a one-token launch
-    /// (a block per task, or across tasks): each must give the same bits.
+    /// (a block per task, or across tasks) and per way whole gate/up tiles are staged (by every
+    /// thread's copies, or by bulk copies on each warp's mbarrier): each must give the same
+    /// bits.
     ///
     /// `FT_TEST_PATHS` (comma-separated) runs only the paths whose name (`expert_path`)
     /// contains one of its words, so a device call with little time left checks a new path
@@ -427,25 +429,32 @@ mod cuda {
             new_paths,
             fused_layer,
             cross_down,
+            bulk_copies,
         ) in [
+            // Whole gate/up tiles by bulk copies: with the other new paths (the chained
+            // launch, the small grids), without the split-sign dot and the dependent launch,
+            // and in the one-launch layer.
+            (true, true, true, 1, true, false, false, true),
+            (true, false, false, 1, false, false, false, true),
+            (true, true, true, 1, true, true, false, true),
             // The cross-task down kernel: with the other new paths, without the split-sign
             // dot and the dependent launch.
-            (true, true, true, 1, true, false, true),
-            (true, false, false, 1, false, false, true),
+            (true, true, true, 1, true, false, true, false),
+            (true, false, false, 1, false, false, true, false),
             // The one-launch layer: staged (with the down matrices' L2 prefetch, and the
             // short down blocks, which it ignores), direct, without the split-sign dot.
-            (true, true, true, 1, true, true, false),
-            (false, false, true, 1, true, true, false),
-            (true, true, false, 1, false, true, false),
-            (true, true, true, 1, true, false, false),
-            (true, true, false, 1, true, false, false),
-            (false, false, true, 1, true, false, false),
-            (true, true, true, 1, false, false, false),
-            (true, true, false, 1, false, false, false),
-            (true, false, false, 1, false, false, false),
-            (false, false, false, 1, false, false, false),
-            (true, true, true, 2, false, false, false),
-            (true, true, true, 4, false, false, false),
+            (true, true, true, 1, true, true, false, false),
+            (false, false, true, 1, true, true, false, false),
+            (true, true, false, 1, false, true, false, false),
+            (true, true, true, 1, true, false, false, false),
+            (true, true, false, 1, true, false, false, false),
+            (false, false, true, 1, true, false, false, false),
+            (true, true, true, 1, false, false, false, false),
+            (true, true, false, 1, false, false, false, false),
+            (true, false, false, 1, false, false, false, false),
+            (false, false, false, 1, false, false, false, false),
+            (true, true, true, 2, false, false, false, false),
+            (true, true, true, 4, false, false, false, false),
         ] {
             let t = CudaTuning {
                 staged_tiles,
@@ -460,6 +469,7 @@ mod cuda {
                 short_down: new_paths,
                 chained_launch: new_paths,
                 cross_down,
+                bulk_copies,
                 ..opened
             };
             let path = t.expert_path();

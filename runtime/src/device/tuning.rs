@@ -134,6 +134,17 @@ pub const CUDA_CROSS_ROWS_ENV: &str = "FT_CUDA_CROSS_ROWS";
 /// `kernels/cuda/experts.cu`).
 pub const CUDA_CROSS_MAX_ROW_GROUPS: u8 = 2;
 
+/// `1` stages the gate/up kernels' whole tiles by bulk copies (`FT_BULK_STAGE` in
+/// `kernels/cuda/experts.cu`; sm_90): lane 0 of each warp hands the multiprocessor's tensor
+/// memory accelerator one copy per contiguous range of the rows its half-warps compute, on
+/// the warp's own mbarrier, and the warp computes as soon as its rows have landed, instead
+/// of the whole block waiting for the whole tile. The block timelines put a one-token
+/// layer's gate/up decode (3.5 us) after all of its tiles had landed; a multiprocessor's bulk
+/// copies land in the order they were issued, so the first warps' decode can overlap the
+/// later rows' transfer. The same bytes in the same places, so the same bits; staged whole
+/// tiles only (not with [`CUDA_PIPE_ENV`]). Off until measured.
+pub const CUDA_BULK_ENV: &str = "FT_CUDA_BULK";
+
 /// `1` builds the expert kernels with block timelines (`FT_STAMPS` in
 /// `kernels/cuda/experts.cu`): every block notes when it starts, when its start condition is
 /// met, when its tiles have landed, when its own work is done and when it ends, read back by
@@ -162,7 +173,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 17] = [
+pub const CUDA_TUNING_ENVS: [&str; 18] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -176,6 +187,7 @@ pub const CUDA_TUNING_ENVS: [&str; 17] = [
     CUDA_CHAIN_ENV,
     CUDA_CROSS_DOWN_ENV,
     CUDA_CROSS_ROWS_ENV,
+    CUDA_BULK_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
@@ -247,6 +259,9 @@ pub struct CudaTuning {
     /// The cross-task down kernel's row groups per half-warp, forced (1 to
     /// [`CUDA_CROSS_MAX_ROW_GROUPS`]); `None`: by the launch's grid ([`CUDA_CROSS_ROWS_ENV`]).
     pub cross_row_groups: Option<u8>,
+    /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
+    /// mbarrier ([`CUDA_BULK_ENV`]); staged whole tiles only.
+    pub bulk_copies: bool,
     /// Block timelines in the expert kernels ([`CUDA_STAMPS_ENV`]; instrumentation).
     pub block_stamps: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
@@ -272,6 +287,7 @@ impl Default for CudaTuning {
             chained_launch: false,
             cross_down: false,
             cross_row_groups: None,
+            bulk_copies: false,
             block_stamps: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
@@ -400,6 +416,7 @@ impl CudaTuning {
             chained_launch: switch(CUDA_CHAIN_ENV)?.unwrap_or(d.chained_launch),
             cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
             cross_row_groups,
+            bulk_copies: switch(CUDA_BULK_ENV)?.unwrap_or(d.bulk_copies),
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
             copies,
@@ -429,6 +446,7 @@ impl CudaTuning {
                     .map(|n| n.to_string())
                     .unwrap_or_default(),
             ),
+            (CUDA_BULK_ENV, bit(self.bulk_copies)),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
                 CUDA_VARIANT_ENV,
@@ -474,7 +492,8 @@ impl CudaTuning {
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
     /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
     /// cross-task down kernel of staged tiles (`+cross1`, `+cross2` with its row groups
-    /// forced), `+stamps` for the block timelines (`staged+pdl`, `direct+split`,
+    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies, `+stamps` for the
+    /// block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
         let mut s = String::from(if self.staged_tiles {
@@ -518,10 +537,19 @@ impl CudaTuning {
                 s.push_str(&n.to_string());
             }
         }
+        if self.bulk_stage() {
+            s.push_str("+bulk");
+        }
         if self.block_stamps {
             s.push_str("+stamps");
         }
         s
+    }
+
+    /// Whether the gate/up kernels stage their tiles by bulk copies: asked for, on staged
+    /// whole tiles (the pipelined staging copies its own way).
+    pub fn bulk_stage(&self) -> bool {
+        self.bulk_copies && self.staged_tiles && self.pipe_stages == 1
     }
 }
 
@@ -585,6 +613,7 @@ mod tests {
             (CUDA_CHAIN_ENV, "1"),
             (CUDA_CROSS_DOWN_ENV, "1"),
             (CUDA_CROSS_ROWS_ENV, "2"),
+            (CUDA_BULK_ENV, "1"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
@@ -606,13 +635,15 @@ mod tests {
                 chained_launch: true,
                 cross_down: true,
                 cross_row_groups: Some(2),
+                bulk_copies: true,
                 block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
         );
-        // Pipelining, the prefetch and the cross-task down kernel work on staged tiles only,
-        // so a direct path does not name them.
+        // Pipelining, the prefetch, the cross-task down kernel and bulk copies work on staged
+        // tiles only, so a direct path does not name them; bulk copies stage whole tiles, so a
+        // pipelined path does not name them either.
         assert_eq!(
             t.to_string(),
             "direct+split+cvt+small+wide+fused+short+chain+stamps, variant 4, copies split"
@@ -624,6 +655,15 @@ mod tests {
             }
             .expert_path(),
             "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross2+stamps"
+        );
+        assert_eq!(
+            CudaTuning {
+                staged_tiles: true,
+                pipe_stages: 1,
+                ..t
+            }
+            .expert_path(),
+            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -654,7 +694,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..4096u32 {
+            for bits in 0..8192u32 {
                 for (expert_variant, pipe_stages, cross_row_groups) in
                     [(None, 1, None), (Some(2), 4, Some(1)), (None, 2, Some(2))]
                 {
@@ -673,6 +713,7 @@ mod tests {
                         chained_launch: bits & 1024 != 0,
                         cross_down: bits & 2048 != 0,
                         cross_row_groups,
+                        bulk_copies: bits & 4096 != 0,
                         expert_variant,
                         copies,
                     };
@@ -704,6 +745,7 @@ mod tests {
             (CUDA_CROSS_ROWS_ENV, "0"),
             (CUDA_CROSS_ROWS_ENV, "3"),
             (CUDA_CROSS_ROWS_ENV, "two"),
+            (CUDA_BULK_ENV, "tma"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
