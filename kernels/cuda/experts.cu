@@ -1035,6 +1035,7 @@ __device__ __forceinline__ void gate_up_impl(
                 if (bulk) {
                     f_pre = row_factor(fmt, tm, rr);
                     bulk_wait(warp_bar);
+                    stamp(2);   // (bulk: when warp 0's rows have landed)
                 }
                 float acc = 0.0f;
 #pragma unroll 4
@@ -1076,7 +1077,10 @@ __device__ __forceinline__ void gate_up_impl(
                 fg_pipe = row_factor(fmt, tile_at(fmt, gate, r0), rr);
                 fu_pipe = row_factor(fmt, tile_at(fmt, up, r0), rr);
             }
-            if (bulk) bulk_wait(warp_bar);
+            if (bulk) {
+                bulk_wait(warp_bar);
+                stamp(2);   // (bulk: when warp 0's rows have landed)
+            }
             for (int s = 0; s < stages; s++) {
                 if (PIPE) {
                     // This warp's copies of stage s (and those before) have landed; the barrier
