@@ -492,6 +492,16 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
 #endif
 // Warps of the largest gate/up block (the small-grid kernel's 512 threads): one mbarrier each.
 #define BULK_MAX_WARPS 16
+// Throttled bulk staging (FT_BULK_WARPS = N > 0): a block keeps at most N warps' copies in
+// flight. Warps 0 .. N-1 issue theirs at the block's start, and warp w >= N only once warp
+// w - N's rows have landed, after the block's barrier (so that the barrier never waits for
+// the throttle). Measured with every warp issuing at once (0, the default), the first warp's
+// rows landed as late as the whole tile had (2026-12-06, experiments/gpu-backend, "Whole
+// gate/up tiles by bulk copies"): DRAM serves every request in flight interleaved, so rows
+// land early only if fewer bytes are in flight ahead of them.
+#ifndef FT_BULK_WARPS
+#define FT_BULK_WARPS 0
+#endif
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -549,7 +559,8 @@ __device__ __forceinline__ bool bulk_fits(int fmt, const Mat& a, const Mat& b, u
 
 // Stage the rows of a G-row gate/up tile (matrices a and b at row r0, staged at da and db)
 // that the calling warp's half-warps compute, by bulk copies completing on the warp's
-// mbarrier `bar` (lane 0 initializes it and issues them; bulk_wait before reading). The warp's
+// mbarrier `bar` (lane 0 issues them on the barrier bulk_init made ready; bulk_wait before
+// reading). The warp's
 // half-warps 2w and 2w + 1 compute the row pairs d = 2w + k nhw: in gate_up_impl's loop the
 // rows d and d + 1 of both matrices, in the wide loop (`wide`, 2G rows in all) rows d % G and
 // d % G + 1 of a (d < G) or b. Values and block scales; not the rows' factors.
@@ -562,7 +573,6 @@ __device__ __forceinline__ void bulk_stage_warp_rows(int fmt, const Mat& a, cons
     const int span = wide ? 2 * G : G;
     u32 bytes = 0;
     for (int d = hw0; d < span; d += nhw) bytes += (wide ? 1u : 2u) * 2u * (u32)(vrb + srb);
-    bulk_init(bar);
     bulk_expect(bar, bytes);
     for (int d = hw0; d < span; d += nhw) {
         const u64 rr = (u64)(d % G);
@@ -956,6 +966,8 @@ __device__ __forceinline__ void gate_up_impl(
     __shared__ __align__(8) u64 bulk_bar[BULK_MAX_WARPS];
     u64* const warp_bar = &bulk_bar[threadIdx.x / 32];
     bool bulk = false;
+    // Throttled (FT_BULK_WARPS > 0): this warp issues its copies after warp w - N's rows landed.
+    const bool bulk_deferred = FT_BULK_WARPS > 0 && (int)(threadIdx.x / 32) >= FT_BULK_WARPS;
     Tile tg, tu;
     if (PIPE) {
         tg = tile_in(fmt, H, G, smem + stage_off);
@@ -966,7 +978,10 @@ __device__ __forceinline__ void gate_up_impl(
         tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
         bulk = BULK && bulk_fits(fmt, gate, up, r0, tg, tu);
         if (bulk) {
-            bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
+            // Every warp's barrier ready before the block's barrier below (a throttled warp
+            // waits on another's after it); the first FT_BULK_WARPS warps (all: 0) issue now.
+            if ((threadIdx.x & 31) == 0) bulk_init(warp_bar);
+            if (!bulk_deferred) bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
             tg.factors = tile_at(fmt, gate, r0).factors;
             tu.factors = tile_at(fmt, up, r0).factors;
         } else {
@@ -1012,6 +1027,12 @@ __device__ __forceinline__ void gate_up_impl(
         if (!PIPE) stage_wait();
         __syncthreads();
         stamp(2);
+        // Throttled bulk staging: a deferred warp issues its copies once warp w - N's rows
+        // have landed (every barrier was made ready before the barrier above).
+        if (bulk && bulk_deferred && c0 == 0) {
+            bulk_wait(warp_bar - FT_BULK_WARPS);
+            bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
+        }
         const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
         if constexpr (WIDE) {
             static_assert(MT == 1, "the wide kernel is the one-token variant");

@@ -245,6 +245,11 @@ fn kernel_cases() -> Vec<KernelCase> {
         // (2026-12-06), alone and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+bulk", ALL),
+        // The same throttled to 1, 2 or 4 warps of a block in flight (2026-12-06).
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk1", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk2", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk4", ALL),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+bulk2", ALL),
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
@@ -288,6 +293,7 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 1),
+        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk4", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
@@ -298,6 +304,45 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 2),
     ];
     cases
+}
+
+/// The tuning a case's path names (`staged+pdl+split+cvt+wide+bulk2`, ...; module docs of
+/// ft_runtime::device::tuning), with `forced` as its variant and everything the path does not
+/// name as in `opened`.
+fn case_tuning(path: &str, forced: Option<usize>, opened: CudaTuning) -> CudaTuning {
+    CudaTuning {
+        staged_tiles: path.starts_with("staged"),
+        dependent_launch: path.contains("+pdl"),
+        e2m1_split: path.contains("+split"),
+        pipe_stages: path.split_once("+pipe").map_or(1, |(_, n)| {
+            n.split('+')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .expect("a number of stages")
+        }),
+        e4m3_cvt: path.contains("+cvt"),
+        prefetch_down: path.contains("+l2down"),
+        bulk_copies: path.contains("+bulk"),
+        // `+bulk2`: two warps' copies in flight.
+        bulk_warps: path.split_once("+bulk").and_then(|(_, rest)| {
+            let n: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            n.parse().ok()
+        }),
+        small_table: path.contains("+small"),
+        small_grid: path.contains("+wide"),
+        fused_layer: path.contains("+fused"),
+        short_down: path.contains("+short"),
+        chained_launch: path.contains("+chain"),
+        cross_down: path.contains("+cross"),
+        // `+cross1`, `+cross2`: the row groups forced.
+        cross_row_groups: path
+            .split_once("+cross")
+            .and_then(|(_, rest)| rest.chars().next()?.to_digit(10))
+            .map(|n| n as u8),
+        expert_variant: forced,
+        block_stamps: false,
+        ..opened
+    }
 }
 
 /// Every block's record of a case's last queued batch, ns from its first start, in
@@ -594,34 +639,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let (act, tokens, forced, path, layer_experts) = case;
-        let tuning = CudaTuning {
-            staged_tiles: path.starts_with("staged"),
-            dependent_launch: path.contains("+pdl"),
-            e2m1_split: path.contains("+split"),
-            pipe_stages: path.split_once("+pipe").map_or(1, |(_, n)| {
-                n.split('+')
-                    .next()
-                    .and_then(|n| n.parse().ok())
-                    .expect("a number of stages")
-            }),
-            e4m3_cvt: path.contains("+cvt"),
-            prefetch_down: path.contains("+l2down"),
-            bulk_copies: path.contains("+bulk"),
-            small_table: path.contains("+small"),
-            small_grid: path.contains("+wide"),
-            fused_layer: path.contains("+fused"),
-            short_down: path.contains("+short"),
-            chained_launch: path.contains("+chain"),
-            cross_down: path.contains("+cross"),
-            // `+cross1`, `+cross2`: the row groups forced.
-            cross_row_groups: path
-                .split_once("+cross")
-                .and_then(|(_, rest)| rest.chars().next()?.to_digit(10))
-                .map(|n| n as u8),
-            expert_variant: forced,
-            block_stamps: false,
-            ..opened
-        };
+        let tuning = case_tuning(path, forced, opened);
         assert_eq!(tuning.expert_path(), path, "a case's path names its tuning");
         tune(CudaTuning {
             block_stamps: stamps,
@@ -929,6 +947,27 @@ mod tests {
 
     /// The 2026-12-06 H100 run's numbers: 7.07 us with no work, 27.7 MB at 2850 GB/s, a
     /// 3000 GB/s read+write copy.
+    #[test]
+    fn every_case_path_names_the_tuning_it_parses_to() {
+        for (_, _, forced, path, _) in kernel_cases() {
+            let t = case_tuning(path, forced, CudaTuning::default());
+            assert_eq!(t.expert_path(), path);
+            assert!(t.check().is_ok(), "{path}");
+        }
+        let t = case_tuning(
+            "staged+pdl+split+cvt+wide+chain+bulk2",
+            None,
+            CudaTuning::default(),
+        );
+        assert_eq!((t.bulk_copies, t.bulk_warps), (true, Some(2)));
+        let t = case_tuning(
+            "staged+pdl+split+cvt+wide+bulk",
+            None,
+            CudaTuning::default(),
+        );
+        assert_eq!((t.bulk_copies, t.bulk_warps), (true, None));
+    }
+
     #[test]
     fn the_floor_adds_the_no_work_layer_and_the_bytes_at_the_dense_rate() {
         let rows = vec![row(1, "p", 25.76), row(0, "p", 7.07), row(0, "other", 1.0)];

@@ -430,31 +430,35 @@ mod cuda {
             fused_layer,
             cross_down,
             bulk_copies,
+            bulk_warps,
         ) in [
             // Whole gate/up tiles by bulk copies: with the other new paths (the chained
             // launch, the small grids), without the split-sign dot and the dependent launch,
             // and in the one-launch layer.
-            (true, true, true, 1, true, false, false, true),
-            (true, false, false, 1, false, false, false, true),
-            (true, true, true, 1, true, true, false, true),
+            (true, true, true, 1, true, false, false, true, None),
+            (true, false, false, 1, false, false, false, true, None),
+            (true, true, true, 1, true, true, false, true, None),
+            // Throttled: two warps' copies of a block in flight, and one.
+            (true, true, true, 1, true, false, false, true, Some(2)),
+            (true, false, false, 1, false, false, false, true, Some(1)),
             // The cross-task down kernel: with the other new paths, without the split-sign
             // dot and the dependent launch.
-            (true, true, true, 1, true, false, true, false),
-            (true, false, false, 1, false, false, true, false),
+            (true, true, true, 1, true, false, true, false, None),
+            (true, false, false, 1, false, false, true, false, None),
             // The one-launch layer: staged (with the down matrices' L2 prefetch, and the
             // short down blocks, which it ignores), direct, without the split-sign dot.
-            (true, true, true, 1, true, true, false, false),
-            (false, false, true, 1, true, true, false, false),
-            (true, true, false, 1, false, true, false, false),
-            (true, true, true, 1, true, false, false, false),
-            (true, true, false, 1, true, false, false, false),
-            (false, false, true, 1, true, false, false, false),
-            (true, true, true, 1, false, false, false, false),
-            (true, true, false, 1, false, false, false, false),
-            (true, false, false, 1, false, false, false, false),
-            (false, false, false, 1, false, false, false, false),
-            (true, true, true, 2, false, false, false, false),
-            (true, true, true, 4, false, false, false, false),
+            (true, true, true, 1, true, true, false, false, None),
+            (false, false, true, 1, true, true, false, false, None),
+            (true, true, false, 1, false, true, false, false, None),
+            (true, true, true, 1, true, false, false, false, None),
+            (true, true, false, 1, true, false, false, false, None),
+            (false, false, true, 1, true, false, false, false, None),
+            (true, true, true, 1, false, false, false, false, None),
+            (true, true, false, 1, false, false, false, false, None),
+            (true, false, false, 1, false, false, false, false, None),
+            (false, false, false, 1, false, false, false, false, None),
+            (true, true, true, 2, false, false, false, false, None),
+            (true, true, true, 4, false, false, false, false, None),
         ] {
             let t = CudaTuning {
                 staged_tiles,
@@ -470,6 +474,7 @@ mod cuda {
                 chained_launch: new_paths,
                 cross_down,
                 bulk_copies,
+                bulk_warps,
                 ..opened
             };
             let path = t.expert_path();

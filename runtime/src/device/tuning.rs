@@ -142,8 +142,23 @@ pub const CUDA_CROSS_MAX_ROW_GROUPS: u8 = 2;
 /// layer's gate/up decode (3.5 us) after all of its tiles had landed; a multiprocessor's bulk
 /// copies land in the order they were issued, so the first warps' decode can overlap the
 /// later rows' transfer. The same bytes in the same places, so the same bits; staged whole
-/// tiles only (not with [`CUDA_PIPE_ENV`]). Off until measured.
+/// tiles only (not with [`CUDA_PIPE_ENV`]). Off: no gain on an H100 (24.75 against 24.65 us
+/// for 10 experts at one token, offload at one stream x0.993; `experiments/gpu-backend/
+/// results/20261206T1410Z-h100-bulk`); [`CUDA_BULK_WARPS_ENV`] throttles it.
 pub const CUDA_BULK_ENV: &str = "FT_CUDA_BULK";
+
+/// Throttles [`CUDA_BULK_ENV`]'s copies to N warps of a block in flight (1 to
+/// [`CUDA_BULK_MAX_WARPS`]; unset: every warp issues at once): warp w issues its copies once
+/// warp w - N's rows have landed (`FT_BULK_WARPS` in `kernels/cuda/experts.cu`). With every
+/// warp at once, the first warp's rows landed as late as the whole tile had on an H100
+/// (2026-12-06, `experiments/gpu-backend`, "Whole gate/up tiles by bulk copies"): DRAM serves
+/// all requests in flight interleaved, so early rows land early only with fewer bytes in
+/// flight. Not yet measured.
+pub const CUDA_BULK_WARPS_ENV: &str = "FT_CUDA_BULK_WARPS";
+
+/// The most warps of a block [`CUDA_BULK_WARPS_ENV`] takes (the small-grid kernel's 16;
+/// `BULK_MAX_WARPS` in `kernels/cuda/experts.cu`).
+pub const CUDA_BULK_MAX_WARPS: u8 = 16;
 
 /// `1` builds the expert kernels with block timelines (`FT_STAMPS` in
 /// `kernels/cuda/experts.cu`): every block notes when it starts, when its start condition is
@@ -173,7 +188,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 18] = [
+pub const CUDA_TUNING_ENVS: [&str; 19] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -188,6 +203,7 @@ pub const CUDA_TUNING_ENVS: [&str; 18] = [
     CUDA_CROSS_DOWN_ENV,
     CUDA_CROSS_ROWS_ENV,
     CUDA_BULK_ENV,
+    CUDA_BULK_WARPS_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
@@ -262,6 +278,9 @@ pub struct CudaTuning {
     /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
     /// mbarrier ([`CUDA_BULK_ENV`]); staged whole tiles only.
     pub bulk_copies: bool,
+    /// Warps of a block whose bulk copies may be in flight at once (1 to
+    /// [`CUDA_BULK_MAX_WARPS`]); `None`: every warp at once ([`CUDA_BULK_WARPS_ENV`]).
+    pub bulk_warps: Option<u8>,
     /// Block timelines in the expert kernels ([`CUDA_STAMPS_ENV`]; instrumentation).
     pub block_stamps: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
@@ -288,6 +307,7 @@ impl Default for CudaTuning {
             cross_down: false,
             cross_row_groups: None,
             bulk_copies: false,
+            bulk_warps: None,
             block_stamps: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
@@ -300,6 +320,14 @@ fn not_row_groups(value: &str) -> RuntimeError {
     RuntimeError::invalid(
         CUDA_CROSS_ROWS_ENV,
         format!("'{value}' is not a number of row groups per half-warp; use 1 to {CUDA_CROSS_MAX_ROW_GROUPS}, or leave it unset"),
+    )
+}
+
+/// The error of a [`CUDA_BULK_WARPS_ENV`] value that is no number of warps.
+fn not_bulk_warps(value: &str) -> RuntimeError {
+    RuntimeError::invalid(
+        CUDA_BULK_WARPS_ENV,
+        format!("'{value}' is not a number of warps in flight; use 1 to {CUDA_BULK_MAX_WARPS}, or leave it unset (every warp at once)"),
     )
 }
 
@@ -375,6 +403,13 @@ impl CudaTuning {
                 _ => return Err(not_row_groups(v.trim())),
             },
         };
+        let bulk_warps = match get(CUDA_BULK_WARPS_ENV) {
+            None => None,
+            Some(v) => match v.trim().parse::<u8>() {
+                Ok(n) if (1..=CUDA_BULK_MAX_WARPS).contains(&n) => Some(n),
+                _ => return Err(not_bulk_warps(v.trim())),
+            },
+        };
         let pipe_stages = match get(CUDA_PIPE_ENV) {
             None => d.pipe_stages,
             Some(v) => match v.trim().parse::<u8>() {
@@ -417,6 +452,7 @@ impl CudaTuning {
             cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
             cross_row_groups,
             bulk_copies: switch(CUDA_BULK_ENV)?.unwrap_or(d.bulk_copies),
+            bulk_warps,
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
             copies,
@@ -447,6 +483,10 @@ impl CudaTuning {
                     .unwrap_or_default(),
             ),
             (CUDA_BULK_ENV, bit(self.bulk_copies)),
+            (
+                CUDA_BULK_WARPS_ENV,
+                self.bulk_warps.map(|n| n.to_string()).unwrap_or_default(),
+            ),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
                 CUDA_VARIANT_ENV,
@@ -479,6 +519,11 @@ impl CudaTuning {
                 return Err(not_row_groups(&n.to_string()));
             }
         }
+        if let Some(n) = self.bulk_warps {
+            if !(1..=CUDA_BULK_MAX_WARPS).contains(&n) {
+                return Err(not_bulk_warps(&n.to_string()));
+            }
+        }
         match self.expert_variant {
             Some(n) if !CUDA_VARIANT_TOKENS.contains(&n) => Err(not_a_variant(&n.to_string())),
             _ => Ok(()),
@@ -492,7 +537,8 @@ impl CudaTuning {
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
     /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
     /// cross-task down kernel of staged tiles (`+cross1`, `+cross2` with its row groups
-    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies, `+stamps` for the
+    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies (`+bulk2`: two warps'
+    /// copies of a block in flight at once), `+stamps` for the
     /// block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
@@ -539,6 +585,9 @@ impl CudaTuning {
         }
         if self.bulk_stage() {
             s.push_str("+bulk");
+            if let Some(n) = self.bulk_warps {
+                s.push_str(&n.to_string());
+            }
         }
         if self.block_stamps {
             s.push_str("+stamps");
@@ -614,6 +663,7 @@ mod tests {
             (CUDA_CROSS_DOWN_ENV, "1"),
             (CUDA_CROSS_ROWS_ENV, "2"),
             (CUDA_BULK_ENV, "1"),
+            (CUDA_BULK_WARPS_ENV, "2"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
@@ -636,6 +686,7 @@ mod tests {
                 cross_down: true,
                 cross_row_groups: Some(2),
                 bulk_copies: true,
+                bulk_warps: Some(2),
                 block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
@@ -663,7 +714,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk+stamps"
+            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk2+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -695,9 +746,11 @@ mod tests {
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
             for bits in 0..8192u32 {
-                for (expert_variant, pipe_stages, cross_row_groups) in
-                    [(None, 1, None), (Some(2), 4, Some(1)), (None, 2, Some(2))]
-                {
+                for (expert_variant, pipe_stages, cross_row_groups, bulk_warps) in [
+                    (None, 1, None, None),
+                    (Some(2), 4, Some(1), Some(1)),
+                    (None, 2, Some(2), Some(16)),
+                ] {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
                         dependent_launch: bits & 2 != 0,
@@ -714,6 +767,7 @@ mod tests {
                         cross_down: bits & 2048 != 0,
                         cross_row_groups,
                         bulk_copies: bits & 4096 != 0,
+                        bulk_warps,
                         expert_variant,
                         copies,
                     };
@@ -746,6 +800,9 @@ mod tests {
             (CUDA_CROSS_ROWS_ENV, "3"),
             (CUDA_CROSS_ROWS_ENV, "two"),
             (CUDA_BULK_ENV, "tma"),
+            (CUDA_BULK_WARPS_ENV, "0"),
+            (CUDA_BULK_WARPS_ENV, "17"),
+            (CUDA_BULK_WARPS_ENV, "few"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
@@ -775,6 +832,10 @@ mod tests {
             },
             CudaTuning {
                 cross_row_groups: Some(3),
+                ..CudaTuning::default()
+            },
+            CudaTuning {
+                bulk_warps: Some(0),
                 ..CudaTuning::default()
             },
         ] {
