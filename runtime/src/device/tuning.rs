@@ -139,12 +139,13 @@ pub const CUDA_CROSS_MAX_ROW_GROUPS: u8 = 2;
 /// memory accelerator one copy per contiguous range of the rows its half-warps compute, on
 /// the warp's own mbarrier, and the warp computes as soon as its rows have landed, instead
 /// of the whole block waiting for the whole tile. The block timelines put a one-token
-/// layer's gate/up decode (3.5 us) after all of its tiles had landed; a multiprocessor's bulk
-/// copies land in the order they were issued, so the first warps' decode can overlap the
-/// later rows' transfer. The same bytes in the same places, so the same bits; staged whole
-/// tiles only (not with [`CUDA_PIPE_ENV`]). Off: no gain on an H100 (24.75 against 24.65 us
-/// for 10 experts at one token, offload at one stream x0.993; `experiments/gpu-backend/
-/// results/20261206T1410Z-h100-bulk`); [`CUDA_BULK_WARPS_ENV`] throttles it.
+/// layer's gate/up decode (3.5 us) after all of its tiles had landed, and the hope was that
+/// the first warps' rows would land first. They do not: with every copy in flight at once,
+/// warp 0's rows landed as late as the whole tile had. The same bytes in the same places, so
+/// the same bits; staged whole tiles only (not with [`CUDA_PIPE_ENV`]). Off: no gain on an
+/// H100 (24.75 against 24.65 us for 10 experts at one token, offload at one stream x0.993;
+/// `experiments/gpu-backend/results/20261206T1410Z-h100-bulk`); [`CUDA_BULK_WARPS_ENV`]
+/// throttles it.
 pub const CUDA_BULK_ENV: &str = "FT_CUDA_BULK";
 
 /// Throttles [`CUDA_BULK_ENV`]'s copies to N warps of a block in flight (1 to
