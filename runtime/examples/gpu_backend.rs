@@ -306,6 +306,14 @@ fn kernel_cases() -> Vec<KernelCase> {
     cases
 }
 
+/// The number right after `word` in a case's path (`+bulk2` -> 2); `None` where the word is
+/// absent or no digits follow it.
+fn number_after(path: &str, word: &str) -> Option<u8> {
+    let (_, rest) = path.split_once(word)?;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
 /// The tuning a case's path names (`staged+pdl+split+cvt+wide+bulk2`, ...; module docs of
 /// ft_runtime::device::tuning), with `forced` as its variant and everything the path does not
 /// name as in `opened`.
@@ -324,10 +332,7 @@ fn case_tuning(path: &str, forced: Option<usize>, opened: CudaTuning) -> CudaTun
         prefetch_down: path.contains("+l2down"),
         bulk_copies: path.contains("+bulk"),
         // `+bulk2`: two warps' copies in flight.
-        bulk_warps: path.split_once("+bulk").and_then(|(_, rest)| {
-            let n: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            n.parse().ok()
-        }),
+        bulk_warps: number_after(path, "+bulk"),
         small_table: path.contains("+small"),
         small_grid: path.contains("+wide"),
         fused_layer: path.contains("+fused"),
@@ -335,10 +340,7 @@ fn case_tuning(path: &str, forced: Option<usize>, opened: CudaTuning) -> CudaTun
         chained_launch: path.contains("+chain"),
         cross_down: path.contains("+cross"),
         // `+cross1`, `+cross2`: the row groups forced.
-        cross_row_groups: path
-            .split_once("+cross")
-            .and_then(|(_, rest)| rest.chars().next()?.to_digit(10))
-            .map(|n| n as u8),
+        cross_row_groups: number_after(path, "+cross"),
         expert_variant: forced,
         block_stamps: false,
         ..opened
@@ -954,6 +956,9 @@ mod tests {
             assert_eq!(t.expert_path(), path);
             assert!(t.check().is_ok(), "{path}");
         }
+        assert_eq!(number_after("staged+bulk16+stamps", "+bulk"), Some(16));
+        assert_eq!(number_after("staged+cross+bulk", "+cross"), None);
+        assert_eq!(number_after("staged+pdl", "+cross"), None);
         let t = case_tuning(
             "staged+pdl+split+cvt+wide+chain+bulk2",
             None,
