@@ -15,7 +15,6 @@ use ft_kernels::ActivationPath;
 use ft_model::{ExpertFormat, MoeGeometry};
 use serde::{Deserialize, Serialize};
 
-use crate::device::tuning::CUDA_CROSS_MAX_ROW_GROUPS;
 use crate::device::CudaTuning;
 use crate::error::{Result, RuntimeError};
 
@@ -512,12 +511,6 @@ pub const CUDA_CROSS_DOWN_ENTRY: &str = "ft_experts_down_1x";
 /// Most tasks of a launch the cross-task down kernel takes (`CROSS_MAX_TASKS` there).
 pub const CUDA_CROSS_MAX_TASKS: usize = 16;
 
-/// Blocks per multiprocessor above which the cross-task down kernel gives each half-warp
-/// two groups of rows (half the blocks): the default one-token down kernel puts about three
-/// on each (400 blocks on 132 for ten experts), and the cross kernel's 640 one-group blocks
-/// (up to seven on one multiprocessor) passed their wait for h about 1 us apart.
-pub const CUDA_CROSS_BLOCKS_PER_SM: usize = 3;
-
 /// How a launch runs the cross-task down kernel ([`crate::device::CudaTuning::cross_down`]):
 /// each block takes `rows` rows of every task, `half_warps_per_task` half-warps per task
 /// (each with the one-token kernel's `DOWN_R_1` rows), and adds the tasks' partial rows per
@@ -537,19 +530,18 @@ pub struct CudaCrossDown {
 }
 
 /// The cross-task down plan of a launch of `tasks` tasks whose largest holds
-/// `max_task_pairs` pairs, `hidden` rows of down, on a device of `multiprocessors`, where
-/// `tuning` asks for it: one-token launches (at most one pair per task, so at most one
-/// partial row per task and row) of 1 to [`CUDA_CROSS_MAX_TASKS`] tasks with staged tiles;
-/// `None` otherwise (the launch takes the down kernel of its variant). Two row groups per
-/// half-warp where one would put more than [`CUDA_CROSS_BLOCKS_PER_SM`] blocks on each
-/// multiprocessor, unless the tuning forces their number. The one-launch layer, where on,
-/// takes precedence.
+/// `max_task_pairs` pairs, where `tuning` asks for it: one-token launches (at most one pair
+/// per task, so at most one partial row per task and row) of 1 to [`CUDA_CROSS_MAX_TASKS`]
+/// tasks with staged tiles; `None` otherwise (the launch takes the down kernel of its
+/// variant). One row group per half-warp unless the tuning forces two: two (half the blocks,
+/// where one group put up to seven on a multiprocessor) lost 3.6 us against one on an H100's
+/// ten-task layer once the copies were issued by warps (2026-12-06, `experiments/
+/// gpu-backend`, "A down kernel across tasks"). The one-launch layer, where on, takes
+/// precedence.
 pub fn cuda_cross_down(
     tuning: &CudaTuning,
     max_task_pairs: usize,
     tasks: usize,
-    hidden: usize,
-    multiprocessors: usize,
 ) -> Option<CudaCrossDown> {
     let on = tuning.cross_down
         && tuning.staged_tiles
@@ -561,13 +553,7 @@ pub fn cuda_cross_down(
     }
     let half_warps_per_task = 16 / tasks.next_power_of_two();
     let group_rows = half_warps_per_task * CUDA_VARIANTS[0].down_rows / 16;
-    let row_groups = match tuning.cross_row_groups {
-        Some(n) => n as usize,
-        None if hidden.div_ceil(group_rows) > CUDA_CROSS_BLOCKS_PER_SM * multiprocessors => {
-            CUDA_CROSS_MAX_ROW_GROUPS as usize
-        }
-        None => 1,
-    };
+    let row_groups = tuning.cross_row_groups.map_or(1, usize::from);
     Some(CudaCrossDown {
         half_warps_per_task,
         row_groups,
@@ -847,13 +833,7 @@ pub(crate) fn cuda_launch(
     let pdl = tuning.dependent_launch;
     // The cross-task down kernel where asked and its tiles (every task's rows of a block)
     // fit the shared memory a staged tile may take.
-    let cross = match cuda_cross_down(
-        &tuning,
-        t.max_task_pairs,
-        step.experts.len(),
-        step.hidden,
-        stream.shared().multiprocessors,
-    ) {
+    let cross = match cuda_cross_down(&tuning, t.max_task_pairs, step.experts.len()) {
         Some(c) if !fused && staging.down_staged => {
             let bytes = step.experts.len()
                 * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
@@ -1303,45 +1283,30 @@ mod tests {
         assert_eq!(cu_define(src, "CROSS_MAX_TASKS"), CUDA_CROSS_MAX_TASKS);
         assert_eq!(
             cu_define(src, "CROSS_MAX_REPS"),
-            CUDA_CROSS_MAX_ROW_GROUPS as usize
+            crate::device::tuning::CUDA_CROSS_MAX_ROW_GROUPS as usize
         );
         let rows_per_half_warp = cu_define(src, "DOWN_R_1");
-        // (hidden, multiprocessors): one group everywhere, or two where the grid is large.
-        let (wide, sms) = (2560, 132);
         for tasks in 1..=CUDA_CROSS_MAX_TASKS {
             for max_task_pairs in [0, 1] {
-                let c = cuda_cross_down(&on, max_task_pairs, tasks, 256, sms).expect("taken");
+                let c = cuda_cross_down(&on, max_task_pairs, tasks).expect("taken");
                 let h = c.half_warps_per_task;
                 assert!(h.is_power_of_two(), "{tasks}: {h}");
                 assert!(h * tasks <= 16 && 2 * h * tasks > 16, "{tasks}: {h}");
                 assert_eq!(c.row_groups, 1);
                 assert_eq!(c.rows, h * rows_per_half_warp);
-                let w = cuda_cross_down(&on, max_task_pairs, tasks, wide, sms).unwrap();
-                let one_group_blocks = wide.div_ceil(h * rows_per_half_warp);
-                assert_eq!(
-                    w.row_groups == 2,
-                    one_group_blocks > CUDA_CROSS_BLOCKS_PER_SM * sms
-                );
-                assert_eq!(w.rows, h * rows_per_half_warp * w.row_groups);
                 let t = c.threads as usize;
                 assert!(t.is_multiple_of(32) && t >= 16 * h * tasks && t < 16 * h * tasks + 32);
                 assert!(t <= CUDA_THREADS as usize);
             }
         }
-        // The bench's layer on an H100: ten tasks, 640 one-group blocks, so 320 of 8 rows.
-        let bench = cuda_cross_down(&on, 1, 10, wide, sms).unwrap();
-        assert_eq!((bench.rows, bench.threads, bench.row_groups), (8, 160, 2));
-        assert_eq!(cuda_cross_down(&on, 1, 1, wide, sms).unwrap().rows, 64);
-        assert_eq!(cuda_cross_down(&on, 1, 0, wide, sms), None);
-        assert_eq!(
-            cuda_cross_down(&on, 1, CUDA_CROSS_MAX_TASKS + 1, wide, sms),
-            None
-        );
-        assert_eq!(cuda_cross_down(&on, 2, 4, wide, sms), None);
-        assert_eq!(
-            cuda_cross_down(&CudaTuning::default(), 1, 10, wide, sms),
-            None
-        );
+        // The bench's layer: ten tasks, blocks of 4 rows (640 for 2560 rows).
+        let bench = cuda_cross_down(&on, 1, 10).unwrap();
+        assert_eq!((bench.rows, bench.threads, bench.row_groups), (4, 160, 1));
+        assert_eq!(cuda_cross_down(&on, 1, 1).unwrap().rows, 64);
+        assert_eq!(cuda_cross_down(&on, 1, 0), None);
+        assert_eq!(cuda_cross_down(&on, 1, CUDA_CROSS_MAX_TASKS + 1), None);
+        assert_eq!(cuda_cross_down(&on, 2, 4), None);
+        assert_eq!(cuda_cross_down(&CudaTuning::default(), 1, 10), None);
         for off in [
             CudaTuning {
                 staged_tiles: false,
@@ -1352,20 +1317,20 @@ mod tests {
                 ..on
             },
         ] {
-            assert_eq!(cuda_cross_down(&off, 1, 10, wide, sms), None, "{off}");
+            assert_eq!(cuda_cross_down(&off, 1, 10), None, "{off}");
         }
         let forced_one = CudaTuning {
             expert_variant: Some(1),
             ..on
         };
-        assert!(cuda_cross_down(&forced_one, 1, 10, wide, sms).is_some());
-        // Forced row groups win over the grid's rule either way.
-        for (groups, hidden) in [(1u8, wide), (2, 256)] {
+        assert!(cuda_cross_down(&forced_one, 1, 10).is_some());
+        // Forced row groups: one, or two (twice the rows a block).
+        for groups in [1u8, 2] {
             let forced = CudaTuning {
                 cross_row_groups: Some(groups),
                 ..on
             };
-            let c = cuda_cross_down(&forced, 1, 10, hidden, sms).unwrap();
+            let c = cuda_cross_down(&forced, 1, 10).unwrap();
             assert_eq!(
                 (c.row_groups, c.rows),
                 (groups as usize, 4 * groups as usize)

@@ -119,15 +119,16 @@ pub const CUDA_CHAIN_ENV: &str = "FT_CUDA_CHAIN";
 /// after an atomic ticket. The block timelines of 2026-12-06 put that last block's ticket
 /// and combine at 2.3 us of a 24.7 us layer, after every other block (6.3 under a chained
 /// launch). The same arithmetic and order of additions, so the same bits (the GPU tests run
-/// it). Off: slower on an H100 (10 experts 29.4 against 24.8 us, chained 25.4 against 22.2;
-/// offload at one stream x0.99): its blocks on one multiprocessor pass the wait for h about
-/// 1 us apart, where the default's pass it together (`experiments/gpu-backend`, "A down
+/// it). Off: slower on an H100 while each thread issued its copies of every task (10
+/// experts 29.4 against 24.8 us, offload at one stream x0.99; its blocks on one
+/// multiprocessor passed the wait for h about 1 us apart), even with the default since the
+/// copies are issued by warps (24.83 against 24.65 us; `experiments/gpu-backend`, "A down
 /// kernel across tasks").
 pub const CUDA_CROSS_DOWN_ENV: &str = "FT_CUDA_CROSS_DOWN";
 
-/// Forces the cross-task down kernel's row groups per half-warp (1 or 2; unset: two where one
-/// would put more than three blocks on a multiprocessor, `gpu_experts::cuda_cross_down`), so
-/// that one run can time both forms beside the default.
+/// Forces the cross-task down kernel's row groups per half-warp (1 or 2; unset: one,
+/// `gpu_experts::cuda_cross_down`), so that one run can time both forms beside the default.
+/// Two lost 3.6 us against one on an H100 (10 experts, 28.41 against 24.83 us; 2026-12-06).
 pub const CUDA_CROSS_ROWS_ENV: &str = "FT_CUDA_CROSS_ROWS";
 
 /// The most row groups per half-warp the cross-task down kernel takes (`CROSS_MAX_REPS` in
