@@ -1420,8 +1420,8 @@ __device__ __forceinline__ void down_impl(
 // H100 for ten tasks (experiments/gpu-backend, "A down kernel across tasks").
 //
 // A half-warp takes `reps` groups of DOWN_R_1 rows one after the other (rows sub + hpt k,
-// k < DOWN_R_1 * reps), so that a launch whose one-group grid would put more than about three
-// blocks on a multiprocessor takes half the blocks instead (the runtime's choice).
+// k < DOWN_R_1 * reps): one unless the runtime's tuning forces two (half the blocks; slower
+// on an H100's ten-task layer, 28.4 against 24.8 us with one).
 //
 // The block has 16 * hpt * n_tasks threads rounded up to a warp (no idle half-warps, so a
 // ten-task launch's 640 blocks of 160 threads fit the multiprocessors in one wave where 256

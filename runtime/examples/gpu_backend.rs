@@ -235,7 +235,7 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
         // The gate/up launch chained to the kernel before it (2026-12-06).
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", ALL),
-        // The cross-task down kernel (2026-12-06), alone (its row groups by the grid, and
+        // The cross-task down kernel (2026-12-06), alone (one row group unless forced, and
         // each forced) and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross1", ALL),
