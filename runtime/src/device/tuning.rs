@@ -325,6 +325,14 @@ fn not_row_groups(value: &str) -> RuntimeError {
     )
 }
 
+/// The error of a [`CUDA_PIPE_ENV`] value that is no number of column stages.
+fn not_pipe_stages(value: &str) -> RuntimeError {
+    RuntimeError::invalid(
+        CUDA_PIPE_ENV,
+        format!("'{value}' is not a number of column stages; use 1 (whole tiles) to {CUDA_PIPE_MAX_STAGES}"),
+    )
+}
+
 /// The error of a [`CUDA_BULK_WARPS_ENV`] value that is no number of warps.
 fn not_bulk_warps(value: &str) -> RuntimeError {
     RuntimeError::invalid(
@@ -398,32 +406,26 @@ impl CudaTuning {
                 _ => return Err(not_a_variant(v.trim())),
             },
         };
-        let cross_row_groups = match get(CUDA_CROSS_ROWS_ENV) {
-            None => None,
-            Some(v) => match v.trim().parse::<u8>() {
-                Ok(n) if (1..=CUDA_CROSS_MAX_ROW_GROUPS).contains(&n) => Some(n),
-                _ => return Err(not_row_groups(v.trim())),
-            },
+        // A count of 1 to `max` as set (`None` where unset), or `refuse`'s error.
+        let count = |name: &str, max: u8, refuse: fn(&str) -> RuntimeError| -> Result<Option<u8>> {
+            get(name)
+                .map(|v| {
+                    let v = v.trim();
+                    v.parse::<u8>()
+                        .ok()
+                        .filter(|n| (1..=max).contains(n))
+                        .ok_or_else(|| refuse(v))
+                })
+                .transpose()
         };
-        let bulk_warps = match get(CUDA_BULK_WARPS_ENV) {
-            None => None,
-            Some(v) => match v.trim().parse::<u8>() {
-                Ok(n) if (1..=CUDA_BULK_MAX_WARPS).contains(&n) => Some(n),
-                _ => return Err(not_bulk_warps(v.trim())),
-            },
-        };
-        let pipe_stages = match get(CUDA_PIPE_ENV) {
-            None => d.pipe_stages,
-            Some(v) => match v.trim().parse::<u8>() {
-                Ok(n) if (1..=CUDA_PIPE_MAX_STAGES).contains(&n) => n,
-                _ => {
-                    return Err(RuntimeError::invalid(
-                        CUDA_PIPE_ENV,
-                        format!("'{}' is not a number of column stages; use 1 (whole tiles) to {CUDA_PIPE_MAX_STAGES}", v.trim()),
-                    ))
-                }
-            },
-        };
+        let cross_row_groups = count(
+            CUDA_CROSS_ROWS_ENV,
+            CUDA_CROSS_MAX_ROW_GROUPS,
+            not_row_groups,
+        )?;
+        let bulk_warps = count(CUDA_BULK_WARPS_ENV, CUDA_BULK_MAX_WARPS, not_bulk_warps)?;
+        let pipe_stages =
+            count(CUDA_PIPE_ENV, CUDA_PIPE_MAX_STAGES, not_pipe_stages)?.unwrap_or(d.pipe_stages);
         // Split where asked, batched where asked (the default), one each where batching is
         // turned off; both asked is a contradiction.
         let (batch, split) = (switch(CUDA_COPY_BATCH_ENV)?, switch(CUDA_COPY_SPLIT_ENV)?);
