@@ -984,8 +984,6 @@ __device__ __forceinline__ void gate_up_impl(
             // waits on another's after it); the first FT_BULK_WARPS warps (all: 0) issue now.
             if ((threadIdx.x & 31) == 0) bulk_init(warp_bar);
             if (!bulk_deferred) bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
-            tg.factors = tile_at(fmt, gate, r0).factors;
-            tu.factors = tile_at(fmt, up, r0).factors;
         } else {
             tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
             tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
@@ -993,6 +991,14 @@ __device__ __forceinline__ void gate_up_impl(
     } else {
         tg = tile_at(fmt, gate, r0);
         tu = tile_at(fmt, up, r0);
+    }
+    // The pipelined and the bulk staging leave the rows' factors in global memory (a row's 2-
+    // or 4-byte factor is no 16-byte unit for their copies): the tiles read them there, each
+    // row's loaded before the wait for its values so that its latency hides behind it.
+    const bool factors_global = PIPE || bulk;
+    if (factors_global) {
+        tg.factors = tile_at(fmt, gate, r0).factors;
+        tu.factors = tile_at(fmt, up, r0).factors;
     }
     if (STAGED && FT_PREFETCH_DOWN && threadIdx.x == 0)
         prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), bx, I / G);
@@ -1052,8 +1058,7 @@ __device__ __forceinline__ void gate_up_impl(
                 const Tile tm = {is_up ? tu.vals : tg.vals, is_up ? tu.scales : tg.scales,
                                  is_up ? tu.factors : tg.factors};
                 const u8* mrow = tm.vals + (u64)rr * vrb;
-                // Bulk: the row's factor from global memory, loaded before the wait for the
-                // warp's rows so that its latency hides behind it.
+                // Bulk: the row's factor (global memory) loaded before the wait for its values.
                 float f_pre = 0.0f;
                 if (bulk) {
                     f_pre = row_factor(fmt, tm, rr);
@@ -1092,13 +1097,11 @@ __device__ __forceinline__ void gate_up_impl(
             for (int t = 0; t < MT; t++) { ga[t] = 0.0f; ua[t] = 0.0f; }
             const u8* grow = tg.vals + (u64)rr * vrb;
             const u8* urow = tu.vals + (u64)rr * vrb;
-            // Pipelined: the rows' factors from global memory (stage_warp_rows does not stage
-            // them), loaded before the dots so that their latency hides behind them.
-            // Bulk: the same, then the wait for the warp's rows.
-            float fg_pipe = 0.0f, fu_pipe = 0.0f;
-            if (PIPE || bulk) {
-                fg_pipe = row_factor(fmt, tile_at(fmt, gate, r0), rr);
-                fu_pipe = row_factor(fmt, tile_at(fmt, up, r0), rr);
+            // Factors in global memory: loaded before the waits and the dots.
+            float fg_pre = 0.0f, fu_pre = 0.0f;
+            if (factors_global) {
+                fg_pre = row_factor(fmt, tg, rr);
+                fu_pre = row_factor(fmt, tu, rr);
             }
             if (bulk) {
                 bulk_wait(warp_bar);
@@ -1157,8 +1160,8 @@ __device__ __forceinline__ void gate_up_impl(
                     }
                 }
             }
-            const float fg = PIPE || bulk ? fg_pipe : row_factor(fmt, tg, rr);
-            const float fu = PIPE || bulk ? fu_pipe : row_factor(fmt, tu, rr);
+            const float fg = factors_global ? fg_pre : row_factor(fmt, tg, rr);
+            const float fu = factors_global ? fu_pre : row_factor(fmt, tu, rr);
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 float g = __fmul_rn(reduce16(ga[t]), fg);
