@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{python, python_failing, repo_root};
+use common::{ab_rows, python, python_failing, repo_root};
 use serde_json::{json, Value};
 
 /// A `gpu_backend.json` with the fields the script reads: one kernel row per (tokens, us).
@@ -44,15 +44,8 @@ fn bench_ab_takes_the_median_round_and_compares_with_the_base() {
     )
     .unwrap();
     std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+    let rows = ab_rows("experiments/gpu-backend/bench_ab.py", dir.path(), "before");
     let script = repo_root().join("experiments/gpu-backend/bench_ab.py");
-    let out = python([
-        script.as_os_str(),
-        dir.path().as_os_str(),
-        "--base".as_ref(),
-        "before".as_ref(),
-        "--json".as_ref(),
-    ]);
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.len(), 4, "{rows:?}");
     let row = |case: &str, l: &str| {
         rows.iter()

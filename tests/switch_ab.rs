@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{python, python_failing, repo_root};
+use common::{ab_rows, python, python_failing, repo_root};
 use serde_json::{json, Value};
 
 /// A report as `ft run --json` writes its fields the script reads.
@@ -38,15 +38,8 @@ fn switch_ab_takes_the_median_round_and_compares_with_the_base() {
     .unwrap();
     std::fs::write(dir.path().join("b2-r2-on.json"), "not json").unwrap();
     std::fs::write(dir.path().join("notes.txt"), "x").unwrap();
+    let rows = ab_rows("experiments/runtime-grid/switch_ab.py", dir.path(), "off");
     let script = repo_root().join("experiments/runtime-grid/switch_ab.py");
-    let out = python([
-        script.as_os_str(),
-        dir.path().as_os_str(),
-        "--base".as_ref(),
-        "off".as_ref(),
-        "--json".as_ref(),
-    ]);
-    let rows: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows.len(), 3, "{rows:?}");
     let row = |s: u64, l: &str| {
         rows.iter()

@@ -45,6 +45,20 @@ pub fn python_failing<A: AsRef<OsStr>>(args: impl IntoIterator<Item = A>) -> Str
     stderr(&out)
 }
 
+/// Run an A/B reader of the repository (`experiments/*/..._ab.py`, relative to its root) on
+/// `folder` with `--base base --json`, asserting that it succeeded; the rows it printed.
+pub fn ab_rows(script: &str, folder: &Path, base: &str) -> Vec<serde_json::Value> {
+    let script = repo_root().join(script);
+    let out = python([
+        script.as_os_str(),
+        folder.as_os_str(),
+        "--base".as_ref(),
+        base.as_ref(),
+        "--json".as_ref(),
+    ]);
+    serde_json::from_slice(&out.stdout).expect("the rows as JSON")
+}
+
 /// Write `text` to `dir/name` (a model TOML, a host file) and return its path as an argument.
 pub fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
