@@ -409,7 +409,6 @@ mod cuda {
     /// contains one of its words, so a device call with little time left checks a new path
     /// alone (`FT_TEST_PATHS=cross`); the paths it ran are printed either way.
     fn on_every_path(check: impl Fn(&Device)) {
-        use ft_runtime::device::CudaTuning;
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
         let only: Vec<String> = std::env::var("FT_TEST_PATHS")
@@ -421,63 +420,43 @@ mod cuda {
             .collect();
         let mut ran = 0;
         // The paths not yet made defaults first, so a run cut short still checks them.
-        for (
-            staged_tiles,
-            dependent_launch,
-            e2m1_split,
-            pipe_stages,
-            new_paths,
-            fused_layer,
-            cross_down,
-            bulk_copies,
-            bulk_warps,
-        ) in [
-            // Whole gate/up tiles by bulk copies: with the other new paths (the chained
-            // launch, the small grids), without the split-sign dot and the dependent launch,
-            // and in the one-launch layer.
-            (true, true, true, 1, true, false, false, true, None),
-            (true, false, false, 1, false, false, false, true, None),
-            (true, true, true, 1, true, true, false, true, None),
+        let paths = [
+            // Whole gate/up tiles by bulk copies: with every newer switch (the hardware scale
+            // decode, the down prefetch, the small table and grids, the short down blocks,
+            // the chained launch), without the split-sign dot and the dependent launch, and
+            // in the one-launch layer.
+            "staged+pdl+split+cvt+l2down+small+wide+short+chain+bulk",
+            "staged+bulk",
+            "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
             // Throttled: two warps' copies of a block in flight, and one.
-            (true, true, true, 1, true, false, false, true, Some(2)),
-            (true, false, false, 1, false, false, false, true, Some(1)),
-            // The cross-task down kernel: with the other new paths, without the split-sign
+            "staged+pdl+split+cvt+l2down+small+wide+short+chain+bulk2",
+            "staged+bulk1",
+            // The cross-task down kernel: with the newer switches, without the split-sign
             // dot and the dependent launch.
-            (true, true, true, 1, true, false, true, false, None),
-            (true, false, false, 1, false, false, true, false, None),
+            "staged+pdl+split+cvt+l2down+small+wide+short+chain+cross",
+            "staged+cross",
             // The one-launch layer: staged (with the down matrices' L2 prefetch, and the
             // short down blocks, which it ignores), direct, without the split-sign dot.
-            (true, true, true, 1, true, true, false, false, None),
-            (false, false, true, 1, true, true, false, false, None),
-            (true, true, false, 1, false, true, false, false, None),
-            (true, true, true, 1, true, false, false, false, None),
-            (true, true, false, 1, true, false, false, false, None),
-            (false, false, true, 1, true, false, false, false, None),
-            (true, true, true, 1, false, false, false, false, None),
-            (true, true, false, 1, false, false, false, false, None),
-            (true, false, false, 1, false, false, false, false, None),
-            (false, false, false, 1, false, false, false, false, None),
-            (true, true, true, 2, false, false, false, false, None),
-            (true, true, true, 4, false, false, false, false, None),
-        ] {
-            let t = CudaTuning {
-                staged_tiles,
-                dependent_launch,
-                e2m1_split,
-                pipe_stages,
-                e4m3_cvt: new_paths,
-                prefetch_down: new_paths,
-                small_table: new_paths,
-                small_grid: new_paths,
-                fused_layer,
-                short_down: new_paths,
-                chained_launch: new_paths,
-                cross_down,
-                bulk_copies,
-                bulk_warps,
-                ..opened
-            };
-            let path = t.expert_path();
+            "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain",
+            "direct+split+cvt+small+wide+fused+short+chain",
+            "staged+pdl+fused",
+            // The newer switches with and without the older ones, then the older ones.
+            "staged+pdl+split+cvt+l2down+small+wide+short+chain",
+            "staged+pdl+cvt+l2down+small+wide+short+chain",
+            "direct+split+cvt+small+wide+short+chain",
+            "staged+pdl+split",
+            "staged+pdl",
+            "staged",
+            "direct",
+            // Pipelined column stages.
+            "staged+pdl+split+pipe2",
+            "staged+pdl+split+pipe4",
+        ];
+        for path in paths {
+            let t = opened
+                .with_path(path)
+                .unwrap_or_else(|e| panic!("{path}: {e}"));
+            assert_eq!(t.expert_path(), path, "a path names its tuning");
             if !only.is_empty() && !only.iter().any(|w| path.contains(w.as_str())) {
                 continue;
             }

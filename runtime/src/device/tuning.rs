@@ -599,6 +599,98 @@ impl CudaTuning {
         s
     }
 
+    /// This tuning with the expert-path switches as `path` names them, in the words of
+    /// [`CudaTuning::expert_path`] (`staged+pdl+split+cvt+wide+bulk2`): every switch the path
+    /// does not name is off, the forced variant and the copy submission stay as they are. So
+    /// a bench row or a test lists its paths by name, and `t.with_path(&t.expert_path())`
+    /// gives `t` back for every tuning whose switches all change its kernels. A word that
+    /// names no switch, a number where none belongs or out of range, or a word that needs
+    /// staged tiles on a `direct` path is a [`RuntimeError::Invalid`] naming the path.
+    pub fn with_path(&self, path: &str) -> Result<CudaTuning> {
+        let invalid = |why: String| RuntimeError::invalid(format!("expert path '{path}'"), why);
+        let mut words = path.split('+');
+        let staged_tiles = match words.next() {
+            Some("staged") => true,
+            Some("direct") => false,
+            _ => {
+                return Err(invalid(
+                    "it starts with neither 'staged' nor 'direct'".into(),
+                ))
+            }
+        };
+        let mut t = CudaTuning {
+            staged_tiles,
+            dependent_launch: false,
+            e2m1_split: false,
+            pipe_stages: 1,
+            e4m3_cvt: false,
+            prefetch_down: false,
+            small_table: false,
+            small_grid: false,
+            fused_layer: false,
+            short_down: false,
+            chained_launch: false,
+            cross_down: false,
+            cross_row_groups: None,
+            bulk_copies: false,
+            bulk_warps: None,
+            block_stamps: false,
+            ..*self
+        };
+        for word in words {
+            // The number is the word's trailing digits (`bulk2`; `l2down` has none).
+            let name = word.trim_end_matches(|c: char| c.is_ascii_digit());
+            let digits = &word[name.len()..];
+            let number =
+                if digits.is_empty() {
+                    None
+                } else {
+                    Some(digits.parse::<u8>().map_err(|_| {
+                        invalid(format!("'{word}': '{digits}' is not a small number"))
+                    })?)
+                };
+            let staged_only = matches!(name, "pipe" | "l2down" | "cross" | "bulk");
+            if staged_only && !staged_tiles {
+                return Err(invalid(format!("'{word}' needs staged tiles")));
+            }
+            let numbered = matches!(name, "pipe" | "cross" | "bulk");
+            if number.is_some() && !numbered {
+                return Err(invalid(format!("'{word}' takes no number")));
+            }
+            match name {
+                "pdl" => t.dependent_launch = true,
+                "split" => t.e2m1_split = true,
+                "pipe" => {
+                    t.pipe_stages =
+                        number.ok_or_else(|| invalid("'pipe' needs its number of stages".into()))?
+                }
+                "cvt" => t.e4m3_cvt = true,
+                "l2down" => t.prefetch_down = true,
+                "small" => t.small_table = true,
+                "wide" => t.small_grid = true,
+                "fused" => t.fused_layer = true,
+                "short" => t.short_down = true,
+                "chain" => t.chained_launch = true,
+                "cross" => (t.cross_down, t.cross_row_groups) = (true, number),
+                "bulk" => (t.bulk_copies, t.bulk_warps) = (true, number),
+                "stamps" => t.block_stamps = true,
+                _ => {
+                    return Err(invalid(format!(
+                        "'{word}' names no switch; the words are pdl, split, pipeN, cvt, \
+                         l2down, small, wide, fused, short, chain, cross[N], bulk[N], stamps"
+                    )))
+                }
+            }
+        }
+        if t.bulk_copies && t.pipe_stages > 1 {
+            return Err(invalid(
+                "'bulk' stages whole tiles, 'pipe' column stages: name one".into(),
+            ));
+        }
+        t.check().map_err(|e| invalid(e.to_string()))?;
+        Ok(t)
+    }
+
     /// Whether the gate/up kernels stage their tiles by bulk copies: asked for, on staged
     /// whole tiles (the pipelined staging copies its own way).
     pub fn bulk_stage(&self) -> bool {
@@ -629,6 +721,65 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         CudaTuning::from_lookup(|k| m.get(k).cloned())
+    }
+
+    #[test]
+    fn a_path_parses_to_the_tuning_that_names_it() {
+        let base = CudaTuning {
+            expert_variant: Some(8),
+            copies: CopySubmit::Split,
+            ..CudaTuning::default()
+        };
+        for path in [
+            "staged",
+            "direct",
+            "staged+pdl+split+cvt+wide",
+            "direct+split+cvt+small+wide+fused+short+chain",
+            "staged+pdl+split+pipe4+cvt+l2down",
+            "staged+pdl+split+cvt+wide+cross2",
+            "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
+            "staged+pdl+split+cvt+wide+chain+bulk16+stamps",
+        ] {
+            let t = base.with_path(path).unwrap();
+            assert_eq!(t.expert_path(), path);
+            assert_eq!((t.expert_variant, t.copies), (Some(8), CopySubmit::Split));
+        }
+        let d = CudaTuning::default();
+        assert_eq!(
+            base.with_path(&d.expert_path()).unwrap().expert_path(),
+            d.expert_path()
+        );
+        assert_eq!(d.with_path(&d.expert_path()).unwrap(), d);
+        let t = d.with_path("staged+bulk2").unwrap();
+        assert_eq!(
+            (t.bulk_copies, t.bulk_warps, t.e2m1_split),
+            (true, Some(2), false)
+        );
+        let t = d.with_path("staged+cross").unwrap();
+        assert_eq!((t.cross_down, t.cross_row_groups), (true, None));
+    }
+
+    #[test]
+    fn a_malformed_path_is_an_error_naming_it() {
+        let d = CudaTuning::default();
+        for (path, says) in [
+            ("", "neither"),
+            ("pdl+staged", "neither"),
+            ("staged+pdl+nope", "'nope' names no switch"),
+            ("staged+pdl2", "takes no number"),
+            ("staged+pipe", "number of stages"),
+            ("staged+pipe9", "column stages"),
+            ("staged+pipe2+bulk", "name one"),
+            ("staged+bulk17", "warps"),
+            ("staged+bulk999", "not a small number"),
+            ("staged+cross3", "row groups"),
+            ("direct+bulk", "needs staged tiles"),
+            ("direct+l2down", "needs staged tiles"),
+        ] {
+            let e = d.with_path(path).unwrap_err().to_string();
+            assert!(e.contains(&format!("'{path}'")), "{path}: {e}");
+            assert!(e.contains(says), "{path}: {e}");
+        }
     }
 
     #[test]
