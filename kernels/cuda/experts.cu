@@ -500,7 +500,9 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
 // the throttle). Measured with every warp issuing at once (0, the default), the first warp's
 // rows landed as late as the whole tile had (2026-12-06, experiments/gpu-backend, "Whole
 // gate/up tiles by bulk copies"): DRAM serves every request in flight interleaved, so rows
-// land early only if fewer bytes are in flight ahead of them.
+// land early only if fewer bytes are in flight ahead of them. Throttled, they land earlier
+// but the DRAM rate falls with the bytes in flight (each request waits about 2.5 us at one
+// warp a block): slower at every N on an H100 (2026-12-06T15:12Z, same section). Kept off.
 #ifndef FT_BULK_WARPS
 #define FT_BULK_WARPS 0
 #endif

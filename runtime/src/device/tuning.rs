@@ -155,7 +155,11 @@ pub const CUDA_BULK_ENV: &str = "FT_CUDA_BULK";
 /// warp at once, the first warp's rows landed as late as the whole tile had on an H100
 /// (2026-12-06, `experiments/gpu-backend`, "Whole gate/up tiles by bulk copies"): DRAM serves
 /// all requests in flight interleaved, so early rows land early only with fewer bytes in
-/// flight. Not yet measured.
+/// flight. Unset: slower at every N on an H100, the more so the fewer warps (10 experts at one
+/// token: N = 1 30.00 us, 2 26.61, 4 25.11 against 25.01 unthrottled off; offload at one
+/// stream with N = 2 x0.982): the first rows land earlier, but each request then waits about
+/// 2.5 us, so the DRAM rate falls with the bytes in flight
+/// (`experiments/gpu-backend/results/20261206T1512Z-h100-bulk-throttle`).
 pub const CUDA_BULK_WARPS_ENV: &str = "FT_CUDA_BULK_WARPS";
 
 /// The most warps of a block [`CUDA_BULK_WARPS_ENV`] takes (the small-grid kernel's 16;
