@@ -485,27 +485,18 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
 // series. With every warp's copies issued at once that does not change (measured on an H100,
 // 2026-12-06: warp 0's rows landed as late as the whole tile had, and the layer took 24.75
 // against 24.65 us): DRAM serves all the requests in flight interleaved, whichever was issued
-// first. FT_BULK_WARPS below throttles the copies so that the first rows land early. The
-// rows' factors are read from global memory, as in the pipelined staging. The same bytes in
-// the same places, so the same bits. Where a tile's ranges are not 16-byte units (the bulk
-// copy's alignment rule) the block stages it the usual way. Off by default.
+// first. Throttled so that only N warps' copies of a block were in flight (2026-12-06T15:12Z,
+// same section), the first rows landed earlier but the DRAM rate fell with the bytes in
+// flight (each request waited about 2.5 us at one warp a block): slower at every N, so taken
+// out again (it came in with fe3ea04). The rows' factors are read from
+// global memory, as in the pipelined staging. The same bytes in the same places, so the same
+// bits. Where a tile's ranges are not 16-byte units (the bulk copy's alignment rule) the
+// block stages it the usual way. Off by default.
 #ifndef FT_BULK_STAGE
 #define FT_BULK_STAGE 0
 #endif
 // Warps of the largest gate/up block (the small-grid kernel's 512 threads): one mbarrier each.
 #define BULK_MAX_WARPS 16
-// Throttled bulk staging (FT_BULK_WARPS = N > 0): a block keeps at most N warps' copies in
-// flight. Warps 0 .. N-1 issue theirs at the block's start, and warp w >= N only once warp
-// w - N's rows have landed, after the block's barrier (so that the barrier never waits for
-// the throttle). Measured with every warp issuing at once (0, the default), the first warp's
-// rows landed as late as the whole tile had (2026-12-06, experiments/gpu-backend, "Whole
-// gate/up tiles by bulk copies"): DRAM serves every request in flight interleaved, so rows
-// land early only if fewer bytes are in flight ahead of them. Throttled, they land earlier
-// but the DRAM rate falls with the bytes in flight (each request waits about 2.5 us at one
-// warp a block): slower at every N on an H100 (2026-12-06T15:12Z, same section). Kept off.
-#ifndef FT_BULK_WARPS
-#define FT_BULK_WARPS 0
-#endif
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
 
@@ -970,8 +961,6 @@ __device__ __forceinline__ void gate_up_impl(
     __shared__ __align__(8) u64 bulk_bar[BULK_MAX_WARPS];
     u64* const warp_bar = &bulk_bar[threadIdx.x / 32];
     bool bulk = false;
-    // Throttled (FT_BULK_WARPS > 0): this warp issues its copies after warp w - N's rows landed.
-    const bool bulk_deferred = FT_BULK_WARPS > 0 && (int)(threadIdx.x / 32) >= FT_BULK_WARPS;
     Tile tg, tu;
     if (PIPE) {
         tg = tile_in(fmt, H, G, smem + stage_off);
@@ -982,10 +971,8 @@ __device__ __forceinline__ void gate_up_impl(
         tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
         bulk = BULK && bulk_fits(fmt, gate, up, r0, tg, tu);
         if (bulk) {
-            // Every warp's barrier ready before the block's barrier below (a throttled warp
-            // waits on another's after it); the first FT_BULK_WARPS warps (all: 0) issue now.
             if ((threadIdx.x & 31) == 0) bulk_init(warp_bar);
-            if (!bulk_deferred) bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
+            bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
         } else {
             tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
             tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
@@ -1037,12 +1024,6 @@ __device__ __forceinline__ void gate_up_impl(
         if (!PIPE) stage_wait();
         __syncthreads();
         stamp(2);
-        // Throttled bulk staging: a deferred warp issues its copies once warp w - N's rows
-        // have landed (every barrier was made ready before the barrier above).
-        if (bulk && bulk_deferred && c0 == 0) {
-            bulk_wait(warp_bar - FT_BULK_WARPS);
-            bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
-        }
         const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
         if constexpr (WIDE) {
             static_assert(MT == 1, "the wide kernel is the one-token variant");

@@ -121,9 +121,6 @@ pub struct Specialization {
     /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
     /// mbarrier (`-DFT_BULK_STAGE=1`; sm_90; see `cuda/experts.cu`).
     pub bulk_stage: bool,
-    /// Warps of a block whose bulk copies may be in flight at once (`-DFT_BULK_WARPS=n` where
-    /// above 0; 0: every warp at once).
-    pub bulk_warps: u8,
 }
 
 impl Specialization {
@@ -138,7 +135,6 @@ impl Specialization {
         param_table_bytes: None,
         block_stamps: false,
         bulk_stage: false,
-        bulk_warps: 0,
     };
 
     /// The expert kernels for one format and activation path.
@@ -153,7 +149,6 @@ impl Specialization {
             param_table_bytes: None,
             block_stamps: false,
             bulk_stage: false,
-            bulk_warps: 0,
         }
     }
 
@@ -214,14 +209,6 @@ impl Specialization {
         }
     }
 
-    /// The same with at most `warps` warps' bulk copies of a block in flight (0: all at once).
-    pub fn with_bulk_warps(self, warps: u8) -> Self {
-        Specialization {
-            bulk_warps: warps,
-            ..self
-        }
-    }
-
     /// The preprocessor definitions that build it (`-DFT_FMT=3`, ...).
     pub fn defines(&self) -> Vec<String> {
         let mut d = Vec::new();
@@ -251,9 +238,6 @@ impl Specialization {
         }
         if self.bulk_stage {
             d.push("-DFT_BULK_STAGE=1".to_string());
-        }
-        if self.bulk_warps > 0 {
-            d.push(format!("-DFT_BULK_WARPS={}", self.bulk_warps));
         }
         d
     }
@@ -335,19 +319,6 @@ mod tests {
             ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_BULK_STAGE=1"]
         );
         assert!(src.contains("#ifndef FT_BULK_STAGE"));
-        assert_eq!(
-            Specialization::experts(3, 1)
-                .with_bulk_stage(true)
-                .with_bulk_warps(2)
-                .defines(),
-            [
-                "-DFT_FMT=3",
-                "-DFT_ACT=1",
-                "-DFT_BULK_STAGE=1",
-                "-DFT_BULK_WARPS=2"
-            ]
-        );
-        assert!(src.contains("#ifndef FT_BULK_WARPS"));
     }
 
     /// Both ways: every listed entry point is defined, and every `extern "C"` kernel of a

@@ -245,11 +245,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         // (2026-12-06), alone and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+bulk", ALL),
-        // The same throttled to 1, 2 or 4 warps of a block in flight (2026-12-06).
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk1", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk2", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk4", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+bulk2", ALL),
         // One launch for both halves (2026-12-06), and its unstaged form.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
@@ -293,7 +288,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk4", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split", 2),
@@ -306,7 +300,7 @@ fn kernel_cases() -> Vec<KernelCase> {
     cases
 }
 
-/// The tuning a case's path names (`staged+pdl+split+cvt+wide+bulk2`, ...;
+/// The tuning a case's path names (`staged+pdl+split+cvt+wide+cross2`, ...;
 /// [`CudaTuning::with_path`]), with `forced` as its variant and the copy submission as in
 /// `opened`.
 fn case_tuning(

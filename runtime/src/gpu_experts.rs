@@ -383,11 +383,6 @@ pub fn cuda_specialization(
     .with_prefetch_down(tuning.prefetch_down && tuning.staged_tiles)
     .with_block_stamps(tuning.block_stamps)
     .with_bulk_stage(tuning.bulk_stage())
-    .with_bulk_warps(if tuning.bulk_stage() {
-        tuning.bulk_warps.unwrap_or(0)
-    } else {
-        0
-    })
     .with_param_table_bytes(
         (tuning.small_table && table_bytes <= CUDA_SMALL_PARAM_TABLE_BYTES)
             .then_some(CUDA_SMALL_PARAM_TABLE_BYTES as u16),

@@ -443,9 +443,6 @@ mod cuda {
             "staged+pdl+split+cvt+l2down+small+wide+short+chain+bulk",
             "staged+bulk",
             "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
-            // Throttled: two warps' copies of a block in flight, and one.
-            "staged+pdl+split+cvt+l2down+small+wide+short+chain+bulk2",
-            "staged+bulk1",
             // The cross-task down kernel: with the newer switches, without the split-sign
             // dot and the dependent launch.
             "staged+pdl+split+cvt+l2down+small+wide+short+chain+cross",

@@ -145,26 +145,13 @@ pub const CUDA_CROSS_MAX_ROW_GROUPS: u8 = 2;
 /// warp 0's rows landed as late as the whole tile had. The same bytes in the same places, so
 /// the same bits; staged whole tiles only (not with [`CUDA_PIPE_ENV`]). Off: no gain on an
 /// H100 (24.75 against 24.65 us for 10 experts at one token, offload at one stream x0.993;
-/// `experiments/gpu-backend/results/20261206T1410Z-h100-bulk`); [`CUDA_BULK_WARPS_ENV`]
-/// throttles it.
+/// `experiments/gpu-backend/results/20261206T1410Z-h100-bulk`). Throttled to a few warps'
+/// copies of a block in flight (`FT_CUDA_BULK_WARPS`, fe3ea04), the first rows landed earlier
+/// but each request then waited about 2.5 us and the DRAM rate fell with the bytes in flight:
+/// slower at every depth (10 experts at one token: 30.00, 26.61, 25.11 us with one, two, four
+/// warps' copies in flight, against 25.01; `.../20261206T1512Z-h100-bulk-throttle`), so the
+/// throttle was taken out again.
 pub const CUDA_BULK_ENV: &str = "FT_CUDA_BULK";
-
-/// Throttles [`CUDA_BULK_ENV`]'s copies to N warps of a block in flight (1 to
-/// [`CUDA_BULK_MAX_WARPS`]; unset: every warp issues at once): warp w issues its copies once
-/// warp w - N's rows have landed (`FT_BULK_WARPS` in `kernels/cuda/experts.cu`). With every
-/// warp at once, the first warp's rows landed as late as the whole tile had on an H100
-/// (2026-12-06, `experiments/gpu-backend`, "Whole gate/up tiles by bulk copies"): DRAM serves
-/// all requests in flight interleaved, so early rows land early only with fewer bytes in
-/// flight. Unset: slower at every N on an H100, the more so the fewer warps (10 experts at one
-/// token: N = 1 30.00 us, 2 26.61, 4 25.11 against 25.01 unthrottled off; offload at one
-/// stream with N = 2 x0.982): the first rows land earlier, but each request then waits about
-/// 2.5 us, so the DRAM rate falls with the bytes in flight
-/// (`experiments/gpu-backend/results/20261206T1512Z-h100-bulk-throttle`).
-pub const CUDA_BULK_WARPS_ENV: &str = "FT_CUDA_BULK_WARPS";
-
-/// The most warps of a block [`CUDA_BULK_WARPS_ENV`] takes (the small-grid kernel's 16;
-/// `BULK_MAX_WARPS` in `kernels/cuda/experts.cu`).
-pub const CUDA_BULK_MAX_WARPS: u8 = 16;
 
 /// `1` builds the expert kernels with block timelines (`FT_STAMPS` in
 /// `kernels/cuda/experts.cu`): every block notes when it starts, when its start condition is
@@ -194,7 +181,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 19] = [
+pub const CUDA_TUNING_ENVS: [&str; 18] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -209,7 +196,6 @@ pub const CUDA_TUNING_ENVS: [&str; 19] = [
     CUDA_CROSS_DOWN_ENV,
     CUDA_CROSS_ROWS_ENV,
     CUDA_BULK_ENV,
-    CUDA_BULK_WARPS_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
     CUDA_COPY_BATCH_ENV,
@@ -284,9 +270,6 @@ pub struct CudaTuning {
     /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
     /// mbarrier ([`CUDA_BULK_ENV`]); staged whole tiles only.
     pub bulk_copies: bool,
-    /// Warps of a block whose bulk copies may be in flight at once (1 to
-    /// [`CUDA_BULK_MAX_WARPS`]); `None`: every warp at once ([`CUDA_BULK_WARPS_ENV`]).
-    pub bulk_warps: Option<u8>,
     /// Block timelines in the expert kernels ([`CUDA_STAMPS_ENV`]; instrumentation).
     pub block_stamps: bool,
     /// The forced instantiation, tokens per pass; `None`: by each launch's largest task
@@ -313,7 +296,6 @@ impl Default for CudaTuning {
             cross_down: false,
             cross_row_groups: None,
             bulk_copies: false,
-            bulk_warps: None,
             block_stamps: false,
             expert_variant: None,
             copies: CopySubmit::Batch,
@@ -334,14 +316,6 @@ fn not_pipe_stages(value: &str) -> RuntimeError {
     RuntimeError::invalid(
         CUDA_PIPE_ENV,
         format!("'{value}' is not a number of column stages; use 1 (whole tiles) to {CUDA_PIPE_MAX_STAGES}"),
-    )
-}
-
-/// The error of a [`CUDA_BULK_WARPS_ENV`] value that is no number of warps.
-fn not_bulk_warps(value: &str) -> RuntimeError {
-    RuntimeError::invalid(
-        CUDA_BULK_WARPS_ENV,
-        format!("'{value}' is not a number of warps in flight; use 1 to {CUDA_BULK_MAX_WARPS}, or leave it unset (every warp at once)"),
     )
 }
 
@@ -427,7 +401,6 @@ impl CudaTuning {
             CUDA_CROSS_MAX_ROW_GROUPS,
             not_row_groups,
         )?;
-        let bulk_warps = count(CUDA_BULK_WARPS_ENV, CUDA_BULK_MAX_WARPS, not_bulk_warps)?;
         let pipe_stages =
             count(CUDA_PIPE_ENV, CUDA_PIPE_MAX_STAGES, not_pipe_stages)?.unwrap_or(d.pipe_stages);
         // Split where asked, batched where asked (the default), one each where batching is
@@ -460,7 +433,6 @@ impl CudaTuning {
             cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
             cross_row_groups,
             bulk_copies: switch(CUDA_BULK_ENV)?.unwrap_or(d.bulk_copies),
-            bulk_warps,
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
             copies,
@@ -491,10 +463,6 @@ impl CudaTuning {
                     .unwrap_or_default(),
             ),
             (CUDA_BULK_ENV, bit(self.bulk_copies)),
-            (
-                CUDA_BULK_WARPS_ENV,
-                self.bulk_warps.map(|n| n.to_string()).unwrap_or_default(),
-            ),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
                 CUDA_VARIANT_ENV,
@@ -527,11 +495,6 @@ impl CudaTuning {
                 return Err(not_row_groups(&n.to_string()));
             }
         }
-        if let Some(n) = self.bulk_warps {
-            if !(1..=CUDA_BULK_MAX_WARPS).contains(&n) {
-                return Err(not_bulk_warps(&n.to_string()));
-            }
-        }
         match self.expert_variant {
             Some(n) if !CUDA_VARIANT_TOKENS.contains(&n) => Err(not_a_variant(&n.to_string())),
             _ => Ok(()),
@@ -545,8 +508,7 @@ impl CudaTuning {
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
     /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
     /// cross-task down kernel of staged tiles (`+cross1`, `+cross2` with its row groups
-    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies (`+bulk2`: two warps'
-    /// copies of a block in flight at once), `+stamps` for the
+    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies, `+stamps` for the
     /// block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
@@ -593,9 +555,6 @@ impl CudaTuning {
         }
         if self.bulk_stage() {
             s.push_str("+bulk");
-            if let Some(n) = self.bulk_warps {
-                s.push_str(&n.to_string());
-            }
         }
         if self.block_stamps {
             s.push_str("+stamps");
@@ -604,7 +563,7 @@ impl CudaTuning {
     }
 
     /// This tuning with the expert-path switches as `path` names them, in the words of
-    /// [`CudaTuning::expert_path`] (`staged+pdl+split+cvt+wide+bulk2`): every switch the path
+    /// [`CudaTuning::expert_path`] (`staged+pdl+split+cvt+wide+cross2`): every switch the path
     /// does not name is off, the forced variant and the copy submission stay as they are. So
     /// a bench row or a test lists its paths by name, and `t.with_path(&t.expert_path())`
     /// gives `t` back for every tuning whose switches all change its kernels. A word that
@@ -637,12 +596,11 @@ impl CudaTuning {
             cross_down: false,
             cross_row_groups: None,
             bulk_copies: false,
-            bulk_warps: None,
             block_stamps: false,
             ..*self
         };
         for word in words {
-            // The number is the word's trailing digits (`bulk2`; `l2down` has none).
+            // The number is the word's trailing digits (`cross2`; `l2down` has none).
             let name = word.trim_end_matches(|c: char| c.is_ascii_digit());
             let digits = &word[name.len()..];
             let number =
@@ -657,7 +615,7 @@ impl CudaTuning {
             if staged_only && !staged_tiles {
                 return Err(invalid(format!("'{word}' needs staged tiles")));
             }
-            let numbered = matches!(name, "pipe" | "cross" | "bulk");
+            let numbered = matches!(name, "pipe" | "cross");
             if number.is_some() && !numbered {
                 return Err(invalid(format!("'{word}' takes no number")));
             }
@@ -676,12 +634,12 @@ impl CudaTuning {
                 "short" => t.short_down = true,
                 "chain" => t.chained_launch = true,
                 "cross" => (t.cross_down, t.cross_row_groups) = (true, number),
-                "bulk" => (t.bulk_copies, t.bulk_warps) = (true, number),
+                "bulk" => t.bulk_copies = true,
                 "stamps" => t.block_stamps = true,
                 _ => {
                     return Err(invalid(format!(
                         "'{word}' names no switch; the words are pdl, split, pipeN, cvt, \
-                         l2down, small, wide, fused, short, chain, cross[N], bulk[N], stamps"
+                         l2down, small, wide, fused, short, chain, cross[N], bulk, stamps"
                     )))
                 }
             }
@@ -742,7 +700,7 @@ mod tests {
             "staged+pdl+split+pipe4+cvt+l2down",
             "staged+pdl+split+cvt+wide+cross2",
             "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
-            "staged+pdl+split+cvt+wide+chain+bulk16+stamps",
+            "staged+pdl+split+cvt+wide+chain+bulk+stamps",
         ] {
             let t = base.with_path(path).unwrap();
             assert_eq!(t.expert_path(), path);
@@ -754,11 +712,8 @@ mod tests {
             d.expert_path()
         );
         assert_eq!(d.with_path(&d.expert_path()).unwrap(), d);
-        let t = d.with_path("staged+bulk2").unwrap();
-        assert_eq!(
-            (t.bulk_copies, t.bulk_warps, t.e2m1_split),
-            (true, Some(2), false)
-        );
+        let t = d.with_path("staged+bulk").unwrap();
+        assert_eq!((t.bulk_copies, t.e2m1_split), (true, false));
         let t = d.with_path("staged+cross").unwrap();
         assert_eq!((t.cross_down, t.cross_row_groups), (true, None));
     }
@@ -774,8 +729,8 @@ mod tests {
             ("staged+pipe", "number of stages"),
             ("staged+pipe9", "column stages"),
             ("staged+pipe2+bulk", "name one"),
-            ("staged+bulk17", "warps"),
-            ("staged+bulk999", "not a small number"),
+            ("staged+bulk2", "takes no number"),
+            ("staged+cross999", "not a small number"),
             ("staged+cross3", "row groups"),
             ("direct+bulk", "needs staged tiles"),
             ("direct+l2down", "needs staged tiles"),
@@ -822,7 +777,6 @@ mod tests {
             (CUDA_CROSS_DOWN_ENV, "1"),
             (CUDA_CROSS_ROWS_ENV, "2"),
             (CUDA_BULK_ENV, "1"),
-            (CUDA_BULK_WARPS_ENV, "2"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
             (CUDA_COPY_SPLIT_ENV, "1"),
@@ -845,7 +799,6 @@ mod tests {
                 cross_down: true,
                 cross_row_groups: Some(2),
                 bulk_copies: true,
-                bulk_warps: Some(2),
                 block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
@@ -873,7 +826,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk2+stamps"
+            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -905,11 +858,9 @@ mod tests {
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
             for bits in 0..8192u32 {
-                for (expert_variant, pipe_stages, cross_row_groups, bulk_warps) in [
-                    (None, 1, None, None),
-                    (Some(2), 4, Some(1), Some(1)),
-                    (None, 2, Some(2), Some(16)),
-                ] {
+                for (expert_variant, pipe_stages, cross_row_groups) in
+                    [(None, 1, None), (Some(2), 4, Some(1)), (None, 2, Some(2))]
+                {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
                         dependent_launch: bits & 2 != 0,
@@ -926,7 +877,6 @@ mod tests {
                         cross_down: bits & 2048 != 0,
                         cross_row_groups,
                         bulk_copies: bits & 4096 != 0,
-                        bulk_warps,
                         expert_variant,
                         copies,
                     };
@@ -959,9 +909,6 @@ mod tests {
             (CUDA_CROSS_ROWS_ENV, "3"),
             (CUDA_CROSS_ROWS_ENV, "two"),
             (CUDA_BULK_ENV, "tma"),
-            (CUDA_BULK_WARPS_ENV, "0"),
-            (CUDA_BULK_WARPS_ENV, "17"),
-            (CUDA_BULK_WARPS_ENV, "few"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
@@ -991,10 +938,6 @@ mod tests {
             },
             CudaTuning {
                 cross_row_groups: Some(3),
-                ..CudaTuning::default()
-            },
-            CudaTuning {
-                bulk_warps: Some(0),
                 ..CudaTuning::default()
             },
         ] {
