@@ -668,8 +668,9 @@ pub struct Engine {
     /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
     dense_out: DeviceBuffer,
     /// The flag the last fetched chunk's launch is gated on, one u32, where it is
-    /// ([`Engine::gates_last_chunk`]), and the value the last gated layer waited for (each
-    /// gated layer the next).
+    /// ([`Engine::gates_last_chunk`]), and the last value a gated layer waited for (each
+    /// gated layer the next one, or the next two where the chunk is split: gate/up's, then
+    /// down's).
     gate_flag: Option<DeviceBuffer>,
     gate_value: u32,
     /// Bytes of each layer's dense weights read after the router (the shared experts).
