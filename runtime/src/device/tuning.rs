@@ -279,26 +279,40 @@ pub struct CudaTuning {
     pub copies: CopySubmit,
 }
 
+impl CudaTuning {
+    /// Every path switch off (direct reads, whole tiles), no forced variant, batched copies:
+    /// what [`CudaTuning::default`] and [`CudaTuning::with_path`] turn switches on from.
+    const PATHS_OFF: CudaTuning = CudaTuning {
+        staged_tiles: false,
+        dependent_launch: false,
+        e2m1_split: false,
+        pipe_stages: 1,
+        e4m3_cvt: false,
+        prefetch_down: false,
+        small_table: false,
+        small_grid: false,
+        fused_layer: false,
+        short_down: false,
+        chained_launch: false,
+        cross_down: false,
+        cross_row_groups: None,
+        bulk_copies: false,
+        block_stamps: false,
+        expert_variant: None,
+        copies: CopySubmit::Batch,
+    };
+}
+
 impl Default for CudaTuning {
+    /// The paths the measurements made defaults (each variable's docs say when and why).
     fn default() -> Self {
         CudaTuning {
             staged_tiles: true,
             dependent_launch: true,
             e2m1_split: true,
-            pipe_stages: 1,
             e4m3_cvt: true,
-            prefetch_down: false,
-            small_table: false,
             small_grid: true,
-            fused_layer: false,
-            short_down: false,
-            chained_launch: false,
-            cross_down: false,
-            cross_row_groups: None,
-            bulk_copies: false,
-            block_stamps: false,
-            expert_variant: None,
-            copies: CopySubmit::Batch,
+            ..Self::PATHS_OFF
         }
     }
 }
@@ -583,21 +597,9 @@ impl CudaTuning {
         };
         let mut t = CudaTuning {
             staged_tiles,
-            dependent_launch: false,
-            e2m1_split: false,
-            pipe_stages: 1,
-            e4m3_cvt: false,
-            prefetch_down: false,
-            small_table: false,
-            small_grid: false,
-            fused_layer: false,
-            short_down: false,
-            chained_launch: false,
-            cross_down: false,
-            cross_row_groups: None,
-            bulk_copies: false,
-            block_stamps: false,
-            ..*self
+            expert_variant: self.expert_variant,
+            copies: self.copies,
+            ..Self::PATHS_OFF
         };
         for word in words {
             // The number is the word's trailing digits (`cross2`; `l2down` has none).
