@@ -485,7 +485,7 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
 // series. With every warp's copies issued at once that does not change (measured on an H100,
 // 2026-12-06: warp 0's rows landed as late as the whole tile had, and the layer took 24.75
 // against 24.65 us): DRAM serves all the requests in flight interleaved, whichever was issued
-// first. Throttled so that only N warps' copies of a block were in flight (2026-12-06T15:12Z,
+// first. Throttled so that only N warps' copies of a block were in flight (2026-12-06T15:18Z,
 // same section), the first rows landed earlier but the DRAM rate fell with the bytes in
 // flight (each request waited about 2.5 us at one warp a block): slower at every N, so taken
 // out again (it came in with fe3ea04). The rows' factors are read from

@@ -149,7 +149,7 @@ pub const CUDA_CROSS_MAX_ROW_GROUPS: u8 = 2;
 /// copies of a block in flight (`FT_CUDA_BULK_WARPS`, fe3ea04), the first rows landed earlier
 /// but each request then waited about 2.5 us and the DRAM rate fell with the bytes in flight:
 /// slower at every depth (10 experts at one token: 30.00, 26.61, 25.11 us with one, two, four
-/// warps' copies in flight, against 25.01; `.../20261206T1512Z-h100-bulk-throttle`), so the
+/// warps' copies in flight, against 25.01; `.../20261206T1518Z-h100-bulk-throttle`), so the
 /// throttle was taken out again.
 pub const CUDA_BULK_ENV: &str = "FT_CUDA_BULK";
 
