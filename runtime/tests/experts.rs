@@ -196,42 +196,78 @@ fn f32_path_matches_reference(d: &Device) {
     }
 }
 
-/// int8 path: bit-identical to the CPU kernels, and near the reference.
-fn int8_path_is_bit_identical_to_cpu(d: &Device, shapes: &[(usize, usize, usize, usize, usize)]) {
-    let mut report = Vec::new();
-    for f in ExpertFormat::ALL
+/// An int8 case with what every path must give for it: the CPU kernels' outputs (bit for
+/// bit) and the f64 reference's (near).
+struct Int8Check {
+    label: String,
+    case: Case,
+    cpu: Vec<f32>,
+    reference: Vec<f64>,
+}
+
+/// The int8 cases of `shapes` for every format with an int8 path, with the CPU's and the f64
+/// reference's outputs, built once (in parallel, one thread a case) for every path a test
+/// checks: building them, not the launches, is most of the test's time (about 40 s a path
+/// on the GPU machine when each path built its own).
+fn int8_checks(shapes: &[(usize, usize, usize, usize, usize)]) -> Vec<Int8Check> {
+    let specs: Vec<_> = ExpertFormat::ALL
         .into_iter()
         .filter(|f| f.has_int8_activation_path())
-    {
-        for (n, &(hidden, inter, ne, tokens, k)) in shapes.iter().enumerate() {
-            let c = case(
-                f,
-                ActivationPath::Int8,
-                hidden,
-                inter,
-                ne,
-                tokens,
-                k,
-                7 + n as u64,
-            );
-            let got = run_on(d, &c);
-            let want = cpu(&c);
-            let differ = differing_bits(&got, &want);
-            let max_abs = got
-                .iter()
-                .zip(&want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            if differ > 0 {
-                report.push(format!("{f} {hidden}x{inter} experts {ne} tokens {tokens}: {differ} of {} outputs differ, max |diff| {max_abs:e}", got.len()));
-            }
-            let err = relative_error(&got, &reference(&c));
-            // int8 activations: a few 1e-3 relative (documented by ft-kernels).
-            assert!(
-                err < 3e-2,
-                "{f} {hidden}x{inter}: int8 path relative error {err:e} vs f64"
-            );
+        .flat_map(|f| shapes.iter().enumerate().map(move |(n, &s)| (f, n, s)))
+        .collect();
+    std::thread::scope(|scope| {
+        let built: Vec<_> = specs
+            .iter()
+            .map(|&(f, n, (hidden, inter, ne, tokens, k))| {
+                scope.spawn(move || {
+                    let case = case(
+                        f,
+                        ActivationPath::Int8,
+                        hidden,
+                        inter,
+                        ne,
+                        tokens,
+                        k,
+                        7 + n as u64,
+                    );
+                    Int8Check {
+                        label: format!("{f} {hidden}x{inter} experts {ne} tokens {tokens}"),
+                        cpu: cpu(&case),
+                        reference: reference(&case),
+                        case,
+                    }
+                })
+            })
+            .collect();
+        built.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// int8 path: bit-identical to the CPU kernels, and near the reference.
+fn int8_path_is_bit_identical_to_cpu(d: &Device, checks: &[Int8Check]) {
+    let mut report = Vec::new();
+    for check in checks {
+        let got = run_on(d, &check.case);
+        let differ = differing_bits(&got, &check.cpu);
+        let max_abs = got
+            .iter()
+            .zip(&check.cpu)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        if differ > 0 {
+            report.push(format!(
+                "{}: {differ} of {} outputs differ, max |diff| {max_abs:e}",
+                check.label,
+                got.len()
+            ));
         }
+        let err = relative_error(&got, &check.reference);
+        // int8 activations: a few 1e-3 relative (documented by ft-kernels).
+        assert!(
+            err < 3e-2,
+            "{}: int8 path relative error {err:e} vs f64",
+            check.label
+        );
     }
     assert!(
         report.is_empty(),
@@ -379,7 +415,7 @@ fn host_f32_path_matches_reference() {
 
 #[test]
 fn host_int8_path_is_bit_identical_to_cpu() {
-    int8_path_is_bit_identical_to_cpu(&host(), SHAPES);
+    int8_path_is_bit_identical_to_cpu(&host(), &int8_checks(SHAPES));
 }
 
 #[test]
@@ -505,7 +541,8 @@ mod cuda {
             (3072, 1536, 8, 2, 8),
             (4096, 2048, 6, 1, 6),
         ]);
-        on_every_path(|d| int8_path_is_bit_identical_to_cpu(d, &shapes));
+        let checks = int8_checks(&shapes);
+        on_every_path(|d| int8_path_is_bit_identical_to_cpu(d, &checks));
     }
 
     /// A gated launch waits on the GPU for its flag (`gated_launch_waits_for_its_flag`).
