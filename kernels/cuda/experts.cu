@@ -488,10 +488,10 @@ __device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat
 // first. Throttled so that only N warps' copies of a block were in flight (2026-12-06T15:18Z,
 // same section), the first rows landed earlier but the DRAM rate fell with the bytes in
 // flight (each request waited about 2.5 us at one warp a block): slower at every N, so taken
-// out again (it came in with fe3ea04). The rows' factors are read from
-// global memory, as in the pipelined staging. The same bytes in the same places, so the same
-// bits. Where a tile's ranges are not 16-byte units (the bulk copy's alignment rule) the
-// block stages it the usual way. Off by default.
+// out again (it came in with fe3ea04). The rows' factors are read from global memory, as in
+// the pipelined staging. The same bytes in the same places, so the same bits. Where a tile's
+// ranges are not 16-byte units (the bulk copy's alignment rule) the block stages it the usual
+// way. Off by default.
 #ifndef FT_BULK_STAGE
 #define FT_BULK_STAGE 0
 #endif

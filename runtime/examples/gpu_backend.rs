@@ -56,6 +56,20 @@ const ROTATE_LAYERS: usize = 6;
 /// queue the batch at about 20 us a launch).
 const QUEUE_BATCH: usize = 12;
 const QUEUE_HOLD_US: f64 = 1500.0;
+
+/// The device's time per launch of a batch of [`QUEUE_BATCH`] launches (`launch(j)`, j the
+/// launch's index) queued behind a hold: launch gaps included, the host's cost of queueing
+/// them not. What a decode step sees, since the host runs ahead of the GPU.
+fn queued_batch_us(
+    s: &ft_runtime::device::Stream,
+    start: &ft_runtime::device::Event,
+    end: &ft_runtime::device::Event,
+    launch: impl Fn(usize) -> ft_runtime::Result<()>,
+) -> ft_runtime::Result<f64> {
+    s.hold_us(QUEUE_HOLD_US)?;
+    let us = s.time_us(start, end, || (0..QUEUE_BATCH).try_for_each(&launch))?;
+    Ok(us / QUEUE_BATCH as f64)
+}
 /// Gather sizes, experts.
 const GATHER_SIZES: [usize; 4] = [8, 16, 32, 64];
 
@@ -521,19 +535,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     );
     let mut t = Vec::new();
     for r in 0..=reps.min(10) {
-        s.hold_us(QUEUE_HOLD_US)?;
-        let us = s.time_us(&e0, &e1, || {
-            (0..QUEUE_BATCH).try_for_each(|j| {
-                let window = [DenseRead {
-                    buffer: &a,
-                    offset: j * layer_bytes,
-                    bytes: layer_bytes,
-                }];
-                s.launch_dense(&window, &out_buf)
-            })
+        let us = queued_batch_us(&s, &e0, &e1, |j| {
+            let window = [DenseRead {
+                buffer: &a,
+                offset: j * layer_bytes,
+                bytes: layer_bytes,
+            }];
+            s.launch_dense(&window, &out_buf)
         })?;
         if r > 0 {
-            t.push(us / QUEUE_BATCH as f64);
+            t.push(us);
         }
     }
     let dense_read_layer_gbs = layer_bytes as f64 / (median(&t) * 1e3);
@@ -690,14 +701,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                 // Only the last batch's records (the earlier launches' are dropped).
                 d.take_block_stamps()?;
             }
-            s.hold_us(QUEUE_HOLD_US)?;
-            let us = s.time_us(&e0, &e1, || {
-                (0..QUEUE_BATCH).try_for_each(|j| {
-                    s.launch_experts(&steps[(r + j) % ROTATE_LAYERS], pool.buffer(), &x, &y)
-                })
+            let us = queued_batch_us(&s, &e0, &e1, |j| {
+                s.launch_experts(&steps[(r + j) % ROTATE_LAYERS], pool.buffer(), &x, &y)
             })?;
             if r > 0 {
-                queued.push(us / QUEUE_BATCH as f64);
+                queued.push(us);
             }
             if stamps && r == last {
                 let got = d.take_block_stamps()?;
@@ -950,8 +958,6 @@ mod tests {
         }
     }
 
-    /// The 2026-12-06 H100 run's numbers: 7.07 us with no work, 27.7 MB at 2850 GB/s, a
-    /// 3000 GB/s read+write copy.
     #[test]
     fn every_case_path_names_the_tuning_it_parses_to() {
         for (_, _, forced, path, _) in kernel_cases() {
@@ -961,6 +967,8 @@ mod tests {
         }
     }
 
+    /// The 2026-12-06 H100 run's numbers: 7.07 us with no work, 27.7 MB at 2850 GB/s, a
+    /// 3000 GB/s read+write copy.
     #[test]
     fn the_floor_adds_the_no_work_layer_and_the_bytes_at_the_dense_rate() {
         let rows = vec![row(1, "p", 25.76), row(0, "p", 7.07), row(0, "other", 1.0)];

@@ -265,7 +265,7 @@ pub struct CudaTuning {
     /// ([`CUDA_CROSS_DOWN_ENV`]).
     pub cross_down: bool,
     /// The cross-task down kernel's row groups per half-warp, forced (1 to
-    /// [`CUDA_CROSS_MAX_ROW_GROUPS`]); `None`: by the launch's grid ([`CUDA_CROSS_ROWS_ENV`]).
+    /// [`CUDA_CROSS_MAX_ROW_GROUPS`]); `None`: one ([`CUDA_CROSS_ROWS_ENV`]).
     pub cross_row_groups: Option<u8>,
     /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
     /// mbarrier ([`CUDA_BULK_ENV`]); staged whole tiles only.
