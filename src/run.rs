@@ -184,15 +184,6 @@ pub struct Args {
           require_equals = true, default_value = "1", default_missing_value = "1",
           value_parser = parse_env_switch_on)]
     gate_last_chunk: bool,
-    /// With the gate: copy the last fetched chunk's experts in two parts, their gate and up
-    /// matrices first, then their down matrices, each part setting its own value of the
-    /// flag, so the chunk's gate/up kernel runs while the down matrices are on the link and
-    /// only down and the combine follow the last copy; the same bits. Off by default (`=1`
-    /// turns it on; it applies where the gate does).
-    #[arg(long, env = "FT_SPLIT_LAST_CHUNK", action = clap::ArgAction::Set, num_args = 0..=1,
-          require_equals = true, default_value = "0", default_missing_value = "1",
-          value_parser = parse_env_switch_off)]
-    split_last_chunk: bool,
     /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
     /// ... experts) or timed (each chunk as large as its kernels allow beside the next
     /// chunk's copies, the kernels and a copy timed when the engine starts); the same bits.
@@ -388,10 +379,6 @@ pub struct RunReport {
     /// (`--gate-last-chunk`).
     #[serde(default)]
     pub gate_last_chunk: bool,
-    /// Whether the gated last chunk was copied in two parts, gate/up then down
-    /// (`--split-last-chunk`).
-    #[serde(default)]
-    pub split_last_chunk: bool,
     /// How fetched experts were cut into chunks (`--fetch-chunking`).
     #[serde(default)]
     pub fetch_chunking: String,
@@ -941,7 +928,6 @@ pub fn run(args: Args) -> Result<()> {
         // its own call (`Engine::gates_last_chunk`, what the report says).
         fold_combine: args.fold_combine,
         gate_last_chunk: args.gate_last_chunk,
-        split_last_chunk: args.split_last_chunk,
         fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
@@ -1211,7 +1197,6 @@ pub fn run(args: Args) -> Result<()> {
             fetch_chunks: cfg.fetch_chunks,
             fold_combine: cfg.fold_combine,
             gate_last_chunk: engine.gates_last_chunk(),
-            split_last_chunk: engine.splits_last_chunk(),
             fetch_chunking: cfg.fetch_chunking.name().into(),
             chunk_timer: engine.chunk_timer().copied(),
             gpu_act: cfg.gpu_path.name().into(),
@@ -1312,10 +1297,10 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         } else {
             ""
         },
-        match (r.gate_last_chunk, r.split_last_chunk) {
-            (true, true) => ", last chunk gated and split",
-            (true, false) => ", last chunk gated",
-            _ => "",
+        if r.gate_last_chunk {
+            ", last chunk gated"
+        } else {
+            ""
         }
     )?;
     writeln!(
@@ -1806,20 +1791,10 @@ fn parse_fetch_chunks(value: &str) -> Result<usize, String> {
 /// empty value, which counts as unset (on), so that `FT_X=$(cond && echo 0)` in a script
 /// means what it says.
 fn parse_env_switch_on(value: &str) -> Result<bool, String> {
-    parse_env_switch(value, true)
-}
-
-/// A switch off by default ([`parse_env_switch_on`], with an empty value off).
-fn parse_env_switch_off(value: &str) -> Result<bool, String> {
-    parse_env_switch(value, false)
-}
-
-/// A switch's value, `unset` where it is empty.
-fn parse_env_switch(value: &str, unset: bool) -> Result<bool, String> {
     use clap::builder::TypedValueParser;
     let value = value.trim();
     if value.is_empty() {
-        return Ok(unset);
+        return Ok(true);
     }
     clap::builder::BoolishValueParser::new()
         .parse_ref(&clap::Command::new("ft"), None, std::ffi::OsStr::new(value))
@@ -1828,9 +1803,7 @@ fn parse_env_switch(value: &str, unset: bool) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        empty_means, median_index, parse_env_switch_off, parse_env_switch_on, parse_fetch_chunks,
-    };
+    use super::{empty_means, median_index, parse_env_switch_on, parse_fetch_chunks};
 
     #[test]
     fn an_empty_word_or_count_is_its_default() {
@@ -1860,10 +1833,6 @@ mod tests {
         }
         let e = parse_env_switch_on("maybe").unwrap_err();
         assert!(e.contains("maybe"), "{e}");
-        assert_eq!(parse_env_switch_off(""), Ok(false));
-        assert_eq!(parse_env_switch_off(" on "), Ok(true));
-        assert_eq!(parse_env_switch_off("0"), Ok(false));
-        assert!(parse_env_switch_off("maybe").is_err());
     }
 
     #[test]

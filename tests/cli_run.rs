@@ -505,7 +505,6 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
     // Folded and gated by default (one GPU, copy-engine gathers).
     assert_eq!(plain["fold_combine"], true);
     assert_eq!(plain["gate_last_chunk"], true);
-    assert_eq!(plain["split_last_chunk"], false);
     assert_eq!(plain["fetch_chunks"], 4);
     assert_eq!(plain["fetch_chunking"], "halving");
     assert!(plain["chunk_timer"].is_null());
@@ -534,28 +533,14 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         set["summary"]["misses_per_layer"]
     );
     // An empty switch is unset, so on (a script's `FT_FOLD_COMBINE=$(cond && echo 0)`).
-    let empty = json(&common::ft_env(
-        &args,
-        &[("FT_FOLD_COMBINE", ""), ("FT_SPLIT_LAST_CHUNK", "")],
-    ));
+    let empty = json(&common::ft_env(&args, &[("FT_FOLD_COMBINE", "")]));
     assert_eq!(empty["fold_combine"], true);
-    assert_eq!(empty["split_last_chunk"], false);
-    // The split last chunk: on where the gate applies, and the same counts.
-    let split = json(&common::ft_env(&args, &[("FT_SPLIT_LAST_CHUNK", "1")]));
-    assert_eq!(split["split_last_chunk"], true);
-    assert_eq!(
-        plain["summary"]["misses_per_layer"],
-        split["summary"]["misses_per_layer"]
-    );
     // The flags: bare is on, `=0` off; a zero-copy gather is never gated.
     let mut flags = args.clone();
     flags.extend(["--fold-combine", "--gate-last-chunk=0"]);
     let flagged = json(&ft(&flags));
     assert_eq!(flagged["fold_combine"], true);
     assert_eq!(flagged["gate_last_chunk"], false);
-    let mut ungated_split = flags.clone();
-    ungated_split.push("--split-last-chunk");
-    assert_eq!(json(&ft(&ungated_split))["split_last_chunk"], false);
     let mut zero_copy = args.clone();
     zero_copy.extend(["--gather", "zero-copy"]);
     let zero_copy = json(&ft(&zero_copy));

@@ -84,36 +84,6 @@ pub fn regions(
         .collect()
 }
 
-/// Queue the gather of bytes `part` of each expert of `moves` on `stream` with `method`:
-/// the same copies as [`gather`], each cut to that range of the expert (the engine's split
-/// last chunk brings its experts' gate and up matrices first, their down matrices after).
-pub fn gather_part(
-    stream: &Stream,
-    bank: &HostBank,
-    pool: &SlotPool,
-    moves: &[(ExpertId, SlotId)],
-    method: GatherMethod,
-    part: std::ops::Range<usize>,
-) -> Result<()> {
-    let expert_bytes = pool.expert_bytes();
-    if part.start >= part.end || part.end > expert_bytes {
-        return Err(RuntimeError::invalid(
-            "gather part",
-            format!("bytes {part:?} of an expert of {expert_bytes} bytes"),
-        ));
-    }
-    let mut r = regions(bank, pool, moves)?;
-    for c in &mut r {
-        c.src_offset += part.start as u64;
-        c.dst_offset += part.start as u64;
-        c.bytes = (part.end - part.start) as u64;
-    }
-    match method {
-        GatherMethod::CopyEngine => stream.copy_h2d_regions(bank.buffer(), pool.buffer(), &r),
-        GatherMethod::ZeroCopy => stream.gather_zero_copy(bank.buffer(), pool.buffer(), &r),
-    }
-}
-
 /// Queue the gather of `moves` on `stream` with `method`.
 pub fn gather(
     stream: &Stream,
@@ -122,7 +92,11 @@ pub fn gather(
     moves: &[(ExpertId, SlotId)],
     method: GatherMethod,
 ) -> Result<()> {
-    gather_part(stream, bank, pool, moves, method, 0..pool.expert_bytes())
+    let r = regions(bank, pool, moves)?;
+    match method {
+        GatherMethod::CopyEngine => stream.copy_h2d_regions(bank.buffer(), pool.buffer(), &r),
+        GatherMethod::ZeroCopy => stream.gather_zero_copy(bank.buffer(), pool.buffer(), &r),
+    }
 }
 
 /// Both methods timed at one gather size.
@@ -347,55 +321,6 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("S6"), "{e}");
-    }
-
-    #[test]
-    fn a_part_gathers_only_its_range_of_each_expert() {
-        let (d, bank, pool) = setup();
-        let s = d.new_stream("copy").unwrap();
-        let moves = [
-            (ExpertId::new(1, 2), SlotId(1)),
-            (ExpertId::new(0, 5), SlotId(3)),
-        ];
-        let eb = pool.expert_bytes();
-        let cut = eb / 3 + 5;
-        for m in GatherMethod::ALL {
-            s.memset_zero(pool.buffer(), 0, pool.buffer().len())
-                .unwrap();
-            gather_part(&s, &bank, &pool, &moves, m, cut..eb).unwrap();
-            for (id, slot) in moves {
-                let mut got = vec![0u8; eb];
-                s.download(pool.buffer(), pool.offset(slot).unwrap(), &mut got)
-                    .unwrap();
-                let want = bank.expert(id).unwrap();
-                assert!(
-                    got[..cut].iter().all(|&b| b == 0),
-                    "{m} {id}: before the part"
-                );
-                assert_eq!(got[cut..], want[cut..], "{m} {id}");
-            }
-            // The two parts together are the whole gather.
-            gather_part(&s, &bank, &pool, &moves, m, 0..cut).unwrap();
-            for (id, slot) in moves {
-                let mut got = vec![0u8; eb];
-                s.download(pool.buffer(), pool.offset(slot).unwrap(), &mut got)
-                    .unwrap();
-                assert_eq!(got, bank.expert(id).unwrap(), "{m} {id}");
-            }
-        }
-        for bad in [0..0, eb..eb, 0..eb + 1] {
-            let e = gather_part(
-                &s,
-                &bank,
-                &pool,
-                &moves,
-                GatherMethod::CopyEngine,
-                bad.clone(),
-            )
-            .unwrap_err()
-            .to_string();
-            assert!(e.contains("gather part"), "{bad:?}: {e}");
-        }
     }
 
     #[test]

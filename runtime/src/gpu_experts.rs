@@ -731,15 +731,13 @@ pub(crate) struct CudaFoldCombine {
     pub k: u64,
 }
 
-/// A launch's start condition (experts.cu's `gate_wait`): every gate/up block waits until the
-/// u32 at device address `flag` has reached `value`, every down block until it has reached
-/// `down_value` (the one-launch layer's blocks: `down_value`); `flag` 0: none.
+/// A launch's start condition (experts.cu's `gate_wait`): every block waits until the u32 at
+/// device address `flag` has reached `value`; `flag` 0: none.
 #[cfg(feature = "cuda")]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct CudaGate {
     pub flag: u64,
     pub value: u32,
-    pub down_value: u32,
 }
 
 /// The kernels one launch of the expert kernels runs: the gate/up and down pair (the down
@@ -888,30 +886,25 @@ pub(crate) fn cuda_launch(
     }
     let param: &ParamTableArg = &table.param;
     // The arguments every kernel begins with (TABLE_ARGS, then format, path and shape).
-    // The down kernel (and the one-launch layer, whose blocks do both halves) waits for the
-    // gate's down value: the down matrices may land after gate/up's.
-    let (gate_flag, gate_value, down_value) = (gate.flag, gate.value, gate.down_value);
-    let leading = |value: &u32| {
-        [
-            p(param),
-            p(&table.staged),
-            p(&o_pairs),
-            p(&o_begin),
-            p(&o_tok),
-            p(&gate_flag),
-            p(value),
-            p(&fmt),
-            p(&act),
-            p(&h),
-            p(&i),
-        ]
-    };
-    let (common, down_common) = (leading(&gate_value), leading(&down_value));
+    let (gate_flag, gate_value) = (gate.flag, gate.value);
+    let common = [
+        p(param),
+        p(&table.staged),
+        p(&o_pairs),
+        p(&o_begin),
+        p(&o_tok),
+        p(&gate_flag),
+        p(&gate_value),
+        p(&fmt),
+        p(&act),
+        p(&h),
+        p(&i),
+    ];
     match kernels {
         LaunchKernels::Fused(layer) => {
             let grid = cuda_fused_grid(step.experts.len(), step.intermediate / g, down_tiles);
             let (fz, shift) = (fused_counters as u32, grid.shift as u32);
-            let mut layer_args: Vec<_> = down_common
+            let mut layer_args: Vec<_> = common
                 .iter()
                 .copied()
                 .chain([
@@ -951,7 +944,7 @@ pub(crate) fn cuda_launch(
                 .copied()
                 .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
                 .collect();
-            let mut down_args: Vec<_> = down_common
+            let mut down_args: Vec<_> = common
                 .iter()
                 .copied()
                 .chain([

@@ -310,22 +310,21 @@ fn empty_and_unrouted(d: &Device) {
 /// A launch gated on a flag waits for it: the weights start as zeros, another stream holds
 /// (tens of ms), copies the real weights in and only then sets the flag; the gated launch,
 /// queued at once, must see the real weights (the CPU kernels' bits), round after round on
-/// the same flag with the next values. The values start just below the u32 wrap, so the
-/// rounds wait across it (the comparison is modular). With `split` each round copies every
-/// expert's gate and up matrices, sets the flag's first value, holds again, copies the down
-/// matrices and sets the second ([`FlagGate::down_value`]): a down half that did not wait for
-/// the second value would read zeros. A misplaced flag is refused when queued.
-fn gated_launch_waits_for_its_flag(
-    d: &Device,
-    shapes: &[(usize, usize, usize, usize, usize)],
-    split: bool,
-) {
+/// the same flag with the next value. The values start just below the u32 wrap, so the
+/// rounds wait for u32::MAX, then 0, 1, ... (the comparison is modular). A misplaced flag
+/// is refused when queued.
+fn gated_launch_waits_for_its_flag(d: &Device, shapes: &[(usize, usize, usize, usize, usize)]) {
     use ft_runtime::device::FlagGate;
     let compute = d.new_stream("compute").unwrap();
     let copy = d.new_stream("copy").unwrap();
     let flag = d.alloc(4, "flag").unwrap();
-    let start = u32::MAX - 2;
-    copy.write_flag(&FlagGate::new(&flag, 0, start)).unwrap();
+    let start = u32::MAX - 1;
+    copy.write_flag(&FlagGate {
+        flag: &flag,
+        offset: 0,
+        value: start,
+    })
+    .unwrap();
     copy.synchronize().unwrap();
     for (round, &(hidden, inter, ne, tokens, k)) in shapes.iter().enumerate() {
         let c = case(
@@ -346,30 +345,14 @@ fn gated_launch_waits_for_its_flag(
         compute.memset_zero(&w, 0, c.weights.len()).unwrap();
         compute.upload_f32(&c.x, &x, 0).unwrap();
         compute.synchronize().unwrap();
-        let value = start.wrapping_add(2 * round as u32 + 1);
         let gate = FlagGate {
-            down_value: split.then(|| value.wrapping_add(1)),
-            ..FlagGate::new(&flag, 0, value)
+            flag: &flag,
+            offset: 0,
+            value: start.wrapping_add(round as u32 + 1),
         };
         copy.hold_us(30_000.0).unwrap();
-        if split {
-            let down = c.step.matrix_offsets()[2];
-            let eb = c.step.expert_bytes();
-            for e in &c.step.experts {
-                let o = e.weights_offset;
-                copy.copy_h2d(&src, o, &w, o, down).unwrap();
-            }
-            copy.write_flag(&gate).unwrap();
-            copy.hold_us(30_000.0).unwrap();
-            for e in &c.step.experts {
-                let o = e.weights_offset + down;
-                copy.copy_h2d(&src, o, &w, o, eb - down).unwrap();
-            }
-            copy.write_flag(&gate.down()).unwrap();
-        } else {
-            copy.copy_h2d(&src, 0, &w, 0, c.weights.len()).unwrap();
-            copy.write_flag(&gate).unwrap();
-        }
+        copy.copy_h2d(&src, 0, &w, 0, c.weights.len()).unwrap();
+        copy.write_flag(&gate).unwrap();
         compute
             .launch_experts_gated(&c.step, &w, &x, &y, None, &gate)
             .unwrap();
@@ -377,7 +360,7 @@ fn gated_launch_waits_for_its_flag(
         copy.synchronize().unwrap();
         let want = cpu(&c);
         let differ = differing_bits(&got, &want);
-        assert_eq!(differ, 0, "round {round} ({hidden}x{inter}, {ne} experts, split {split}): {differ} outputs differ from the CPU's");
+        assert_eq!(differ, 0, "round {round} ({hidden}x{inter}, {ne} experts): {differ} outputs differ from the CPU's");
     }
     let c = case(
         ExpertFormat::Nvfp4,
@@ -392,7 +375,11 @@ fn gated_launch_waits_for_its_flag(
     let w = d.alloc(c.weights.len(), "w").unwrap();
     let x = d.alloc(256, "x").unwrap();
     for (offset, says) in [(2, "multiple of 4"), (4, "flag")] {
-        let gate = FlagGate::new(&flag, offset, 1);
+        let gate = FlagGate {
+            flag: &flag,
+            offset,
+            value: 1,
+        };
         let e = compute
             .launch_experts_gated(&c.step, &w, &x, &x, None, &gate)
             .unwrap_err()
@@ -431,9 +418,7 @@ fn host_device_has_no_block_stamps() {
 
 #[test]
 fn host_gated_launch_waits_for_its_flag() {
-    for split in [false, true] {
-        gated_launch_waits_for_its_flag(&host(), &[(64, 64, 2, 1, 1), (128, 96, 5, 3, 2)], split);
-    }
+    gated_launch_waits_for_its_flag(&host(), &[(64, 64, 2, 1, 1), (128, 96, 5, 3, 2)]);
 }
 
 #[cfg(feature = "cuda")]
@@ -551,18 +536,14 @@ mod cuda {
     fn cuda_gated_launch_waits_for_its_flag() {
         // The served one-token layer (two launches, the dependent down kernel waiting too),
         // a few tokens, and a small layer.
-        // Then each with its down matrices copied after the flag's first value.
-        for split in [false, true] {
-            gated_launch_waits_for_its_flag(
-                &gpu(),
-                &[
-                    (2560, 640, 10, 1, 10),
-                    (2560, 640, 8, 4, 6),
-                    (256, 160, 3, 2, 2),
-                ],
-                split,
-            );
-        }
+        gated_launch_waits_for_its_flag(
+            &gpu(),
+            &[
+                (2560, 640, 10, 1, 10),
+                (2560, 640, 8, 4, 6),
+                (256, 160, 3, 2, 2),
+            ],
+        );
     }
 
     /// The block timelines: a stamped one-token layer (two launches, and the one-launch

@@ -733,7 +733,6 @@ fn cuda_gate(gate: Option<FlagGate<'_>>) -> Result<crate::gpu_experts::CudaGate>
         Some(g) => crate::gpu_experts::CudaGate {
             flag: dptr(g.flag)? + g.offset as u64,
             value: g.value,
-            down_value: g.last_value(),
         },
         None => Default::default(),
     })

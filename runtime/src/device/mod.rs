@@ -798,44 +798,14 @@ pub struct LayerCombine<'a> {
 /// ([`Stream::launch_experts_gated`]) is queued without an event wait and starts at once;
 /// its work waits on the device until the flag has reached `value` (modular: values count
 /// up and wrap), so its start overlaps the copies it depends on.
-///
-/// With `down_value`, an expert launch's two halves wait for two values of the one flag:
-/// gate/up for `value` (its experts' gate and up matrices have landed), down for
-/// `down_value` (their down matrices too; [`FlagGate::down`]), so gate/up computes while
-/// the down matrices are still being copied. A device that runs both halves as one piece of
-/// work waits for the later value ([`FlagGate::last_value`]).
 #[derive(Debug, Clone, Copy)]
 pub struct FlagGate<'a> {
     /// The buffer holding the flag.
     pub flag: &'a DeviceBuffer,
     /// Byte offset of the flag in it (a multiple of 4).
     pub offset: usize,
-    /// The value the launch (its gate/up half, with `down_value`) waits for.
+    /// The value the launch waits for.
     pub value: u32,
-    /// The value the launch's down half waits for; `None`: `value`.
-    pub down_value: Option<u32>,
-}
-
-impl<'a> FlagGate<'a> {
-    /// A gate of one value for the whole launch.
-    pub fn new(flag: &'a DeviceBuffer, offset: usize, value: u32) -> Self {
-        FlagGate {
-            flag,
-            offset,
-            value,
-            down_value: None,
-        }
-    }
-
-    /// The gate of the launch's down half: the same flag at `down_value` (or `value`).
-    pub fn down(&self) -> FlagGate<'a> {
-        FlagGate::new(self.flag, self.offset, self.last_value())
-    }
-
-    /// The value after which both halves may run: `down_value`, or `value`.
-    pub fn last_value(&self) -> u32 {
-        self.down_value.unwrap_or(self.value)
-    }
 }
 
 impl FlagGate<'_> {
@@ -1176,9 +1146,8 @@ impl Stream {
         self.check_experts(step, weights, x, y)?;
         // The host device's stream waits for the flag itself; CUDA's kernels do
         // (experts.cu's gate_wait), and an empty step there reads no weights.
-        // The host device computes both halves at once: it waits for the later value.
         if let (StreamImpl::Host(s), Some(g)) = (&self.imp, gate) {
-            s.wait_flag(g.flag, g.offset, g.last_value())?;
+            s.wait_flag(g.flag, g.offset, g.value)?;
         }
         if step.experts.is_empty() {
             self.memset_zero(y, 0, step.tokens * step.hidden * 4)?;

@@ -160,12 +160,6 @@ pub struct EngineConfig {
     /// zero-copy gather's kernel needs the multiprocessors the waiting blocks hold), a device
     /// with stream flag writes, one GPU (the multi-GPU engine waits for each chunk's event).
     pub gate_last_chunk: bool,
-    /// With the gate: copy the last chunk's experts in two parts, their gate and up matrices
-    /// first and their down matrices after, each part followed by its own value of the flag
-    /// ([`FlagGate::down_value`]), so the chunk's gate/up kernel computes while the down
-    /// matrices are still on the link and only down and the combine follow the last copy.
-    /// The same bits. Off by default until measured on the GPU machine.
-    pub split_last_chunk: bool,
 }
 
 /// When the host thread queues the GPU work of a layer with a CPU share that the share does
@@ -271,7 +265,6 @@ impl Default for EngineConfig {
             fold_combine: true,
             fetch_chunking: FetchChunking::default(),
             gate_last_chunk: true,
-            split_last_chunk: false,
         }
     }
 }
@@ -408,9 +401,7 @@ impl<'a> FetchChunks<'a> {
     }
 
     /// Queue chunk `c`'s gathers on `copy`, then (the last chunk, gated) set its flag, then
-    /// record `landed` after them. A gate with a down value ([`EngineConfig::split_last_chunk`])
-    /// splits the chunk's copies at the experts' down matrices: the gate and up matrices of
-    /// every expert of the chunk, the flag's first value, their down matrices, the second.
+    /// record `landed` after them.
     pub fn gather(
         &self,
         c: usize,
@@ -420,22 +411,9 @@ impl<'a> FetchChunks<'a> {
         landed: &Event,
     ) -> Result<()> {
         let moves = &self.work.moves[self.bounds[c].clone()];
-        match self.gate_of(c) {
-            Some(gate) if gate.down_value.is_some() => {
-                let (down, end) = (
-                    self.work.fetched.matrix_offsets()[2],
-                    self.slots.expert_bytes(),
-                );
-                gather::gather_part(copy, bank, self.slots, moves, method, 0..down)?;
-                copy.write_flag(gate)?;
-                gather::gather_part(copy, bank, self.slots, moves, method, down..end)?;
-                copy.write_flag(&gate.down())?;
-            }
-            Some(gate) => {
-                gather::gather(copy, bank, self.slots, moves, method)?;
-                copy.write_flag(gate)?;
-            }
-            None => gather::gather(copy, bank, self.slots, moves, method)?,
+        gather::gather(copy, bank, self.slots, moves, method)?;
+        if let Some(gate) = self.gate_of(c) {
+            copy.write_flag(gate)?;
         }
         copy.record(landed)
     }
@@ -668,9 +646,8 @@ pub struct Engine {
     /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
     dense_out: DeviceBuffer,
     /// The flag the last fetched chunk's launch is gated on, one u32, where it is
-    /// ([`Engine::gates_last_chunk`]), and the last value a gated layer waited for (each
-    /// gated layer the next one, or the next two where the chunk is split: gate/up's, then
-    /// down's).
+    /// ([`Engine::gates_last_chunk`]), and the value the last gated layer waited for (each
+    /// gated layer the next).
     gate_flag: Option<DeviceBuffer>,
     gate_value: u32,
     /// Bytes of each layer's dense weights read after the router (the shared experts).
@@ -1152,12 +1129,6 @@ impl Engine {
         self.gate_flag.is_some()
     }
 
-    /// Whether the gated last chunk is copied in two parts, gate/up then down
-    /// ([`EngineConfig::split_last_chunk`], where the gate applies).
-    pub fn splits_last_chunk(&self) -> bool {
-        self.gates_last_chunk() && self.config.split_last_chunk
-    }
-
     /// What the fetch chunks are timed by ([`FetchChunking::Timed`]; `None` otherwise).
     pub fn chunk_timer(&self) -> Option<&ChunkTimer> {
         self.chunk_timer.as_ref()
@@ -1328,12 +1299,11 @@ impl Engine {
                 .as_ref()
                 .filter(|_| !work.moves.is_empty())
                 .map(|flag| {
-                    let value = self.gate_value.wrapping_add(1);
-                    let down_value = self.config.split_last_chunk.then(|| value.wrapping_add(1));
-                    self.gate_value = down_value.unwrap_or(value);
+                    self.gate_value = self.gate_value.wrapping_add(1);
                     FlagGate {
-                        down_value,
-                        ..FlagGate::new(flag, 0, value)
+                        flag,
+                        offset: 0,
+                        value: self.gate_value,
                     }
                 });
             let fetch = FetchChunks::of(
