@@ -184,14 +184,6 @@ pub struct Args {
           require_equals = true, default_value = "1", default_missing_value = "1",
           value_parser = parse_env_switch_on)]
     gate_last_chunk: bool,
-    /// Read the next layer's dense part before the router into the GPU's L2 cache while the
-    /// link copies a layer's last fetched chunk, so that the next layer's dense kernel (which
-    /// the link waits for) reads from L2; the same bits. Off by default (`=1` turns it on);
-    /// one GPU, and nothing to warm on the host device.
-    #[arg(long, env = "FT_PREFETCH_DENSE", action = clap::ArgAction::Set, num_args = 0..=1,
-          require_equals = true, default_value = "0", default_missing_value = "1",
-          value_parser = parse_env_switch_off)]
-    prefetch_dense: bool,
     /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
     /// ... experts) or timed (each chunk as large as its kernels allow beside the next
     /// chunk's copies, the kernels and a copy timed when the engine starts); the same bits.
@@ -387,10 +379,6 @@ pub struct RunReport {
     /// (`--gate-last-chunk`).
     #[serde(default)]
     pub gate_last_chunk: bool,
-    /// Whether the next layer's dense part was read into L2 behind each layer's last chunk
-    /// (`--prefetch-dense`).
-    #[serde(default)]
-    pub prefetch_dense: bool,
     /// How fetched experts were cut into chunks (`--fetch-chunking`).
     #[serde(default)]
     pub fetch_chunking: String,
@@ -940,7 +928,6 @@ pub fn run(args: Args) -> Result<()> {
         // its own call (`Engine::gates_last_chunk`, what the report says).
         fold_combine: args.fold_combine,
         gate_last_chunk: args.gate_last_chunk,
-        prefetch_dense: args.prefetch_dense,
         fetch_chunking: args.fetch_chunking.parse()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
@@ -1210,7 +1197,6 @@ pub fn run(args: Args) -> Result<()> {
             fetch_chunks: cfg.fetch_chunks,
             fold_combine: cfg.fold_combine,
             gate_last_chunk: engine.gates_last_chunk(),
-            prefetch_dense: engine.prefetches_dense(),
             fetch_chunking: cfg.fetch_chunking.name().into(),
             chunk_timer: engine.chunk_timer().copied(),
             gpu_act: cfg.gpu_path.name().into(),
@@ -1295,7 +1281,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} {} chunks{}{}{})",
+        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} {} chunks{}{})",
         r.device.label(),
         r.threads,
         r.pool_wait,
@@ -1313,11 +1299,6 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         },
         if r.gate_last_chunk {
             ", last chunk gated"
-        } else {
-            ""
-        },
-        if r.prefetch_dense {
-            ", next dense part prefetched"
         } else {
             ""
         }
@@ -1810,20 +1791,10 @@ fn parse_fetch_chunks(value: &str) -> Result<usize, String> {
 /// empty value, which counts as unset (on), so that `FT_X=$(cond && echo 0)` in a script
 /// means what it says.
 fn parse_env_switch_on(value: &str) -> Result<bool, String> {
-    parse_env_switch(value, true)
-}
-
-/// A switch off by default ([`parse_env_switch_on`], with an empty value off).
-fn parse_env_switch_off(value: &str) -> Result<bool, String> {
-    parse_env_switch(value, false)
-}
-
-/// A switch's value, `unset` where it is empty.
-fn parse_env_switch(value: &str, unset: bool) -> Result<bool, String> {
     use clap::builder::TypedValueParser;
     let value = value.trim();
     if value.is_empty() {
-        return Ok(unset);
+        return Ok(true);
     }
     clap::builder::BoolishValueParser::new()
         .parse_ref(&clap::Command::new("ft"), None, std::ffi::OsStr::new(value))
@@ -1832,9 +1803,7 @@ fn parse_env_switch(value: &str, unset: bool) -> Result<bool, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::{
-        empty_means, median_index, parse_env_switch_off, parse_env_switch_on, parse_fetch_chunks,
-    };
+    use super::{empty_means, median_index, parse_env_switch_on, parse_fetch_chunks};
 
     #[test]
     fn an_empty_word_or_count_is_its_default() {
@@ -1864,10 +1833,6 @@ mod tests {
         }
         let e = parse_env_switch_on("maybe").unwrap_err();
         assert!(e.contains("maybe"), "{e}");
-        assert_eq!(parse_env_switch_off(""), Ok(false));
-        assert_eq!(parse_env_switch_off(" on "), Ok(true));
-        assert_eq!(parse_env_switch_off("0"), Ok(false));
-        assert!(parse_env_switch_off("maybe").is_err());
     }
 
     #[test]

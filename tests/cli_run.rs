@@ -505,7 +505,6 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
     // Folded and gated by default (one GPU, copy-engine gathers).
     assert_eq!(plain["fold_combine"], true);
     assert_eq!(plain["gate_last_chunk"], true);
-    assert_eq!(plain["prefetch_dense"], false);
     assert_eq!(plain["fetch_chunks"], 4);
     assert_eq!(plain["fetch_chunking"], "halving");
     assert!(plain["chunk_timer"].is_null());
@@ -534,26 +533,8 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         set["summary"]["misses_per_layer"]
     );
     // An empty switch is unset, so on (a script's `FT_FOLD_COMBINE=$(cond && echo 0)`).
-    let empty = json(&common::ft_env(
-        &args,
-        &[("FT_FOLD_COMBINE", ""), ("FT_PREFETCH_DENSE", "")],
-    ));
+    let empty = json(&common::ft_env(&args, &[("FT_FOLD_COMBINE", "")]));
     assert_eq!(empty["fold_combine"], true);
-    assert_eq!(empty["prefetch_dense"], false);
-    // The dense prefetch: on when asked, in the table too, and the same counts.
-    let prefetch = json(&common::ft_env(&args, &[("FT_PREFETCH_DENSE", "1")]));
-    assert_eq!(prefetch["prefetch_dense"], true);
-    assert_eq!(
-        plain["summary"]["misses_per_layer"],
-        prefetch["summary"]["misses_per_layer"]
-    );
-    let mut table = args.clone();
-    table.retain(|a| *a != "--json");
-    table.push("--prefetch-dense");
-    let table = ft(&table);
-    assert_ok(&table);
-    let text = String::from_utf8_lossy(&table.stdout);
-    assert!(text.contains("next dense part prefetched"), "{text}");
     // The flags: bare is on, `=0` off; a zero-copy gather is never gated.
     let mut flags = args.clone();
     flags.extend(["--fold-combine", "--gate-last-chunk=0"]);

@@ -385,9 +385,9 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
 
 fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
     // The combine folded into the last chunk's launch or not, the fetched experts in 1 to 4
-    // chunks, the last chunk's launch gated on a flag or behind its event, the next layer's
-    // dense part prefetched into L2 or not: the same operations on the same buffers in the
-    // same dependency order, so the same outputs bit for bit and the same counts. Hybrid mixes layers with a CPU share (never folded) and
+    // chunks, the last chunk's launch gated on a flag or behind its event: the same
+    // operations on the same buffers in the same dependency order, so the same outputs bit
+    // for bit and the same counts. Hybrid mixes layers with a CPU share (never folded) and
     // without; with and without the timeline's events.
     let model = tiny();
     let streams = 3;
@@ -396,29 +396,26 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
         let mut base: Option<ft_runtime::engine::Decoded> = None;
         for timeline in [true, false] {
             for fold_combine in [false, true] {
-                for (fetch_chunks, fetch_chunking, gate_last_chunk, prefetch_dense) in [
-                    (4, FetchChunking::Halving, false, false),
-                    (2, FetchChunking::Halving, false, false),
-                    (1, FetchChunking::Halving, false, false),
-                    (4, FetchChunking::Timed, false, false),
-                    (4, FetchChunking::Halving, true, false),
-                    (1, FetchChunking::Halving, true, false),
-                    (4, FetchChunking::Halving, true, true),
-                    (1, FetchChunking::Halving, false, true),
+                for (fetch_chunks, fetch_chunking, gate_last_chunk) in [
+                    (4, FetchChunking::Halving, false),
+                    (2, FetchChunking::Halving, false),
+                    (1, FetchChunking::Halving, false),
+                    (4, FetchChunking::Timed, false),
+                    (4, FetchChunking::Halving, true),
+                    (1, FetchChunking::Halving, true),
                 ] {
                     let cfg = EngineConfig {
                         fetch_chunks,
                         fold_combine,
                         fetch_chunking,
                         gate_last_chunk,
-                        prefetch_dense,
                         timeline,
                         gpu_path: ActivationPath::Int8,
                         ..config(strategy, 12, streams)
                     };
                     let run = decode_two_warm(d, &model, &cfg, &steps);
                     let what = format!(
-                        "{strategy} fold {fold_combine} {fetch_chunks} {} gate {gate_last_chunk} prefetch {prefetch_dense} {timeline}",
+                        "{strategy} fold {fold_combine} {fetch_chunks} {} gate {gate_last_chunk} {timeline}",
                         fetch_chunking.name()
                     );
                     if timeline && strategy != Strategy::Resident {
@@ -451,14 +448,6 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
         };
         let engine = Engine::new(d, &model, &cfg, None).unwrap();
         assert_eq!(engine.gates_last_chunk(), gated, "{gather}");
-    }
-    for prefetch_dense in [false, true] {
-        let cfg = EngineConfig {
-            prefetch_dense,
-            ..config(Strategy::Offload, 12, 1)
-        };
-        let engine = Engine::new(d, &model, &cfg, None).unwrap();
-        assert_eq!(engine.prefetches_dense(), prefetch_dense);
     }
     // Timed chunks are timed when the engine starts: a launch, a time per expert and per
     // pair, a copy; halving ones are not.

@@ -1203,31 +1203,10 @@ impl Stream {
     /// layer, each stream's KV bytes) and fold them into `out` (at least
     /// [`crate::dense::DENSE_OUT_BYTES`] bytes), so the reads cannot be elided.
     pub fn launch_dense(&self, reads: &[DenseRead<'_>], out: &DeviceBuffer) -> Result<()> {
-        self.check_dense("launch_dense", reads, out)?;
-        on_stream!(self, s => s.launch_dense(reads, out))
-    }
-
-    /// Queue a read of a dense part's regions into the GPU's L2 cache, ahead of the dense
-    /// kernel that needs them (the engine's [`crate::engine::EngineConfig::prefetch_dense`]):
-    /// the dense kernel itself, folding into `scratch`, so that every byte passes through L2
-    /// at the memory's rate while this stream would otherwise idle. The host device has no
-    /// cache to warm and queues nothing (the same checks run).
-    pub fn prefetch_dense(&self, reads: &[DenseRead<'_>], scratch: &DeviceBuffer) -> Result<()> {
-        self.check_dense("prefetch_dense", reads, scratch)?;
-        match &self.imp {
-            StreamImpl::Host(_) => Ok(()),
-            #[cfg(feature = "cuda")]
-            StreamImpl::Cuda(s) => s.launch_dense(reads, scratch),
-        }
-    }
-
-    /// The checks of a dense launch (`op`): the output's device and size, every region's
-    /// device and range.
-    fn check_dense(&self, op: &str, reads: &[DenseRead<'_>], out: &DeviceBuffer) -> Result<()> {
-        self.device.check_same(out.uid, op, "output")?;
+        self.device.check_same(out.uid, "launch_dense", "output")?;
         if out.len < crate::dense::DENSE_OUT_BYTES {
             return Err(RuntimeError::invalid(
-                format!("{op} output"),
+                "launch_dense output",
                 format!(
                     "{} bytes, needs at least {}",
                     out.len,
@@ -1236,11 +1215,12 @@ impl Stream {
             ));
         }
         for r in reads {
-            self.device.check_same(r.buffer.uid, op, "a read region")?;
+            self.device
+                .check_same(r.buffer.uid, "launch_dense", "a read region")?;
             r.buffer
-                .check_range(&format!("{op} read"), r.offset, r.bytes)?;
+                .check_range("launch_dense read", r.offset, r.bytes)?;
         }
-        Ok(())
+        on_stream!(self, s => s.launch_dense(reads, out))
     }
 
     /// Queue a record of `event`: it completes when everything queued before it here has.

@@ -160,13 +160,6 @@ pub struct EngineConfig {
     /// zero-copy gather's kernel needs the multiprocessors the waiting blocks hold), a device
     /// with stream flag writes, one GPU (the multi-GPU engine waits for each chunk's event).
     pub gate_last_chunk: bool,
-    /// Read the next layer's dense part before the router into the GPU's L2 cache while the
-    /// link copies this layer's last fetched chunk ([`Stream::prefetch_dense`], on a stream
-    /// of its own that waits for the chunk before it to land), so that the next layer's
-    /// dense kernel, which the link waits for, reads from L2. Nothing changes in what is
-    /// computed. Off by default until measured; one GPU only (the multi-GPU engine ignores
-    /// it), and the host device has no cache to warm.
-    pub prefetch_dense: bool,
 }
 
 /// When the host thread queues the GPU work of a layer with a CPU share that the share does
@@ -272,7 +265,6 @@ impl Default for EngineConfig {
             fold_combine: true,
             fetch_chunking: FetchChunking::default(),
             gate_last_chunk: true,
-            prefetch_dense: false,
         }
     }
 }
@@ -510,8 +502,6 @@ struct LayerRest<'a> {
     need_fetched: bool,
     /// The layer's combine, folded into the last fetched chunk's launch here.
     fold: Option<LayerCombine<'a>>,
-    /// The next layer's dense part to read into L2 once the last chunk's gathers are queued.
-    prefetch: Option<DensePrefetch<'a>>,
     /// The next item: 0 the post-router dense part, 1 the hits, 2 + c fetched chunk `c`,
     /// then the fetched event.
     next: usize,
@@ -537,18 +527,6 @@ impl LayerRest<'_> {
             self.ev.chunk_gathered(c, chunks),
         )?;
         self.gathered += 1;
-        if self.gathered == chunks {
-            if let Some(p) = self.prefetch.take() {
-                // From when the link starts on the last chunk (or, with one chunk, from the
-                // router): the earlier chunks' bytes have passed through L2 by then.
-                let after = match chunks {
-                    1 => &self.ev.router,
-                    _ => self.ev.chunk_gathered(chunks - 2, chunks),
-                };
-                p.stream.wait(after)?;
-                p.stream.prefetch_dense(p.reads, p.scratch)?;
-            }
-        }
         Ok(true)
     }
 
@@ -627,14 +605,6 @@ impl LayerRest<'_> {
     }
 }
 
-/// The next layer's dense part before the router, to be read into L2 on `stream`
-/// ([`EngineConfig::prefetch_dense`]).
-struct DensePrefetch<'a> {
-    stream: &'a Stream,
-    reads: &'a [DenseRead<'a>],
-    scratch: &'a DeviceBuffer,
-}
-
 /// One step's inputs.
 #[derive(Debug, Clone, Copy)]
 pub struct StepInput<'a> {
@@ -680,9 +650,6 @@ pub struct Engine {
     /// gated layer the next).
     gate_flag: Option<DeviceBuffer>,
     gate_value: u32,
-    /// The stream and scratch output of the next layer's dense prefetch, where on
-    /// ([`EngineConfig::prefetch_dense`]).
-    prefetch: Option<(Stream, DeviceBuffer)>,
     /// Bytes of each layer's dense weights read after the router (the shared experts).
     dense_post_bytes: usize,
     compute: Stream,
@@ -945,14 +912,6 @@ impl Engine {
             );
         }
         let gate_flag = gates.then(|| device.alloc(4, "gate flag")).transpose()?;
-        let prefetch = if config.prefetch_dense {
-            Some((
-                device.new_stream("dense prefetch")?,
-                device.alloc(DENSE_OUT_BYTES, "dense prefetch output")?,
-            ))
-        } else {
-            None
-        };
         let row = g.hidden * F32_BYTES;
         let rows = max_rows(model, config);
         let act = device.alloc(rows * row, "expert inputs")?;
@@ -995,7 +954,6 @@ impl Engine {
             dense_out,
             gate_flag,
             gate_value: 0,
-            prefetch,
             dense_post_bytes,
             compute,
             copy,
@@ -1169,12 +1127,6 @@ impl Engine {
     /// with stream flag writes).
     pub fn gates_last_chunk(&self) -> bool {
         self.gate_flag.is_some()
-    }
-
-    /// Whether the next layer's dense part is read into L2 behind each layer's last chunk
-    /// ([`EngineConfig::prefetch_dense`]).
-    pub fn prefetches_dense(&self) -> bool {
-        self.prefetch.is_some()
     }
 
     /// What the fetch chunks are timed by ([`FetchChunking::Timed`]; `None` otherwise).
@@ -1382,15 +1334,6 @@ impl Engine {
                         block,
                         k,
                     });
-            // The next layer's dense part before the router, read into L2 behind this layer's
-            // last chunk (where on and the layer fetches).
-            let next_pre = match &self.prefetch {
-                Some(_) if m.link && l + 1 < layers => {
-                    let reads = self.dense.reads(l + 1, input.contexts)?;
-                    split_dense(reads, self.dense_post_bytes).0
-                }
-                _ => Vec::new(),
-            };
             let mut rest = LayerRest {
                 compute: &self.compute,
                 copy: &self.copy,
@@ -1410,13 +1353,6 @@ impl Engine {
                 post: &post,
                 need_fetched,
                 fold,
-                prefetch: self.prefetch.as_ref().filter(|_| !next_pre.is_empty()).map(
-                    |(stream, scratch)| DensePrefetch {
-                        stream,
-                        reads: &next_pre,
-                        scratch,
-                    },
-                ),
                 next: 0,
                 clock,
                 first_queued_us: 0.0,

@@ -276,10 +276,9 @@ impl MultiEngine {
             ));
         }
         config.check(model)?;
-        // `fold_combine`, `gate_last_chunk` (on by default) and `prefetch_dense` are the
-        // single-GPU engine's pipeline and do not apply here: each GPU's combine follows the
-        // peers' partial rows, not its last chunk, and each chunk's kernel waits for its
-        // copies' event.
+        // `fold_combine` and `gate_last_chunk` (on by default) are the single-GPU engine's
+        // pipeline and do not apply here: each GPU's combine follows the peers' partial rows,
+        // not its last chunk, and each chunk's kernel waits for its copies' event.
         if config.fetch_chunking != FetchChunking::Halving {
             // Each GPU's chunks would need their own timing on their own link.
             return Err(RuntimeError::invalid(
