@@ -78,6 +78,21 @@ fn two_streams_offload_is_pcie_bound_and_hybrid_wins_against_the_ratio() {
     let perf = PerfModel::from_host(&host).unwrap();
     let e = explain(&p, &perf.params);
     assert!(e.text.contains("offload is pcie-bound at 3"), "{}", e.text);
+    // ... and where offload's step is not the link's: the link's share of the critical
+    // path, and the rest in series with it, in the prediction's own numbers.
+    let off = p.get(StrategyKind::Offload);
+    let share = format!(
+        "The link holds {:.0}% of the step's critical path; the other {:.1} ms",
+        100.0 * off.critical.pcie_us / off.step_us,
+        (off.step_us - off.critical.pcie_us) / 1e3
+    );
+    assert!(e.text.contains(&share), "{share}\n{}", e.text);
+    let over_step = format!(
+        "at {:.1} GB/s over the whole step",
+        off.link_bytes_per_step / (off.step_us * 1e3)
+    );
+    assert!(e.text.contains(&over_step), "{over_step}\n{}", e.text);
+    assert!(off.critical.dense_us > 0.0 && off.critical.pcie_us < off.step_us);
     assert!(e.text.contains("verdict differs"), "{}", e.text);
     assert!(
         e.text.contains("2.77 MB") && e.text.contains("7.97 MB"),
