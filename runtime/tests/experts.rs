@@ -444,7 +444,11 @@ mod cuda {
     /// `FT_TEST_PATHS` (comma-separated) runs only the paths whose name (`expert_path`)
     /// contains one of its words, so a device call with little time left checks a new path
     /// alone (`FT_TEST_PATHS=cross`); the paths it ran are printed either way.
-    fn on_every_path(check: impl Fn(&Device)) {
+    ///
+    /// Every path's expert modules for the formats and activation paths of `steps` are
+    /// compiled first, at once (`Device::warm_up_expert_paths`, on every core), instead of
+    /// one by one at each path's first launch.
+    fn on_every_path(steps: &[&ExpertStep], check: impl Fn(&Device)) {
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
         let only: Vec<String> = std::env::var("FT_TEST_PATHS")
@@ -492,14 +496,25 @@ mod cuda {
             "staged+pdl+split+pipe2",
             "staged+pdl+split+pipe4",
         ];
+        let mut tunings = Vec::new();
         for path in paths {
             let t = opened
                 .with_path(path)
                 .unwrap_or_else(|e| panic!("{path}: {e}"));
             assert_eq!(t.expert_path(), path, "a path names its tuning");
-            if !only.is_empty() && !only.iter().any(|w| path.contains(w.as_str())) {
-                continue;
+            if only.is_empty() || only.iter().any(|w| path.contains(w.as_str())) {
+                tunings.push((path, t));
             }
+        }
+        let t0 = std::time::Instant::now();
+        let all: Vec<_> = tunings.iter().map(|&(_, t)| t).collect();
+        d.warm_up_expert_paths(&all, steps).unwrap();
+        eprintln!(
+            "{} paths' expert modules built in {:.1} s",
+            all.len(),
+            t0.elapsed().as_secs_f64()
+        );
+        for (path, t) in tunings {
             d.set_cuda_tuning(t).unwrap();
             eprintln!("path {path}");
             check(&d);
@@ -511,7 +526,22 @@ mod cuda {
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_f32_path_matches_reference() {
-        on_every_path(f32_path_matches_reference);
+        let g = MoeGeometry {
+            hidden: 64,
+            intermediate: 32,
+            experts: 1,
+            top_k: 1,
+            moe_layers: 1,
+            shared_experts: 0,
+        };
+        let steps: Vec<ExpertStep> = ExpertFormat::ALL
+            .into_iter()
+            .map(|f| ExpertStep::new(f, &g, ActivationPath::F32, 1))
+            .collect();
+        on_every_path(
+            &steps.iter().collect::<Vec<_>>(),
+            f32_path_matches_reference,
+        );
     }
 
     #[test]
@@ -534,7 +564,8 @@ mod cuda {
             (4096, 2048, 6, 1, 6),
         ]);
         let checks = int8_checks(&shapes);
-        on_every_path(|d| int8_path_is_bit_identical_to_cpu(d, &checks));
+        let steps: Vec<&ExpertStep> = checks.iter().map(|c| &c.case.step).collect();
+        on_every_path(&steps, |d| int8_path_is_bit_identical_to_cpu(d, &checks));
     }
 
     /// A gated launch waits on the GPU for its flag (`gated_launch_waits_for_its_flag`).

@@ -42,3 +42,43 @@ fn a_compile_error_carries_the_log() {
     let s = e.to_string();
     assert!(s.contains("gather") && s.contains("sm_10"), "{s}");
 }
+
+#[test]
+#[ignore = "needs NVRTC (libnvrtc on LD_LIBRARY_PATH; present on the GPU machine)"]
+fn compiles_on_several_threads_give_the_serial_images() {
+    // The expert kernels of every format and activation path at once, one thread each (as
+    // `Device::warm_up_kernels` compiles what it lacks), against the same compiled one by
+    // one: NVRTC must be safe to call from several threads, and give the same cubins.
+    let cc = (9, 0);
+    let specs: Vec<Specialization> = (0..5)
+        .flat_map(|f| (0..2).map(move |a| Specialization::experts(f, a)))
+        .collect();
+    let t0 = std::time::Instant::now();
+    let serial: Vec<Vec<u8>> = specs
+        .iter()
+        .map(|&s| {
+            ft_runtime::nvrtc::compile(KernelId::Experts, cc, s)
+                .unwrap_or_else(|e| panic!("{e}"))
+                .image
+        })
+        .collect();
+    let serial_s = t0.elapsed().as_secs_f64();
+    let t0 = std::time::Instant::now();
+    let parallel: Vec<Vec<u8>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .iter()
+            .map(|&s| scope.spawn(move || ft_runtime::nvrtc::compile(KernelId::Experts, cc, s)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap_or_else(|e| panic!("{e}")).image)
+            .collect()
+    });
+    let parallel_s = t0.elapsed().as_secs_f64();
+    eprintln!(
+        "{} expert modules: {serial_s:.1} s one by one, {parallel_s:.1} s on {} threads",
+        specs.len(),
+        specs.len()
+    );
+    assert_eq!(serial, parallel, "the same cubins from every thread");
+}

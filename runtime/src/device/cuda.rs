@@ -167,8 +167,62 @@ impl Shared {
             return Ok(f.clone());
         }
         let compiled = crate::nvrtc::compile(kernel, self.cc, spec)?;
+        self.load_compiled(&mut map, kernel, spec, compiled)?;
+        map.get(&(kernel, spec, entry)).cloned().ok_or_else(|| {
+            RuntimeError::cuda(
+                format!("finding {entry} in kernel module '{kernel}'"),
+                "not an entry point of that unit",
+            )
+        })
+    }
+
+    /// Compile every unit of `units` that is not loaded yet, on as many threads as the host
+    /// has cores (NVRTC takes seconds for each specialization of the expert kernels, and
+    /// gives the same image from any thread: `tests/nvrtc.rs`), then load them here, one by
+    /// one. A device about to run many specializations (the GPU tests of every path) builds
+    /// them at once instead of one at each first launch.
+    pub(crate) fn load_units(&self, units: &[(KernelId, Specialization)]) -> Result<()> {
+        use rayon::prelude::*;
+        let missing: Vec<(KernelId, Specialization)> = {
+            let map = self
+                .functions
+                .lock()
+                .map_err(|_| RuntimeError::cuda("kernel cache", "poisoned lock"))?;
+            let mut seen = std::collections::HashSet::new();
+            units
+                .iter()
+                .filter(|(k, s)| !map.contains_key(&(*k, *s, k.entry_points()[0])))
+                .filter(|u| seen.insert(**u))
+                .copied()
+                .collect()
+        };
+        let compiled: Vec<crate::nvrtc::CompiledKernel> = missing
+            .par_iter()
+            .map(|&(k, s)| crate::nvrtc::compile(k, self.cc, s))
+            .collect::<Result<_>>()?;
+        let mut map = self
+            .functions
+            .lock()
+            .map_err(|_| RuntimeError::cuda("kernel cache", "poisoned lock"))?;
+        for ((k, s), c) in missing.into_iter().zip(compiled) {
+            if !map.contains_key(&(k, s, k.entry_points()[0])) {
+                self.load_compiled(&mut map, k, s, c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Load the module `compiled` of `kernel` built with `spec` and put its entry points in
+    /// `map` (the lock's contents).
+    fn load_compiled(
+        &self,
+        map: &mut HashMap<(KernelId, Specialization, &'static str), CudaFunction>,
+        kernel: KernelId,
+        spec: Specialization,
+        compiled: crate::nvrtc::CompiledKernel,
+    ) -> Result<()> {
         self.bind()?;
-        let image = cudarc::nvrtc::Ptx::from_binary(compiled.image.clone());
+        let image = cudarc::nvrtc::Ptx::from_binary(compiled.image);
         let module = self
             .ctx
             .load_module(image)
@@ -197,12 +251,7 @@ impl Shared {
             }
             map.insert((kernel, spec, *e), f);
         }
-        map.get(&(kernel, spec, entry)).cloned().ok_or_else(|| {
-            RuntimeError::cuda(
-                format!("finding {entry} in kernel module '{kernel}'"),
-                "not an entry point of that unit",
-            )
-        })
+        Ok(())
     }
 
     /// [`crate::Device::take_block_stamps`]: the records of every loaded module of the
@@ -523,21 +572,16 @@ impl CudaDevice {
             .map_err(cu("synchronizing the device"))
     }
 
+    /// Compile (in parallel) and load every kernel unit but the expert kernels, and the
+    /// expert kernels in each of `experts`' specializations.
     pub(crate) fn warm_up_kernels(&self, experts: &[Specialization]) -> Result<()> {
-        for k in KernelId::ALL {
-            if k == KernelId::Experts {
-                continue;
-            }
-            for e in k.entry_points() {
-                self.0.function(k, e)?;
-            }
-        }
-        for &spec in experts {
-            for e in KernelId::Experts.entry_points() {
-                self.0.function_spec(KernelId::Experts, spec, e)?;
-            }
-        }
-        Ok(())
+        let units: Vec<(KernelId, Specialization)> = KernelId::ALL
+            .into_iter()
+            .filter(|&k| k != KernelId::Experts)
+            .map(|k| (k, Specialization::NONE))
+            .chain(experts.iter().map(|&s| (KernelId::Experts, s)))
+            .collect();
+        self.0.load_units(&units)
     }
 
     pub(crate) fn event_timeline_us(&self, e: &CudaEventH) -> Result<f64> {

@@ -551,7 +551,8 @@ impl Device {
 
     /// Compile (once per device) every kernel a decode step may use, so that the first step
     /// pays no NVRTC time: the streaming kernels, and the expert kernels for the format and
-    /// activation path of each of `steps` (one module each). No-op on the host backend.
+    /// activation path of each of `steps` (one module each) on the device's paths. No-op on
+    /// the host backend.
     pub fn warm_up_kernels(&self, steps: &[&crate::gpu_experts::ExpertStep]) -> Result<()> {
         match &self.inner.backend {
             Backend::Host(_) => {
@@ -559,22 +560,40 @@ impl Device {
                 Ok(())
             }
             #[cfg(feature = "cuda")]
+            Backend::Cuda(c) => self.warm_up_expert_paths(&[c.0.tuning()], steps),
+        }
+    }
+
+    /// [`Device::warm_up_kernels`] for each of `tunings` at once (their modules compiled in
+    /// parallel, then kept): for a caller that will switch between paths
+    /// ([`Device::set_cuda_tuning`]), such as the GPU tests of every path. No-op on the host
+    /// backend.
+    pub fn warm_up_expert_paths(
+        &self,
+        tunings: &[CudaTuning],
+        steps: &[&crate::gpu_experts::ExpertStep],
+    ) -> Result<()> {
+        match &self.inner.backend {
+            Backend::Host(_) => {
+                let _ = (tunings, steps);
+                Ok(())
+            }
+            #[cfg(feature = "cuda")]
             Backend::Cuda(c) => {
-                let tuning = c.0.tuning();
-                // Both table sizes where small tables are on: a step may launch either.
-                let tables: &[usize] = if tuning.small_table {
-                    &[0, usize::MAX]
-                } else {
-                    &[usize::MAX]
-                };
-                let specs: Vec<_> = steps
-                    .iter()
-                    .flat_map(|s| {
-                        tables
-                            .iter()
-                            .map(|&t| crate::gpu_experts::cuda_specialization(s, &tuning, t))
-                    })
-                    .collect();
+                let mut specs = Vec::new();
+                for tuning in tunings {
+                    // Both table sizes where small tables are on: a step may launch either.
+                    let tables: &[usize] = if tuning.small_table {
+                        &[0, usize::MAX]
+                    } else {
+                        &[usize::MAX]
+                    };
+                    for s in steps {
+                        for &t in tables {
+                            specs.push(crate::gpu_experts::cuda_specialization(s, tuning, t));
+                        }
+                    }
+                }
                 c.warm_up_kernels(&specs)
             }
         }
