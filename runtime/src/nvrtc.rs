@@ -15,6 +15,27 @@ use ft_kernels::cuda_sources::{KernelId, Specialization};
 /// `--ptxas-options=-v` prints registers and spills into the compile log, which is logged).
 pub const EXTRA_OPTIONS_ENV: &str = "FT_NVRTC_EXTRA_OPTIONS";
 
+/// Environment variable capping how many kernel units a warm-up compiles at once
+/// (`Device::warm_up_kernels`); unset: one per core; `1`: one at a time, as at first use.
+pub const THREADS_ENV: &str = "FT_NVRTC_THREADS";
+
+/// The most compiles at once [`THREADS_ENV`] asks for: `None` where unset or empty (one per
+/// core), an error naming the variable for anything but a positive count.
+pub fn compile_threads(value: Option<&str>) -> crate::error::Result<Option<usize>> {
+    match value.map(str::trim).filter(|v| !v.is_empty()) {
+        None => Ok(None),
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(crate::error::RuntimeError::invalid(
+                THREADS_ENV,
+                format!(
+                    "'{v}' is not a number of compiles at once; use 1 or more, or leave it unset"
+                ),
+            )),
+        },
+    }
+}
+
 /// C++ dialect of the kernel sources.
 pub const CXX_STD: &str = "--std=c++17";
 
@@ -160,6 +181,18 @@ pub fn compile(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compile_threads_are_a_positive_count_or_unset() {
+        assert_eq!(compile_threads(None).unwrap(), None);
+        assert_eq!(compile_threads(Some(" ")).unwrap(), None);
+        assert_eq!(compile_threads(Some("1")).unwrap(), Some(1));
+        assert_eq!(compile_threads(Some(" 8 ")).unwrap(), Some(8));
+        for bad in ["0", "-2", "all"] {
+            let e = compile_threads(Some(bad)).unwrap_err().to_string();
+            assert!(e.contains(THREADS_ENV) && e.contains(bad), "{e}");
+        }
+    }
 
     #[test]
     fn options_target_the_device_and_forbid_fma() {

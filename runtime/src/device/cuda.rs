@@ -177,7 +177,7 @@ impl Shared {
     }
 
     /// Compile every unit of `units` that is not loaded yet, on as many threads as the host
-    /// has cores (NVRTC takes seconds for each specialization of the expert kernels, and
+    /// has cores or [`crate::nvrtc::THREADS_ENV`] allows (NVRTC takes seconds for each specialization of the expert kernels, and
     /// gives the same image from any thread: `tests/nvrtc.rs`), then load them here, one by
     /// one. A device about to run many specializations (the GPU tests of every path) builds
     /// them at once instead of one at each first launch.
@@ -196,10 +196,23 @@ impl Shared {
                 .copied()
                 .collect()
         };
-        let compiled: Vec<crate::nvrtc::CompiledKernel> = missing
-            .par_iter()
-            .map(|&(k, s)| crate::nvrtc::compile(k, self.cc, s))
-            .collect::<Result<_>>()?;
+        let threads = crate::nvrtc::compile_threads(
+            std::env::var(crate::nvrtc::THREADS_ENV).ok().as_deref(),
+        )?;
+        let compile_all = || -> Result<Vec<crate::nvrtc::CompiledKernel>> {
+            missing
+                .par_iter()
+                .map(|&(k, s)| crate::nvrtc::compile(k, self.cc, s))
+                .collect()
+        };
+        let compiled = match threads {
+            None => compile_all()?,
+            Some(n) => rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| RuntimeError::invalid(crate::nvrtc::THREADS_ENV, e.to_string()))?
+                .install(compile_all)?,
+        };
         let mut map = self
             .functions
             .lock()
