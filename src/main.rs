@@ -55,7 +55,7 @@ enum Command {
     /// Simulate decode on a host (discrete events): every strategy, the model beside it.
     Simulate(simulate::Args),
     /// Decode on the real runtime (CUDA or the host-emulated device) with one strategy.
-    Run(run::Args),
+    Run(Box<run::Args>),
     /// Predict decode tok/s per strategy (analytic model), the choice and the legacy ratio.
     Predict(predict::Args),
     /// Explain, in numbers, the model's choice and where the legacy ratio's verdict differs.
@@ -110,7 +110,7 @@ fn main() -> ExitCode {
             Some(Command::Bench(args)) => bench::run(args),
             Some(Command::Experiment(args)) => experiment::run(args),
             Some(Command::Simulate(args)) => simulate::run(args),
-            Some(Command::Run(args)) => run::run(args),
+            Some(Command::Run(args)) => run::run(*args),
             Some(Command::Predict(args)) => predict::run(args),
             Some(Command::Explain(args)) => explain::run(args),
             Some(Command::Plot(args)) => plot::run(args),

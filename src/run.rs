@@ -69,7 +69,7 @@ pub struct Args {
     /// filled once: a comma-separated list of `[LABEL=]STRATEGY[:F]`, e.g.
     /// `offload,hybrid:0.35,rules=hybrid:0.39,cpu` (F: hybrid's fetch fraction or auto;
     /// LABEL names the variant's report, default the strategy). Not with resident.
-    #[arg(long, value_delimiter = ',', conflicts_with_all = ["fetch_fraction", "compare_numerics", "trace_out"])]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["fetch_fraction", "compare_numerics", "trace_out", "stamps_out"])]
     interleave: Vec<String>,
     /// With --interleave: write each variant's report (the --json document of a plain run)
     /// to `PREFIX<LABEL>.json`, atomically.
@@ -131,6 +131,13 @@ pub struct Args {
     /// Write a Chrome trace (chrome://tracing, Perfetto) of every step to this file.
     #[arg(long)]
     trace_out: Option<PathBuf>,
+    /// Write the expert kernels' block timelines of the last measured step (of the median
+    /// round) to this CSV file, which `gpu_backend --analyze-stamps FILE` reads: when each
+    /// block started, got its weights, computed and ended, per launch. Needs `--device
+    /// cuda` with the timelines compiled in (`FT_CUDA_STAMPS=1`, which slows the kernels a
+    /// little); one GPU, one strategy.
+    #[arg(long)]
+    stamps_out: Option<PathBuf>,
     /// Print JSON instead of the table.
     #[arg(long)]
     json: bool,
@@ -989,6 +996,12 @@ pub fn run(args: Args) -> Result<()> {
                 layout.gpus
             );
         }
+        if args.stamps_out.is_some() {
+            bail!(
+                "--stamps-out: only a run on one GPU keeps block timelines (--gpus {})",
+                layout.gpus
+            );
+        }
         return run_multi(MultiRun {
             args: &args,
             kind,
@@ -1016,6 +1029,18 @@ pub fn run(args: Args) -> Result<()> {
             Device::cuda(0)?
         }
     };
+    if args.stamps_out.is_some() {
+        match device.cuda_tuning() {
+            None => bail!(
+                "--stamps-out: the host-emulated device runs no CUDA kernels to time; use --device cuda"
+            ),
+            Some(t) if !t.block_stamps => bail!(
+                "--stamps-out: the expert kernels were built without block timelines; set {}=1",
+                ft_runtime::device::tuning::CUDA_STAMPS_ENV
+            ),
+            Some(_) => {}
+        }
+    }
     tracing::info!(device = %device.info().name, model = %model.name, %strategy, "building the engine");
     let mut engine =
         Engine::new(&device, &model, &cfg, popularity).context("building the engine")?;
@@ -1030,6 +1055,7 @@ pub fn run(args: Args) -> Result<()> {
         input_seed: args.seed,
         keep_spans: args.trace_out.is_some(),
         keep_outputs: args.compare_numerics,
+        block_stamps: args.stamps_out.is_some(),
     };
     let per_rep = (args.warmup + args.steps) as u64;
     let n = variants.len();
@@ -1128,6 +1154,22 @@ pub fn run(args: Args) -> Result<()> {
             trace
                 .write(path)
                 .with_context(|| format!("--trace-out {}", path.display()))?;
+        }
+        if let (Some(path), Some(stamps)) = (&args.stamps_out, &decoded.stamps) {
+            ft_runtime::block_stamps::write_csv(path, &stamps.records)
+                .with_context(|| format!("--stamps-out {}", path.display()))?;
+            tracing::info!(
+                records = stamps.records.len(),
+                dropped = stamps.dropped,
+                path = %path.display(),
+                "block timelines of the last measured step written"
+            );
+            if stamps.dropped > 0 {
+                tracing::warn!(
+                    dropped = stamps.dropped,
+                    "blocks past the timeline buffer were not kept: fewer --layers keep them all"
+                );
+            }
         }
         let numerics = if args.compare_numerics {
             Some(compare_numerics(
@@ -1564,6 +1606,7 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
         input_seed: args.seed,
         keep_spans: false,
         keep_outputs: false,
+        block_stamps: false,
     };
     let bar = indicatif::ProgressBar::new((warm.len() + measured.len()) as u64);
     let decoded = decode_multi(&mut engine, warm, measured, &options, &mut |done, _| {

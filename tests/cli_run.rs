@@ -570,3 +570,30 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         common::stderr(&out)
     );
 }
+
+#[test]
+fn block_timelines_are_refused_where_no_cuda_kernels_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "tiny.toml", TINY);
+    let csv = dir.path().join("stamps.csv");
+    let csv = csv.to_str().unwrap();
+    let mut args = tiny_run(&model);
+    args.extend(["--strategy", "offload", "--stamps-out", csv]);
+    // The host device: refused before any engine is built, with or without the switch.
+    for env in [vec![], vec![("FT_CUDA_STAMPS", "1")]] {
+        let out = common::ft_env(&args, &env);
+        assert!(!out.status.success());
+        let e = common::stderr(&out);
+        assert!(
+            e.contains("--stamps-out") && e.contains("--device cuda"),
+            "{e}"
+        );
+    }
+    assert!(!std::path::Path::new(csv).exists(), "nothing written");
+    // One strategy at a time.
+    let mut both = tiny_run(&model);
+    both.extend(["--interleave", "offload,cpu", "--stamps-out", csv]);
+    let out = ft(&both);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(common::stderr(&out).contains("--stamps-out"));
+}

@@ -1070,6 +1070,7 @@ fn e2e_run(
         input_seed: config.seed,
         keep_spans: false,
         keep_outputs: false,
+        block_stamps: false,
     };
     let decoded = decode(engine, &warm, &measured, &options, &mut |_, _| {})?;
     let records: Vec<&StepRecord> = decoded.records.iter().filter(|r| !r.warmup).collect();

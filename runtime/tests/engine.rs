@@ -81,6 +81,7 @@ fn options() -> DecodeOptions {
         input_seed: 3,
         keep_spans: true,
         keep_outputs: true,
+        block_stamps: false,
     }
 }
 
@@ -560,7 +561,47 @@ macro_rules! on_devices {
     };
 }
 
+/// `DecodeOptions::block_stamps`: the last measured step's block timelines. The host device
+/// runs no CUDA kernels and says so; on CUDA, with the timelines compiled in, the step's
+/// expert launches come back (gate/up and down blocks, each in order), and nothing where
+/// the option is off.
+fn block_timelines_of_the_last_step(d: &Device) {
+    let model = tiny();
+    let steps = routing_for(&model, 2, 4);
+    let cfg = config(Strategy::Offload, 12, 2);
+    let stamped = DecodeOptions {
+        block_stamps: true,
+        ..options()
+    };
+    let Some(opened) = d.cuda_tuning() else {
+        let mut e = Engine::new(d, &model, &cfg, None).unwrap();
+        let err = decode(&mut e, &steps[..2], &steps[2..], &stamped, &mut |_, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("block stamps"), "{err}");
+        return;
+    };
+    d.set_cuda_tuning(ft_runtime::device::CudaTuning {
+        block_stamps: true,
+        ..opened
+    })
+    .unwrap();
+    let mut e = Engine::new(d, &model, &cfg, None).unwrap();
+    let run = decode(&mut e, &steps[..2], &steps[2..], &stamped, &mut |_, _| {}).unwrap();
+    let plain = decode(&mut e, &steps[..2], &steps[2..], &options(), &mut |_, _| {}).unwrap();
+    d.set_cuda_tuning(opened).unwrap();
+    let stamps = run.stamps.expect("the last step's timelines");
+    assert!(plain.stamps.is_none());
+    assert!(!stamps.records.is_empty() && stamps.dropped == 0);
+    for r in &stamps.records {
+        assert!(r.entry_ns <= r.exit_ns, "{r:?}");
+    }
+    let launches = ft_runtime::block_stamps::launches(&stamps.records);
+    assert!(!launches.is_empty());
+}
+
 on_devices!(
+    block_timelines_of_the_last_step,
     every_strategy_matches_plan_layer_counts,
     offload_and_resident_match_the_f64_reference,
     hybrid_w4a8_is_bit_identical_fresh_and_warmed,
@@ -620,6 +661,7 @@ fn cuda_perf_smoke() {
                 input_seed: 1,
                 keep_spans: false,
                 keep_outputs: false,
+                block_stamps: false,
             };
             let run = decode(&mut e, &steps[..8], &steps[8..], &opts, &mut |_, _| {}).unwrap();
             let s = &run.summary;

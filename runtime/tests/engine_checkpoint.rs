@@ -114,6 +114,7 @@ fn a_checkpoint_of_a_seeded_bank_decodes_bit_identically() {
         input_seed: 5,
         keep_spans: false,
         keep_outputs: true,
+        block_stamps: false,
     };
     for strategy in [
         Strategy::Offload,

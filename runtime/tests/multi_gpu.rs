@@ -98,6 +98,7 @@ fn options() -> DecodeOptions {
         input_seed: 2,
         keep_spans: false,
         keep_outputs: true,
+        block_stamps: false,
     }
 }
 

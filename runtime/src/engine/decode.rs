@@ -68,6 +68,10 @@ pub struct DecodeOptions {
     pub keep_spans: bool,
     /// Keep the measured steps' outputs (for numerics).
     pub keep_outputs: bool,
+    /// Read the expert kernels' block timelines of the last measured step
+    /// ([`crate::Device::take_block_stamps`]: a CUDA device whose paths have them on,
+    /// `FT_CUDA_STAMPS`), the records of earlier steps discarded.
+    pub block_stamps: bool,
 }
 
 impl Default for DecodeOptions {
@@ -77,6 +81,7 @@ impl Default for DecodeOptions {
             input_seed: 0,
             keep_spans: false,
             keep_outputs: true,
+            block_stamps: false,
         }
     }
 }
@@ -92,6 +97,8 @@ pub struct Decoded {
     pub outputs: Vec<StepOutputs>,
     /// The measured steps summarised.
     pub summary: RunSummary,
+    /// The last measured step's block timelines, where asked ([`DecodeOptions::block_stamps`]).
+    pub stamps: Option<crate::block_stamps::BlockStamps>,
 }
 
 /// Run `warmup` steps, then `measured` steps, on `engine`. `progress` is called after each
@@ -108,6 +115,7 @@ pub fn decode(
     let mut records = Vec::with_capacity(total);
     let mut spans = Vec::new();
     let mut outputs = Vec::new();
+    let mut stamps = None;
     let phases = [
         (warmup, true, options.input_seed ^ INPUT_SALT_WARMUP),
         (measured, false, options.input_seed),
@@ -120,12 +128,20 @@ pub fn decode(
             let inputs: Vec<Vec<f32>> = (0..b)
                 .map(|s| token_input(seed, s, i as u64, hidden))
                 .collect();
+            let stamped = options.block_stamps && !is_warmup && i + 1 == steps.len();
+            if stamped {
+                // Only this step's blocks: the buffer holds a few tens of thousands.
+                engine.device().take_block_stamps()?;
+            }
             let r = engine.step(&StepInput {
                 routing,
                 contexts: &contexts,
                 inputs: &inputs,
                 warmup: is_warmup,
             })?;
+            if stamped {
+                stamps = Some(engine.device().take_block_stamps()?);
+            }
             records.push(r.record);
             if options.keep_spans {
                 spans.extend(r.spans);
@@ -143,6 +159,7 @@ pub fn decode(
         spans,
         outputs,
         summary,
+        stamps,
     })
 }
 

@@ -113,6 +113,7 @@ pub fn probe_hybrid_overhead(
         input_seed: 1,
         keep_spans: false,
         keep_outputs: false,
+        block_stamps: false,
     };
     let run = |strategy: Strategy| -> Result<crate::instrument::RunSummary> {
         let cfg = EngineConfig {
