@@ -462,12 +462,8 @@ mod cuda {
         // The served default first, then the paths not yet made defaults, so a run cut
         // short still checks them.
         let default_path = ft_runtime::device::CudaTuning::default().expert_path();
-        assert_eq!(
-            default_path, "staged+pdl+split+cvt+wide",
-            "the list names the default"
-        );
         let paths = [
-            "staged+pdl+split+cvt+wide",
+            default_path.as_str(),
             // Whole gate/up tiles by bulk copies: with every newer switch (the hardware scale
             // decode, the down prefetch, the small table and grids, the short down blocks,
             // the chained launch), without the split-sign dot and the dependent launch, and

@@ -65,6 +65,15 @@ fn cu(op: &str) -> impl FnOnce(result::DriverError) -> RuntimeError + '_ {
     move |e| RuntimeError::cuda(op, e)
 }
 
+/// A loaded module's entry points, by unit, specialization and name.
+type FunctionMap = HashMap<(KernelId, Specialization, &'static str), CudaFunction>;
+
+/// Whether the module of `kernel` built with `spec` is loaded in `map` (its entry points go
+/// in together, so its first stands for all).
+fn is_loaded(map: &FunctionMap, kernel: KernelId, spec: Specialization) -> bool {
+    map.contains_key(&(kernel, spec, kernel.entry_points()[0]))
+}
+
 /// State shared by the device and its streams.
 pub(crate) struct Shared {
     pub(crate) ctx: Arc<CudaContext>,
@@ -74,7 +83,7 @@ pub(crate) struct Shared {
     pub(crate) shared_optin_bytes: usize,
     /// Streaming multiprocessors.
     pub(crate) multiprocessors: usize,
-    functions: Mutex<HashMap<(KernelId, Specialization, &'static str), CudaFunction>>,
+    functions: Mutex<FunctionMap>,
     /// Origin of event timelines: an event recorded at open and its host time, us.
     origin: (sys::CUevent, f64),
     /// The driver's CUDA version (`cuDriverGetVersion`: 13000 for 13.0), 0 if unknown.
@@ -177,10 +186,11 @@ impl Shared {
     }
 
     /// Compile every unit of `units` that is not loaded yet, on as many threads as the host
-    /// has cores or [`crate::nvrtc::THREADS_ENV`] allows (NVRTC takes seconds for each specialization of the expert kernels, and
-    /// gives the same image from any thread: `tests/nvrtc.rs`), then load them here, one by
-    /// one. A device about to run many specializations (the GPU tests of every path) builds
-    /// them at once instead of one at each first launch.
+    /// has cores or [`crate::nvrtc::THREADS_ENV`] allows (NVRTC takes seconds for each
+    /// specialization of the expert kernels, and gives the same image from any thread:
+    /// `tests/nvrtc.rs`), then load them here, one by one. A device about to run many
+    /// specializations (the GPU tests of every path) builds them at once instead of one at
+    /// each first launch.
     pub(crate) fn load_units(&self, units: &[(KernelId, Specialization)]) -> Result<()> {
         use rayon::prelude::*;
         let missing: Vec<(KernelId, Specialization)> = {
@@ -191,7 +201,7 @@ impl Shared {
             let mut seen = std::collections::HashSet::new();
             units
                 .iter()
-                .filter(|(k, s)| !map.contains_key(&(*k, *s, k.entry_points()[0])))
+                .filter(|&&(k, s)| !is_loaded(&map, k, s))
                 .filter(|u| seen.insert(**u))
                 .copied()
                 .collect()
@@ -218,7 +228,8 @@ impl Shared {
             .lock()
             .map_err(|_| RuntimeError::cuda("kernel cache", "poisoned lock"))?;
         for ((k, s), c) in missing.into_iter().zip(compiled) {
-            if !map.contains_key(&(k, s, k.entry_points()[0])) {
+            // Another thread may have loaded it at a first launch meanwhile.
+            if !is_loaded(&map, k, s) {
                 self.load_compiled(&mut map, k, s, c)?;
             }
         }
@@ -229,7 +240,7 @@ impl Shared {
     /// `map` (the lock's contents).
     fn load_compiled(
         &self,
-        map: &mut HashMap<(KernelId, Specialization, &'static str), CudaFunction>,
+        map: &mut FunctionMap,
         kernel: KernelId,
         spec: Specialization,
         compiled: crate::nvrtc::CompiledKernel,
