@@ -1596,11 +1596,6 @@ __device__ __forceinline__ void down_impl(
 // (staged_tile_bytes of the block's rows each), except the row factors, which a tile of a
 // few rows would copy with plain byte loads that stall the thread before its next task's
 // copies are issued; they are read from global memory once per row instead.
-//
-// SPLITK (ft_experts_down_1kx, the split-K layer's second launch across tasks): the terms of
-// every row were computed by the gate/up launch (P, the `hf` argument, as in down_impl's
-// SPLITK); the block stages no weights and a lane adds its blocks' terms in the spec's order.
-template <bool SPLITK = false>
 __device__ __forceinline__ void down_cross_impl(
     const Task* __restrict__ tasks, const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
@@ -1628,7 +1623,7 @@ __device__ __forceinline__ void down_cross_impl(
     // multiprocessor compute gets few issue slots until they stall, and must reach the wait
     // for h with its copies issued).
     const u32 warp = threadIdx.x / 32, warps = blockDim.x / 32, lane32 = threadIdx.x & 31;
-    for (int e = warp; e < n_tasks && !SPLITK; e += warps) {
+    for (int e = warp; e < n_tasks; e += warps) {
         const Task te = tsm[e];
         if (te.pair_count == 0) continue;
         const Mat down = {(const u8*)te.weights + down_off, (u64)H, (u64)I};
@@ -1666,15 +1661,6 @@ __device__ __forceinline__ void down_cross_impl(
                 }
 #pragma unroll 2
                 for (int b = lane; b < nb; b += HW) {
-                    if constexpr (SPLITK) {
-#pragma unroll
-                        for (int k = 0; k < R; k++) {
-                            if (!live[k]) continue;
-                            const float t = hf[(p * H + j0 + r0 + hpt * k) * nb + b];
-                            acc[k] = __fadd_rn(acc[k], t);
-                        }
-                        continue;
-                    }
                     // The block's activations (int8 path), loaded once for the R rows.
                     int4 qa[2];
                     float sa = 0.0f;
@@ -1794,12 +1780,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_1k(GATE_
     TASK_TABLES (void)o_begin; (void)o_tok; (void)tch; (void)hq; (void)hs;
     gate_up_impl<1, true, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
     stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1kx(DOWN_ARGS, int n_tasks, int hpt, int reps) {
-    TASK_LIST TOKEN_LISTS
-    (void)o_pairs; (void)O; (void)counters;
-    down_cross_impl<true>(tasks, tok_begin, tok_pairs, fmt, act, H, I, T, hf, hq, hs, y, fold, blockIdx.x, n_tasks, hpt, reps);
-    stamp_end(STAMP_DOWN, blockIdx.x, blockIdx.y);
 }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1k(DOWN_ARGS) {
     TABLES

@@ -83,7 +83,6 @@ impl KernelId {
                 "ft_experts_layer_1",
                 "ft_experts_gate_up_1k",
                 "ft_experts_down_1k",
-                "ft_experts_down_1kx",
             ],
             KernelId::Gather => &["ft_gather_zero_copy"],
             KernelId::Dense => &["ft_dense_read"],

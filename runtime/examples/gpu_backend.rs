@@ -265,8 +265,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         // The split-K layer (2026-12-06), alone and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+splitk", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+splitk", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross+splitk", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross+splitk", ALL),
         // Whole gate/up tiles by bulk copies, each warp's rows on its own mbarrier
         // (2026-12-06), alone and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),

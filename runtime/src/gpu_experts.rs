@@ -568,10 +568,6 @@ pub fn cuda_cross_down(
 /// `kernels/cuda/experts.cu`, [`crate::device::CudaTuning::split_k`]).
 pub const CUDA_SPLIT_K_ENTRIES: (&str, &str) = ("ft_experts_gate_up_1k", "ft_experts_down_1k");
 
-/// The split-K layer's second launch across tasks (`ft_experts_down_1kx`), where the
-/// cross-task down kernel is asked for too ([`cuda_cross_down`]): it stages no weights.
-pub const CUDA_SPLIT_K_CROSS_DOWN_ENTRY: &str = "ft_experts_down_1kx";
-
 /// Shared-memory bytes of a split-K gate/up block's slice of down: `hidden / cluster` rows
 /// of `cluster` column blocks, 8 value bytes and one scale byte each, the two planes padded
 /// to 16 bytes (`splitk_slice_bytes` in `kernels/cuda/experts.cu`, which must agree).
@@ -921,10 +917,8 @@ pub(crate) fn cuda_launch(
     let pdl = tuning.dependent_launch;
     // The cross-task down kernel where asked and its tiles (every task's rows of a block)
     // fit the shared memory a staged tile may take.
-    // (The split-K layer's cross-task launch reads terms, not weight tiles.)
     let cross = match cuda_cross_down(&tuning, t.max_task_pairs, step.experts.len()) {
-        Some(c) if split_k.is_some() => Some((c, 0)),
-        Some(c) if !fused && staging.down_staged => {
+        Some(c) if !fused && split_k.is_none() && staging.down_staged => {
             let bytes = step.experts.len()
                 * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
             (bytes <= staging.shared_limit).then_some((c, bytes))
@@ -946,12 +940,7 @@ pub(crate) fn cuda_launch(
         LaunchKernels::Fused(kernel(CUDA_FUSED_ENTRY)?)
     } else if split_k.is_some() {
         let (gate_up, down) = CUDA_SPLIT_K_ENTRIES;
-        let down = if cross.is_some() {
-            CUDA_SPLIT_K_CROSS_DOWN_ENTRY
-        } else {
-            down
-        };
-        LaunchKernels::Two(kernel(gate_up)?, kernel(down)?, cross)
+        LaunchKernels::Two(kernel(gate_up)?, kernel(down)?, None)
     } else {
         let down_entry = if cross.is_some() {
             CUDA_CROSS_DOWN_ENTRY

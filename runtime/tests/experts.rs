@@ -468,7 +468,6 @@ mod cuda {
             // split-sign dot and the dependent launch.
             "staged+pdl+split+cvt+wide+splitk",
             "staged+pdl+split+cvt+wide+chain+splitk",
-            "staged+pdl+split+cvt+wide+chain+cross+splitk",
             "staged+splitk",
             // Whole gate/up tiles by bulk copies: with every newer switch (the hardware scale
             // decode, the down prefetch, the small table and grids, the short down blocks,
@@ -684,7 +683,7 @@ mod cuda {
         // With each down kernel of one-token launches (a block per task, across tasks), and
         // as the split-K layer (its terms in the stream's scratch, which the next chained
         // gate/up launch writes once the down launch before it has completed).
-        for (cross_down, split_k) in [(false, false), (true, false), (false, true), (true, true)] {
+        for (cross_down, split_k) in [(false, false), (true, false), (false, true)] {
             d.set_cuda_tuning(CudaTuning {
                 chained_launch: true,
                 cross_down,

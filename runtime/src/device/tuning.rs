@@ -728,7 +728,6 @@ mod tests {
             "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
             "staged+pdl+split+cvt+wide+chain+bulk+stamps",
             "staged+pdl+split+cvt+wide+chain+splitk",
-            "staged+pdl+split+cvt+wide+chain+cross+splitk",
         ] {
             let t = base.with_path(path).unwrap();
             assert_eq!(t.expert_path(), path);
