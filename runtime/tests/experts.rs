@@ -654,8 +654,7 @@ mod cuda {
     /// token counts queued back to back on one stream with no wait between them, each gate/up
     /// launch scheduled while the down kernel before it still runs; they share the stream's
     /// scratch (h, the row tiles' counters), and each must give the CPU's bits, into its own
-    /// y, over three rounds, with either down kernel of one-token launches and as the split-K
-    /// layer.
+    /// y, over three rounds, with either down kernel of one-token launches.
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
     fn cuda_chained_layers_share_a_stream() {
@@ -680,14 +679,11 @@ mod cuda {
                 assert_eq!(differing_bits(a, &cpu(c)), 0);
             }
         }
-        // With each down kernel of one-token launches (a block per task, across tasks), and
-        // as the split-K layer (its terms in the stream's scratch, which the next chained
-        // gate/up launch writes once the down launch before it has completed).
-        for (cross_down, split_k) in [(false, false), (true, false), (false, true)] {
+        // With each down kernel of one-token launches (a block per task, across tasks).
+        for cross_down in [false, true] {
             d.set_cuda_tuning(CudaTuning {
                 chained_launch: true,
                 cross_down,
-                split_k,
                 ..opened
             })
             .unwrap();
@@ -722,8 +718,7 @@ mod cuda {
                 let differ = differing_bits(&got, &alone[k]);
                 assert_eq!(
                     differ, 0,
-                    "cross-task down {cross_down}, split-K {split_k}, round {round}, case {k}: \
-                     {differ} outputs differ"
+                    "cross-task down {cross_down}, round {round}, case {k}: {differ} outputs differ"
                 );
             }
         }
