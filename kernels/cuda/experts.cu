@@ -904,150 +904,6 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
     return G == 16 ? quantize_block_t<16>(xb, q) : quantize_block_t<32>(xb, q);
 }
 
-// The split-K one-token layer (FT_CUDA_SPLITK, the runtime's `CudaTuning::split_k`; nvfp4,
-// int8 path, sm_90). The two-launch layer hands h from gate/up to down through a grid-wide
-// dependency: down's blocks wait for every gate/up block, then compute, then a row tile's
-// last block combines, all after the weights have landed (the block timelines of
-// 2026-12-06: 9 us of tiles, then 3.6 of gate/up's decode, 1.2 of hand-off, 3 to 4 of down,
-// in series). Here a gate/up block that has its block b of h (G rows of the intermediate)
-// also computes column block b of down for every row: the terms t_b[r] = f32(d) * (s_b *
-// scale_b) of section 3 of the spec, written to P[pair][r][b]; a second launch
-// (ft_experts_down_1k) adds each row's terms in the spec's order (lane l: blocks l, l + 16,
-// ... increasing, then the fixed tree, then the row factor) and combines as down_impl does.
-// The same operations in the same order, so the same bits. Down's weights then stream with
-// gate/up's from the start, and no block waits for another kernel before its own work.
-//
-// Column block b of down is 8 bytes of every row (320-byte rows for the target's experts):
-// read alone, each would pull a 32-byte sector through L2 for 8 bytes. So CK consecutive
-// gate/up blocks (one thread block cluster, CK = 8 or 4, a launch attribute) share their h
-// blocks through distributed shared memory, and each stages and computes H / CK rows of
-// all CK column blocks: whole sectors of values, CK scale bytes a row.
-__device__ __forceinline__ u32 cluster_rank() {
-    u32 r = 0;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-#endif
-    return r;
-}
-__device__ __forceinline__ u32 cluster_size() {
-    u32 r = 1;
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-#endif
-    return r;
-}
-// Every thread of every block of the cluster arrives (releasing its shared-memory writes)
-// and waits (acquiring the others'); split so that work can go between the two.
-__device__ __forceinline__ void cluster_arrive() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-// The 16 bytes and the f32 at shared address `a` (this block's) of block `rank` of the cluster.
-__device__ __forceinline__ int4 ld_cluster_v4(u32 a, u32 rank) {
-    int4 v = make_int4(0, 0, 0, 0);
-#if __CUDA_ARCH__ >= 900
-    u32 m;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(m) : "memory");
-#endif
-    return v;
-}
-__device__ __forceinline__ float ld_cluster_f32(u32 a, u32 rank) {
-    float v = 0.0f;
-#if __CUDA_ARCH__ >= 900
-    u32 m;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(m) : "memory");
-#endif
-    return v;
-}
-// Asynchronous 8- and 4-byte copies into shared memory (the slice's scale bytes).
-__device__ __forceinline__ void cp_async_small(u8* dst, const u8* src, u32 bytes) {
-#if __CUDA_ARCH__ >= 800
-    const u32 d = (u32)__cvta_generic_to_shared(dst);
-    if (bytes == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(d), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src) : "memory");
-#else
-    for (u32 i = 0; i < bytes; i++) dst[i] = src[i];
-#endif
-}
-
-// Shared-memory bytes of a split-K block's slice of down (nvfp4): H / CK rows of CK blocks
-// of 8 value bytes and CK scale bytes, H * 9 bytes whatever CK. The runtime's
-// `cuda_split_k_slice_bytes` must match.
-__device__ __forceinline__ u64 splitk_slice_bytes(u64 H) { return round16(H * 8) + round16(H); }
-
-// The block's h block (int8 codes and scale), read by the other blocks of its cluster.
-__shared__ __align__(16) int4 splitk_hq;
-__shared__ float splitk_hs;
-
-// Start staging the slice of down that this block (rank q of a cluster of ck, the cluster's
-// first h block b0) computes: rows q H / ck .. (q + 1) H / ck, columns of blocks b0 .. b0 + ck,
-// values then scales at `dst` (splitk_slice_bytes long). The runtime takes this path only
-// where every address is aligned for the copies (`cuda_split_k`).
-__device__ __forceinline__ void splitk_stage_slice(const Mat& down, int H, int I, u32 q, u32 ck, int b0, u8* dst) {
-    const u64 n = (u64)H / ck;
-    const Tile g = tile_at(FT_NVFP4, down, q * n);
-    const u64 vrb = (u64)I / 2, srb = (u64)I / 16;
-    const u32 vb = ck * 8, units = vb / 16;
-    u8* sv = dst;
-    u8* sc = dst + round16((u64)H * 8);
-    for (u32 i = threadIdx.x; i < n * units; i += blockDim.x) {
-        const u32 k = i / units, u = i % units;
-        const u32 d = (u32)__cvta_generic_to_shared(sv + (u64)k * vb + u * 16);
-        const u8* src = g.vals + k * vrb + (u64)b0 * 8 + u * 16;
-#if __CUDA_ARCH__ >= 800
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
-#else
-        for (int j = 0; j < 16; j++) sv[(u64)k * vb + u * 16 + j] = src[j];
-#endif
-    }
-    for (u32 k = threadIdx.x; k < n; k += blockDim.x)
-        cp_async_small(sc + (u64)k * ck, g.scales + k * srb + b0, ck);
-}
-
-// This block's share of down for pair p: publish its h block to the cluster, read the
-// cluster's ck h blocks (thread i takes block b0 + i % ck, as every item it computes), and
-// write the terms t_b[r] of its rows and the cluster's blocks to P (spec section 3: the exact
-// block dot, s = s_b * scale_b, t = f32(d) * s). Every thread of the block calls it after h
-// is quantized into splitk_hq / splitk_hs and a barrier.
-__device__ __forceinline__ void splitk_down_terms(int H, int I, u32 q, u32 ck, int b0, const u8* slice,
-                                                  float* P, u64 p) {
-    // Every block's h block is in its shared memory.
-    cluster_arrive();
-    cluster_wait();
-    const u32 j = threadIdx.x % ck;
-    const int4 qa = ld_cluster_v4(smem_u32(&splitk_hq), j);
-    const float sa = ld_cluster_f32(smem_u32(&splitk_hs), j);
-    // Done with the others' shared memory; the wait below (before it changes or the blocks
-    // exit) pairs with this.
-    cluster_arrive();
-    const u64 n = (u64)H / ck;
-    const u8* sv = slice;
-    const u8* sc = slice + round16((u64)H * 8);
-    const u32 lo = e2m1_table_lo();
-    const int nb = I / 16;
-    float* out = P + (p * H + q * n) * nb + b0 + j;
-    // Item i: row i / ck of the slice, column block j (blockDim.x is a multiple of ck).
-#pragma unroll 2
-    for (u32 i = threadIdx.x; i < n * ck; i += blockDim.x) {
-        const u32 k = i / ck;
-        const int d = e2m1_block_dot(sv + (u64)k * ck * 8, j, 16, qa, make_int4(0, 0, 0, 0), lo);
-        const float sb = e4m3_scale(sc[(u64)k * ck + j]);
-        out[(u64)k * nb] = __fmul_rn((float)d, __fmul_rn(sb, sa));
-    }
-    cluster_wait();
-}
-
 // MT: tokens per pass held in registers (8, or 1 for the batch-1 variant, which keeps few
 // registers and unrolls its block loop instead). The arithmetic is the same for both.
 //
@@ -1070,11 +926,7 @@ __device__ __forceinline__ void splitk_down_terms(int H, int I, u32 q, u32 ck, i
 //
 // (bx, by): the block's row block of h and its task (blockIdx in the gate/up kernels; the
 // fused layer's item).
-//
-// SPLITK (ft_experts_gate_up_1k; one token per pass, staged, nvfp4, int8 path, launched in
-// clusters): the block also stages and computes its cluster's share of down (splitk_down_terms
-// above), writing the terms to P (the `hf` argument) instead of h to hq / hs.
-template <int MT, bool STAGED, bool WIDE = false, bool SPLITK = false>
+template <int MT, bool STAGED, bool WIDE = false>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
@@ -1100,12 +952,12 @@ __device__ __forceinline__ void gate_up_impl(
     if (split_sign(MT, fmt)) e2m1_table_publish();
     // Pipelined (FT_PIPE_STAGES > 1): each warp stages its own rows in column stages of kb
     // blocks and waits for them stage by stage; otherwise kb = nb, one stage.
-    constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1 && !WIDE && !SPLITK;
+    constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1 && !WIDE;
     const int kb = PIPE ? pipe_stage_blocks(nb, FT_PIPE_STAGES) : nb;
     const int stages = (nb + kb - 1) / kb;
     // Bulk (FT_BULK_STAGE): each warp's rows by bulk copies on its own mbarrier, where the
     // tile's ranges allow (`bulk`); the rows' factors then come from global memory.
-    constexpr bool BULK = STAGED && FT_BULK_STAGE && !PIPE && !SPLITK;
+    constexpr bool BULK = STAGED && FT_BULK_STAGE && !PIPE;
     __shared__ __align__(8) u64 bulk_bar[BULK_MAX_WARPS];
     u64* const warp_bar = &bulk_bar[threadIdx.x / 32];
     bool bulk = false;
@@ -1132,22 +984,12 @@ __device__ __forceinline__ void gate_up_impl(
     // The pipelined and the bulk staging leave the rows' factors in global memory (a row's 2-
     // or 4-byte factor is no 16-byte unit for their copies): the tiles read them there, each
     // row's loaded before the wait for its values so that its latency hides behind it.
-    // Split-K: this block's slice of down, after its own tile (in the same copy group).
-    static_assert(!SPLITK || (MT == 1 && STAGED && !WIDE), "split-K: the staged one-token kernel");
-    const u32 ck = SPLITK ? cluster_size() : 1, q = SPLITK ? cluster_rank() : 0;
-    const int b0 = bx - (int)q;
-    u8* const slice = smem + stage_off + 2 * staged_tile_bytes(fmt, H, G);
-    if (SPLITK) {
-        if (fmt != FT_NVFP4 || act != ACT_INT8) __trap();
-        const Mat down = {(const u8*)task.weights + 2 * matrix_bytes(fmt, I, H), (u64)H, (u64)I};
-        splitk_stage_slice(down, H, I, q, ck, b0, slice);
-    }
     const bool factors_global = PIPE || bulk;
     if (factors_global) {
         tg.factors = tile_at(fmt, gate, r0).factors;
         tu.factors = tile_at(fmt, up, r0).factors;
     }
-    if (STAGED && !SPLITK && FT_PREFETCH_DOWN && threadIdx.x == 0)
+    if (STAGED && FT_PREFETCH_DOWN && threadIdx.x == 0)
         prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), bx, I / G);
     // The down kernel may be scheduled now: it stages its own weights while this one runs.
     pdl_launch_dependents();
@@ -1311,12 +1153,7 @@ __device__ __forceinline__ void gate_up_impl(
             }
         }
         __syncthreads();
-        if (SPLITK) {
-            // One token: this block of h to the cluster, then the block's terms of down.
-            if (threadIdx.x == 0) splitk_hs = quantize_block(&hbuf[0][0], G, (i8*)&splitk_hq);
-            __syncthreads();
-            splitk_down_terms(H, I, q, ck, b0, slice, hf, (u64)(task.pair_begin + c0));
-        } else if (act == ACT_INT8) {
+        if (act == ACT_INT8) {
             // Quantize this block of h per token (the down matrix's activation block r0 / G).
             for (int t = threadIdx.x; t < nt; t += blockDim.x) {
                 u32 p = task.pair_begin + c0 + t;
@@ -1349,13 +1186,7 @@ __device__ __forceinline__ void gate_up_impl(
 // waits until `ready` counts `ready_need` finished gate/up blocks of its task, and reads h
 // through L2 (__ldcg), never through the read-only path, which is not coherent with writes
 // made during the kernel.
-//
-// SPLITK (ft_experts_down_1k, the split-K layer's second launch; one token, direct): the
-// terms t_b of every row were computed by the gate/up launch (P, the `hf` argument,
-// P[pair][row][block]); a lane adds its blocks' terms in the spec's order instead of
-// computing them, and the rest (the tree, the row factor, O, the ticket and the combine) is
-// unchanged.
-template <int MT, int R, bool STAGED, bool FUSED = false, bool SPLITK = false>
+template <int MT, int R, bool STAGED, bool FUSED = false>
 __device__ __forceinline__ void down_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs,
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
@@ -1432,15 +1263,7 @@ __device__ __forceinline__ void down_impl(
         // Unrolled (few-token variants) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
         for (int b = lane; b < nb; b += HW) {
-            if constexpr (SPLITK) {
-                static_assert(MT == 1 && !STAGED && !FUSED, "split-K: one token, direct");
-#pragma unroll
-                for (int k = 0; k < R; k++) {
-                    if (!live[k]) continue;
-                    const float t = hf[((u64)p0 * H + j0 + hw + 16 * k) * nb + b];
-                    acc[k][0] = __fadd_rn(acc[k][0], t);
-                }
-            } else if (act == ACT_INT8 && R > 1) {
+            if (act == ACT_INT8 && R > 1) {
                 // The block's activations of each token (codes and scale), loaded once for
                 // the R rows that use them (the few-token variants; with one row per
                 // half-warp there is nothing to share and the registers are better left).
@@ -1774,19 +1597,6 @@ extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down(DOWN_ARGS) 
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_direct(DOWN_ARGS) { DOWN_ENTRY(MAXT, DOWN_R_8, false) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1, true) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1_direct(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1, false) }
-// The split-K one-token layer (gate_up_impl's and down_impl's SPLITK): gate/up launched in
-// clusters of 4 or 8 blocks along x, `hf` holding the terms P.
-extern "C" __global__ void __launch_bounds__(256, 3) ft_experts_gate_up_1k(GATE_UP_ARGS) {
-    TASK_TABLES (void)o_begin; (void)o_tok; (void)tch; (void)hq; (void)hs;
-    gate_up_impl<1, true, false, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y);
-    stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
-}
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1k(DOWN_ARGS) {
-    TABLES
-    down_impl<1, DOWN_R_1, false, false, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq, hs,
-                                              counters, y, fold, blockIdx.x, blockIdx.y, gridDim.y);
-    stamp_end(STAMP_DOWN, blockIdx.x, blockIdx.y);
-}
 // The small-grid one-token down kernel: DOWN_R_1S rows per half-warp, so a launch of few
 // experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, true) }

@@ -81,8 +81,6 @@ impl KernelId {
                 "ft_experts_down_1s_direct",
                 "ft_experts_down_1x",
                 "ft_experts_layer_1",
-                "ft_experts_gate_up_1k",
-                "ft_experts_down_1k",
             ],
             KernelId::Gather => &["ft_gather_zero_copy"],
             KernelId::Dense => &["ft_dense_read"],

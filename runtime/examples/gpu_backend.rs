@@ -262,9 +262,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross1", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross2", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross", ALL),
-        // The split-K layer (2026-12-06), alone and chained.
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+splitk", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+splitk", ALL),
         // Whole gate/up tiles by bulk copies, each warp's rows on its own mbarrier
         // (2026-12-06), alone and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),
@@ -290,7 +287,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 0, None, "staged+pdl+split+cvt+wide+fused", ALL),
         (INT8, 0, None, "staged+pdl+split+cvt+wide+chain", ALL),
         (INT8, 0, None, "staged+pdl+split+cvt+wide+cross", ALL),
-        (INT8, 0, None, "staged+pdl+split+cvt+wide+splitk", ALL),
         (INT8, 0, None, "staged+pdl+small", ALL),
         (INT8, 0, None, "direct", ALL),
         (INT8, 4, None, "staged+pdl", ALL),
@@ -312,8 +308,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+splitk", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+splitk", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),

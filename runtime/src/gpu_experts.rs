@@ -391,20 +391,13 @@ pub fn cuda_specialization(
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
 /// the total.
-pub fn cuda_scratch_layout(step: &ExpertStep, pairs: usize, split_k: bool) -> ([usize; 4], usize) {
+pub fn cuda_scratch_layout(step: &ExpertStep, pairs: usize) -> ([usize; 4], usize) {
     let a = |x: usize| x.next_multiple_of(256);
     let (h, i) = (step.hidden, step.intermediate);
     let g = cuda_group(step.format);
     let o = CUDA_COUNTER_BYTES;
     let hf = o + a(pairs * h * 4);
-    // The split-K layer's terms of down take h's f32 place: every row's term of every
-    // column block, per pair.
-    let hf_bytes = if split_k {
-        pairs * h * (i / g) * 4
-    } else {
-        pairs * i * 4
-    };
-    let hq = hf + a(hf_bytes);
+    let hq = hf + a(pairs * i * 4);
     let hs = hq + a(pairs * i);
     let end = hs + a(pairs * (i / g) * 4);
     ([o, hf, hq, hs], end)
@@ -561,67 +554,6 @@ pub fn cuda_cross_down(
         row_groups,
         rows: group_rows * row_groups,
         threads: (16 * half_warps_per_task * tasks).next_multiple_of(32) as u32,
-    })
-}
-
-/// The split-K layer's entry points (`ft_experts_gate_up_1k`, `ft_experts_down_1k` in
-/// `kernels/cuda/experts.cu`, [`crate::device::CudaTuning::split_k`]).
-pub const CUDA_SPLIT_K_ENTRIES: (&str, &str) = ("ft_experts_gate_up_1k", "ft_experts_down_1k");
-
-/// Shared-memory bytes of a split-K gate/up block's slice of down: `hidden / cluster` rows
-/// of `cluster` column blocks, 8 value bytes and one scale byte each, the two planes padded
-/// to 16 bytes (`splitk_slice_bytes` in `kernels/cuda/experts.cu`, which must agree).
-pub fn cuda_split_k_slice_bytes(hidden: usize) -> usize {
-    (hidden * 8).next_multiple_of(16) + hidden.next_multiple_of(16)
-}
-
-/// How a launch runs the split-K layer: its gate/up launch in thread block clusters of
-/// `cluster` blocks along x, with `gate_up_shared` bytes of dynamic shared memory (the
-/// staged gate/up tiles, then the block's slice of down).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CudaSplitK {
-    /// Blocks per cluster (8 or 4): consecutive blocks of h that share them, each computing
-    /// `hidden / cluster` rows of down for all of them.
-    pub cluster: u32,
-    /// Dynamic shared memory of the gate/up launch, bytes.
-    pub gate_up_shared: usize,
-}
-
-/// The split-K plan of a launch, where `tuning` asks for it and the launch fits it: one
-/// token per task (`max_task_pairs` at most 1), nvfp4 weights on the int8 path, a device of
-/// compute capability 9.0 or later (clusters), staged one-token tiles that leave room for
-/// the slice within the `max_shared` bytes a block may take, column blocks of down that
-/// split into clusters of 8 or 4 (intermediate / 16 a multiple of 4: the slice's scale bytes
-/// then are aligned for their copies), and every expert's weights 16-byte aligned (the
-/// slice's value copies). `None` otherwise: the launch takes the two-launch layer. The
-/// one-launch layer, where on, takes precedence.
-pub fn cuda_split_k(
-    tuning: &CudaTuning,
-    step: &ExpertStep,
-    max_task_pairs: usize,
-    compute_capability: (u32, u32),
-    max_shared: usize,
-    weights_aligned: bool,
-) -> Option<CudaSplitK> {
-    let blocks = step.intermediate / 16;
-    let on = tuning.split_k
-        && tuning.staged_tiles
-        && !tuning.fused_layer
-        && tuning.expert_variant.is_none_or(|v| v == 1)
-        && max_task_pairs <= 1
-        && step.format == ExpertFormat::Nvfp4
-        && step.act == ActivationPath::Int8
-        && compute_capability.0 >= 9
-        && blocks.is_multiple_of(4)
-        && weights_aligned;
-    if !on {
-        return None;
-    }
-    let staging = cuda_staging(step, CUDA_VARIANTS[0], 1, max_shared, true).ok()?;
-    let gate_up_shared = staging.gate_up_shared + cuda_split_k_slice_bytes(step.hidden);
-    (staging.gate_up_stage_off > 0 && gate_up_shared <= max_shared).then_some(CudaSplitK {
-        cluster: if blocks.is_multiple_of(8) { 8 } else { 4 },
-        gate_up_shared,
     })
 }
 
@@ -865,34 +797,13 @@ pub(crate) fn cuda_launch(
     let fused_counters = step.hidden.div_ceil(variant.down_rows).next_multiple_of(32);
     let fused = cuda_fused(&tuning, variant, step.act)
         && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
-    // The split-K layer where asked and the launch fits it; it takes the one-token
-    // instantiation's grids (not the small-grid or short-down ones).
-    let split_k = if fused {
-        None
-    } else {
-        let aligned = step
-            .experts
-            .iter()
-            .all(|e| (weights + e.weights_offset as u64).is_multiple_of(16));
-        cuda_split_k(
-            &tuning,
-            step,
-            t.max_task_pairs,
-            stream.shared().cc,
-            stream.shared().shared_optin_bytes,
-            aligned,
-        )
-    };
-    let variant = if split_k.is_some() {
-        CUDA_VARIANTS[0]
-    } else if !fused
+    let variant = if !fused
         && cuda_small_grid(
             &tuning,
             variant,
             step.experts.len() * step.intermediate / cuda_group(step.format),
             stream.shared().multiprocessors,
-        )
-    {
+        ) {
         CUDA_SMALL_GRID_VARIANT
     } else if !fused && tuning.short_down && variant == CUDA_VARIANTS[0] {
         CUDA_SHORT_DOWN_VARIANT
@@ -918,15 +829,14 @@ pub(crate) fn cuda_launch(
     // The cross-task down kernel where asked and its tiles (every task's rows of a block)
     // fit the shared memory a staged tile may take.
     let cross = match cuda_cross_down(&tuning, t.max_task_pairs, step.experts.len()) {
-        Some(c) if !fused && split_k.is_none() && staging.down_staged => {
+        Some(c) if !fused && staging.down_staged => {
             let bytes = step.experts.len()
                 * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
             (bytes <= staging.shared_limit).then_some((c, bytes))
         }
         _ => None,
     };
-    let ([o_off, hf_off, hq_off, hs_off], total) =
-        cuda_scratch_layout(step, t.pairs.max(1), split_k.is_some());
+    let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
     let spec = cuda_specialization(step, &tuning, t.bytes.len());
     // The launch's kernels (compiled at first use), looked up before its table takes an
@@ -938,9 +848,6 @@ pub(crate) fn cuda_launch(
     };
     let kernels = if fused {
         LaunchKernels::Fused(kernel(CUDA_FUSED_ENTRY)?)
-    } else if split_k.is_some() {
-        let (gate_up, down) = CUDA_SPLIT_K_ENTRIES;
-        LaunchKernels::Two(kernel(gate_up)?, kernel(down)?, None)
     } else {
         let down_entry = if cross.is_some() {
             CUDA_CROSS_DOWN_ENTRY
@@ -1058,12 +965,6 @@ pub(crate) fn cuda_launch(
                 cross.map_or(0, |(c, _)| c.half_warps_per_task as i32),
                 cross.map_or(0, |(c, _)| c.row_groups as i32),
             );
-            // The split-K layer: gate/up in clusters with its slice of down staged too;
-            // the down launch reads no weight tile.
-            let (gate_up_shared, cluster) = match split_k {
-                Some(k) => (k.gate_up_shared, Some(k.cluster)),
-                None => (staging.gate_up_shared, None),
-            };
             let (down_grid, down_threads, down_shared) = match cross {
                 Some((c, shared)) => {
                     down_args.extend([p(&n_tasks_arg), p(&hpt), p(&reps)]);
@@ -1076,11 +977,7 @@ pub(crate) fn cuda_launch(
                 None => (
                     (down_tiles as u32, n_tasks, 1),
                     CUDA_THREADS,
-                    if split_k.is_some() {
-                        0
-                    } else {
-                        staging.down_shared
-                    },
+                    staging.down_shared,
                 ),
             };
             // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*
@@ -1091,14 +988,13 @@ pub(crate) fn cuda_launch(
             // A chained gate/up launch may start while the kernel before it ends (it waits for
             // that kernel in the kernel, before it reads x or writes h).
             unsafe {
-                stream.launch_clustered(
+                stream.launch_ex(
                     &gate_up,
                     ((step.intermediate / g) as u32, n_tasks, 1),
                     (variant.gate_up_threads, 1, 1),
-                    gate_up_shared as u32,
+                    staging.gate_up_shared as u32,
                     &mut gate_up_args,
                     tuning.chained_launch,
-                    cluster,
                 )?;
                 // The down kernel may start while gate/up runs (it waits for h in the kernel).
                 stream.launch_ex(
@@ -1547,101 +1443,8 @@ mod tests {
         let tp = t.offsets[3];
         assert_eq!([u32_at(tp), u32_at(tp + 8), u32_at(tp + 16)], [1, 2, 0]);
         assert!(t.offsets.iter().all(|o| o % 16 == 0));
-        let (offs, total) = cuda_scratch_layout(&st, 3, false);
+        let (offs, total) = cuda_scratch_layout(&st, 3);
         assert!(offs.windows(2).all(|w| w[0] < w[1]) && total > offs[3]);
         assert_eq!(cuda_pass_tokens(&st).unwrap().0, CUDA_MAX_TOKENS_PER_PASS);
-        // The split-K terms (every row's term of every column block, per pair) take h's
-        // place and push the int8 parts back by the difference.
-        let (k_offs, k_total) = cuda_scratch_layout(&st, 3, true);
-        let g = cuda_group(st.format);
-        let grow = (3 * st.hidden * (st.intermediate / g) * 4).next_multiple_of(256)
-            - (3 * st.intermediate * 4).next_multiple_of(256);
-        assert_eq!(k_offs[..2], offs[..2]);
-        assert_eq!(k_offs[2], offs[2] + grow);
-        assert_eq!(k_total, total + grow);
-    }
-
-    #[test]
-    fn split_k_only_for_one_token_nvfp4_int8_launches_that_fit_it() {
-        let on = CudaTuning {
-            split_k: true,
-            ..CudaTuning::default()
-        };
-        let g = |hidden, intermediate| MoeGeometry {
-            hidden,
-            intermediate,
-            experts: 8,
-            top_k: 2,
-            moe_layers: 1,
-            shared_experts: 0,
-        };
-        let served = g(2560, 640);
-        let step = |format, act, geometry: &MoeGeometry| ExpertStep::new(format, geometry, act, 1);
-        let st = step(ExpertFormat::Nvfp4, ActivationPath::Int8, &served);
-        let sm90 = (9, 0);
-        let optin = 227 * 1024;
-        let k = cuda_split_k(&on, &st, 1, sm90, optin, true).expect("taken");
-        // 40 column blocks: clusters of 8; the slice is 9 bytes a row of down.
-        assert_eq!(k.cluster, 8);
-        let staging = cuda_staging(&st, CUDA_VARIANTS[0], 1, optin, true).unwrap();
-        assert_eq!(k.gate_up_shared, staging.gate_up_shared + 2560 * 8 + 2560);
-        assert_eq!(cuda_split_k_slice_bytes(2560), 2560 * 9);
-        // 36 column blocks (576 columns): clusters of 4; 40 + 2 (672): none.
-        let four = step(ExpertFormat::Nvfp4, ActivationPath::Int8, &g(2048, 576));
-        assert_eq!(
-            cuda_split_k(&on, &four, 1, sm90, optin, true)
-                .unwrap()
-                .cluster,
-            4
-        );
-        let odd = step(ExpertFormat::Nvfp4, ActivationPath::Int8, &g(2048, 672));
-        assert_eq!(cuda_split_k(&on, &odd, 1, sm90, optin, true), None);
-        // Off by default, and never where the launch does not fit it.
-        assert_eq!(
-            cuda_split_k(&CudaTuning::default(), &st, 1, sm90, optin, true),
-            None
-        );
-        assert_eq!(cuda_split_k(&on, &st, 2, sm90, optin, true), None);
-        assert_eq!(cuda_split_k(&on, &st, 1, (8, 9), optin, true), None);
-        assert_eq!(cuda_split_k(&on, &st, 1, sm90, optin, false), None);
-        assert_eq!(cuda_split_k(&on, &st, 1, sm90, 64 * 1024, true), None);
-        for (format, act) in [
-            (ExpertFormat::Nvfp4, ActivationPath::F32),
-            (ExpertFormat::Mxfp4, ActivationPath::Int8),
-            (ExpertFormat::Q4_0, ActivationPath::Int8),
-        ] {
-            assert_eq!(
-                cuda_split_k(&on, &step(format, act, &served), 1, sm90, optin, true),
-                None
-            );
-        }
-        for off in [
-            CudaTuning {
-                staged_tiles: false,
-                ..on
-            },
-            CudaTuning {
-                fused_layer: true,
-                ..on
-            },
-            CudaTuning {
-                expert_variant: Some(2),
-                ..on
-            },
-        ] {
-            assert_eq!(cuda_split_k(&off, &st, 1, sm90, optin, true), None, "{off}");
-        }
-        assert!(cuda_split_k(
-            &CudaTuning {
-                expert_variant: Some(1),
-                ..on
-            },
-            &st,
-            1,
-            sm90,
-            optin,
-            true
-        )
-        .is_some());
     }
 }

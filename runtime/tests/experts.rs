@@ -464,11 +464,6 @@ mod cuda {
         let default_path = ft_runtime::device::CudaTuning::default().expert_path();
         let paths = [
             default_path.as_str(),
-            // The split-K layer: with the default's switches, chained, and without the
-            // split-sign dot and the dependent launch.
-            "staged+pdl+split+cvt+wide+splitk",
-            "staged+pdl+split+cvt+wide+chain+splitk",
-            "staged+splitk",
             // Whole gate/up tiles by bulk copies: with every newer switch (the hardware scale
             // decode, the down prefetch, the small table and grids, the short down blocks,
             // the chained launch), without the split-sign dot and the dependent launch, and
@@ -563,8 +558,6 @@ mod cuda {
             (4096, 2048, 1, 1, 1),
             (3072, 1536, 8, 2, 8),
             (4096, 2048, 6, 1, 6),
-            // 36 column blocks of down: the split-K layer's clusters of 4 (8 above).
-            (1024, 576, 4, 1, 4),
         ]);
         let checks = int8_checks(&shapes);
         let steps: Vec<&ExpertStep> = checks.iter().map(|c| &c.case.step).collect();

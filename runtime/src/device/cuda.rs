@@ -939,57 +939,12 @@ impl CudaStreamH {
         params: &mut [*mut std::ffi::c_void],
         programmatic: bool,
     ) -> Result<()> {
-        // SAFETY: the caller's guarantees, passed on.
-        unsafe { self.launch_clustered(f, grid, block, shared_bytes, params, programmatic, None) }
-    }
-
-    /// [`CudaStreamH::launch_ex`] with the grid in thread block clusters of `cluster` blocks
-    /// along x where set (compute capability 9.0 or later; the grid's x a multiple of it):
-    /// the blocks of a cluster run at once on one GPU processing cluster and may read one
-    /// another's shared memory (the split-K layer in `kernels/cuda/experts.cu`).
-    ///
-    /// # Safety
-    /// As [`CudaStreamH::launch_ex`].
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn launch_clustered(
-        &self,
-        f: &CudaFunction,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shared_bytes: u32,
-        params: &mut [*mut std::ffi::c_void],
-        programmatic: bool,
-        cluster: Option<u32>,
-    ) -> Result<()> {
         self.shared.bind()?;
-        if let Some(c) = cluster {
-            if self.shared.cc.0 < 9 || c == 0 || !grid.0.is_multiple_of(c) {
-                return Err(RuntimeError::invalid(
-                    "kernel launch",
-                    format!(
-                        "clusters of {c} blocks need compute capability 9.0 or later (this \
-                         device: {}.{}) and a grid of a multiple of {c} blocks along x (got {})",
-                        self.shared.cc.0, self.shared.cc.1, grid.0
-                    ),
-                ));
-            }
-        }
         // SAFETY: an all-zero attribute value is a valid union value.
-        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut n = 0;
-        if programmatic && self.shared.cc.0 >= 9 {
-            attrs[n].id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attrs[n].value.programmaticStreamSerializationAllowed = 1;
-            n += 1;
-        }
-        if let Some(c) = cluster {
-            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attrs[n].value.clusterDim.x = c;
-            attrs[n].value.clusterDim.y = 1;
-            attrs[n].value.clusterDim.z = 1;
-            n += 1;
-        }
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let use_attr = programmatic && self.shared.cc.0 >= 9;
         let config = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -999,14 +954,14 @@ impl CudaStreamH {
             blockDimZ: block.2,
             sharedMemBytes: shared_bytes,
             hStream: self.raw(),
-            attrs: if n > 0 {
-                attrs.as_mut_ptr()
+            attrs: if use_attr {
+                &mut attr
             } else {
                 std::ptr::null_mut()
             },
-            numAttrs: n as u32,
+            numAttrs: u32::from(use_attr),
         };
-        // SAFETY: the caller guarantees the parameters; config and attrs outlive the call.
+        // SAFETY: the caller guarantees the parameters; config and attr outlive the call.
         unsafe {
             sys::cuLaunchKernelEx(
                 &config,

@@ -126,18 +126,6 @@ pub const CUDA_CHAIN_ENV: &str = "FT_CUDA_CHAIN";
 /// kernel across tasks").
 pub const CUDA_CROSS_DOWN_ENV: &str = "FT_CUDA_CROSS_DOWN";
 
-/// `1` runs one-token nvfp4 launches on the int8 path as the split-K layer (sm_90;
-/// `ft_experts_gate_up_1k` and `ft_experts_down_1k` in `kernels/cuda/experts.cu`): each gate/up
-/// block, once it has its block of h, also computes that column block of down for every row
-/// (shared with the other blocks of its thread block cluster, so that each reads whole
-/// sectors), and a second launch adds each row's terms in the spec's order and combines.
-/// The block timelines of 2026-12-06 put the two-launch layer's grid hand-off, down's
-/// compute and the combine (5 to 6 us of a 25 us layer) after all of the weights had
-/// landed; here down's weights stream with gate/up's and no block waits for another
-/// kernel before its own work. The same operations in the same order, so the same bits.
-/// Off until measured (`experiments/gpu-backend`, "The split-K layer").
-pub const CUDA_SPLIT_K_ENV: &str = "FT_CUDA_SPLITK";
-
 /// Forces the cross-task down kernel's row groups per half-warp (1 or 2; unset: one,
 /// `gpu_experts::cuda_cross_down`), so that one run can time both forms beside the default.
 /// Two lost 3.6 us against one on an H100 (10 experts, 28.41 against 24.83 us; 2026-12-06).
@@ -193,7 +181,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 19] = [
+pub const CUDA_TUNING_ENVS: [&str; 18] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -207,7 +195,6 @@ pub const CUDA_TUNING_ENVS: [&str; 19] = [
     CUDA_CHAIN_ENV,
     CUDA_CROSS_DOWN_ENV,
     CUDA_CROSS_ROWS_ENV,
-    CUDA_SPLIT_K_ENV,
     CUDA_BULK_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
@@ -280,9 +267,6 @@ pub struct CudaTuning {
     /// The cross-task down kernel's row groups per half-warp, forced (1 to
     /// [`CUDA_CROSS_MAX_ROW_GROUPS`]); `None`: one ([`CUDA_CROSS_ROWS_ENV`]).
     pub cross_row_groups: Option<u8>,
-    /// The split-K layer for one-token nvfp4 launches on the int8 path
-    /// ([`CUDA_SPLIT_K_ENV`]); staged tiles only.
-    pub split_k: bool,
     /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
     /// mbarrier ([`CUDA_BULK_ENV`]); staged whole tiles only.
     pub bulk_copies: bool,
@@ -312,7 +296,6 @@ impl CudaTuning {
         chained_launch: false,
         cross_down: false,
         cross_row_groups: None,
-        split_k: false,
         bulk_copies: false,
         block_stamps: false,
         expert_variant: None,
@@ -463,7 +446,6 @@ impl CudaTuning {
             chained_launch: switch(CUDA_CHAIN_ENV)?.unwrap_or(d.chained_launch),
             cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
             cross_row_groups,
-            split_k: switch(CUDA_SPLIT_K_ENV)?.unwrap_or(d.split_k),
             bulk_copies: switch(CUDA_BULK_ENV)?.unwrap_or(d.bulk_copies),
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
@@ -494,7 +476,6 @@ impl CudaTuning {
                     .map(|n| n.to_string())
                     .unwrap_or_default(),
             ),
-            (CUDA_SPLIT_K_ENV, bit(self.split_k)),
             (CUDA_BULK_ENV, bit(self.bulk_copies)),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
             (
@@ -541,8 +522,7 @@ impl CudaTuning {
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
     /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
     /// cross-task down kernel of staged tiles (`+cross1`, `+cross2` with its row groups
-    /// forced), `+splitk` for the split-K layer of staged tiles, `+bulk` for whole staged
-    /// gate/up tiles by bulk copies, `+stamps` for the
+    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies, `+stamps` for the
     /// block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
@@ -586,9 +566,6 @@ impl CudaTuning {
             if let Some(n) = self.cross_row_groups {
                 s.push_str(&n.to_string());
             }
-        }
-        if self.staged_tiles && self.split_k {
-            s.push_str("+splitk");
         }
         if self.bulk_stage() {
             s.push_str("+bulk");
@@ -636,7 +613,7 @@ impl CudaTuning {
                         invalid(format!("'{word}': '{digits}' is not a small number"))
                     })?)
                 };
-            let staged_only = matches!(name, "pipe" | "l2down" | "cross" | "splitk" | "bulk");
+            let staged_only = matches!(name, "pipe" | "l2down" | "cross" | "bulk");
             if staged_only && !staged_tiles {
                 return Err(invalid(format!("'{word}' needs staged tiles")));
             }
@@ -659,13 +636,12 @@ impl CudaTuning {
                 "short" => t.short_down = true,
                 "chain" => t.chained_launch = true,
                 "cross" => (t.cross_down, t.cross_row_groups) = (true, number),
-                "splitk" => t.split_k = true,
                 "bulk" => t.bulk_copies = true,
                 "stamps" => t.block_stamps = true,
                 _ => {
                     return Err(invalid(format!(
                         "'{word}' names no switch; the words are pdl, split, pipeN, cvt, \
-                         l2down, small, wide, fused, short, chain, cross[N], splitk, bulk, stamps"
+                         l2down, small, wide, fused, short, chain, cross[N], bulk, stamps"
                     )))
                 }
             }
@@ -727,7 +703,6 @@ mod tests {
             "staged+pdl+split+cvt+wide+cross2",
             "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
             "staged+pdl+split+cvt+wide+chain+bulk+stamps",
-            "staged+pdl+split+cvt+wide+chain+splitk",
         ] {
             let t = base.with_path(path).unwrap();
             assert_eq!(t.expert_path(), path);
@@ -743,8 +718,6 @@ mod tests {
         assert_eq!((t.bulk_copies, t.e2m1_split), (true, false));
         let t = d.with_path("staged+cross").unwrap();
         assert_eq!((t.cross_down, t.cross_row_groups), (true, None));
-        assert!(d.with_path("staged+splitk").unwrap().split_k);
-        assert!(d.with_path("direct+splitk").is_err());
     }
 
     #[test]
@@ -805,7 +778,6 @@ mod tests {
             (CUDA_CHAIN_ENV, "1"),
             (CUDA_CROSS_DOWN_ENV, "1"),
             (CUDA_CROSS_ROWS_ENV, "2"),
-            (CUDA_SPLIT_K_ENV, "1"),
             (CUDA_BULK_ENV, "1"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
@@ -828,14 +800,13 @@ mod tests {
                 chained_launch: true,
                 cross_down: true,
                 cross_row_groups: Some(2),
-                split_k: true,
                 bulk_copies: true,
                 block_stamps: true,
                 expert_variant: Some(4),
                 copies: CopySubmit::Split,
             }
         );
-        // Pipelining, the prefetch, the cross-task down kernel, split-K and bulk copies work on staged
+        // Pipelining, the prefetch, the cross-task down kernel and bulk copies work on staged
         // tiles only, so a direct path does not name them; bulk copies stage whole tiles, so a
         // pipelined path does not name them either.
         assert_eq!(
@@ -848,7 +819,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross2+splitk+stamps"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross2+stamps"
         );
         assert_eq!(
             CudaTuning {
@@ -857,7 +828,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+splitk+bulk+stamps"
+            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -888,7 +859,7 @@ mod tests {
     #[test]
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
-            for bits in 0..16384u32 {
+            for bits in 0..8192u32 {
                 for (expert_variant, pipe_stages, cross_row_groups) in
                     [(None, 1, None), (Some(2), 4, Some(1)), (None, 2, Some(2))]
                 {
@@ -908,7 +879,6 @@ mod tests {
                         cross_down: bits & 2048 != 0,
                         cross_row_groups,
                         bulk_copies: bits & 4096 != 0,
-                        split_k: bits & 8192 != 0,
                         expert_variant,
                         copies,
                     };
@@ -941,7 +911,6 @@ mod tests {
             (CUDA_CROSS_ROWS_ENV, "3"),
             (CUDA_CROSS_ROWS_ENV, "two"),
             (CUDA_BULK_ENV, "tma"),
-            (CUDA_SPLIT_K_ENV, "k"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
