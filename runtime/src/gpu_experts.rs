@@ -753,6 +753,50 @@ enum LaunchKernels {
     Fused(cudarc::driver::CudaFunction),
 }
 
+/// The expert kernels' parameters by name, in their order: what every kernel begins with
+/// (`kernels/cuda/experts.cu`'s TABLE_ARGS, then format, path and shape); then the gate/up
+/// kernels' own (GATE_UP_ARGS), the down kernels' (DOWN_ARGS), the cross-task down kernel's
+/// after DOWN_ARGS, and the one-launch layer's (LAYER_ARGS). [`cuda_launch`] passes one
+/// pointer per name in this order, and a test reads the names back out of the source, so a
+/// parameter added on one side only fails here instead of on a GPU.
+pub const CUDA_COMMON_PARAMS: [&str; 11] = [
+    "tab",
+    "staged",
+    "o_pairs",
+    "o_begin",
+    "o_tok",
+    "gate",
+    "gate_value",
+    "fmt",
+    "act",
+    "H",
+    "I",
+];
+/// See [`CUDA_COMMON_PARAMS`].
+pub const CUDA_GATE_UP_PARAMS: [&str; 7] =
+    ["x", "tch", "hf", "hq", "hs", "stage_off", "stagger_ns"];
+/// See [`CUDA_COMMON_PARAMS`].
+pub const CUDA_DOWN_PARAMS: [&str; 8] = ["T", "O", "hf", "hq", "hs", "counters", "y", "fold"];
+/// See [`CUDA_COMMON_PARAMS`].
+pub const CUDA_CROSS_DOWN_PARAMS: [&str; 3] = ["n_tasks", "hpt", "reps"];
+/// See [`CUDA_COMMON_PARAMS`].
+pub const CUDA_LAYER_PARAMS: [&str; 14] = [
+    "T",
+    "x",
+    "O",
+    "hf",
+    "hq",
+    "hs",
+    "counters",
+    "y",
+    "stage_off",
+    "down_stage",
+    "fold",
+    "n_tasks",
+    "fz",
+    "shift",
+];
+
 /// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses), with the
 /// layer's combine folded into the down kernel where `fold.act` is set, every block waiting
 /// for `gate` first where it is set.
@@ -880,8 +924,8 @@ pub(crate) fn cuda_launch(
     let stage_off = staging.gate_up_stage_off as u32;
     let stagger_ns = tuning.stagger_us.map_or(0, |us| u32::from(us) * 1000);
     let down_stage = u32::from(staging.down_staged);
-    // One pointer to each argument, in the kernels' order (experts.cu's GATE_UP_ARGS,
-    // DOWN_ARGS and LAYER_ARGS).
+    // One pointer to each argument, in the kernels' order (CUDA_COMMON_PARAMS and the
+    // others: experts.cu's GATE_UP_ARGS, DOWN_ARGS and LAYER_ARGS).
     fn p<T>(v: &T) -> *mut std::ffi::c_void {
         v as *const T as *mut std::ffi::c_void
     }
@@ -925,6 +969,10 @@ pub(crate) fn cuda_launch(
                     p(&shift),
                 ])
                 .collect();
+            debug_assert_eq!(
+                layer_args.len(),
+                CUDA_COMMON_PARAMS.len() + CUDA_LAYER_PARAMS.len()
+            );
             // SAFETY: the argument list matches ft_experts_layer_1 (LAYER_ARGS); every
             // address was checked (validate) or allocated for this launch, and the values
             // live until the call returns (the driver copies them at launch).
@@ -973,6 +1021,14 @@ pub(crate) fn cuda_launch(
                 n_tasks as i32,
                 cross.map_or(0, |(c, _)| c.half_warps_per_task as i32),
                 cross.map_or(0, |(c, _)| c.row_groups as i32),
+            );
+            debug_assert_eq!(
+                gate_up_args.len(),
+                CUDA_COMMON_PARAMS.len() + CUDA_GATE_UP_PARAMS.len()
+            );
+            debug_assert_eq!(
+                down_args.len(),
+                CUDA_COMMON_PARAMS.len() + CUDA_DOWN_PARAMS.len()
             );
             let (down_grid, down_threads, down_shared) = match cross {
                 Some((c, shared)) => {
@@ -1066,6 +1122,84 @@ mod tests {
     }
 
     /// The `#define NAME value` of a kernel source, as a number.
+    /// The parameter names of a comma-separated C parameter list (the last identifier of
+    /// each declaration), with a macro that stands for others (TABLE_ARGS, DOWN_ARGS)
+    /// replaced by its own list.
+    fn cu_params(src: &str, list: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for decl in list.split(',') {
+            let decl = decl.trim();
+            if decl.is_empty() {
+                continue;
+            }
+            if decl.chars().all(|c| c.is_ascii_uppercase() || c == '_') {
+                out.extend(cu_params(src, &cu_macro(src, decl)));
+                continue;
+            }
+            let name = decl
+                .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .next()
+                .unwrap();
+            out.push(name.to_string());
+        }
+        out
+    }
+
+    /// The body of `#define NAME` (with its continuation lines joined).
+    fn cu_macro(src: &str, name: &str) -> String {
+        let start = src
+            .find(&format!("#define {name} "))
+            .unwrap_or_else(|| panic!("no #define {name}"));
+        let mut body = String::new();
+        for line in src[start..].lines() {
+            let line = line.trim_end();
+            match line.strip_suffix('\\') {
+                Some(l) => body.push_str(l),
+                None => {
+                    body.push_str(line);
+                    break;
+                }
+            }
+            body.push(' ');
+        }
+        body.trim_start_matches(&format!("#define {name}"))
+            .trim()
+            .to_string()
+    }
+
+    #[test]
+    fn the_launch_passes_the_kernels_parameters_in_their_order() {
+        let src = ft_kernels::cuda_sources::KernelId::Experts.source();
+        let with_common = |own: &[&str]| -> Vec<String> {
+            CUDA_COMMON_PARAMS
+                .iter()
+                .chain(own)
+                .map(|s| s.to_string())
+                .collect()
+        };
+        assert_eq!(
+            cu_params(src, &cu_macro(src, "GATE_UP_ARGS")),
+            with_common(&CUDA_GATE_UP_PARAMS)
+        );
+        assert_eq!(
+            cu_params(src, &cu_macro(src, "DOWN_ARGS")),
+            with_common(&CUDA_DOWN_PARAMS)
+        );
+        assert_eq!(
+            cu_params(src, &cu_macro(src, "LAYER_ARGS")),
+            with_common(&CUDA_LAYER_PARAMS)
+        );
+        // The cross-task down kernel: DOWN_ARGS, then its own.
+        let sig = src
+            .split("ft_experts_down_1x(")
+            .nth(1)
+            .and_then(|r| r.split(')').next())
+            .expect("the cross-task down kernel's signature");
+        let mut want = with_common(&CUDA_DOWN_PARAMS);
+        want.extend(CUDA_CROSS_DOWN_PARAMS.iter().map(|s| s.to_string()));
+        assert_eq!(cu_params(src, sig), want);
+    }
+
     fn cu_define(src: &str, name: &str) -> usize {
         src.lines()
             .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
