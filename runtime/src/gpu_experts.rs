@@ -1121,7 +1121,6 @@ mod tests {
         }
     }
 
-    /// The `#define NAME value` of a kernel source, as a number.
     /// The parameter names of a comma-separated C parameter list (the last identifier of
     /// each declaration), with a macro that stands for others (TABLE_ARGS, DOWN_ARGS)
     /// replaced by its own list.
@@ -1145,13 +1144,14 @@ mod tests {
         out
     }
 
-    /// The body of `#define NAME` (with its continuation lines joined).
+    /// The body of a kernel source's `#define NAME ...` line, with its continuation lines
+    /// joined.
     fn cu_macro(src: &str, name: &str) -> String {
-        let start = src
-            .find(&format!("#define {name} "))
-            .unwrap_or_else(|| panic!("no #define {name}"));
+        let prefix = format!("#define {name} ");
+        let mut lines = src.lines().skip_while(|l| !l.starts_with(&prefix));
+        let first = lines.next().unwrap_or_else(|| panic!("no #define {name}"));
         let mut body = String::new();
-        for line in src[start..].lines() {
+        for line in std::iter::once(first).chain(lines) {
             let line = line.trim_end();
             match line.strip_suffix('\\') {
                 Some(l) => body.push_str(l),
@@ -1162,9 +1162,7 @@ mod tests {
             }
             body.push(' ');
         }
-        body.trim_start_matches(&format!("#define {name}"))
-            .trim()
-            .to_string()
+        body[prefix.len()..].trim().to_string()
     }
 
     #[test]
@@ -1200,13 +1198,9 @@ mod tests {
         assert_eq!(cu_params(src, sig), want);
     }
 
+    /// The `#define NAME value` of a kernel source, as a number.
     fn cu_define(src: &str, name: &str) -> usize {
-        src.lines()
-            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
-            .unwrap_or_else(|| panic!("no #define {name}"))
-            .trim()
-            .parse()
-            .unwrap()
+        cu_macro(src, name).parse().unwrap()
     }
 
     /// The fused grid against a search of the least shift by brute force: every down item's
