@@ -931,7 +931,7 @@ __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
     int H, int I, const float* __restrict__ x, int tch,
     float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off,
-    int bx, int by, u32 stagger_ns = 0)
+    int bx, int by)
 {
     constexpr int UNROLL = MT == 1 ? 4 : (MT == 2 ? 2 : 1);
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
@@ -962,16 +962,6 @@ __device__ __forceinline__ void gate_up_impl(
     u64* const warp_bar = &bulk_bar[threadIdx.x / 32];
     bool bulk = false;
     Tile tg, tu;
-    // Staggered tile requests (the runtime's CudaTuning::stagger_us; 0: none): the last third
-    // of the grid's blocks in launch order, about one a multiprocessor where blocks are dealt
-    // out in turn, waits stagger_ns from its start before it requests its tiles, so that the
-    // others' tiles land first and are decoded while its own stream in, and its own decode
-    // after the layer's last bytes shares its multiprocessor with fewer blocks. Only when a
-    // block starts reading changes, not a result.
-    if (stagger_ns != 0 && 3u * (u32)(by * gridDim.x + bx) >= 2u * gridDim.x * gridDim.y) {
-        const u64 t0 = globaltimer_ns();
-        while (globaltimer_ns() - t0 < stagger_ns) __nanosleep(128);
-    }
     if (PIPE) {
         tg = tile_in(fmt, H, G, smem + stage_off);
         tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
@@ -1572,7 +1562,7 @@ __device__ __forceinline__ void down_cross_impl(
 #define TABLES TASK_TABLES TOKEN_LISTS
 #define GATE_UP_ARGS \
     TABLE_ARGS, int fmt, int act, int H, int I, const float* __restrict__ x, int tch, \
-    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off, u32 stagger_ns
+    float* __restrict__ hf, i8* __restrict__ hq, float* __restrict__ hs, u32 stage_off
 // Whether a launch stages its row tiles is its choice of entry point (ft_experts_down_*
 // staged, ft_experts_down_*_direct not), so each kernel holds one instantiation and the
 // registers it needs (one kernel holding both spilled in some formats).
@@ -1584,8 +1574,8 @@ __device__ __forceinline__ void down_cross_impl(
 // not as the launch's stage_off says.
 #define GATE_UP_ENTRY(MT, WIDE, TCH) \
     TASK_TABLES (void)o_begin; (void)o_tok; \
-    if (stage_off) gate_up_impl<MT, true, WIDE>(tasks, pairs, fmt, act, H, I, x, TCH, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y, stagger_ns); \
-    else gate_up_impl<MT, false, WIDE>(tasks, pairs, fmt, act, H, I, x, TCH, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y, stagger_ns); \
+    if (stage_off) gate_up_impl<MT, true, WIDE>(tasks, pairs, fmt, act, H, I, x, TCH, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y); \
+    else gate_up_impl<MT, false, WIDE>(tasks, pairs, fmt, act, H, I, x, TCH, hf, hq, hs, stage_off, blockIdx.x, blockIdx.y); \
     stamp_end(STAMP_GATE_UP, blockIdx.x, blockIdx.y);
 // A down entry point: down_impl<MT, R, STAGED>.
 #define DOWN_ENTRY(MT, R, STAGED) \

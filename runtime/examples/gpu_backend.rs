@@ -262,14 +262,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross1", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross2", ALL),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross", ALL),
-        // Staggered tile requests of the last third of gate/up's blocks (2026-12-06), alone
-        // and chained with the cross-task down kernel.
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+stagger1", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+stagger2", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+stagger3", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+stagger5", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross+stagger2", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross+stagger3", ALL),
         // Whole gate/up tiles by bulk copies, each warp's rows on its own mbarrier
         // (2026-12-06), alone and chained.
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),
@@ -316,7 +308,6 @@ fn kernel_cases() -> Vec<KernelCase> {
         (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+stagger2", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
         (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),

@@ -922,7 +922,6 @@ pub(crate) fn cuda_launch(
     let n_tasks = step.experts.len() as u32;
     let g = cuda_group(step.format);
     let stage_off = staging.gate_up_stage_off as u32;
-    let stagger_ns = tuning.stagger_us.map_or(0, |us| u32::from(us) * 1000);
     let down_stage = u32::from(staging.down_staged);
     // One pointer to each argument, in the kernels' order (CUDA_COMMON_PARAMS and the
     // others: experts.cu's GATE_UP_ARGS, DOWN_ARGS and LAYER_ARGS).
@@ -991,15 +990,7 @@ pub(crate) fn cuda_launch(
             let mut gate_up_args: Vec<_> = common
                 .iter()
                 .copied()
-                .chain([
-                    p(&x),
-                    p(&tch),
-                    p(&hf),
-                    p(&hq),
-                    p(&hs),
-                    p(&stage_off),
-                    p(&stagger_ns),
-                ])
+                .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
                 .collect();
             let mut down_args: Vec<_> = common
                 .iter()

@@ -464,10 +464,6 @@ mod cuda {
         let default_path = ft_runtime::device::CudaTuning::default().expert_path();
         let paths = [
             default_path.as_str(),
-            // Staggered tile requests of the last third of gate/up's blocks: with the
-            // default's switches, and chained with the cross-task down kernel.
-            "staged+pdl+split+cvt+wide+stagger3",
-            "staged+pdl+split+cvt+wide+chain+cross+stagger2",
             // Whole gate/up tiles by bulk copies: with every newer switch (the hardware scale
             // decode, the down prefetch, the small table and grids, the short down blocks,
             // the chained launch), without the split-sign dot and the dependent launch, and

@@ -126,19 +126,6 @@ pub const CUDA_CHAIN_ENV: &str = "FT_CUDA_CHAIN";
 /// kernel across tasks").
 pub const CUDA_CROSS_DOWN_ENV: &str = "FT_CUDA_CROSS_DOWN";
 
-/// Microseconds (1 to [`CUDA_STAGGER_MAX_US`]) that the last third of a gate/up launch's blocks
-/// wait from their start before requesting their weight tiles (unset: none; `stagger_ns` in
-/// `kernels/cuda/experts.cu`'s gate_up_impl). The block timelines put a one-token layer's
-/// tiles landing 6.5 to 11.3 us after the launch and every block's decode after its own tiles,
-/// 3.5 us with three blocks a multiprocessor against 2.05 with one: if the last third lands
-/// last, its decode after the layer's last bytes shares each multiprocessor with fewer blocks.
-/// Only when blocks start reading changes, so the same bits. Off until measured
-/// (`experiments/gpu-backend`, "Staggered tile requests").
-pub const CUDA_STAGGER_ENV: &str = "FT_CUDA_STAGGER_US";
-
-/// The longest wait [`CUDA_STAGGER_ENV`] takes, microseconds.
-pub const CUDA_STAGGER_MAX_US: u8 = 9;
-
 /// Forces the cross-task down kernel's row groups per half-warp (1 or 2; unset: one,
 /// `gpu_experts::cuda_cross_down`), so that one run can time both forms beside the default.
 /// Two lost 3.6 us against one on an H100 (10 experts, 28.41 against 24.83 us; 2026-12-06).
@@ -194,7 +181,7 @@ pub const CUDA_COPY_BATCH_ENV: &str = "FT_CUDA_COPY_BATCH";
 pub const CUDA_COPY_SPLIT_ENV: &str = "FT_CUDA_COPY_SPLIT";
 
 /// Every variable above, for scripts and error messages.
-pub const CUDA_TUNING_ENVS: [&str; 19] = [
+pub const CUDA_TUNING_ENVS: [&str; 18] = [
     CUDA_STAGE_ENV,
     CUDA_PDL_ENV,
     CUDA_SPLIT_ENV,
@@ -208,7 +195,6 @@ pub const CUDA_TUNING_ENVS: [&str; 19] = [
     CUDA_CHAIN_ENV,
     CUDA_CROSS_DOWN_ENV,
     CUDA_CROSS_ROWS_ENV,
-    CUDA_STAGGER_ENV,
     CUDA_BULK_ENV,
     CUDA_STAMPS_ENV,
     CUDA_VARIANT_ENV,
@@ -281,9 +267,6 @@ pub struct CudaTuning {
     /// The cross-task down kernel's row groups per half-warp, forced (1 to
     /// [`CUDA_CROSS_MAX_ROW_GROUPS`]); `None`: one ([`CUDA_CROSS_ROWS_ENV`]).
     pub cross_row_groups: Option<u8>,
-    /// The wait of the last third of a gate/up launch's blocks before their tile requests,
-    /// microseconds (1 to [`CUDA_STAGGER_MAX_US`]); `None`: none ([`CUDA_STAGGER_ENV`]).
-    pub stagger_us: Option<u8>,
     /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
     /// mbarrier ([`CUDA_BULK_ENV`]); staged whole tiles only.
     pub bulk_copies: bool,
@@ -313,7 +296,6 @@ impl CudaTuning {
         chained_launch: false,
         cross_down: false,
         cross_row_groups: None,
-        stagger_us: None,
         bulk_copies: false,
         block_stamps: false,
         expert_variant: None,
@@ -340,14 +322,6 @@ fn not_row_groups(value: &str) -> RuntimeError {
     RuntimeError::invalid(
         CUDA_CROSS_ROWS_ENV,
         format!("'{value}' is not a number of row groups per half-warp; use 1 to {CUDA_CROSS_MAX_ROW_GROUPS}, or leave it unset"),
-    )
-}
-
-/// The error of a [`CUDA_STAGGER_ENV`] value that is no wait.
-fn not_a_stagger(value: &str) -> RuntimeError {
-    RuntimeError::invalid(
-        CUDA_STAGGER_ENV,
-        format!("'{value}' is not a wait in microseconds; use 1 to {CUDA_STAGGER_MAX_US}, or leave it unset"),
     )
 }
 
@@ -443,7 +417,6 @@ impl CudaTuning {
         )?;
         let pipe_stages =
             count(CUDA_PIPE_ENV, CUDA_PIPE_MAX_STAGES, not_pipe_stages)?.unwrap_or(d.pipe_stages);
-        let stagger_us = count(CUDA_STAGGER_ENV, CUDA_STAGGER_MAX_US, not_a_stagger)?;
         // Split where asked, batched where asked (the default), one each where batching is
         // turned off; both asked is a contradiction.
         let (batch, split) = (switch(CUDA_COPY_BATCH_ENV)?, switch(CUDA_COPY_SPLIT_ENV)?);
@@ -473,7 +446,6 @@ impl CudaTuning {
             chained_launch: switch(CUDA_CHAIN_ENV)?.unwrap_or(d.chained_launch),
             cross_down: switch(CUDA_CROSS_DOWN_ENV)?.unwrap_or(d.cross_down),
             cross_row_groups,
-            stagger_us,
             bulk_copies: switch(CUDA_BULK_ENV)?.unwrap_or(d.bulk_copies),
             block_stamps: switch(CUDA_STAMPS_ENV)?.unwrap_or(d.block_stamps),
             expert_variant,
@@ -503,10 +475,6 @@ impl CudaTuning {
                 self.cross_row_groups
                     .map(|n| n.to_string())
                     .unwrap_or_default(),
-            ),
-            (
-                CUDA_STAGGER_ENV,
-                self.stagger_us.map(|n| n.to_string()).unwrap_or_default(),
             ),
             (CUDA_BULK_ENV, bit(self.bulk_copies)),
             (CUDA_STAMPS_ENV, bit(self.block_stamps)),
@@ -541,11 +509,6 @@ impl CudaTuning {
                 return Err(not_row_groups(&n.to_string()));
             }
         }
-        if let Some(n) = self.stagger_us {
-            if !(1..=CUDA_STAGGER_MAX_US).contains(&n) {
-                return Err(not_a_stagger(&n.to_string()));
-            }
-        }
         match self.expert_variant {
             Some(n) if !CUDA_VARIANT_TOKENS.contains(&n) => Err(not_a_variant(&n.to_string())),
             _ => Ok(()),
@@ -559,8 +522,7 @@ impl CudaTuning {
     /// for the small-grid instantiation, `+fused` for the one-launch layer and `+short` for
     /// the short down blocks, `+chain` for the chained gate/up launch, `+cross` for the
     /// cross-task down kernel of staged tiles (`+cross1`, `+cross2` with its row groups
-    /// forced), `+staggerN` for the last third of gate/up's blocks waiting N us, `+bulk` for
-    /// whole staged gate/up tiles by bulk copies, `+stamps` for the
+    /// forced), `+bulk` for whole staged gate/up tiles by bulk copies, `+stamps` for the
     /// block timelines (`staged+pdl`, `direct+split`,
     /// `staged+pdl+split+pipe4`, `staged+pdl+split+cvt+l2down`, ...).
     pub fn expert_path(&self) -> String {
@@ -604,9 +566,6 @@ impl CudaTuning {
             if let Some(n) = self.cross_row_groups {
                 s.push_str(&n.to_string());
             }
-        }
-        if let Some(n) = self.stagger_us {
-            s.push_str(&format!("+stagger{n}"));
         }
         if self.bulk_stage() {
             s.push_str("+bulk");
@@ -658,7 +617,7 @@ impl CudaTuning {
             if staged_only && !staged_tiles {
                 return Err(invalid(format!("'{word}' needs staged tiles")));
             }
-            let numbered = matches!(name, "pipe" | "cross" | "stagger");
+            let numbered = matches!(name, "pipe" | "cross");
             if number.is_some() && !numbered {
                 return Err(invalid(format!("'{word}' takes no number")));
             }
@@ -677,17 +636,12 @@ impl CudaTuning {
                 "short" => t.short_down = true,
                 "chain" => t.chained_launch = true,
                 "cross" => (t.cross_down, t.cross_row_groups) = (true, number),
-                "stagger" => {
-                    t.stagger_us = Some(number.ok_or_else(|| {
-                        invalid("'stagger' needs its wait in microseconds".into())
-                    })?)
-                }
                 "bulk" => t.bulk_copies = true,
                 "stamps" => t.block_stamps = true,
                 _ => {
                     return Err(invalid(format!(
                         "'{word}' names no switch; the words are pdl, split, pipeN, cvt, \
-                         l2down, small, wide, fused, short, chain, cross[N], staggerN, bulk, stamps"
+                         l2down, small, wide, fused, short, chain, cross[N], bulk, stamps"
                     )))
                 }
             }
@@ -749,8 +703,6 @@ mod tests {
             "staged+pdl+split+cvt+wide+cross2",
             "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
             "staged+pdl+split+cvt+wide+chain+bulk+stamps",
-            "staged+pdl+split+cvt+wide+chain+cross+stagger3",
-            "direct+stagger1",
         ] {
             let t = base.with_path(path).unwrap();
             assert_eq!(t.expert_path(), path);
@@ -782,9 +734,6 @@ mod tests {
             ("staged+bulk2", "takes no number"),
             ("staged+cross999", "not a small number"),
             ("staged+cross3", "row groups"),
-            ("staged+stagger", "wait in microseconds"),
-            ("staged+stagger0", "wait in microseconds"),
-            ("staged+stagger10", "wait in microseconds"),
             ("direct+bulk", "needs staged tiles"),
             ("direct+l2down", "needs staged tiles"),
         ] {
@@ -829,7 +778,6 @@ mod tests {
             (CUDA_CHAIN_ENV, "1"),
             (CUDA_CROSS_DOWN_ENV, "1"),
             (CUDA_CROSS_ROWS_ENV, "2"),
-            (CUDA_STAGGER_ENV, "3"),
             (CUDA_BULK_ENV, "1"),
             (CUDA_STAMPS_ENV, "1"),
             (CUDA_VARIANT_ENV, "4"),
@@ -852,7 +800,6 @@ mod tests {
                 chained_launch: true,
                 cross_down: true,
                 cross_row_groups: Some(2),
-                stagger_us: Some(3),
                 bulk_copies: true,
                 block_stamps: true,
                 expert_variant: Some(4),
@@ -864,7 +811,7 @@ mod tests {
         // pipelined path does not name them either.
         assert_eq!(
             t.to_string(),
-            "direct+split+cvt+small+wide+fused+short+chain+stagger3+stamps, variant 4, copies split"
+            "direct+split+cvt+small+wide+fused+short+chain+stamps, variant 4, copies split"
         );
         assert_eq!(
             CudaTuning {
@@ -872,7 +819,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross2+stagger3+stamps"
+            "staged+split+pipe3+cvt+l2down+small+wide+fused+short+chain+cross2+stamps"
         );
         assert_eq!(
             CudaTuning {
@@ -881,7 +828,7 @@ mod tests {
                 ..t
             }
             .expert_path(),
-            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+stagger3+bulk+stamps"
+            "staged+split+cvt+l2down+small+wide+fused+short+chain+cross2+bulk+stamps"
         );
         assert_eq!(
             from(&[(CUDA_COPY_BATCH_ENV, "1"), (CUDA_COPY_SPLIT_ENV, "0")])
@@ -913,11 +860,9 @@ mod tests {
     fn the_env_of_a_tuning_reads_back_as_the_same_tuning() {
         for copies in [CopySubmit::Each, CopySubmit::Batch, CopySubmit::Split] {
             for bits in 0..8192u32 {
-                for (expert_variant, pipe_stages, cross_row_groups, stagger_us) in [
-                    (None, 1, None, None),
-                    (Some(2), 4, Some(1), Some(9)),
-                    (None, 2, Some(2), Some(1)),
-                ] {
+                for (expert_variant, pipe_stages, cross_row_groups) in
+                    [(None, 1, None), (Some(2), 4, Some(1)), (None, 2, Some(2))]
+                {
                     let t = CudaTuning {
                         staged_tiles: bits & 1 != 0,
                         dependent_launch: bits & 2 != 0,
@@ -933,7 +878,6 @@ mod tests {
                         chained_launch: bits & 1024 != 0,
                         cross_down: bits & 2048 != 0,
                         cross_row_groups,
-                        stagger_us,
                         bulk_copies: bits & 4096 != 0,
                         expert_variant,
                         copies,
@@ -967,9 +911,6 @@ mod tests {
             (CUDA_CROSS_ROWS_ENV, "3"),
             (CUDA_CROSS_ROWS_ENV, "two"),
             (CUDA_BULK_ENV, "tma"),
-            (CUDA_STAGGER_ENV, "0"),
-            (CUDA_STAGGER_ENV, "10"),
-            (CUDA_STAGGER_ENV, "3us"),
             (CUDA_PIPE_ENV, "0"),
             (CUDA_PIPE_ENV, "5"),
             (CUDA_PIPE_ENV, "two"),
