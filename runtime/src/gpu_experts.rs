@@ -773,8 +773,7 @@ pub const CUDA_COMMON_PARAMS: [&str; 11] = [
     "I",
 ];
 /// See [`CUDA_COMMON_PARAMS`].
-pub const CUDA_GATE_UP_PARAMS: [&str; 7] =
-    ["x", "tch", "hf", "hq", "hs", "stage_off", "stagger_ns"];
+pub const CUDA_GATE_UP_PARAMS: [&str; 6] = ["x", "tch", "hf", "hq", "hs", "stage_off"];
 /// See [`CUDA_COMMON_PARAMS`].
 pub const CUDA_DOWN_PARAMS: [&str; 8] = ["T", "O", "hf", "hq", "hs", "counters", "y", "fold"];
 /// See [`CUDA_COMMON_PARAMS`].
