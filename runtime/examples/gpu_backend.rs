@@ -344,6 +344,11 @@ fn write_stamps(
 ) -> ft_runtime::Result<()> {
     let variant = variant_name(forced);
     let name = format!("stamps-{}-t{tokens}-v{variant}-{path}-e{n}.csv", act.name());
+    // The first case's stamps come before the report that creates `--out` otherwise.
+    std::fs::create_dir_all(out).map_err(|source| ft_runtime::RuntimeError::Io {
+        path: out.display().to_string(),
+        source,
+    })?;
     block_stamps::write_csv(&out.join(name), records)
 }
 
