@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The expert GPU tests and the bench at HEAD (stagger reverted), on whatever GPU came.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+tar xzf carry/dz5/device.tgz -C carry
+C=carry/device
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+  [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"; done
+if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1; then
+  nv=$(find /usr/local /opt -name 'libnvrtc.so.1*' -print -quit 2>/dev/null)
+  [[ -n "$nv" ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nv")"; fi
+export RUST_BACKTRACE=1 LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$PWD/$C/lib" PATH="$PWD/$C/bin:$PATH"
+W=$OUT/w; mkdir -p $W
+S=$OUT/steps.txt; : > $S
+{ date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.current,clocks.sm,clocks.mem --format=csv; grep -m1 'model name' /proc/cpuinfo; nproc; $C/ft --version; } > $OUT/machine.txt 2>&1
+step() { local n=$1; shift; local t=$SECONDS; "$@"; echo "$n rc=$? ${SECONDS}s (+$((SECONDS-t)))" >> $S; }
+step tests-all timeout 170 $C/tests/ft_runtime-experts --ignored --nocapture --test-threads 1 > $OUT/tests.log 2>&1
+D=staged+pdl+split+cvt+wide
+K=int8/1/auto/$D/10,int8/1/auto/$D+chain/10,int8/1/auto/$D+cross/10,int8/1/auto/$D+chain+cross/10,int8/0/auto/$D/10,int8/0/auto/$D+chain/10,int8/4/auto/staged+pdl+cvt+wide/10,int8/8/auto/staged+pdl+cvt+wide/10,f32/1/auto/staged+pdl/10,int8/1/auto/$D/1,int8/1/auto/$D/2
+for i in 1 2 3; do step bench$i timeout 60 $C/gpu_backend --device cuda --only $K --out $W/run$i > $W/run$i.txt 2>&1; done
+step stamps timeout 60 $C/gpu_backend --device cuda --only $K --stamps --out $W/stamps > $W/stamps.txt 2>&1
+step compare python3 experiments/gpu-backend/bench_ab.py $W --base run > $OUT/compare.txt 2>&1
+step full timeout 120 $C/gpu_backend --device cuda --out $W/full > $OUT/full.txt 2>&1
+cp $W/stamps.txt $OUT/stamps.txt 2>/dev/null
+tar cJf $OUT/all.tar.xz -C $W .
+cat $OUT/compare.txt $S; tail -3 $OUT/tests.log
