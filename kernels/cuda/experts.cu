@@ -1176,6 +1176,45 @@ __device__ __forceinline__ void gate_up_impl(
     }
 }
 
+// The value and scale offsets in a tile of rows r0 + step k (k < R) of an e2m1 matrix of I
+// columns, for e2m1_rows_dot. A dead row (live[k] false: past the matrix's end) gets row
+// r0's, which must be live; its sum is never written, so the live rows get the same bits as
+// with a branch per row.
+template <int R>
+__device__ __forceinline__ void e2m1_row_offsets(int fmt, u64 vrb, int I, int r0, int step, const bool (&live)[R],
+                                                 u32 (&voff)[R], u32 (&soff)[R]) {
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+        const u32 rk = live[k] ? r0 + step * k : r0;
+        voff[k] = rk * (u32)vrb;
+        soff[k] = rk * (u32)scale_row_bytes(fmt, I);
+    }
+}
+
+// The one-token split-sign loop of the down kernels (down_impl, down_cross_impl): R rows of
+// a tile (offsets from e2m1_row_offsets) against one token's int8 h (codes at ha, block
+// scales at hsa), the lane's blocks lane, lane + HW, ... in order, acc[k] += f32(d) * (s_b *
+// scale_b) as the int8 path does, with no address arithmetic and no branch per row. CG: h
+// read through L2 (the one-launch layer, where another block of the launch wrote it).
+template <int R, int UNROLL, bool CG>
+__device__ __forceinline__ void e2m1_rows_dot(int fmt, const Tile& td, const u32 (&voff)[R], const u32 (&soff)[R],
+                                              const i8* ha, const float* hsa, int nb, int G, int lane, u32 lo,
+                                              float (&acc)[R]) {
+#pragma unroll UNROLL
+    for (int b = lane; b < nb; b += HW) {
+        const int4* a = (const int4*)(ha + (u64)b * G);
+        const int4 q0 = CG ? __ldcg(a) : a[0];
+        const int4 q1 = G == 32 ? (CG ? __ldcg(a + 1) : a[1]) : make_int4(0, 0, 0, 0);
+        const float sa = CG ? __ldcg(&hsa[b]) : hsa[b];
+#pragma unroll
+        for (int k = 0; k < R; k++) {
+            const float sb = e2m1_block_scale(fmt, td.scales + soff[k], b);
+            const int d = e2m1_block_dot(td.vals + voff[k], b, G, q0, q1, lo);
+            acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
+        }
+    }
+}
+
 // MT: tokens per pass, as in gate_up_impl. R: rows of down per half-warp, interleaved
 // (row hw + 16 k of the block's tile, k < R) and loaded together, so that a one-token lane
 // has R rows' blocks in flight instead of one; the block's tile is 16 R rows. Each row's
@@ -1253,18 +1292,14 @@ __device__ __forceinline__ void down_impl(
     // shuffles of reduce16.
     bool live[R];
     float f[R];
-    // The split-sign path's rows (values and block scales) found once, not per block: a dead
-    // row reads the half-warp's first row (live whenever the block is), and its sums are
-    // never written, so the loop has no branch per row and the live rows the same bits.
-    u32 voff[R], soff[R];
 #pragma unroll
     for (int k = 0; k < R; k++) {
         live[k] = j0 + 16 * k < H;
         f[k] = live[k] && task.pair_count > 0 ? row_factor(fmt, td, hw + 16 * k) : 0.0f;
-        const u32 rk = live[k] ? hw + 16 * k : hw;
-        voff[k] = rk * (u32)vrb;
-        soff[k] = rk * (u32)scale_row_bytes(fmt, I);
     }
+    // The split-sign loop's rows (row hw, the half-warp's first, is live whenever the block is).
+    u32 voff[R], soff[R];
+    e2m1_row_offsets<R>(fmt, vrb, I, hw, 16, live, voff, soff);
     for (u32 c0 = 0; c0 < task.pair_count; c0 += MT) {
         const int nt = min((u32)MT, task.pair_count - c0);
         const u32 p0 = task.pair_begin + c0;
@@ -1274,26 +1309,17 @@ __device__ __forceinline__ void down_impl(
 #pragma unroll
             for (int t = 0; t < MT; t++) acc[k][t] = 0.0f;
         // Unrolled (few-token variants) so that several blocks' loads are in flight per lane.
-        // The split-sign dot (one token, int8, e2m1 formats) has its own loop: the same
-        // arithmetic as the int8 branch below for t = 0, with the token's activations and the
-        // rows' offsets found once and no branch per row (at sm_90, 289 instructions per two
-        // blocks of four rows where the shared loop took 373).
+        // The split-sign dot (one token, int8, e2m1 formats) has its own loop (e2m1_rows_dot;
+        // at sm_90, 289 instructions per two blocks of four rows where this shared loop took
+        // 373), the same arithmetic as the int8 branch below for t = 0.
         if (act == ACT_INT8 && split_sign(MT, fmt)) {
-            const i8* ha = hq + (u64)p0 * I;
-            const float* hsa = hs + (u64)p0 * nb;
-#pragma unroll UNROLL
-            for (int b = lane; b < nb; b += HW) {
-                const int4* a = (const int4*)(ha + (u64)b * G);
-                const int4 q0 = FUSED ? __ldcg(a) : a[0];
-                const int4 q1 = G == 32 ? (FUSED ? __ldcg(a + 1) : a[1]) : make_int4(0, 0, 0, 0);
-                const float sa = FUSED ? __ldcg(&hsa[b]) : hsa[b];
+            float a1[R];
 #pragma unroll
-                for (int k = 0; k < R; k++) {
-                    const float sb = e2m1_block_scale(fmt, td.scales + soff[k], b);
-                    const int d = e2m1_block_dot(td.vals + voff[k], b, G, q0, q1, e2m1_lo);
-                    acc[k][0] = __fadd_rn(acc[k][0], __fmul_rn((float)d, __fmul_rn(sb, sa)));
-                }
-            }
+            for (int k = 0; k < R; k++) a1[k] = 0.0f;
+            e2m1_rows_dot<R, UNROLL, FUSED>(fmt, td, voff, soff, hq + (u64)p0 * I, hs + (u64)p0 * nb, nb, G, lane,
+                                            e2m1_lo, a1);
+#pragma unroll
+            for (int k = 0; k < R; k++) acc[k][0] = a1[k];
         } else
 #pragma unroll UNROLL
         for (int b = lane; b < nb; b += HW) {
@@ -1505,35 +1531,16 @@ __device__ __forceinline__ void down_cross_impl(
                 if (r0 >= n) break;
                 bool live[R];
                 float f[R], acc[R];
-                // The rows' offsets in the tile, found once (as in down_impl): a dead row
-                // reads row r0, which is live, and its sum is never written.
-                u32 voff[R], soff[R];
 #pragma unroll
                 for (int k = 0; k < R; k++) {
                     live[k] = r0 + hpt * k < n;
                     f[k] = live[k] ? row_factor(fmt, td, r0 + hpt * k) : 0.0f;
                     acc[k] = 0.0f;
-                    const u32 rk = live[k] ? r0 + hpt * k : r0;
-                    voff[k] = rk * (u32)vrb;
-                    soff[k] = rk * (u32)scale_row_bytes(fmt, I);
                 }
                 if (act == ACT_INT8 && split_sign(1, fmt)) {
-                    // The split-sign dot, no branch per row (down_impl's one-token loop).
-                    const i8* ha = hq + p * I;
-                    const float* hsa = hs + p * nb;
-#pragma unroll 2
-                    for (int b = lane; b < nb; b += HW) {
-                        const int4* a = (const int4*)(ha + (u64)b * G);
-                        const int4 q0 = a[0];
-                        const int4 q1 = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
-                        const float sa = hsa[b];
-#pragma unroll
-                        for (int k = 0; k < R; k++) {
-                            const float sb = e2m1_block_scale(fmt, td.scales + soff[k], b);
-                            const int d = e2m1_block_dot(td.vals + voff[k], b, G, q0, q1, e2m1_lo);
-                            acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
-                        }
-                    }
+                    u32 voff[R], soff[R];
+                    e2m1_row_offsets<R>(fmt, vrb, I, r0, hpt, live, voff, soff);
+                    e2m1_rows_dot<R, 2, false>(fmt, td, voff, soff, hq + p * I, hs + p * nb, nb, G, lane, e2m1_lo, acc);
                 } else {
 #pragma unroll 2
                     for (int b = lane; b < nb; b += HW) {
