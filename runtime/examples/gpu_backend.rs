@@ -344,11 +344,6 @@ fn write_stamps(
 ) -> ft_runtime::Result<()> {
     let variant = variant_name(forced);
     let name = format!("stamps-{}-t{tokens}-v{variant}-{path}-e{n}.csv", act.name());
-    // The first case's stamps come before the report that creates `--out` otherwise.
-    std::fs::create_dir_all(out).map_err(|source| ft_runtime::RuntimeError::Io {
-        path: out.display().to_string(),
-        source,
-    })?;
     block_stamps::write_csv(&out.join(name), records)
 }
 
@@ -486,6 +481,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         copy: c,
         events: (e0, e1),
     } = bench.open()?;
+    if stamps {
+        // The cases' block records are written as each case ends, before the report that
+        // creates `--out` otherwise; once here, so a bad folder fails before the runs.
+        std::fs::create_dir_all(&out).map_err(|e| format!("--out {}: {e}", out.display()))?;
+    }
     // The rows' paths, set on a CUDA device (the host device has one path).
     let opened = d.cuda_tuning().unwrap_or_default();
     let tune = |t: CudaTuning| -> Result<(), Box<dyn std::error::Error>> {
