@@ -205,12 +205,28 @@ mod tests {
     #[test]
     fn tile_writes_are_visible_to_the_caller_and_several_threads_take_part() {
         let p = pool(2);
+        let caller = std::thread::current().id();
         let threads = Mutex::new(std::collections::HashSet::new());
+        let helper_ran = AtomicBool::new(false);
         let out: Vec<AtomicU32> = (0..256).map(|_| AtomicU32::new(0)).collect();
-        // Several rounds: the first may run before the workers are awake.
         for _ in 0..50 {
             for_each(&p, 2, out.len(), &|i| {
-                threads.lock().unwrap().insert(std::thread::current().id());
+                let me = std::thread::current().id();
+                threads.lock().unwrap().insert(me);
+                if me != caller {
+                    helper_ran.store(true, Ordering::Release);
+                } else {
+                    // On a loaded machine (a 2-core CI runner with every test at once) the
+                    // caller can take all the tiles before a worker is scheduled: it waits
+                    // here, for at most 10 s, until a helper has taken one. So this test
+                    // checks that helpers take part, not how quickly the OS wakes them.
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+                    while !helper_ran.load(Ordering::Acquire)
+                        && std::time::Instant::now() < deadline
+                    {
+                        std::thread::sleep(std::time::Duration::from_micros(100));
+                    }
+                }
                 // A little work per tile so that the helpers get a share.
                 let mut acc = i as u32;
                 for k in 0..2000u32 {
@@ -224,7 +240,6 @@ mod tests {
                 .enumerate()
                 .all(|(i, v)| v.load(Ordering::Relaxed) == i as u32 + 1));
         }
-        let caller = std::thread::current().id();
         let seen = threads.into_inner().unwrap();
         assert!(seen.contains(&caller), "the caller ran no tile");
         assert!(seen.len() >= 2, "only {} thread(s) ran tiles", seen.len());
