@@ -481,11 +481,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         copy: c,
         events: (e0, e1),
     } = bench.open()?;
-    if stamps {
-        // The cases' block records are written as each case ends, before the report that
-        // creates `--out` otherwise; once here, so a bad folder fails before the runs.
-        std::fs::create_dir_all(&out).map_err(|e| format!("--out {}: {e}", out.display()))?;
-    }
     // The rows' paths, set on a CUDA device (the host device has one path).
     let opened = d.cuda_tuning().unwrap_or_default();
     let tune = |t: CudaTuning| -> Result<(), Box<dyn std::error::Error>> {

@@ -37,8 +37,12 @@ pub struct Bench {
 }
 
 impl BenchArgs {
-    /// Open the device the arguments name, with its streams and events.
+    /// Open the device the arguments name, with its streams and events, and create the
+    /// output folder first, so that a bad `--out` fails before any run (a bench may write
+    /// files there as it goes, and its report at the end).
     pub fn open(self) -> Result<Bench, Box<dyn Error>> {
+        std::fs::create_dir_all(&self.out)
+            .map_err(|e| format!("--out {}: {e}", self.out.display()))?;
         let device = Device::open_kind(self.device)?;
         Ok(Bench {
             small: self.device == DeviceKind::Host,
@@ -53,14 +57,13 @@ impl BenchArgs {
     }
 }
 
-/// Write a bench's `report` as pretty JSON to `name` in its output folder `out` (created if
-/// missing).
+/// Write a bench's `report` as pretty JSON to `name` in its output folder `out` (created by
+/// [`BenchArgs::open`]).
 pub fn write_json(
     out: &std::path::Path,
     name: &str,
     report: &impl serde::Serialize,
 ) -> Result<(), Box<dyn Error>> {
-    std::fs::create_dir_all(out)?;
     std::fs::write(out.join(name), serde_json::to_string_pretty(report)?)?;
     Ok(())
 }
