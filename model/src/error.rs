@@ -28,6 +28,9 @@ pub enum ModelError {
     /// A JSON document did not parse.
     #[error("{path}: {message}")]
     Json { path: String, message: String },
+    /// A CSV file did not parse (a row, a column or the header).
+    #[error("{path}: {message}")]
+    Csv { path: String, message: String },
 }
 
 impl ModelError {
