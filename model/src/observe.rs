@@ -261,13 +261,11 @@ impl Row {
                 return Err(ModelError::UnknownName {
                     kind: "strategy",
                     name: format!("{other} (row {row})"),
-                    known: "offload, hybrid, cpu, resident, layer-split, layer-split-cached"
-                        .into(),
+                    known: "offload, hybrid, cpu, resident, layer-split, layer-split-cached".into(),
                 })
             }
         };
-        if self.fetch_fraction.is_some() && !matches!(strategy, ObservedStrategy::Hybrid { .. })
-        {
+        if self.fetch_fraction.is_some() && !matches!(strategy, ObservedStrategy::Hybrid { .. }) {
             return Err(ModelError::invalid(
                 at("fetch_fraction"),
                 format!("given for {}; only hybrid has one", strategy.name()),
@@ -407,7 +405,9 @@ pub fn parse_observations(text: &str, origin: &str) -> Result<Vec<Observation>> 
         .map_err(|e| bad(format!("the header row: {e}")))?
         .clone();
     if headers.iter().all(|h| h.is_empty()) {
-        return Err(bad("no header row (the first line names the columns)".into()));
+        return Err(bad(
+            "no header row (the first line names the columns)".into()
+        ));
     }
     let mut out = Vec::new();
     for (i, record) in reader.records().enumerate() {
@@ -543,7 +543,10 @@ mod tests {
             ("offload,,,1,0,16,8,,1e300,,\n", "row 1: tok_s"),
             ("offload,,,1,0,16,8,,3,each,\n", "row 1"),
             ("offload,,,1,0,16,8,,3,,wall\n", "row 1"),
-            ("fused,,,1,0,16,8,,3,,\n", "unknown strategy 'fused (row 1)'"),
+            (
+                "fused,,,1,0,16,8,,3,,\n",
+                "unknown strategy 'fused (row 1)'",
+            ),
             ("offload,,,1,0,16,8,1.2,3,,\n", "not several"),
         ];
         for (row, want) in cases {
@@ -553,8 +556,13 @@ mod tests {
         let unknown = parse_observations("strategy,tok_s,colour\noffload,1,red\n", "runs.csv")
             .unwrap_err()
             .to_string();
-        assert!(unknown.contains("runs.csv") && unknown.contains("colour"), "{unknown}");
-        let empty = parse_observations(HEADER, "runs.csv").unwrap_err().to_string();
+        assert!(
+            unknown.contains("runs.csv") && unknown.contains("colour"),
+            "{unknown}"
+        );
+        let empty = parse_observations(HEADER, "runs.csv")
+            .unwrap_err()
+            .to_string();
         assert!(empty.contains("no runs"), "{empty}");
         assert!(parse_observations("", "runs.csv").is_err());
     }
@@ -572,5 +580,20 @@ mod tests {
         let ok = dir.path().join("ok.csv");
         std::fs::write(&ok, format!("{HEADER}cpu,,,1,0,16,1,,3,stream,decode\n")).unwrap();
         assert_eq!(read_observations(&ok).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn the_documented_example_parses() {
+        let doc = include_str!("../../docs/observations.md");
+        let block = doc
+            .split("```csv\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("docs/observations.md has a ```csv example");
+        let runs = parse_observations(block, "docs/observations.md").unwrap();
+        assert_eq!(runs.len(), 4);
+        assert!(runs
+            .iter()
+            .all(|r| r.measure == Measure::ClientE2e && r.cache == Some(ObservedCache::Gib(14.0))));
     }
 }
