@@ -141,6 +141,10 @@ pub struct Args {
     /// Print JSON instead of the tables.
     #[arg(long)]
     json: bool,
+    /// The engine's settings the end-to-end probe runs with (`--engine-config FILE`,
+    /// `--fetch-chunks N`), as `ft run` and `ft serve` take them; part of the profile key.
+    #[command(flatten)]
+    engine: crate::engine_args::EngineArgs,
 }
 
 /// Residuals of one probe, summarised (statrs), relative: `(predicted - measured) / measured`.
@@ -235,6 +239,8 @@ pub struct ProbeReport {
     pub profile_copy: Option<String>,
     /// The profile's key.
     pub key: ProfileKey,
+    /// The engine's settings the profile describes (also in the key's GPU paths).
+    pub engine: ft_runtime::engine::EngineSettings,
     /// What the probes measured (absent when reused).
     pub outcome: Option<ProbeOutcome>,
     /// Every parameter with its standard error and interval.
@@ -314,6 +320,7 @@ impl Args {
             max_steal: self.max_steal,
             max_ceiling_drift: self.max_ceiling_drift,
             attempts: self.attempts,
+            engine: self.engine.settings()?,
         };
         c.validate()?;
         Ok(c)
@@ -380,7 +387,10 @@ pub fn run(args: Args) -> Result<()> {
     let device = device_of(&args)?;
     let cpu = CpuTopology::detect();
     let gpu_act = ft_kernels::ActivationPath::preferred(model.format);
-    let key = ProfileKey::new(rprobe::host_fingerprint(&device, &cpu, gpu_act), &model);
+    let key = ProfileKey::new(
+        rprobe::host_fingerprint(&device, &cpu, gpu_act, &config.engine),
+        &model,
+    );
     let dir = profile::profile_dir()?;
     let mut reasons = Vec::new();
     let cached = if args.force {
@@ -464,6 +474,7 @@ pub fn run(args: Args) -> Result<()> {
         profile_path: path.display().to_string(),
         profile_copy: copy,
         key,
+        engine: config.engine,
         outcome,
         estimates,
         stages,
@@ -496,7 +507,7 @@ fn write_tables(out: &mut impl Write, r: &ProbeReport) -> Result<()> {
         r.model.geometry.moe_layers,
         r.device.label()
     )?;
-    writeln!(out, "profile: {}", r.profile_path)?;
+    writeln!(out, "profile: {} (engine {})", r.profile_path, r.engine)?;
     if let Some(c) = &r.profile_copy {
         writeln!(out, "copy: {c}")?;
     }

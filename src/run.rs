@@ -28,7 +28,7 @@ use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceC
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
 use ft_runtime::engine::{
     decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig, EngineMemory, GpuCounts, HostSubmit, MultiEngine,
+    EngineConfig, EngineMemory, EngineSettings, GpuCounts, MultiEngine,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
@@ -162,41 +162,10 @@ pub struct Args {
     /// park (default: spin on CUDA, park on the host device).
     #[arg(long)]
     pool_wait: Option<String>,
-    /// When the host queues the GPU work a hybrid layer's CPU share does not wait for:
-    /// overlapped (while it waits for the activations and beside the share) or serial (all
-    /// of it before the share).
-    #[arg(long, env = "FT_HOST_SUBMIT", default_value = HOST_SUBMIT_DEFAULT,
-          value_parser = empty_means(HOST_SUBMIT_DEFAULT))]
-    host_submit: String,
-    /// Most chunks a layer's fetched experts are gathered and computed in (1 to 4): each
-    /// chunk's kernel runs as soon as its copies land, and each chunk is one submission of
-    /// copies.
-    #[arg(long, env = "FT_FETCH_CHUNKS", default_value_t = ft_model::plan::MAX_FETCH_CHUNKS,
-          value_parser = parse_fetch_chunks)]
-    fetch_chunks: usize,
-    /// Fold a layer's combine into its last fetched chunk's launch where the layer has no CPU
-    /// share (on CUDA: the down kernel's last block of each row tile combines it), one launch
-    /// fewer after the last copy; the same bits. On by default on one GPU (`=0` turns it off;
-    /// the multi-GPU engine never folds).
-    #[arg(long, env = "FT_FOLD_COMBINE", action = clap::ArgAction::Set, num_args = 0..=1,
-          require_equals = true, default_value = "1", default_missing_value = "1",
-          value_parser = parse_env_switch_on)]
-    fold_combine: bool,
-    /// Queue a layer's last fetched chunk's launch at once, its blocks waiting on the device
-    /// for a flag the copy stream sets after the chunk's copies, instead of queueing it
-    /// behind an event wait: the launch's start overlaps the last copy; the same bits. On by
-    /// default (`=0` turns it off) where it applies: one GPU, copy-engine gathers, a driver
-    /// with stream flag writes.
-    #[arg(long, env = "FT_GATE_LAST_CHUNK", action = clap::ArgAction::Set, num_args = 0..=1,
-          require_equals = true, default_value = "1", default_missing_value = "1",
-          value_parser = parse_env_switch_on)]
-    gate_last_chunk: bool,
-    /// How a layer's fetched experts are cut into chunks: halving (from the last, 1, 2, 4
-    /// ... experts) or timed (each chunk as large as its kernels allow beside the next
-    /// chunk's copies, the kernels and a copy timed when the engine starts); the same bits.
-    #[arg(long, env = "FT_FETCH_CHUNKING", default_value = FETCH_CHUNKING_DEFAULT,
-          value_parser = empty_means(FETCH_CHUNKING_DEFAULT))]
-    fetch_chunking: String,
+    /// The engine's settings (`--engine-config FILE`, `--fetch-chunks N`), as `ft probe` and
+    /// `ft serve` take them.
+    #[command(flatten)]
+    engine: crate::engine_args::EngineArgs,
     /// Host device only: emulated link bandwidth, GB/s.
     #[arg(long)]
     link_gbps: Option<f64>,
@@ -373,25 +342,11 @@ pub struct RunReport {
     pub threads: usize,
     /// How the pool waited.
     pub pool_wait: String,
-    /// When the host queued the GPU work the CPU share does not wait for.
-    #[serde(default)]
-    pub host_submit: String,
-    /// Most chunks a layer's fetched experts were gathered in (`--fetch-chunks`).
-    #[serde(default)]
-    pub fetch_chunks: usize,
-    /// Whether a layer's combine was folded into its last fetched chunk (`--fold-combine`).
-    #[serde(default)]
-    pub fold_combine: bool,
-    /// Whether a layer's last fetched chunk's launch was gated on a flag
-    /// (`--gate-last-chunk`).
-    #[serde(default)]
+    /// The engine's settings it ran with (`--engine-config`, `--fetch-chunks`).
+    pub engine: EngineSettings,
+    /// Whether a layer's last fetched chunk's launch was gated on a flag (where the engine
+    /// can: one GPU, copy-engine gathers, stream flag writes).
     pub gate_last_chunk: bool,
-    /// How fetched experts were cut into chunks (`--fetch-chunking`).
-    #[serde(default)]
-    pub fetch_chunking: String,
-    /// What timed chunks were timed by, measured when the engine started.
-    #[serde(default)]
-    pub chunk_timer: Option<ft_runtime::engine::ChunkTimer>,
     /// GPU / CPU activation paths.
     pub gpu_act: String,
     /// CPU activation path.
@@ -926,16 +881,7 @@ pub fn run(args: Args) -> Result<()> {
             other => bail!("--gather: '{other}' is neither copy-engine nor zero-copy"),
         },
         seed: args.seed,
-        host_submit: args
-            .host_submit
-            .parse::<HostSubmit>()
-            .context("--host-submit")?,
-        fetch_chunks: args.fetch_chunks,
-        // The multi-GPU engine neither folds nor gates; where the single-GPU engine gates is
-        // its own call (`Engine::gates_last_chunk`, what the report says).
-        fold_combine: args.fold_combine,
-        gate_last_chunk: args.gate_last_chunk,
-        fetch_chunking: args.fetch_chunking.parse()?,
+        settings: args.engine.settings()?,
         timeline: !args.no_timeline,
         // The emulated device is sized to the plan below; a GPU keeps the default reserve.
         reserve_bytes: match kind {
@@ -1235,12 +1181,8 @@ pub fn run(args: Args) -> Result<()> {
             device: device.info(),
             threads,
             pool_wait: pool_wait.name().into(),
-            host_submit: cfg.host_submit.name().into(),
-            fetch_chunks: cfg.fetch_chunks,
-            fold_combine: cfg.fold_combine,
+            engine: cfg.settings,
             gate_last_chunk: engine.gates_last_chunk(),
-            fetch_chunking: cfg.fetch_chunking.name().into(),
-            chunk_timer: engine.chunk_timer().copied(),
             gpu_act: cfg.gpu_path.name().into(),
             cpu_act: cfg.cpu_path.name().into(),
             combine: cfg.combine.name().into(),
@@ -1323,22 +1265,15 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
     )?;
     writeln!(
         out,
-        "device {}, {} CPU workers ({}, host submit {}), act gpu {} / cpu {}, combine {}, gather {} (at most {} {} chunks{}{})",
+        "device {}, {} CPU workers ({}), act gpu {} / cpu {}, combine {}, gather {} (engine {}{})",
         r.device.label(),
         r.threads,
         r.pool_wait,
-        r.host_submit,
         r.gpu_act,
         r.cpu_act,
         r.combine,
         r.gather,
-        r.fetch_chunks,
-        r.fetch_chunking,
-        if r.fold_combine {
-            ", combine folded"
-        } else {
-            ""
-        },
+        r.engine,
         if r.gate_last_chunk {
             ", last chunk gated"
         } else {
@@ -1516,6 +1451,8 @@ pub struct MultiRunReport {
     pub placement: String,
     /// How partial outputs were combined (NCCL, or through the host).
     pub combine_method: String,
+    /// The engine's settings it ran with (`--engine-config`, `--fetch-chunks`).
+    pub engine: EngineSettings,
     /// CPU workers of all GPUs together.
     pub threads: usize,
     /// Streams.
@@ -1651,6 +1588,7 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
         gpus: layout.gpus,
         placement: layout.placement.name().into(),
         combine_method: engine.combine_method().name().into(),
+        engine: cfg.settings,
         threads: cfg.threads,
         streams: args.streams,
         steps: steps.len(),
@@ -1800,83 +1738,9 @@ fn run_probe(
     Ok(())
 }
 
-/// `--host-submit`'s default.
-const HOST_SUBMIT_DEFAULT: &str = "overlapped";
-/// `--fetch-chunking`'s default.
-const FETCH_CHUNKING_DEFAULT: &str = "halving";
-
-/// A word option's parser that takes an empty value (an `FT_` variable set to nothing) as
-/// `default`, as the switches do ([`parse_env_switch_on`]); the word itself is checked where
-/// the option is used.
-fn empty_means(default: &'static str) -> impl Fn(&str) -> Result<String, String> + Clone {
-    move |v: &str| {
-        let v = v.trim();
-        Ok(if v.is_empty() { default } else { v }.to_string())
-    }
-}
-
-/// `--fetch-chunks` (FT_FETCH_CHUNKS): a count, empty taken as the default.
-fn parse_fetch_chunks(value: &str) -> Result<usize, String> {
-    let v = value.trim();
-    if v.is_empty() {
-        return Ok(ft_model::plan::MAX_FETCH_CHUNKS);
-    }
-    v.parse().map_err(|_| {
-        format!(
-            "'{v}' is not a number of chunks; use 1 to {}, or leave it empty",
-            ft_model::plan::MAX_FETCH_CHUNKS
-        )
-    })
-}
-
-/// A switch on by default, set through the environment or `--flag=VALUE`: what clap's
-/// [`clap::builder::BoolishValueParser`] takes (1/0, true/false, yes/no, on/off, ...), and an
-/// empty value, which counts as unset (on), so that `FT_X=$(cond && echo 0)` in a script
-/// means what it says.
-fn parse_env_switch_on(value: &str) -> Result<bool, String> {
-    use clap::builder::TypedValueParser;
-    let value = value.trim();
-    if value.is_empty() {
-        return Ok(true);
-    }
-    clap::builder::BoolishValueParser::new()
-        .parse_ref(&clap::Command::new("ft"), None, std::ffi::OsStr::new(value))
-        .map_err(|_| format!("'{value}' is not a switch; use 1 or 0, or leave it empty"))
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{empty_means, median_index, parse_env_switch_on, parse_fetch_chunks};
-
-    #[test]
-    fn an_empty_word_or_count_is_its_default() {
-        let p = empty_means("halving");
-        assert_eq!(p("").unwrap(), "halving");
-        assert_eq!(p("  ").unwrap(), "halving");
-        assert_eq!(p(" timed ").unwrap(), "timed");
-        assert_eq!(parse_fetch_chunks(""), Ok(ft_model::plan::MAX_FETCH_CHUNKS));
-        assert_eq!(parse_fetch_chunks(" 2"), Ok(2));
-        assert!(parse_fetch_chunks("two").unwrap_err().contains("'two'"));
-    }
-
-    #[test]
-    fn an_empty_switch_is_unset_and_a_word_is_refused() {
-        for (v, want) in [
-            ("", true),
-            (" ", true),
-            ("0", false),
-            ("off", false),
-            ("n", false),
-            ("1", true),
-            ("TRUE", true),
-            ("yes", true),
-            ("y", true),
-        ] {
-            assert_eq!(parse_env_switch_on(v), Ok(want), "{v:?}");
-        }
-        let e = parse_env_switch_on("maybe").unwrap_err();
-        assert!(e.contains("maybe"), "{e}");
-    }
+    use super::median_index;
 
     #[test]
     fn the_median_repetition_is_the_middle_one_by_value() {

@@ -37,7 +37,7 @@ use ft_model::perf::{CpuSpeedSource, PerfModel, PredictConfig};
 use ft_model::profile::{self, CpuCheck, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
 use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
-use ft_runtime::engine::{BankSource, EngineConfig};
+use ft_runtime::engine::{BankSource, EngineConfig, EngineSettings};
 use ft_runtime::probe as rprobe;
 use ft_runtime::{Device, DeviceKind, DeviceSpec};
 use ft_serve::backend::engine::EngineBackend;
@@ -188,6 +188,11 @@ pub struct Args {
     /// start (see the module docs).
     #[arg(long)]
     pub no_cpu_check: bool,
+    /// The engine's settings (`--engine-config FILE`, `--fetch-chunks N`), as `ft run` and
+    /// `ft probe` take them: the profile looked up (or probed at start) is the one probed
+    /// with them.
+    #[command(flatten)]
+    pub engine: crate::engine_args::EngineArgs,
 }
 
 /// The CPU check at start: the CPU side's own work timed on the engine's bank
@@ -231,7 +236,12 @@ struct PerfSource {
 
 /// Where the predictions come from (see the module docs); `device` is the engine's device,
 /// opened before the prediction (`None` for the reference backend).
-fn perf_model(args: &Args, model: &ModelSpec, device: Option<&Device>) -> Result<PerfSource> {
+fn perf_model(
+    args: &Args,
+    model: &ModelSpec,
+    device: Option<&Device>,
+    settings: &EngineSettings,
+) -> Result<PerfSource> {
     // A profile fitted at another thread count than this server's CPU pool is re-expressed at
     // the pool's (`Profile::at_threads`): a profile probed by `ft probe --threads 15` predicts
     // a 13-worker pool's CPU share at 13 workers.
@@ -306,6 +316,7 @@ fn perf_model(args: &Args, model: &ModelSpec, device: Option<&Device>) -> Result
             device,
             &rprobe::CpuTopology::detect(),
             ft_kernels::ActivationPath::preferred(model.format),
+            settings,
         ),
         model,
     );
@@ -336,6 +347,7 @@ fn perf_model(args: &Args, model: &ModelSpec, device: Option<&Device>) -> Result
     );
     let config = rprobe::ProbeConfig {
         threads: pool_threads as usize,
+        engine: *settings,
         ..rprobe::ProbeConfig::default()
     };
     let t0 = std::time::Instant::now();
@@ -406,6 +418,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let fetch = FetchFraction::parse("--fetch-fraction", &args.fetch_fraction)?;
+    let settings = args.engine.settings()?;
     // The engine's device, opened first: the prediction may probe it.
     let device = match args.backend {
         BackendArg::Engine => {
@@ -422,7 +435,7 @@ pub fn run(args: Args) -> Result<()> {
         samples,
         label: mut source,
         cpu_checks,
-    } = perf_model(&args, &model, device.as_ref())?;
+    } = perf_model(&args, &model, device.as_ref(), &settings)?;
     let context = PREDICT_CONTEXT_TOKENS.min(args.context_limit);
     let cache = args.cache_gb.map(CacheSize::GiB);
     let predict_config = PredictConfig {
@@ -472,7 +485,7 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             outln!(
                 "{}",
-                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "decision": decision})
+                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "engine": settings, "decision": decision})
             )?;
         } else {
             outln!("decision: {line}")?;
@@ -504,13 +517,14 @@ pub fn run(args: Args) -> Result<()> {
                 // same wherever it ran. bf16 experts run in f32.
                 gpu_path: ft_kernels::ActivationPath::preferred(model.format),
                 cpu_path: ft_kernels::ActivationPath::preferred(model.format),
+                settings,
                 ..EngineConfig::default()
             };
             cfg.threads = args.threads.unwrap_or_else(default_pool_threads);
             let routing = RoutingProcess::preset(&args.routing)
                 .with_context(|| format!("--routing {}", args.routing))?;
             info!(
-                "building the engine: {} ({} layers, {slots} cache slots) on {}",
+                "building the engine: {} ({} layers, {slots} cache slots, {settings}) on {}",
                 model.name,
                 model.geometry.moe_layers,
                 kind.name()
@@ -589,7 +603,7 @@ pub fn run(args: Args) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         let bound = listener.local_addr()?;
         if args.json {
-            outln!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "source": source, "decision": decision}))?;
+            outln!("{}", serde_json::json!({"listening": format!("http://{bound}"), "model": info.model, "strategy": strategy, "auto": auto, "decision_line": line, "source": source, "engine": settings, "decision": decision}))?;
         } else {
             outln!("decision: {line}")?;
             outln!("listening on http://{bound} (model {}, strategy {strategy}, {})", info.model, info.device)?;

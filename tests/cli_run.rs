@@ -70,7 +70,7 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
     assert_eq!(v["strategy"], "hybrid(f=0.500)");
     assert_eq!(v["layers"], 4);
     assert_eq!(v["device"]["kind"], "host");
-    assert_eq!(v["host_submit"], "overlapped", "the engine's default");
+    assert_eq!(v["engine"]["fetch-chunks"], 4, "the engine's default");
     let s = &v["summary"];
     assert_eq!(s["steps"], 4);
     assert_eq!(s["warmup_steps"], 2);
@@ -491,7 +491,7 @@ fn interleave_refuses_resident_hybrid_without_a_fraction_and_duplicate_labels() 
 }
 
 #[test]
-fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
+fn engine_settings_come_from_flags_or_a_file_and_are_reported() {
     let dir = tempfile::tempdir().unwrap();
     let model = write(dir.path(), "tiny.toml", TINY);
     let mut args = tiny_run(&model);
@@ -502,72 +502,57 @@ fn engine_switches_come_from_flags_or_the_environment_and_are_reported() {
         v.as_array().map_or(v.clone(), |a| a[0].clone())
     };
     let plain = json(&ft(&args));
-    // Folded and gated by default (one GPU, copy-engine gathers).
-    assert_eq!(plain["fold_combine"], true);
+    // Gated by default (one GPU, copy-engine gathers); at most 4 chunks.
     assert_eq!(plain["gate_last_chunk"], true);
-    assert_eq!(plain["fetch_chunks"], 4);
-    assert_eq!(plain["fetch_chunking"], "halving");
-    assert!(plain["chunk_timer"].is_null());
-    // The A/B scripts set them as FT_ variables (0/1 for the switch).
-    let set = json(&common::ft_env(
-        &args,
-        &[
-            ("FT_FOLD_COMBINE", "0"),
-            ("FT_GATE_LAST_CHUNK", "off"),
-            ("FT_FETCH_CHUNKS", "2"),
-            ("FT_FETCH_CHUNKING", "timed"),
-        ],
-    ));
-    assert_eq!(set["fold_combine"], false);
-    assert_eq!(set["gate_last_chunk"], false);
-    assert_eq!(set["fetch_chunks"], 2);
-    assert_eq!(set["fetch_chunking"], "timed");
-    assert!(
-        set["chunk_timer"]["copy_us"].as_f64().unwrap() > 0.0,
-        "{}",
-        set["chunk_timer"]
-    );
-    // The same bits either way (the engine test checks them; here: the same counts).
+    assert_eq!(plain["engine"], serde_json::json!({"fetch-chunks": 4}));
+    // A file's [engine] table, and a flag beside it that wins.
+    let file = write(dir.path(), "engine.toml", "[engine]\nfetch-chunks = 2\n");
+    let mut from_file = args.clone();
+    from_file.extend(["--engine-config", &file]);
+    let set = json(&ft(&from_file));
+    assert_eq!(set["engine"]["fetch-chunks"], 2);
+    // The same counts either way (the engine test checks the bits).
     assert_eq!(
         plain["summary"]["misses_per_layer"],
         set["summary"]["misses_per_layer"]
     );
-    // An empty switch is unset, so on (a script's `FT_FOLD_COMBINE=$(cond && echo 0)`).
-    let empty = json(&common::ft_env(&args, &[("FT_FOLD_COMBINE", "")]));
-    assert_eq!(empty["fold_combine"], true);
-    // The flags: bare is on, `=0` off; a zero-copy gather is never gated.
-    let mut flags = args.clone();
-    flags.extend(["--fold-combine", "--gate-last-chunk=0"]);
-    let flagged = json(&ft(&flags));
-    assert_eq!(flagged["fold_combine"], true);
-    assert_eq!(flagged["gate_last_chunk"], false);
+    let mut flag_wins = from_file.clone();
+    flag_wins.extend(["--fetch-chunks", "1"]);
+    assert_eq!(json(&ft(&flag_wins))["engine"]["fetch-chunks"], 1);
+    // A zero-copy gather is never gated.
     let mut zero_copy = args.clone();
     zero_copy.extend(["--gather", "zero-copy"]);
-    let zero_copy = json(&ft(&zero_copy));
-    assert_eq!(zero_copy["gate_last_chunk"], false);
-    assert_eq!(zero_copy["fold_combine"], true);
-    let bad = common::ft_env(&args, &[("FT_FOLD_COMBINE", "maybe")]);
-    assert_eq!(bad.status.code(), Some(2));
+    assert_eq!(json(&ft(&zero_copy))["gate_last_chunk"], false);
+    // Out of range, an unknown setting, a missing file: exit 2, naming the input.
+    let unknown = write(dir.path(), "bad.toml", "[engine]\nfold-combine = false\n");
+    for (extra, says) in [
+        (vec!["--fetch-chunks", "9"], "--fetch-chunks".to_string()),
+        (
+            vec!["--engine-config", &unknown],
+            "fold-combine".to_string(),
+        ),
+        (
+            vec!["--engine-config", "/nonexistent/engine.toml"],
+            "/nonexistent/engine.toml".to_string(),
+        ),
+    ] {
+        let mut a = args.clone();
+        a.extend(extra);
+        let out = ft(&a);
+        assert_eq!(out.status.code(), Some(2), "{says}");
+        assert!(
+            common::stderr(&out).contains(&says),
+            "{}",
+            common::stderr(&out)
+        );
+    }
+    // A variable that once chose an engine path is refused, not silently ignored.
+    let old = common::ft_env(&args, &[("FT_FOLD_COMBINE", "0")]);
+    assert_eq!(old.status.code(), Some(2));
     assert!(
-        common::stderr(&bad).contains("--fold-combine"),
+        common::stderr(&old).contains("FT_FOLD_COMBINE"),
         "{}",
-        common::stderr(&bad)
-    );
-    let bad = common::ft_env(&args, &[("FT_FETCH_CHUNKING", "sometimes")]);
-    assert!(!bad.status.success());
-    assert!(
-        common::stderr(&bad).contains("--fetch-chunking"),
-        "{}",
-        common::stderr(&bad)
-    );
-    let mut too_many = args.clone();
-    too_many.extend(["--fetch-chunks", "9"]);
-    let out = ft(&too_many);
-    assert!(!out.status.success());
-    assert!(
-        common::stderr(&out).contains("--fetch-chunks"),
-        "{}",
-        common::stderr(&out)
+        common::stderr(&old)
     );
 }
 

@@ -34,14 +34,10 @@ __device__ __forceinline__ int region_of_block(const Region* r, int n, u64 block
 // a small table (task and pair lists, copy regions) into this parameter, so the launch needs
 // no staging copy to device memory before it; `__grid_constant__` lets the kernel take its
 // address and read it like any array. A table too large for it is staged in device memory
-// and passed as `staged` (non-zero) instead. Its size is the runtime's PARAM_TABLE_BYTES, or
-// for an expert module built with -DFT_PARAM_TABLE_BYTES=512 (`FT_CUDA_SMALL_TABLE`, a
-// one-token layer's table; tested against the launch cost of the 3 KiB parameter) the
-// runtime's CUDA_SMALL_PARAM_TABLE_BYTES. The runtime always passes a 3 KiB buffer; the
-// launch copies as many bytes as the kernel's parameter holds.
-#ifndef FT_PARAM_TABLE_BYTES
+// and passed as `staged` (non-zero) instead. Its size is the runtime's
+// CUDA_PARAM_TABLE_BYTES (a smaller parameter was measured to make no launch cheaper:
+// experiments/gpu-backend, "Removed switches").
 #define FT_PARAM_TABLE_BYTES 3072
-#endif
 struct __align__(16) ParamTable {
     u8 bytes[FT_PARAM_TABLE_BYTES];
 };

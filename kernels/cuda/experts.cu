@@ -155,8 +155,8 @@ __device__ __forceinline__ float e4m3_to_f32(u32 b) {
 // included, is an f16 value), and f16 -> f32 is exact, so the f32 is e4m3_to_f32's for every
 // code but the two NaNs (0x7f, 0xff), which stay NaN (a NaN's bits do not survive the
 // arithmetic after it either way). Two instructions instead of seven, in the innermost loop
-// of every nvfp4 kernel. The runtime builds its modules with it by default (CudaTuning's
-// e4m3_cvt: 3% off a one-token layer on an H100, bit-identical in the GPU tests).
+// of every nvfp4 kernel. The runtime builds every nvfp4 module with it (measured in
+// experiments/gpu-backend, "Four kernel switches": 3% off a one-token layer).
 #ifndef FT_E4M3_CVT
 #define FT_E4M3_CVT 0
 #endif
@@ -199,8 +199,8 @@ __device__ __forceinline__ u32 e2m1x4_to_i8x4(u32 sel) {
 // yields the sign of the selected byte (0: the table's bytes are positive), and again with
 // the sign bits flipped (only the negative codes' magnitudes): w.x = dp4a(p, x) - dp4a(q, x).
 // Two permutes and two dp4a per four codes, one table, the same exact integer as the
-// decoded dot. Off by default until the GPU tests have run with it (FT_CUDA_SPLIT=1 selects
-// it, as a compile-time constant of the module).
+// decoded dot. The runtime builds every nvfp4 and mxfp4 module of the int8 path with it, as
+// a compile-time constant of the module (measured in experiments/gpu-backend).
 #ifndef FT_E2M1_SPLIT
 #define FT_E2M1_SPLIT 0
 #endif
@@ -218,9 +218,9 @@ __device__ __forceinline__ u32 e2m1_table_lo() {
 // publishes it in shared memory (e2m1_table_publish), and after a barrier every thread reads
 // it (e2m1_table_read). Held as a constant, the compiler keeps it in a uniform register and
 // copies it into a vector register before nearly every prmt that reads it (47 copies in the
-// 314 instructions of the one-token gate/up loop's four blocks, 2026-12-06 SASS); a value
-// loaded from shared memory lives in one vector register instead (264 instructions). Only
-// where the table comes from changes, not a result.
+// 314 instructions of the one-token gate/up loop's four blocks at sm_90); a value loaded from
+// shared memory lives in one vector register instead (264 instructions). Only where the
+// table comes from changes, not a result.
 __shared__ u32 e2m1_table_smem;
 __device__ __forceinline__ void e2m1_table_publish() {
     if (threadIdx.x == 0) e2m1_table_smem = e2m1_table_lo();
@@ -404,182 +404,6 @@ __device__ __forceinline__ Tile stage_tile(int fmt, const Mat& m, u64 r0, u64 n,
     return stage_tile_by(fmt, m, r0, n, dst, threadIdx.x, blockDim.x, true);
 }
 
-// Pipelined staging (FT_PIPE_STAGES > 1, the gate/up kernels' staged path): instead of the
-// whole block staging its tile and waiting for all of it, each warp stages the rows its own
-// half-warps compute, in FT_PIPE_STAGES column stages (one cp.async group each, every stage
-// a whole number of 16-block lane rounds), and computes stage s as soon as stage s has
-// landed while the later ones are still in flight. A one-token layer is one wave of blocks
-// that all request their tiles at once, so without it every warp waits for about the
-// whole layer's bytes before it computes anything; with it the decode of the first columns
-// overlaps the transfer of the last. Each lane still accumulates its blocks l, l + 16, ...
-// in increasing order, so the results are the same bits. 1 (the default): whole tiles.
-#ifndef FT_PIPE_STAGES
-#define FT_PIPE_STAGES 1
-#endif
-
-// Blocks of a row per pipeline stage: nb blocks in at most `stages` stages, each a multiple
-// of HW (a lane's blocks l, l + 16, ... split between stages at the same round for every lane).
-__device__ __forceinline__ int pipe_stage_blocks(int nb, int stages) {
-    const int rounds = (nb + HW - 1) / HW;
-    return HW * ((rounds + stages - 1) / stages);
-}
-
-__device__ __forceinline__ void stage_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-
-// Wait until at most `pending` (0 to 3) of this thread's committed groups are in flight.
-__device__ __forceinline__ void stage_wait_pending(int pending) {
-#if __CUDA_ARCH__ >= 800
-    switch (pending) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    }
-#endif
-}
-
-// Stage, for each of a G-row tile's matrices a and b (tiles at da, db), the rows the calling
-// warp's half-warps compute (rr = hw, hw + nhw, ... below G), `kb` blocks of columns per
-// stage, one commit group per stage holding both matrices' slices of values and block
-// scales. Not the rows' factors: a row's 2- or 4-byte factor is no 16-byte unit for
-// cp.async, and the plain copy it would take stalls the warp on a DRAM load before its
-// later stages are issued (until 2026-12-06 it did, in the first stage); gate_up_impl reads
-// them from global memory instead. Every thread of the warp calls it.
-__device__ __forceinline__ void stage_warp_rows(int fmt, const Mat& a, const Mat& b, u64 r0, int G,
-                                                int nhw, int nb, int kb, Tile da, Tile db) {
-    const u32 wl = threadIdx.x & 31;
-    const int hw0 = (threadIdx.x / 32) * 2;
-    const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
-    const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
-    const u64 vbb = vrb / nb, sbb = srb / nb;   // bytes per block of 16 or 32 columns
-    for (int b0 = 0; b0 < nb; b0 += kb) {
-        const u64 n = (u64)(min(b0 + kb, nb) - b0);
-        for (int hw = hw0; hw < hw0 + 2; hw++) {
-            for (int rr = hw; rr < G; rr += nhw) {
-                const u64 v = rr * vrb + b0 * vbb, s = rr * srb + b0 * sbb;
-                stage_async_by((u8*)da.vals + v, ga.vals + v, n * vbb, wl, 32);
-                stage_async_by((u8*)db.vals + v, gb.vals + v, n * vbb, wl, 32);
-                if (sbb) {
-                    stage_async_by((u8*)da.scales + s, ga.scales + s, n * sbb, wl, 32);
-                    stage_async_by((u8*)db.scales + s, gb.scales + s, n * sbb, wl, 32);
-                }
-            }
-        }
-        stage_commit();
-    }
-}
-
-// Bulk staging of the gate/up tiles (FT_BULK_STAGE=1, sm_90, staged whole tiles): instead of
-// every thread of the block issuing 16-byte cp.async copies of the whole tile and the block
-// waiting for all of it, lane 0 of each warp hands the copy engine of its multiprocessor (the
-// tensor memory accelerator) one bulk copy per contiguous range of the rows its two
-// half-warps compute (values and block scales of each matrix: their rows are contiguous in
-// both the matrix and the staged tile), all completing on the warp's own mbarrier, and the
-// warp computes as soon as its own rows have landed. The block timelines (experiments/
-// gpu-backend, "Block timelines") show a one-token layer's gate/up blocks all computing only
-// after the whole layer's tiles have landed (6.5 to 11.3 us), then 3.5 us of decode in
-// series. With every warp's copies issued at once that does not change (measured on an H100,
-// 2026-12-06: warp 0's rows landed as late as the whole tile had, and the layer took 24.75
-// against 24.65 us): DRAM serves all the requests in flight interleaved, whichever was issued
-// first. Throttled so that only N warps' copies of a block were in flight (2026-12-06T15:18Z,
-// same section), the first rows landed earlier but the DRAM rate fell with the bytes in
-// flight (each request waited about 2.5 us at one warp a block): slower at every N, so taken
-// out again (it came in with fe3ea04). The rows' factors are read from global memory, as in
-// the pipelined staging. The same bytes in the same places, so the same bits. Where a tile's
-// ranges are not 16-byte units (the bulk copy's alignment rule) the block stages it the usual
-// way. Off by default.
-#ifndef FT_BULK_STAGE
-#define FT_BULK_STAGE 0
-#endif
-// Warps of the largest gate/up block (the small-grid kernel's 512 threads): one mbarrier each.
-#define BULK_MAX_WARPS 16
-
-__device__ __forceinline__ u32 smem_u32(const void* p) { return (u32)__cvta_generic_to_shared(p); }
-
-// Make the calling thread's mbarrier at `bar` ready for one arrival (and the bytes it expects).
-__device__ __forceinline__ void bulk_init(u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-
-// Arrive on `bar`, which completes its phase once `bytes` more have landed by bulk copies.
-__device__ __forceinline__ void bulk_expect(u64* bar, u32 bytes) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
-#endif
-}
-
-// Copy `bytes` (a multiple of 16; both ends 16-byte aligned) from global `src` to shared
-// `dst` by the tensor memory accelerator, completing on `bar`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, u32 bytes, u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
-#endif
-}
-
-// Wait until `bar`'s first phase has completed (every byte it expected has landed, visible to
-// the calling thread). Returns at once when it already has.
-__device__ __forceinline__ void bulk_wait(u64* bar) {
-#if __CUDA_ARCH__ >= 900
-    u32 done = 0;
-    while (!done)
-        asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(smem_u32(bar))
-                     : "memory");
-#endif
-}
-
-// Whether a gate/up tile of matrices a and b (row tile at r0, staged at da and db) can be
-// staged by bulk_stage_warp_rows: every range a 16-byte unit (the warps' row pairs start at
-// multiples of two rows) and a mbarrier for each warp of the block. The same for every thread
-// of the block.
-__device__ __forceinline__ bool bulk_fits(int fmt, const Mat& a, const Mat& b, u64 r0, Tile da, Tile db) {
-    const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
-    const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
-    const u64 v = (u64)ga.vals | (u64)gb.vals | (u64)da.vals | (u64)db.vals | 2 * vrb;
-    const u64 s = srb ? ((u64)ga.scales | (u64)gb.scales | (u64)da.scales | (u64)db.scales | 2 * srb) : 0;
-    return __CUDA_ARCH__ >= 900 && ((v | s) & 15) == 0 && blockDim.x <= 32 * BULK_MAX_WARPS;
-}
-
-// Stage the rows of a G-row gate/up tile (matrices a and b at row r0, staged at da and db)
-// that the calling warp's half-warps compute, by bulk copies completing on the warp's
-// mbarrier `bar` (lane 0 issues them on the barrier bulk_init made ready; bulk_wait before
-// reading). The warp's
-// half-warps 2w and 2w + 1 compute the row pairs d = 2w + k nhw: in gate_up_impl's loop the
-// rows d and d + 1 of both matrices, in the wide loop (`wide`, 2G rows in all) rows d % G and
-// d % G + 1 of a (d < G) or b. Values and block scales; not the rows' factors.
-__device__ __forceinline__ void bulk_stage_warp_rows(int fmt, const Mat& a, const Mat& b, u64 r0, int G, int nhw,
-                                                     bool wide, Tile da, Tile db, u64* bar) {
-    if ((threadIdx.x & 31) != 0) return;
-    const Tile ga = tile_at(fmt, a, r0), gb = tile_at(fmt, b, r0);
-    const u64 vrb = values_row_bytes(fmt, a.cols), srb = scale_row_bytes(fmt, a.cols);
-    const int hw0 = (threadIdx.x / 32) * 2;
-    const int span = wide ? 2 * G : G;
-    u32 bytes = 0;
-    for (int d = hw0; d < span; d += nhw) bytes += (wide ? 1u : 2u) * 2u * (u32)(vrb + srb);
-    bulk_expect(bar, bytes);
-    for (int d = hw0; d < span; d += nhw) {
-        const u64 rr = (u64)(d % G);
-        for (int m = 0; m < 2; m++) {
-            if (wide && m != (d >= G ? 1 : 0)) continue;
-            const Tile g = m ? gb : ga, t = m ? db : da;
-            bulk_copy((u8*)t.vals + rr * vrb, g.vals + rr * vrb, (u32)(2 * vrb), bar);
-            if (srb) bulk_copy((u8*)t.scales + rr * srb, g.scales + rr * srb, (u32)(2 * srb), bar);
-        }
-    }
-}
-
 // A 32-bit load with acquire semantics at device scope: the loads after it see what the
 // writer released (its writes before the release that this load observes).
 __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
@@ -590,11 +414,10 @@ __device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
 
 // Device-scope hand-offs between blocks without a sequentially consistent fence.
 // `__threadfence()` compiles to MEMBAR.SC.GPU (with an L1 invalidate) on sm_90, which waits
-// behind every memory request in flight on the chip: in the block timelines of 2026-12-06 a
-// row tile's last down block took 2.7 us from its own work to its end (2.3 with the hand-off
-// below), 6.5 us while a chained gate/up launch streamed its tiles (6.3 with it; the rest is
-// the combine's own reads; experiments/gpu-backend, "Block timelines"). The
-// pattern the CUDA memory model gives instead (as CUTLASS's barriers use it): the block's
+// behind every memory request in flight on the chip (in the block timelines a row tile's
+// last down block took 2.7 us from its own work to its end, 2.3 with the hand-off below;
+// experiments/gpu-backend, "Block timelines"). The pattern the CUDA memory model gives
+// instead (as CUTLASS's barriers use it): the block's
 // threads write, a barrier, then thread 0 releases at device scope (its release is
 // cumulative over the writes the barrier ordered before it); the receiving thread 0
 // acquires the same location, then a barrier orders its block's reads after it. The values
@@ -603,9 +426,6 @@ __device__ __forceinline__ u32 atom_add_acq_rel_gpu(u32* p, u32 v) {
     u32 old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
     return old;
-}
-__device__ __forceinline__ void red_add_release_gpu(u32* p, u32 v) {
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
 // The GPU's global timer, ns.
@@ -656,7 +476,6 @@ __device__ __forceinline__ void gate_wait(const u32* gate, u32 value) {
 #define FT_STAMP_CAP 32768
 #define STAMP_GATE_UP 1
 #define STAMP_DOWN 2
-#define STAMP_LAYER 3
 #if FT_STAMPS
 __device__ u32 ft_stamp_count;
 __device__ u64 ft_stamps[FT_STAMP_CAP][8];
@@ -705,31 +524,6 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 __device__ __forceinline__ void pdl_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-// The down matrices in L2 before the down kernel reads them (FT_PREFETCH_DOWN=1, sm_90,
-// staged tiles): each gate/up block asks L2 for its 1/n share (part `k` of `n`) of its
-// task's down matrix with one bulk prefetch, right after it has requested its own tile. A
-// one-token layer's gate/up blocks fill the multiprocessors, so most down blocks start only
-// as gate/up blocks leave, and without it they would then fetch their tiles from DRAM after
-// all of gate/up; with it the layer's bytes stream from DRAM in one phase and those down
-// tiles come from L2. A hint: no result depends on it. Off: 5% slower at one token on an H100
-// (the prefetches compete with gate/up's own tiles, which the layer waits for first).
-#ifndef FT_PREFETCH_DOWN
-#define FT_PREFETCH_DOWN 0
-#endif
-
-__device__ __forceinline__ void prefetch_share_l2(const u8* base, u64 bytes, u32 k, u32 n) {
-#if __CUDA_ARCH__ >= 900
-    const u64 part = round16((bytes + n - 1) / n);
-    const u64 b0 = (u64)k * part;
-    if (b0 >= bytes) return;
-    // Whole 16-byte units inside the matrix (the prefetch's alignment and size rule).
-    const u64 lo = round16((u64)base + b0);
-    const u64 hi = ((u64)base + min(b0 + part, bytes)) & ~(u64)15;
-    if (hi > lo)
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"((u32)(hi - lo)) : "memory");
 #endif
 }
 
@@ -832,18 +626,6 @@ __device__ __forceinline__ float reduce16(float acc) {
     return acc;
 }
 
-// reduce16 for kernels whose two half-warps of a warp may take different branches
-// (down_cross_impl: a half-warp per task, and tasks without a token): the same additions in
-// the same order, the shuffles masked to the calling half-warp.
-__device__ __forceinline__ float reduce16_half(float acc) {
-    const unsigned mask = 0xffffu << (threadIdx.x & 16);
-    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 8, 16));
-    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 4, 16));
-    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 2, 16));
-    acc = __fadd_rn(acc, __shfl_down_sync(mask, acc, 1, 16));
-    return acc;
-}
-
 // exp as the spec defines it (Cephes expf in plain f32 operations). The constants are the
 // exact f32 bit patterns of ft-kernels' `w4a8::exp_ft` (its code is the definition; note
 // that its P1 literal 1.3982e-3 rounds to 0x3ab743cf, one ulp above Cephes' 1.3981999507e-3).
@@ -930,8 +712,7 @@ __device__ __forceinline__ float quantize_block(const float* xb, int G, i8* q) {
 // multiprocessor, where a warp's chain of dependent loads and dots is the block's time:
 // twice the warps with half the chain each. The same operations per dot, so the same bits.
 //
-// (bx, by): the block's row block of h and its task (blockIdx in the gate/up kernels; the
-// fused layer's item).
+// (bx, by): the block's row block of h and its task (blockIdx).
 template <int MT, bool STAGED, bool WIDE = false>
 __device__ __forceinline__ void gate_up_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs, int fmt_arg, int act_arg,
@@ -956,56 +737,16 @@ __device__ __forceinline__ void gate_up_impl(
     const u64 vrb = values_row_bytes(fmt, H);
     // Read after the barrier below (the split-sign dot's table alone).
     if (split_sign(MT, fmt)) e2m1_table_publish();
-    // Pipelined (FT_PIPE_STAGES > 1): each warp stages its own rows in column stages of kb
-    // blocks and waits for them stage by stage; otherwise kb = nb, one stage.
-    constexpr bool PIPE = STAGED && FT_PIPE_STAGES > 1 && !WIDE;
-    const int kb = PIPE ? pipe_stage_blocks(nb, FT_PIPE_STAGES) : nb;
-    const int stages = (nb + kb - 1) / kb;
-    // Bulk (FT_BULK_STAGE): each warp's rows by bulk copies on its own mbarrier, where the
-    // tile's ranges allow (`bulk`); the rows' factors then come from global memory.
-    constexpr bool BULK = STAGED && FT_BULK_STAGE && !PIPE;
-    __shared__ __align__(8) u64 bulk_bar[BULK_MAX_WARPS];
-    u64* const warp_bar = &bulk_bar[threadIdx.x / 32];
-    bool bulk = false;
     Tile tg, tu;
-    if (PIPE) {
-        tg = tile_in(fmt, H, G, smem + stage_off);
-        tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
-        stage_warp_rows(fmt, gate, up, r0, G, nhw, nb, kb, tg, tu);
-    } else if (STAGED) {
-        tg = tile_in(fmt, H, G, smem + stage_off);
-        tu = tile_in(fmt, H, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
-        bulk = BULK && bulk_fits(fmt, gate, up, r0, tg, tu);
-        if (bulk) {
-            if ((threadIdx.x & 31) == 0) bulk_init(warp_bar);
-            bulk_stage_warp_rows(fmt, gate, up, r0, G, nhw, WIDE, tg, tu, warp_bar);
-        } else {
-            tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
-            tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
-        }
+    if (STAGED) {
+        tg = stage_tile(fmt, gate, r0, G, smem + stage_off);
+        tu = stage_tile(fmt, up, r0, G, smem + stage_off + staged_tile_bytes(fmt, H, G));
     } else {
         tg = tile_at(fmt, gate, r0);
         tu = tile_at(fmt, up, r0);
     }
-    // The pipelined and the bulk staging leave the rows' factors in global memory (a row's 2-
-    // or 4-byte factor is no 16-byte unit for their copies): the tiles read them there, each
-    // row's loaded before the wait for its values so that its latency hides behind it.
-    const bool factors_global = PIPE || bulk;
-    if (factors_global) {
-        tg.factors = tile_at(fmt, gate, r0).factors;
-        tu.factors = tile_at(fmt, up, r0).factors;
-    }
-    if (STAGED && FT_PREFETCH_DOWN && threadIdx.x == 0)
-        prefetch_share_l2(gate.base + 2 * matrix_bytes(fmt, I, H), matrix_bytes(fmt, H, I), bx, I / G);
     // The down kernel may be scheduled now: it stages its own weights while this one runs.
     pdl_launch_dependents();
-    // A chained launch (the runtime's CudaTuning::chained_launch) is itself a programmatic
-    // dependent of the kernel before it on its stream (the previous layer's down kernel, or
-    // another kernel): it was scheduled as soon as every block of that kernel had started,
-    // and has requested its tiles while that kernel ran. It waits for that kernel here,
-    // before it reads x or writes h (which the previous layer's down kernel may still be
-    // reading). Without the launch attribute the wait returns at once.
-    pdl_wait();
     // Shared activations of the pass: int8 codes [tch][H] then scales [tch][nb]; or f32 [tch][H].
     i8* sq = (i8*)smem;
     float* ss = (float*)(smem + (u64)tch * H);
@@ -1026,8 +767,7 @@ __device__ __forceinline__ void gate_up_impl(
                 ((float4*)(sx + (u64)t * H))[k] = ((const float4*)(x + (u64)tok * H))[k];
             }
         }
-        // (Pipelined, each warp waits for its own stages below.)
-        if (!PIPE) stage_wait();
+        stage_wait();
         __syncthreads();
         stamp(2);
         const u32 e2m1_lo = split_sign(MT, fmt) ? e2m1_table_read() : 0u;
@@ -1047,13 +787,6 @@ __device__ __forceinline__ void gate_up_impl(
                 const Tile tm = {is_up ? tu.vals : tg.vals, is_up ? tu.scales : tg.scales,
                                  is_up ? tu.factors : tg.factors};
                 const u8* mrow = tm.vals + (u64)rr * vrb;
-                // Bulk: the row's factor (global memory) loaded before the wait for its values.
-                float f_pre = 0.0f;
-                if (bulk) {
-                    f_pre = row_factor(fmt, tm, rr);
-                    bulk_wait(warp_bar);
-                    stamp(2);   // (bulk: when warp 0's rows have landed)
-                }
                 float acc = 0.0f;
 #pragma unroll 4
                 for (int b = lane; b < nb; b += HW) {
@@ -1073,7 +806,7 @@ __device__ __forceinline__ void gate_up_impl(
                         acc = fmaf(block_dot_f32(fmt, mrow, b, G, sx + (u64)b * G), sm, acc);
                     }
                 }
-                const float v = __fmul_rn(reduce16(acc), bulk ? f_pre : row_factor(fmt, tm, rr));
+                const float v = __fmul_rn(reduce16(acc), row_factor(fmt, tm, rr));
                 if (lane == 0) (is_up ? ush : gsh)[rr] = v;
             }
             __syncthreads();
@@ -1086,71 +819,52 @@ __device__ __forceinline__ void gate_up_impl(
             for (int t = 0; t < MT; t++) { ga[t] = 0.0f; ua[t] = 0.0f; }
             const u8* grow = tg.vals + (u64)rr * vrb;
             const u8* urow = tu.vals + (u64)rr * vrb;
-            // Factors in global memory: loaded before the waits and the dots.
-            float fg_pre = 0.0f, fu_pre = 0.0f;
-            if (factors_global) {
-                fg_pre = row_factor(fmt, tg, rr);
-                fu_pre = row_factor(fmt, tu, rr);
-            }
-            if (bulk) {
-                bulk_wait(warp_bar);
-                stamp(2);   // (bulk: when warp 0's rows have landed)
-            }
-            for (int s = 0; s < stages; s++) {
-                if (PIPE) {
-                    // This warp's copies of stage s (and those before) have landed; the barrier
-                    // makes each lane's visible to the others.
-                    stage_wait_pending(stages - 1 - s);
-                    __syncwarp();
-                }
-                const int b_end = PIPE ? min((s + 1) * kb, nb) : nb;
-                // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
+            // Unrolled (one-token variant) so that several blocks' loads are in flight per lane.
 #pragma unroll UNROLL
-                for (int b = s * kb + lane; b < b_end; b += HW) {
-                    if (act == ACT_INT8 && split_sign(MT, fmt)) {
-                        // One token (t = 0 < nt): the loop below's arithmetic, split-sign dots.
-                        const int4* qa = (const int4*)(sq + (u64)b * G);
-                        const int4 a0 = qa[0], a1 = G == 32 ? qa[1] : make_int4(0, 0, 0, 0);
-                        const float sg = block_scale(fmt, tg, H, rr, b);
-                        const float su = block_scale(fmt, tu, H, rr, b);
-                        const float sc = ss[b];
-                        const int dg = e2m1_block_dot(grow, b, G, a0, a1, e2m1_lo);
-                        const int du = e2m1_block_dot(urow, b, G, a0, a1, e2m1_lo);
-                        ga[0] = __fadd_rn(ga[0], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
-                        ua[0] = __fadd_rn(ua[0], __fmul_rn((float)du, __fmul_rn(su, sc)));
-                    } else if (act == ACT_INT8) {
-                        u32 Wg[8], Wu[8];
-                        load_w8(fmt, grow, b, Wg);
-                        load_w8(fmt, urow, b, Wu);
-                        float sg = block_scale(fmt, tg, H, rr, b);
-                        float su = block_scale(fmt, tu, H, rr, b);
+            for (int b = lane; b < nb; b += HW) {
+                if (act == ACT_INT8 && split_sign(MT, fmt)) {
+                    // One token (t = 0 < nt): the loop below's arithmetic, split-sign dots.
+                    const int4* qa = (const int4*)(sq + (u64)b * G);
+                    const int4 a0 = qa[0], a1 = G == 32 ? qa[1] : make_int4(0, 0, 0, 0);
+                    const float sg = block_scale(fmt, tg, H, rr, b);
+                    const float su = block_scale(fmt, tu, H, rr, b);
+                    const float sc = ss[b];
+                    const int dg = e2m1_block_dot(grow, b, G, a0, a1, e2m1_lo);
+                    const int du = e2m1_block_dot(urow, b, G, a0, a1, e2m1_lo);
+                    ga[0] = __fadd_rn(ga[0], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
+                    ua[0] = __fadd_rn(ua[0], __fmul_rn((float)du, __fmul_rn(su, sc)));
+                } else if (act == ACT_INT8) {
+                    u32 Wg[8], Wu[8];
+                    load_w8(fmt, grow, b, Wg);
+                    load_w8(fmt, urow, b, Wu);
+                    float sg = block_scale(fmt, tg, H, rr, b);
+                    float su = block_scale(fmt, tu, H, rr, b);
 #pragma unroll
-                        for (int t = 0; t < MT; t++) {
-                            if (t < nt) {
-                                const i8* qb = sq + (u64)t * H + (u64)b * G;
-                                float sc = ss[t * nb + b];
-                                int dg = block_dot_i8(Wg, G, qb);
-                                int du = block_dot_i8(Wu, G, qb);
-                                ga[t] = __fadd_rn(ga[t], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
-                                ua[t] = __fadd_rn(ua[t], __fmul_rn((float)du, __fmul_rn(su, sc)));
-                            }
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            const i8* qb = sq + (u64)t * H + (u64)b * G;
+                            float sc = ss[t * nb + b];
+                            int dg = block_dot_i8(Wg, G, qb);
+                            int du = block_dot_i8(Wu, G, qb);
+                            ga[t] = __fadd_rn(ga[t], __fmul_rn((float)dg, __fmul_rn(sg, sc)));
+                            ua[t] = __fadd_rn(ua[t], __fmul_rn((float)du, __fmul_rn(su, sc)));
                         }
-                    } else {
-                        float sg = block_scale(fmt, tg, H, rr, b);
-                        float su = block_scale(fmt, tu, H, rr, b);
+                    }
+                } else {
+                    float sg = block_scale(fmt, tg, H, rr, b);
+                    float su = block_scale(fmt, tu, H, rr, b);
 #pragma unroll
-                        for (int t = 0; t < MT; t++) {
-                            if (t < nt) {
-                                const float* xb = sx + (u64)t * H + (u64)b * G;
-                                ga[t] = fmaf(block_dot_f32(fmt, grow, b, G, xb), sg, ga[t]);
-                                ua[t] = fmaf(block_dot_f32(fmt, urow, b, G, xb), su, ua[t]);
-                            }
+                    for (int t = 0; t < MT; t++) {
+                        if (t < nt) {
+                            const float* xb = sx + (u64)t * H + (u64)b * G;
+                            ga[t] = fmaf(block_dot_f32(fmt, grow, b, G, xb), sg, ga[t]);
+                            ua[t] = fmaf(block_dot_f32(fmt, urow, b, G, xb), su, ua[t]);
                         }
                     }
                 }
             }
-            const float fg = factors_global ? fg_pre : row_factor(fmt, tg, rr);
-            const float fu = factors_global ? fu_pre : row_factor(fmt, tu, rr);
+            const float fg = row_factor(fmt, tg, rr);
+            const float fu = row_factor(fmt, tu, rr);
 #pragma unroll
             for (int t = 0; t < MT; t++) {
                 float g = __fmul_rn(reduce16(ga[t]), fg);
@@ -1191,21 +905,20 @@ __device__ __forceinline__ void e2m1_row_offsets(int fmt, u64 vrb, int I, int r0
     }
 }
 
-// The one-token split-sign loop of the down kernels (down_impl, down_cross_impl): R rows of
-// a tile (offsets from e2m1_row_offsets) against one token's int8 h (codes at ha, block
-// scales at hsa), the lane's blocks lane, lane + HW, ... in order, acc[k] += f32(d) * (s_b *
-// scale_b) as the int8 path does, with no address arithmetic and no branch per row. CG: h
-// read through L2 (the one-launch layer, where another block of the launch wrote it).
-template <int R, int UNROLL, bool CG>
+// The one-token split-sign loop of the down kernel (down_impl): R rows of a tile (offsets
+// from e2m1_row_offsets) against one token's int8 h (codes at ha, block scales at hsa), the
+// lane's blocks lane, lane + HW, ... in order, acc[k] += f32(d) * (s_b * scale_b) as the int8
+// path does, with no address arithmetic and no branch per row.
+template <int R, int UNROLL>
 __device__ __forceinline__ void e2m1_rows_dot(int fmt, const Tile& td, const u32 (&voff)[R], const u32 (&soff)[R],
                                               const i8* ha, const float* hsa, int nb, int G, int lane, u32 lo,
                                               float (&acc)[R]) {
 #pragma unroll UNROLL
     for (int b = lane; b < nb; b += HW) {
         const int4* a = (const int4*)(ha + (u64)b * G);
-        const int4 q0 = CG ? __ldcg(a) : a[0];
-        const int4 q1 = G == 32 ? (CG ? __ldcg(a + 1) : a[1]) : make_int4(0, 0, 0, 0);
-        const float sa = CG ? __ldcg(&hsa[b]) : hsa[b];
+        const int4 q0 = a[0];
+        const int4 q1 = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
+        const float sa = hsa[b];
 #pragma unroll
         for (int k = 0; k < R; k++) {
             const float sb = e2m1_block_scale(fmt, td.scales + soff[k], b);
@@ -1225,22 +938,15 @@ __device__ __forceinline__ void e2m1_rows_dot(int fmt, const Tile& td, const u32
 // argument, a compile-time constant here as in gate_up_impl: the tile's pointers then come
 // from shared memory alone, so the compiler reads them with shared loads and 32-bit
 // addresses instead of generic loads and 64-bit arithmetic).
-//
-// FUSED (the one-launch layer, ft_experts_layer_1 below; int8 path, R > 1): h is written by
-// other blocks of the same launch, so instead of the dependent launch's wait the block
-// waits until `ready` counts `ready_need` finished gate/up blocks of its task, and reads h
-// through L2 (__ldcg), never through the read-only path, which is not coherent with writes
-// made during the kernel.
-template <int MT, int R, bool STAGED, bool FUSED = false>
+template <int MT, int R, bool STAGED>
 __device__ __forceinline__ void down_impl(
     const Task* __restrict__ tasks, const Pair* __restrict__ pairs,
     const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
     int fmt_arg, int act_arg, int H, int I, int T,
     float* O, const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
     u32* counters, float* y, const FoldCombine& fold,
-    int bx, int by, int n_tasks, const u32* ready = nullptr, u32 ready_need = 0)
+    int bx, int by, int n_tasks)
 {
-    static_assert(!FUSED || R > 1, "the fused layer reads h in the few-token branch");
     constexpr int UNROLL = MT == 1 ? (R >= 4 ? 2 : 4) : (MT == 2 ? 2 : 1);
     constexpr int ROWS = (256 / HW) * R;   // the block's row tile (blockDim.x is 256)
     const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
@@ -1268,20 +974,8 @@ __device__ __forceinline__ void down_impl(
     } else {
         td = tile_at(fmt, down, j0);
     }
-    // A chained gate/up launch after this one may be scheduled now (every block of this
-    // launch has started once all have passed here, so its blocks only take the slots that
-    // these leave); it waits for this launch to complete before it writes h.
-    if (!FUSED) pdl_launch_dependents();
     // The gate/up kernel's h (and nothing it writes is read before this).
-    if (FUSED) {
-        // Every gate/up block of the task has written its block of h and released it; thread
-        // 0 acquires that, and the barrier below orders the other threads' reads after it.
-        if (threadIdx.x == 0 && task.pair_count > 0) {
-            while (ld_acquire_gpu(ready) < ready_need) __nanosleep(64);
-        }
-    } else {
-        pdl_wait();
-    }
+    pdl_wait();
     stamp(1);
     stage_wait();
     __syncthreads();
@@ -1316,8 +1010,8 @@ __device__ __forceinline__ void down_impl(
             float a1[R];
 #pragma unroll
             for (int k = 0; k < R; k++) a1[k] = 0.0f;
-            e2m1_rows_dot<R, UNROLL, FUSED>(fmt, td, voff, soff, hq + (u64)p0 * I, hs + (u64)p0 * nb, nb, G, lane,
-                                            e2m1_lo, a1);
+            e2m1_rows_dot<R, UNROLL>(fmt, td, voff, soff, hq + (u64)p0 * I, hs + (u64)p0 * nb, nb, G, lane,
+                                     e2m1_lo, a1);
 #pragma unroll
             for (int k = 0; k < R; k++) acc[k][0] = a1[k];
         } else
@@ -1334,9 +1028,9 @@ __device__ __forceinline__ void down_impl(
                     if (t < nt) {
                         const u64 p = p0 + t;
                         const int4* a = (const int4*)(hq + p * I + (u64)b * G);
-                        qa[t][0] = FUSED ? __ldcg(a) : a[0];
-                        qa[t][1] = G == 32 ? (FUSED ? __ldcg(a + 1) : a[1]) : make_int4(0, 0, 0, 0);
-                        sa[t] = FUSED ? __ldcg(&hs[p * nb + b]) : hs[p * nb + b];
+                        qa[t][0] = a[0];
+                        qa[t][1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
+                        sa[t] = hs[p * nb + b];
                     }
                 }
 #pragma unroll
@@ -1440,164 +1134,6 @@ __device__ __forceinline__ void down_impl(
     if (threadIdx.x == 0) counters[bx] = 0;
 }
 
-// Most tasks (and so pairs: one each) of a launch that the cross-task down kernel takes.
-#define CROSS_MAX_TASKS 16
-// Most row groups per half-warp of the cross-task down kernel (`reps`).
-#define CROSS_MAX_REPS 2
-
-// The cross-task down kernel of a one-token launch (ft_experts_down_1x, the runtime's
-// `CudaTuning::cross_down`): every task holds at most one pair and the launch at most
-// CROSS_MAX_TASKS tasks. Instead of a block per (row tile, task) whose partial rows go to O
-// in global memory and a row tile's last block (by an atomic ticket) adding them up, a block
-// takes a row tile of *every* task: `hpt` half-warps per task (16 / hpt tasks or fewer),
-// each with DOWN_R_1 rows of its task (rows sub, sub + hpt, ... of the block's hpt *
-// DOWN_R_1), their partial rows in shared memory, and after one barrier the block adds them
-// per token over the token's pairs in task order into y. No ticket, no second round of L2
-// reads after the last block, and no combine that waits for the slowest task's block: the
-// block timelines put that tail at 2.3 us of a 24.7 us one-token layer (6.3 under a chained
-// launch). Each row's arithmetic is down_impl's (R > 1, one token), and the sum the same
-// additions in the same order, so the same bits. Off by default: 29.4 against 24.8 us on an
-// H100 for ten tasks (experiments/gpu-backend, "A down kernel across tasks").
-//
-// A half-warp takes `reps` groups of DOWN_R_1 rows one after the other (rows sub + hpt k,
-// k < DOWN_R_1 * reps): one unless the runtime's tuning forces two (half the blocks; slower
-// on an H100's ten-task layer, 28.4 against 24.8 us with one).
-//
-// The block has 16 * hpt * n_tasks threads rounded up to a warp (no idle half-warps, so a
-// ten-task launch's 640 blocks of 160 threads fit the multiprocessors in one wave where 256
-// threads took two: 2026-12-06, 31.3 against 24.7 us). The tasks' table entries are read
-// once, by one thread each, into shared memory: a loop over them in global memory waits for
-// each load in turn before the next task's copies are issued.
-//
-// Staged only: each task's rows of the tile go to its own part of dynamic shared memory
-// (staged_tile_bytes of the block's rows each), except the row factors, which a tile of a
-// few rows would copy with plain byte loads that stall the thread before its next task's
-// copies are issued; they are read from global memory once per row instead.
-__device__ __forceinline__ void down_cross_impl(
-    const Task* __restrict__ tasks, const u32* __restrict__ tok_begin, const Pair* __restrict__ tok_pairs,
-    int fmt_arg, int act_arg, int H, int I, int T,
-    const float* __restrict__ hf, const i8* __restrict__ hq, const float* __restrict__ hs,
-    float* y, const FoldCombine& fold, int bx, int n_tasks, int hpt, int reps)
-{
-    constexpr int R = DOWN_R_1;
-    const int fmt = FMT_OF(fmt_arg), act = ACT_OF(act_arg);
-    extern __shared__ __align__(16) u8 smem[];
-    __shared__ float osm[CROSS_MAX_TASKS][16 * R * CROSS_MAX_REPS];
-    __shared__ Task tsm[CROSS_MAX_TASKS];
-    const int G = group_of(fmt);
-    const int rows = hpt * R * reps;
-    const int j0 = bx * rows;
-    const int n = min(rows, H - j0);
-    const int nb = I / G;
-    const u64 vrb = values_row_bytes(fmt, I);
-    const u64 tile_bytes = staged_tile_bytes(fmt, I, rows);
-    const u64 down_off = 2 * matrix_bytes(fmt, I, H);
-    if (split_sign(1, fmt)) e2m1_table_publish();
-    if (threadIdx.x < n_tasks) tsm[threadIdx.x] = tasks[threadIdx.x];
-    __syncthreads();
-    // Warp w stages tasks w, w + warps, ...: each thread issues its copies for one or two
-    // tasks, not for all of them (a block that starts while older blocks of its
-    // multiprocessor compute gets few issue slots until they stall, and must reach the wait
-    // for h with its copies issued).
-    const u32 warp = threadIdx.x / 32, warps = blockDim.x / 32, lane32 = threadIdx.x & 31;
-    for (int e = warp; e < n_tasks; e += warps) {
-        const Task te = tsm[e];
-        if (te.pair_count == 0) continue;
-        const Mat down = {(const u8*)te.weights + down_off, (u64)H, (u64)I};
-        stage_tile_by(fmt, down, j0, n, smem + e * tile_bytes, lane32, 32, false);
-    }
-    // As in down_impl: a chained gate/up launch after this one may be scheduled now; h next.
-    pdl_launch_dependents();
-    pdl_wait();
-    stamp(1);
-    stage_wait();
-    __syncthreads();
-    stamp(2);
-    const u32 e2m1_lo = split_sign(1, fmt) ? e2m1_table_read() : 0u;
-    const int lane = threadIdx.x & (HW - 1);
-    const int hw = threadIdx.x / HW;
-    const int e = hw / hpt, sub = hw % hpt;
-    if (e < n_tasks) {
-        const Task task = tsm[e];
-        if (task.pair_count > 0) {
-            const Mat down = {(const u8*)task.weights + down_off, (u64)H, (u64)I};
-            Tile td = tile_in(fmt, I, n, smem + e * tile_bytes);
-            td.factors = tile_at(fmt, down, j0).factors;
-            const u64 p = task.pair_begin;
-            for (int g = 0; g < reps; g++) {
-                // Row r0 + hpt k of the tile; `live` is uniform in the half-warp, so every lane
-                // of a live row reaches reduce16_half. Later groups start further down.
-                const int r0 = sub + hpt * R * g;
-                if (r0 >= n) break;
-                bool live[R];
-                float f[R], acc[R];
-#pragma unroll
-                for (int k = 0; k < R; k++) {
-                    live[k] = r0 + hpt * k < n;
-                    f[k] = live[k] ? row_factor(fmt, td, r0 + hpt * k) : 0.0f;
-                    acc[k] = 0.0f;
-                }
-                if (act == ACT_INT8 && split_sign(1, fmt)) {
-                    u32 voff[R], soff[R];
-                    e2m1_row_offsets<R>(fmt, vrb, I, r0, hpt, live, voff, soff);
-                    e2m1_rows_dot<R, 2, false>(fmt, td, voff, soff, hq + p * I, hs + p * nb, nb, G, lane, e2m1_lo, acc);
-                } else {
-#pragma unroll 2
-                    for (int b = lane; b < nb; b += HW) {
-                        // The block's activations (int8 path), loaded once for the R rows.
-                        int4 qa[2];
-                        float sa = 0.0f;
-                        if (act == ACT_INT8) {
-                            const int4* a = (const int4*)(hq + p * I + (u64)b * G);
-                            qa[0] = a[0];
-                            qa[1] = G == 32 ? a[1] : make_int4(0, 0, 0, 0);
-                            sa = hs[p * nb + b];
-                        }
-#pragma unroll
-                        for (int k = 0; k < R; k++) {
-                            if (!live[k]) continue;
-                            const int r = r0 + hpt * k;
-                            const u8* row = td.vals + (u64)r * vrb;
-                            const float sb = block_scale(fmt, td, I, r, b);
-                            if (act != ACT_INT8) {
-                                acc[k] = fmaf(block_dot_f32(fmt, row, b, G, hf + p * I + (u64)b * G), sb, acc[k]);
-                                continue;
-                            }
-                            u32 W[8];
-                            load_w8(fmt, row, b, W);
-                            const int d = block_dot_i8_regs(W, G, qa);
-                            acc[k] = __fadd_rn(acc[k], __fmul_rn((float)d, __fmul_rn(sb, sa)));
-                        }
-                    }
-                }
-#pragma unroll
-                for (int k = 0; k < R; k++) {
-                    if (!live[k]) continue;
-                    const float o = __fmul_rn(reduce16_half(acc[k]), f[k]);
-                    if (lane == 0) osm[p][r0 + hpt * k] = o;
-                }
-            }
-        }
-    }
-    __syncthreads();
-    stamp(3);
-    // Each token's row: its pairs in task order (the row tile's combine of down_impl).
-    for (int idx = threadIdx.x; idx < T * rows; idx += blockDim.x) {
-        const int t = idx / rows, r = idx % rows;
-        if (r >= n) continue;
-        float acc = 0.0f;
-        for (u32 k = tok_begin[t]; k < tok_begin[t + 1]; k++) {
-            const Pair tp = tok_pairs[k];
-            acc = __fadd_rn(acc, __fmul_rn(tp.weight, osm[tp.index][r]));
-        }
-        y[(u64)t * H + j0 + r] = acc;
-    }
-    if (fold.act) {
-        __syncthreads();
-        fold_combine_tile(fold, H, j0, rows);
-    }
-}
-
 // Entry points. The launch's tables (tasks, then pairs at byte o_pairs, token starts at
 // o_begin, token pairs at o_tok) come in `tab` or, when too large for it, staged (common.cuh).
 // gate, gate_value: the launch's start condition (the runtime's `FlagGate`; gate 0: none):
@@ -1657,84 +1193,7 @@ extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1_direct(DO
 // experts spreads its rows over more blocks (more multiprocessors) than ft_experts_down_1.
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, true) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1s_direct(DOWN_ARGS) { DOWN_ENTRY(1, DOWN_R_1S, false) }
-// The cross-task one-token down kernel (down_cross_impl): grid (ceil(H / (hpt * DOWN_R_1 * reps))),
-// blocks of 16 * hpt * n_tasks threads rounded up to a warp, n_tasks <= CROSS_MAX_TASKS
-// tasks of at most one pair each, hpt half-warps per task.
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_1x(DOWN_ARGS, int n_tasks, int hpt, int reps) {
-    TASK_LIST TOKEN_LISTS
-    (void)o_pairs; (void)O; (void)counters;
-    down_cross_impl(tasks, tok_begin, tok_pairs, fmt, act, H, I, T, hf, hq, hs, y, fold, blockIdx.x, n_tasks, hpt, reps);
-    stamp_end(STAMP_DOWN, blockIdx.x, blockIdx.y);
-}
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, true) }
 extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_down_2_direct(DOWN_ARGS) { DOWN_ENTRY(2, DOWN_R_2, false) }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4(DOWN_ARGS) { DOWN_ENTRY(4, DOWN_R_4, true) }
 extern "C" __global__ void __launch_bounds__(256, 2) ft_experts_down_4_direct(DOWN_ARGS) { DOWN_ENTRY(4, DOWN_R_4, false) }
-
-// One launch for both halves of a one-token layer (FT_CUDA_FUSED, the runtime's
-// CudaTuning::fused_layer; int8 path): the down kernel's blocks no longer wait for the
-// gate/up grid to finish and a second launch to be scheduled. A block takes a ticket t as
-// it starts (the order blocks become resident) and does
-//   the gate/up item t (task t / gpe, row block t % gpe) if t < tasks x gpe, then signals
-//     its task's `ready` counter;
-//   the down item t - shift (task d / dpe, row tile d % dpe) if that is one, once its
-//     task's gpe gate/up items are ready, staging its tile into the shared memory the
-//     gate/up item has finished with.
-// shift (the runtime's `cuda_fused_grid`) puts every down item's ticket at or after the
-// last gate/up ticket of its task, so a block only ever waits for blocks that took their
-// tickets before it, are resident, and finish their gate/up item without waiting: no
-// deadlock however many blocks are resident. The arithmetic is gate_up_impl's and
-// down_impl's, so the bits are the two launches'. counters: the row tiles' tickets first
-// (as ft_experts_down_1), then at `fz` the launch's ticket, its count of finished blocks
-// and one ready counter per task (n_tasks of them); the last block to finish zeroes them for
-// the next launch. A one-dimensional grid of the runtime's `cuda_fused_grid` blocks.
-// Off by default: slower than the two launches on an H100 (2026-12-06, 28.9 against 25.8 us
-// for 10 experts; experiments/gpu-backend, "One launch for both halves").
-#define LAYER_ARGS \
-    TABLE_ARGS, int fmt, int act, int H, int I, int T, const float* __restrict__ x, \
-    float* O, float* hf, i8* hq, float* hs, u32* counters, float* y, u32 stage_off, \
-    u32 down_stage, const FoldCombine fold, u32 n_tasks, u32 fz, u32 shift
-extern "C" __global__ void __launch_bounds__(256, 4) ft_experts_layer_1(LAYER_ARGS) {
-    TABLES
-    // The fused path reads h through L2 in down_impl's int8 branch; the runtime launches it
-    // for the int8 path only.
-    if (ACT_OF(act) != ACT_INT8) __trap();
-    __shared__ u32 item, last;
-    u32* launch = counters + fz;          // [0] tickets taken, [1] blocks finished
-    u32* ready = counters + fz + 2;       // per task: gate/up items done
-    if (threadIdx.x == 0) item = atomicAdd(&launch[0], 1u);
-    __syncthreads();
-    const u32 t = item;
-    const int G = group_of(FMT_OF(fmt));
-    const u32 gpe = (u32)(I / G);
-    const u32 dpe = (u32)((H + 16 * DOWN_R_1 - 1) / (16 * DOWN_R_1));
-    if (t < n_tasks * gpe) {
-        const int by = (int)(t / gpe), bx = (int)(t % gpe);
-        if (stage_off) gate_up_impl<1, true>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
-        else gate_up_impl<1, false>(tasks, pairs, fmt, act, H, I, x, 1, hf, hq, hs, stage_off, bx, by);
-        // This block's h released device-wide with the signal (the barrier first: the
-        // release covers what every thread of the block wrote).
-        __syncthreads();
-        if (threadIdx.x == 0) red_add_release_gpu(&ready[by], 1u);
-    }
-    if (t >= shift && t - shift < n_tasks * dpe) {
-        const u32 d = t - shift;
-        const int by = (int)(d / dpe), bx = (int)(d % dpe);
-        if (down_stage)
-            down_impl<1, DOWN_R_1, true, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq,
-                                               hs, counters, y, fold, bx, by, (int)n_tasks, &ready[by], gpe);
-        else
-            down_impl<1, DOWN_R_1, false, true>(tasks, pairs, tok_begin, tok_pairs, fmt, act, H, I, T, O, hf, hq,
-                                                hs, counters, y, fold, bx, by, (int)n_tasks, &ready[by], gpe);
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(&launch[1], 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (last) {
-        // Every other block has finished (and read its ready counter): reset for the next
-        // launch on this scratch, which the stream orders after this one.
-        for (u32 k = threadIdx.x; k < n_tasks; k += blockDim.x) ready[k] = 0;
-        if (threadIdx.x == 0) { launch[0] = 0; launch[1] = 0; }
-    }
-    stamp_end(STAMP_LAYER, t, 0);
-}

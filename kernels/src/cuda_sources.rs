@@ -79,8 +79,6 @@ impl KernelId {
                 "ft_experts_gate_up_1w",
                 "ft_experts_down_1s",
                 "ft_experts_down_1s_direct",
-                "ft_experts_down_1x",
-                "ft_experts_layer_1",
             ],
             KernelId::Gather => &["ft_gather_zero_copy"],
             KernelId::Dense => &["ft_dense_read"],
@@ -101,26 +99,15 @@ pub struct Specialization {
     /// Activation path code (`ACT_F32` 0, `ACT_INT8` 1).
     pub act: Option<i32>,
     /// The one-token variants' split-sign dot of e2m1 codes (`-DFT_E2M1_SPLIT=1`; nvfp4 and
-    /// mxfp4 on the int8 path; see `cuda/experts.cu`).
+    /// mxfp4 on the int8 path, where the runtime always builds it; see `cuda/experts.cu`).
     pub e2m1_split: bool,
-    /// Column stages of the gate/up kernels' pipelined staged tiles (`-DFT_PIPE_STAGES=n`
-    /// where above 1; see `cuda/experts.cu`); 1: whole tiles.
-    pub pipe_stages: u8,
     /// The nvfp4 block scales decoded by the hardware's e4m3 conversion
-    /// (`-DFT_E4M3_CVT=1`; see `cuda/experts.cu`).
+    /// (`-DFT_E4M3_CVT=1`; nvfp4, where the runtime always builds it; see
+    /// `cuda/experts.cu`).
     pub e4m3_cvt: bool,
-    /// Each staged gate/up block prefetches its share of its task's down matrix into L2
-    /// (`-DFT_PREFETCH_DOWN=1`; see `cuda/experts.cu`).
-    pub prefetch_down: bool,
-    /// The launch table parameter's bytes where not the default 3072
-    /// (`-DFT_PARAM_TABLE_BYTES=n`; see `cuda/common.cuh`).
-    pub param_table_bytes: Option<u16>,
     /// Every block of the expert kernels records its timeline (`-DFT_STAMPS=1`; see
-    /// `cuda/experts.cu`, "Block timelines"): instrumentation, the same results.
+    /// `cuda/experts.cu`, "Block timelines"): development only, the same results.
     pub block_stamps: bool,
-    /// The gate/up kernels' whole staged tiles by bulk copies, each warp's rows on its own
-    /// mbarrier (`-DFT_BULK_STAGE=1`; sm_90; see `cuda/experts.cu`).
-    pub bulk_stage: bool,
 }
 
 impl Specialization {
@@ -129,12 +116,8 @@ impl Specialization {
         format: None,
         act: None,
         e2m1_split: false,
-        pipe_stages: 1,
         e4m3_cvt: false,
-        prefetch_down: false,
-        param_table_bytes: None,
         block_stamps: false,
-        bulk_stage: false,
     };
 
     /// The expert kernels for one format and activation path.
@@ -143,12 +126,8 @@ impl Specialization {
             format: Some(format),
             act: Some(act),
             e2m1_split: false,
-            pipe_stages: 1,
             e4m3_cvt: false,
-            prefetch_down: false,
-            param_table_bytes: None,
             block_stamps: false,
-            bulk_stage: false,
         }
     }
 
@@ -156,15 +135,6 @@ impl Specialization {
     pub fn with_e2m1_split(self, on: bool) -> Self {
         Specialization {
             e2m1_split: on,
-            ..self
-        }
-    }
-
-    /// The same with the gate/up tiles staged in `stages` pipelined column stages (1: whole
-    /// tiles).
-    pub fn with_pipe_stages(self, stages: u8) -> Self {
-        Specialization {
-            pipe_stages: stages,
             ..self
         }
     }
@@ -177,34 +147,10 @@ impl Specialization {
         }
     }
 
-    /// The same with the gate/up kernels' L2 prefetch of the down matrices on or off.
-    pub fn with_prefetch_down(self, on: bool) -> Self {
-        Specialization {
-            prefetch_down: on,
-            ..self
-        }
-    }
-
-    /// The same with a launch table parameter of `bytes` (`None`: the default 3072).
-    pub fn with_param_table_bytes(self, bytes: Option<u16>) -> Self {
-        Specialization {
-            param_table_bytes: bytes,
-            ..self
-        }
-    }
-
     /// The same with the blocks' timelines recorded or not.
     pub fn with_block_stamps(self, on: bool) -> Self {
         Specialization {
             block_stamps: on,
-            ..self
-        }
-    }
-
-    /// The same with the gate/up tiles staged by bulk copies or not.
-    pub fn with_bulk_stage(self, on: bool) -> Self {
-        Specialization {
-            bulk_stage: on,
             ..self
         }
     }
@@ -221,23 +167,11 @@ impl Specialization {
         if self.e2m1_split {
             d.push("-DFT_E2M1_SPLIT=1".to_string());
         }
-        if self.pipe_stages > 1 {
-            d.push(format!("-DFT_PIPE_STAGES={}", self.pipe_stages));
-        }
         if self.e4m3_cvt {
             d.push("-DFT_E4M3_CVT=1".to_string());
         }
-        if self.prefetch_down {
-            d.push("-DFT_PREFETCH_DOWN=1".to_string());
-        }
-        if let Some(n) = self.param_table_bytes {
-            d.push(format!("-DFT_PARAM_TABLE_BYTES={n}"));
-        }
         if self.block_stamps {
             d.push("-DFT_STAMPS=1".to_string());
-        }
-        if self.bulk_stage {
-            d.push("-DFT_BULK_STAGE=1".to_string());
         }
         d
     }
@@ -271,40 +205,14 @@ mod tests {
             Specialization::experts(3, 1).with_e2m1_split(true),
             "a module per choice"
         );
-        assert_eq!(
-            Specialization::experts(3, 1).with_pipe_stages(1).defines(),
-            ["-DFT_FMT=3", "-DFT_ACT=1"],
-            "one stage is the whole tile, no definition"
-        );
-        assert_eq!(
-            Specialization::experts(3, 1).with_pipe_stages(4).defines(),
-            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_PIPE_STAGES=4"]
-        );
         let src = KernelId::Experts.source();
         assert!(src.contains("#ifdef FT_FMT") && src.contains("#ifdef FT_ACT"));
         assert!(src.contains("#ifndef FT_E2M1_SPLIT"));
-        assert!(src.contains("#ifndef FT_PIPE_STAGES"));
         assert_eq!(
-            Specialization::experts(3, 1)
-                .with_e4m3_cvt(true)
-                .with_prefetch_down(true)
-                .defines(),
-            [
-                "-DFT_FMT=3",
-                "-DFT_ACT=1",
-                "-DFT_E4M3_CVT=1",
-                "-DFT_PREFETCH_DOWN=1"
-            ]
+            Specialization::experts(3, 1).with_e4m3_cvt(true).defines(),
+            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_E4M3_CVT=1"]
         );
         assert!(src.contains("#ifndef FT_E4M3_CVT"));
-        assert!(src.contains("#ifndef FT_PREFETCH_DOWN"));
-        assert_eq!(
-            Specialization::experts(3, 1)
-                .with_param_table_bytes(Some(512))
-                .defines(),
-            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_PARAM_TABLE_BYTES=512"]
-        );
-        assert!(COMMON.contains("#ifndef FT_PARAM_TABLE_BYTES"));
         assert_eq!(
             Specialization::experts(3, 1)
                 .with_block_stamps(true)
@@ -312,18 +220,21 @@ mod tests {
             ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_STAMPS=1"]
         );
         assert!(src.contains("#ifndef FT_STAMPS"));
-        assert_eq!(
-            Specialization::experts(3, 1)
-                .with_bulk_stage(true)
-                .defines(),
-            ["-DFT_FMT=3", "-DFT_ACT=1", "-DFT_BULK_STAGE=1"]
-        );
-        assert!(src.contains("#ifndef FT_BULK_STAGE"));
+        // The removed paths' definitions are gone from the sources, not left as dead code.
+        for gone in [
+            "FT_PIPE_STAGES",
+            "FT_PREFETCH_DOWN",
+            "FT_BULK_STAGE",
+            "ft_experts_layer_1",
+            "ft_experts_down_1x",
+        ] {
+            assert!(!src.contains(gone), "experts.cu still holds {gone}");
+        }
+        assert!(!COMMON.contains("#ifndef FT_PARAM_TABLE_BYTES"));
     }
 
     /// Both ways: every listed entry point is defined, and every `extern "C"` kernel of a
-    /// unit is listed (a kernel left off the list cannot be looked up: the cross-task down
-    /// kernel's first GPU run, 2026-12-06, failed so).
+    /// unit is listed (a kernel left off the list cannot be looked up at run time).
     #[test]
     fn every_entry_point_is_defined_in_its_source() {
         for k in KernelId::ALL {

@@ -25,6 +25,7 @@ use ft_model::{ExpertFormat, ExpertId};
 use ft_runtime::bank::HostBank;
 use ft_runtime::block_stamps::{self, batch_timeline, BatchTimeline, BlockStamp};
 use ft_runtime::dense::{DenseRead, DENSE_OUT_BYTES};
+use ft_runtime::device::tuning::CUDA_EXPERT_PATH;
 use ft_runtime::device::{CopySubmit, CudaTuning};
 use ft_runtime::gather::{self, GatherMethod};
 use ft_runtime::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
@@ -80,13 +81,10 @@ struct GatherRow {
     linear_h2d_gbs: f64,
     copy_engine_gbs: f64,
     zero_copy_gbs: f64,
-    /// The copy engines with the gather's copies in one batched call
-    /// (`FT_CUDA_COPY_BATCH=1`; equal to one copy each where the driver lacks it): the
-    /// runtime's default submission since 2026-12-05, so a candidate for `best`.
+    /// The copy engines with the gather's copies in one batched call (`CopySubmit::Batch`;
+    /// equal to one copy each where the driver lacks it): the runtime's submission, so a
+    /// candidate for `best`.
     copy_batch_gbs: f64,
-    /// The copy engines with every other copy on a second stream (`FT_CUDA_COPY_SPLIT=1`).
-    /// Off by default, so not a candidate for `best`.
-    copy_split_gbs: f64,
     best: String,
     best_over_linear: f64,
     target: f64,
@@ -100,11 +98,8 @@ struct KernelRow {
     tokens: usize,
     /// Tokens per pass of the kernel instantiation: "auto" (chosen by the launch) or forced.
     variant: String,
-    /// How the weights reach the kernels: "staged+pdl" (tiles staged in shared memory, the
-    /// down kernel launched as a programmatic dependent launch), "staged" (no dependent
-    /// launch) or "direct" (read from global memory as computed: the path before staging);
-    /// then "+split" (the one-token split-sign e2m1 dot) and "+pipeN" (gate/up tiles staged
-    /// in N pipelined column stages) where on (`CudaTuning::expert_path`).
+    /// The kernels' path (`CudaTuning::expert_path`): the one path, `+stamps` where the
+    /// block timelines were compiled in.
     path: String,
     bytes: u64,
     /// Device time per launch with the queue kept full: a batch of launches queued behind a
@@ -241,97 +236,47 @@ type KernelCase = (ActivationPath, usize, Option<usize>, &'static str, usize);
 fn kernel_cases() -> Vec<KernelCase> {
     // (act, tokens per expert, forced variant, path, experts of the layer; ALL: the
     // target's 10): 0 tokens runs both kernels with no work (the fixed cost: two launches,
-    // the ticket); the forced rows compare the instantiations, and the path rows the kernel
-    // paths (module docs of ft_runtime::device::tuning), on the same launch (A/B in one run).
-    // Paths measured slower and kept off (staged tiles without the dependent launch, the
-    // pipelined staging at 4 and 8 tokens) have their rows in the results of 2026-12-05.
+    // the ticket); the forced rows compare the instantiations on the same launch (A/B in one
+    // run). The kernel paths measured against this one have their rows in the results that
+    // experiments/gpu-backend/README.md, "Removed switches", lists.
     const F32: ActivationPath = ActivationPath::F32;
     const INT8: ActivationPath = ActivationPath::Int8;
     const ALL: usize = LAYER_EXPERTS;
+    const P: &str = CUDA_EXPERT_PATH;
     #[rustfmt::skip]
     let cases = vec![
-        (F32, 1, None, "staged+pdl", ALL),
-        (INT8, 1, None, "staged+pdl", ALL),
-        (INT8, 1, None, "staged+pdl+split", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide", ALL),
-        // The gate/up launch chained to the kernel before it (2026-12-06).
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", ALL),
-        // The cross-task down kernel (2026-12-06), alone (one row group unless forced, and
-        // each forced) and chained.
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross1", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross2", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+cross", ALL),
-        // Whole gate/up tiles by bulk copies, each warp's rows on its own mbarrier
-        // (2026-12-06), alone and chained.
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain+bulk", ALL),
-        // One launch for both halves (2026-12-06), and its unstaged form.
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", ALL),
-        (INT8, 1, None, "direct+split+cvt+wide+fused", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", ALL),
-        // Twice the down blocks, each half the rows (2026-12-06).
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+short", ALL),
-        (INT8, 1, None, "staged+pdl+split+l2down", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+l2down", ALL),
-        (INT8, 1, None, "staged+pdl+split+small", ALL),
-        (INT8, 1, None, "staged+pdl+split+cvt+l2down+small", ALL),
-        // Pipelined staging again, the rows' factors no longer staged by a stalling copy.
-        (INT8, 1, None, "staged+pdl+split+pipe2+cvt+wide", ALL),
-        (INT8, 1, None, "staged+pdl+split+pipe4+cvt+wide", ALL),
-        (INT8, 1, None, "direct+split", ALL),
-        (INT8, 1, None, "direct", ALL),
-        (INT8, 1, Some(8), "staged+pdl", ALL),
-        (INT8, 0, None, "staged+pdl", ALL),
-        (INT8, 0, None, "staged+pdl+split+cvt+wide", ALL),
-        (INT8, 0, None, "staged+pdl+split+cvt+wide+fused", ALL),
-        (INT8, 0, None, "staged+pdl+split+cvt+wide+chain", ALL),
-        (INT8, 0, None, "staged+pdl+split+cvt+wide+cross", ALL),
-        (INT8, 0, None, "staged+pdl+small", ALL),
-        (INT8, 0, None, "direct", ALL),
-        (INT8, 4, None, "staged+pdl", ALL),
-        (INT8, 4, None, "staged+pdl+cvt+wide", ALL),
-        (INT8, 4, None, "staged+pdl+cvt+wide+chain", ALL),
-        (INT8, 4, None, "staged+pdl+cvt+wide+bulk", ALL),
-        (INT8, 4, None, "direct", ALL),
-        (INT8, 4, Some(8), "staged+pdl", ALL),
-        (INT8, 8, None, "staged+pdl", ALL),
-        (INT8, 8, None, "staged+pdl+cvt+wide", ALL),
-        (INT8, 8, None, "staged+pdl+cvt+wide+chain", ALL),
-        (INT8, 8, None, "staged+pdl+cvt+wide+bulk", ALL),
-        (INT8, 8, None, "direct", ALL),
-        (F32, 8, None, "staged+pdl", ALL),
+        (F32, 1, None, P, ALL),
+        (INT8, 1, None, P, ALL),
+        (INT8, 1, Some(8), P, ALL),
+        (INT8, 0, None, P, ALL),
+        (INT8, 4, None, P, ALL),
+        (INT8, 4, Some(8), P, ALL),
+        (INT8, 8, None, P, ALL),
+        (F32, 8, None, P, ALL),
         // Small grids (fewer gate/up blocks than multiprocessors): one and two experts, as
         // the last fetched chunk of a layer launches them.
-        (INT8, 1, None, "staged+pdl+split", 1),
-        (INT8, 1, None, "staged+pdl+split+wide", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+chain", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 1),
-        (INT8, 1, None, "staged+pdl+split+cvt+l2down+wide+fused", 1),
-        (INT8, 1, None, "staged+pdl+split", 2),
-        (INT8, 1, None, "staged+pdl+split+wide", 2),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide", 2),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+cross", 2),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+bulk", 2),
-        (INT8, 1, None, "staged+pdl+split+cvt+wide+fused", 2),
+        (INT8, 1, None, P, 1),
+        (INT8, 1, None, P, 2),
     ];
     cases
 }
 
-/// The tuning a case's path names (`staged+pdl+split+cvt+wide+cross2`, ...;
-/// [`CudaTuning::with_path`]), with `forced` as its variant and the copy submission as in
-/// `opened`.
+/// The tuning of a case: `forced` as its variant, the rest as `opened`; its path must be
+/// the kernels' one path ([`CUDA_EXPERT_PATH`]).
 fn case_tuning(
     path: &str,
     forced: Option<usize>,
     opened: CudaTuning,
 ) -> ft_runtime::Result<CudaTuning> {
+    if path != CUDA_EXPERT_PATH {
+        return Err(ft_runtime::RuntimeError::invalid(
+            format!("expert path '{path}'"),
+            format!("the expert kernels have one path, {CUDA_EXPERT_PATH}"),
+        ));
+    }
     Ok(CudaTuning {
         expert_variant: forced,
-        ..opened.with_path(path)?
+        ..opened
     })
 }
 
@@ -578,15 +523,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         let mut per = Vec::new();
-        // The two methods, then the copy engines again with batched submission, and split
-        // over two streams.
+        // The two methods, then the copy engines again with batched submission.
         let ways = GatherMethod::ALL
             .into_iter()
             .map(|m| (m, CopySubmit::Each))
-            .chain([
-                (GatherMethod::CopyEngine, CopySubmit::Batch),
-                (GatherMethod::CopyEngine, CopySubmit::Split),
-            ]);
+            .chain([(GatherMethod::CopyEngine, CopySubmit::Batch)]);
         for (m, copies) in ways {
             tune(CudaTuning { copies, ..opened })?;
             let mut v = Vec::new();
@@ -625,7 +566,6 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             copy_engine_gbs: per[0],
             zero_copy_gbs: per[1],
             copy_batch_gbs: per[2],
-            copy_split_gbs: per[3],
             best: best.into(),
             best_over_linear: best_gbs / linear,
             target: GATHER_TARGET,
@@ -651,11 +591,11 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             continue;
         }
         let (act, tokens, forced, path, layer_experts) = case;
-        let tuning = case_tuning(path, forced, opened)?;
-        tune(CudaTuning {
+        let tuning = CudaTuning {
             block_stamps: stamps,
-            ..tuning
-        })?;
+            ..case_tuning(path, forced, opened)?
+        };
+        tune(tuning)?;
         let steps: Vec<ExpertStep> = (0..ROTATE_LAYERS)
             .map(|l| {
                 let mut st =
@@ -727,7 +667,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             experts: layer_experts,
             tokens,
             variant: variant_name(forced),
-            path: path.into(),
+            path: tuning.expert_path(),
             bytes,
             queued_us,
             event_us: ev,
@@ -810,23 +750,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             r.target,
             r.pass
         )?;
-        // The copy engines' other submissions, against the same linear copy.
-        for (kind, gbs) in [
-            ("gather-batch", r.copy_batch_gbs),
-            ("gather-split", r.copy_split_gbs),
-        ] {
-            writeln!(
-                csv,
-                "{kind},{},{:.3},{:.3},{:.3},{:.4},{},{}",
-                r.experts,
-                r.linear_h2d_gbs,
-                gbs,
-                r.copy_engine_gbs,
-                gbs / r.linear_h2d_gbs,
-                r.target,
-                gbs / r.linear_h2d_gbs >= r.target
-            )?;
-        }
+        // The copy engines with batched submission, against the same linear copy.
+        let gbs = r.copy_batch_gbs;
+        writeln!(
+            csv,
+            "gather-batch,{},{:.3},{:.3},{:.3},{:.4},{},{}",
+            r.experts,
+            r.linear_h2d_gbs,
+            gbs,
+            r.copy_engine_gbs,
+            gbs / r.linear_h2d_gbs,
+            r.target,
+            gbs / r.linear_h2d_gbs >= r.target
+        )?;
     }
     for r in &report.kernel {
         writeln!(
@@ -858,26 +794,24 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         layer_bytes >> 20
     );
     println!(
-        "{:>8} {:>11} {:>12} {:>10} {:>11} {:>11} {:>12} {:>9} {:>5}",
+        "{:>8} {:>11} {:>12} {:>10} {:>11} {:>12} {:>9} {:>5}",
         "experts",
         "linear H2D",
         "copy-engine",
         "zero-copy",
         "copy-batch",
-        "copy-split",
         "best/linear",
         "target",
         "pass"
     );
     for r in &report.gather {
         println!(
-            "{:>8} {:>11.2} {:>12.2} {:>10.2} {:>11.2} {:>11.2} {:>12.3} {:>9.2} {:>5}",
+            "{:>8} {:>11.2} {:>12.2} {:>10.2} {:>11.2} {:>12.3} {:>9.2} {:>5}",
             r.experts,
             r.linear_h2d_gbs,
             r.copy_engine_gbs,
             r.zero_copy_gbs,
             r.copy_batch_gbs,
-            r.copy_split_gbs,
             r.best_over_linear,
             r.target,
             r.pass
@@ -959,15 +893,23 @@ mod tests {
     }
 
     #[test]
-    fn every_case_path_names_the_tuning_it_parses_to() {
+    fn every_case_runs_the_one_path_with_its_variant() {
         for (_, _, forced, path, _) in kernel_cases() {
             let t = case_tuning(path, forced, CudaTuning::default()).unwrap();
             assert_eq!(t.expert_path(), path);
             assert_eq!(t.expert_variant, forced);
         }
+        let e = case_tuning(
+            "staged+pdl+split+cvt+wide+fused",
+            None,
+            CudaTuning::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("+fused") && e.contains(CUDA_EXPERT_PATH), "{e}");
     }
 
-    /// The 2026-12-06 H100 run's numbers: 7.07 us with no work, 27.7 MB at 2850 GB/s, a
+    /// An H100 run's numbers: 7.07 us with no work, 27.7 MB at 2850 GB/s, a
     /// 3000 GB/s read+write copy.
     #[test]
     fn the_floor_adds_the_no_work_layer_and_the_bytes_at_the_dense_rate() {

@@ -243,11 +243,6 @@ const CUDA_THREADS: u32 = 256;
 /// tables are staged.
 pub const CUDA_PARAM_TABLE_BYTES: usize = 3072;
 
-/// The launch table parameter of the expert modules built for small tables
-/// ([`crate::device::CudaTuning::small_table`]): a one-token layer of up to 16 experts fits.
-/// A launch whose table is larger takes the default module.
-pub const CUDA_SMALL_PARAM_TABLE_BYTES: usize = 512;
-
 /// Bytes at the start of the scratch reserved for the down kernel's row-tile counters
 /// (zero between launches: the last block of each tile resets its counter).
 const CUDA_COUNTER_BYTES: usize = 64 * 1024;
@@ -354,39 +349,22 @@ pub fn cuda_tables(step: &ExpertStep, weights: u64) -> CudaTables {
 }
 
 /// The module of the expert kernels that runs `step`: specialized for its format and
-/// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where `tuning`
-/// asks for it and the step can use it (nvfp4 and mxfp4, int8 path), the gate/up tiles
-/// in pipelined column stages where `tuning` stages tiles in more than one, the hardware
-/// scale decode (nvfp4) and the down prefetch where asked, the block timelines where asked,
-/// the gate/up tiles by bulk copies where asked (staged whole tiles),
-/// and the small launch table
-/// parameter where asked and the launch's table of `table_bytes` fits it.
+/// activation path (`kernels/cuda/experts.cu`), with the split-sign e2m1 dot where the step
+/// can use it (nvfp4 and mxfp4, int8 path), the hardware scale decode for nvfp4, and the
+/// block timelines where `tuning` asks for them (development only).
 pub fn cuda_specialization(
     step: &ExpertStep,
     tuning: &CudaTuning,
-    table_bytes: usize,
 ) -> ft_kernels::cuda_sources::Specialization {
-    let split = tuning.e2m1_split
-        && matches!(step.format, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4)
+    let split = matches!(step.format, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4)
         && step.act == ActivationPath::Int8;
     ft_kernels::cuda_sources::Specialization::experts(
         cuda_format_code(step.format),
         cuda_act_code(step.act),
     )
     .with_e2m1_split(split)
-    .with_pipe_stages(if tuning.staged_tiles {
-        tuning.pipe_stages
-    } else {
-        1
-    })
-    .with_e4m3_cvt(tuning.e4m3_cvt && step.format == ExpertFormat::Nvfp4)
-    .with_prefetch_down(tuning.prefetch_down && tuning.staged_tiles)
+    .with_e4m3_cvt(step.format == ExpertFormat::Nvfp4)
     .with_block_stamps(tuning.block_stamps)
-    .with_bulk_stage(tuning.bulk_stage())
-    .with_param_table_bytes(
-        (tuning.small_table && table_bytes <= CUDA_SMALL_PARAM_TABLE_BYTES)
-            .then_some(CUDA_SMALL_PARAM_TABLE_BYTES as u16),
-    )
 }
 
 /// Scratch layout of a CUDA launch: byte offsets of (O, hf, hq, hs) after the counters, and
@@ -460,8 +438,8 @@ const CUDA_VARIANTS: [CudaVariant; 4] = [
     },
 ];
 
-/// The one-token instantiation for launches of fewer gate/up blocks than the device has
-/// multiprocessors ([`crate::device::CudaTuning::small_grid`]): each block then runs alone
+/// The one-token instantiation for launches of no more gate/up blocks than the device has
+/// multiprocessors ([`cuda_small_grid`]): each block then runs alone
 /// on its multiprocessor, so the gate/up kernel takes 512 threads with one dot per
 /// half-warp (`WIDE` in `kernels/cuda/experts.cu`) and the down kernel half the rows per
 /// block of `ft_experts_down_1` (`DOWN_R_1S`). The same arithmetic, so the same bits.
@@ -474,129 +452,15 @@ pub const CUDA_SMALL_GRID_VARIANT: CudaVariant = CudaVariant {
     gate_up_threads: 2 * CUDA_THREADS,
 };
 
-/// The default one-token instantiation with the small-grid down kernel (half the rows per
-/// block, [`crate::device::CudaTuning::short_down`]).
-pub const CUDA_SHORT_DOWN_VARIANT: CudaVariant = CudaVariant {
-    down: CUDA_SMALL_GRID_VARIANT.down,
-    down_direct: CUDA_SMALL_GRID_VARIANT.down_direct,
-    down_rows: CUDA_SMALL_GRID_VARIANT.down_rows,
-    ..CUDA_VARIANTS[0]
-};
-
 /// Whether a launch of `gate_up_blocks` gate/up blocks with `variant` takes the small-grid
-/// instantiation on a device of `multiprocessors` where `tuning` asks for it: one-token
-/// launches of at most one gate/up block per multiprocessor, whole staged tiles (the wide
-/// kernel has no pipelined staging).
+/// instantiation on a device of `multiprocessors`: one-token launches of at most one
+/// gate/up block per multiprocessor.
 pub fn cuda_small_grid(
-    tuning: &CudaTuning,
     variant: CudaVariant,
     gate_up_blocks: usize,
     multiprocessors: usize,
 ) -> bool {
-    tuning.small_grid
-        && variant.tokens_per_pass == 1
-        && tuning.pipe_stages == 1
-        && gate_up_blocks <= multiprocessors
-}
-
-/// The cross-task down kernel's entry point (`ft_experts_down_1x` in
-/// `kernels/cuda/experts.cu`).
-pub const CUDA_CROSS_DOWN_ENTRY: &str = "ft_experts_down_1x";
-
-/// Most tasks of a launch the cross-task down kernel takes (`CROSS_MAX_TASKS` there).
-pub const CUDA_CROSS_MAX_TASKS: usize = 16;
-
-/// How a launch runs the cross-task down kernel ([`crate::device::CudaTuning::cross_down`]):
-/// each block takes `rows` rows of every task, `half_warps_per_task` half-warps per task
-/// (each with the one-token kernel's `DOWN_R_1` rows), and adds the tasks' partial rows per
-/// token itself, so no block waits for a ticket and none combines after the others.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CudaCrossDown {
-    /// Half-warps of a block per task: 16 over the tasks rounded up to a power of two (the
-    /// two half-warps of a warp then hold the same rows or none).
-    pub half_warps_per_task: usize,
-    /// Groups of the one-token kernel's rows each half-warp takes one after the other.
-    pub row_groups: usize,
-    /// Rows of the block's tile: its grid's x is `hidden / rows`, rounded up.
-    pub rows: usize,
-    /// Threads per block: the tasks' half-warps, rounded up to a warp (a block of 256
-    /// threads with idle half-warps took two waves of blocks for ten tasks).
-    pub threads: u32,
-}
-
-/// The cross-task down plan of a launch of `tasks` tasks whose largest holds
-/// `max_task_pairs` pairs, where `tuning` asks for it: one-token launches (at most one pair
-/// per task, so at most one partial row per task and row) of 1 to [`CUDA_CROSS_MAX_TASKS`]
-/// tasks with staged tiles; `None` otherwise (the launch takes the down kernel of its
-/// variant). One row group per half-warp unless the tuning forces two: two (half the blocks,
-/// where one group put up to seven on a multiprocessor) lost 3.6 us against one on an H100's
-/// ten-task layer once the copies were issued by warps (2026-12-06, `experiments/
-/// gpu-backend`, "A down kernel across tasks"). The one-launch layer, where on, takes
-/// precedence.
-pub fn cuda_cross_down(
-    tuning: &CudaTuning,
-    max_task_pairs: usize,
-    tasks: usize,
-) -> Option<CudaCrossDown> {
-    let on = tuning.cross_down
-        && tuning.staged_tiles
-        && tuning.expert_variant.is_none_or(|v| v == 1)
-        && max_task_pairs <= 1
-        && (1..=CUDA_CROSS_MAX_TASKS).contains(&tasks);
-    if !on {
-        return None;
-    }
-    let half_warps_per_task = 16 / tasks.next_power_of_two();
-    let group_rows = half_warps_per_task * CUDA_VARIANTS[0].down_rows / 16;
-    let row_groups = tuning.cross_row_groups.map_or(1, usize::from);
-    Some(CudaCrossDown {
-        half_warps_per_task,
-        row_groups,
-        rows: group_rows * row_groups,
-        threads: (16 * half_warps_per_task * tasks).next_multiple_of(32) as u32,
-    })
-}
-
-/// The one-launch layer (`ft_experts_layer_1` in `kernels/cuda/experts.cu`,
-/// [`crate::device::CudaTuning::fused_layer`]): a one-dimensional grid in which the block
-/// holding ticket `t` does gate/up item `t` (task `t / gate_up_per_task`) where there is
-/// one, then down item `t - shift` (task `(t - shift) / down_per_task`) where there is one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CudaFusedGrid {
-    /// Blocks of the launch.
-    pub blocks: usize,
-    /// Tickets between a down item and the block that does it.
-    pub shift: usize,
-}
-
-/// The fused grid of `tasks` tasks of `gate_up_per_task` gate/up items (row blocks of h)
-/// and `down_per_task` down items (row tiles) each: the least shift that puts every down
-/// item's ticket at or after the last gate/up ticket of its task (the items it waits for),
-/// so that a block never waits for a block that started after it. For task `e`, down item
-/// `j` has ticket `e * down_per_task + j + shift` and needs `(e + 1) * gate_up_per_task - 1`
-/// or more; the tightest is `j = 0` at the last task where gate/up has more items per task,
-/// at the first otherwise.
-pub fn cuda_fused_grid(
-    tasks: usize,
-    gate_up_per_task: usize,
-    down_per_task: usize,
-) -> CudaFusedGrid {
-    let shift = gate_up_per_task.saturating_sub(1)
-        + tasks.saturating_sub(1) * gate_up_per_task.saturating_sub(down_per_task);
-    CudaFusedGrid {
-        blocks: (tasks * gate_up_per_task).max(tasks * down_per_task + shift),
-        shift,
-    }
-}
-
-/// The one-launch layer's entry point in `kernels/cuda/experts.cu`.
-pub const CUDA_FUSED_ENTRY: &str = "ft_experts_layer_1";
-
-/// Whether a launch takes the one-launch layer: asked for, a one-token launch (the
-/// instantiation holds one token per pass) on the int8 path (the fused kernel reads h
-/// through L2 in the int8 branch alone).
-pub fn cuda_fused(tuning: &CudaTuning, variant: CudaVariant, act: ActivationPath) -> bool {
-    tuning.fused_layer && variant.tokens_per_pass == 1 && act == ActivationPath::Int8
+    variant.tokens_per_pass == 1 && gate_up_blocks <= multiprocessors
 }
 
 /// The instantiation for a launch whose largest task has `max_task_pairs` tokens: the
@@ -669,14 +533,13 @@ pub struct CudaStaging {
 }
 
 /// The shared-memory plan of a launch of `variant` with `tch` tokens per gate/up pass, on a
-/// device that lets a block have `max_shared` bytes of dynamic shared memory; `enabled`
-/// false reads every weight from global memory (the path before staging).
+/// device that lets a block have `max_shared` bytes of dynamic shared memory: a tile that
+/// fits is staged, a larger one read from global memory as the block computes.
 pub fn cuda_staging(
     step: &ExpertStep,
     variant: CudaVariant,
     tch: usize,
     max_shared: usize,
-    enabled: bool,
 ) -> Result<CudaStaging> {
     let act = tch * cuda_token_shared_bytes(step);
     let limit = max_shared.min(CUDA_STAGED_SHARED_MAX);
@@ -685,12 +548,12 @@ pub fn cuda_staging(
     let gate_up_staged = off + 2 * cuda_staged_tile_bytes(step.format, step.hidden, g)?;
     let down_rows = variant.down_rows.min(step.hidden);
     let down_staged = cuda_staged_tile_bytes(step.format, step.intermediate, down_rows)?;
-    let (gate_up_stage_off, gate_up_shared) = if enabled && gate_up_staged <= limit {
+    let (gate_up_stage_off, gate_up_shared) = if gate_up_staged <= limit {
         (off, gate_up_staged)
     } else {
         (0, act)
     };
-    let down = enabled && down_staged <= limit;
+    let down = down_staged <= limit;
     Ok(CudaStaging {
         gate_up_stage_off,
         gate_up_shared,
@@ -740,23 +603,9 @@ pub(crate) struct CudaGate {
     pub value: u32,
 }
 
-/// The kernels one launch of the expert kernels runs: the gate/up and down pair (the down
-/// kernel across tasks where its plan and dynamic shared memory are set), or the one-launch
-/// layer.
-#[cfg(feature = "cuda")]
-enum LaunchKernels {
-    Two(
-        cudarc::driver::CudaFunction,
-        cudarc::driver::CudaFunction,
-        Option<(CudaCrossDown, usize)>,
-    ),
-    Fused(cudarc::driver::CudaFunction),
-}
-
 /// The expert kernels' parameters by name, in their order: what every kernel begins with
 /// (`kernels/cuda/experts.cu`'s TABLE_ARGS, then format, path and shape); then the gate/up
-/// kernels' own (GATE_UP_ARGS), the down kernels' (DOWN_ARGS), the cross-task down kernel's
-/// after DOWN_ARGS, and the one-launch layer's (LAYER_ARGS). [`cuda_launch`] passes one
+/// kernels' own (GATE_UP_ARGS) and the down kernels' (DOWN_ARGS). [`cuda_launch`] passes one
 /// pointer per name in this order, and a test reads the names back out of the source, so a
 /// parameter added on one side only fails here instead of on a GPU.
 pub const CUDA_COMMON_PARAMS: [&str; 11] = [
@@ -776,26 +625,6 @@ pub const CUDA_COMMON_PARAMS: [&str; 11] = [
 pub const CUDA_GATE_UP_PARAMS: [&str; 6] = ["x", "tch", "hf", "hq", "hs", "stage_off"];
 /// See [`CUDA_COMMON_PARAMS`].
 pub const CUDA_DOWN_PARAMS: [&str; 8] = ["T", "O", "hf", "hq", "hs", "counters", "y", "fold"];
-/// See [`CUDA_COMMON_PARAMS`].
-pub const CUDA_CROSS_DOWN_PARAMS: [&str; 3] = ["n_tasks", "hpt", "reps"];
-/// See [`CUDA_COMMON_PARAMS`].
-pub const CUDA_LAYER_PARAMS: [&str; 14] = [
-    "T",
-    "x",
-    "O",
-    "hf",
-    "hq",
-    "hs",
-    "counters",
-    "y",
-    "stage_off",
-    "down_stage",
-    "fold",
-    "n_tasks",
-    "fz",
-    "shift",
-];
-
 /// Queue the CUDA expert kernels of `step` (weights, x, y are device addresses), with the
 /// layer's combine folded into the down kernel where `fold.act` is set, every block waiting
 /// for `gate` first where it is set.
@@ -834,22 +663,12 @@ pub(crate) fn cuda_launch(
         Some(v) => v,
         None => cuda_variant(t.max_task_pairs),
     };
-    // The one-launch layer's counters follow its row tiles' (its ticket, finished blocks, one
-    // ready count per task), on their own cache line; a launch whose counters would not fit
-    // takes the two launches, as any launch the fused layer does not take.
-    let fused_counters = step.hidden.div_ceil(variant.down_rows).next_multiple_of(32);
-    let fused = cuda_fused(&tuning, variant, step.act)
-        && (fused_counters + 2 + step.experts.len()) * 4 <= CUDA_COUNTER_BYTES;
-    let variant = if !fused
-        && cuda_small_grid(
-            &tuning,
-            variant,
-            step.experts.len() * step.intermediate / cuda_group(step.format),
-            stream.shared().multiprocessors,
-        ) {
+    let variant = if cuda_small_grid(
+        variant,
+        step.experts.len() * step.intermediate / cuda_group(step.format),
+        stream.shared().multiprocessors,
+    ) {
         CUDA_SMALL_GRID_VARIANT
-    } else if !fused && tuning.short_down && variant == CUDA_VARIANTS[0] {
-        CUDA_SHORT_DOWN_VARIANT
     } else {
         variant
     };
@@ -861,27 +680,10 @@ pub(crate) fn cuda_launch(
         ));
     }
     let tch = tch.min(variant.tokens_per_pass);
-    let staging = cuda_staging(
-        step,
-        variant,
-        tch,
-        stream.shared().shared_optin_bytes,
-        tuning.staged_tiles,
-    )?;
-    let pdl = tuning.dependent_launch;
-    // The cross-task down kernel where asked and its tiles (every task's rows of a block)
-    // fit the shared memory a staged tile may take.
-    let cross = match cuda_cross_down(&tuning, t.max_task_pairs, step.experts.len()) {
-        Some(c) if !fused && staging.down_staged => {
-            let bytes = step.experts.len()
-                * cuda_staged_tile_bytes(step.format, step.intermediate, c.rows)?;
-            (bytes <= staging.shared_limit).then_some((c, bytes))
-        }
-        _ => None,
-    };
+    let staging = cuda_staging(step, variant, tch, stream.shared().shared_optin_bytes)?;
     let ([o_off, hf_off, hq_off, hs_off], total) = cuda_scratch_layout(step, t.pairs.max(1));
     let scratch = stream.scratch(total)?;
-    let spec = cuda_specialization(step, &tuning, t.bytes.len());
+    let spec = cuda_specialization(step, &tuning);
     // The launch's kernels (compiled at first use), looked up before its table takes an
     // argument slot.
     let kernel = |entry: &'static str| {
@@ -889,18 +691,12 @@ pub(crate) fn cuda_launch(
             .shared()
             .function_spec(KernelId::Experts, spec, entry)
     };
-    let kernels = if fused {
-        LaunchKernels::Fused(kernel(CUDA_FUSED_ENTRY)?)
+    let down_entry = if staging.down_staged {
+        variant.down
     } else {
-        let down_entry = if cross.is_some() {
-            CUDA_CROSS_DOWN_ENTRY
-        } else if staging.down_staged {
-            variant.down
-        } else {
-            variant.down_direct
-        };
-        LaunchKernels::Two(kernel(variant.gate_up)?, kernel(down_entry)?, cross)
+        variant.down_direct
     };
+    let (gate_up, down) = (kernel(variant.gate_up)?, kernel(down_entry)?);
     let table = stream.table_arg(&t.bytes)?;
     let [_, o_pairs, o_begin, o_tok] = t.offsets.map(|o| o as u32);
     let (o, hf, hq, hs) = (
@@ -921,9 +717,8 @@ pub(crate) fn cuda_launch(
     let n_tasks = step.experts.len() as u32;
     let g = cuda_group(step.format);
     let stage_off = staging.gate_up_stage_off as u32;
-    let down_stage = u32::from(staging.down_staged);
     // One pointer to each argument, in the kernels' order (CUDA_COMMON_PARAMS and the
-    // others: experts.cu's GATE_UP_ARGS, DOWN_ARGS and LAYER_ARGS).
+    // others: experts.cu's GATE_UP_ARGS and DOWN_ARGS).
     fn p<T>(v: &T) -> *mut std::ffi::c_void {
         v as *const T as *mut std::ffi::c_void
     }
@@ -943,125 +738,55 @@ pub(crate) fn cuda_launch(
         p(&h),
         p(&i),
     ];
-    match kernels {
-        LaunchKernels::Fused(layer) => {
-            let grid = cuda_fused_grid(step.experts.len(), step.intermediate / g, down_tiles);
-            let (fz, shift) = (fused_counters as u32, grid.shift as u32);
-            let mut layer_args: Vec<_> = common
-                .iter()
-                .copied()
-                .chain([
-                    p(&tokens),
-                    p(&x),
-                    p(&o),
-                    p(&hf),
-                    p(&hq),
-                    p(&hs),
-                    p(&counters),
-                    p(&y),
-                    p(&stage_off),
-                    p(&down_stage),
-                    p(&fold),
-                    p(&n_tasks),
-                    p(&fz),
-                    p(&shift),
-                ])
-                .collect();
-            debug_assert_eq!(
-                layer_args.len(),
-                CUDA_COMMON_PARAMS.len() + CUDA_LAYER_PARAMS.len()
-            );
-            // SAFETY: the argument list matches ft_experts_layer_1 (LAYER_ARGS); every
-            // address was checked (validate) or allocated for this launch, and the values
-            // live until the call returns (the driver copies them at launch).
-            unsafe {
-                stream.launch_ex(
-                    &layer,
-                    (grid.blocks as u32, 1, 1),
-                    (CUDA_THREADS, 1, 1),
-                    staging.gate_up_shared.max(staging.down_shared) as u32,
-                    &mut layer_args,
-                    false,
-                )?;
-            }
-        }
-        LaunchKernels::Two(gate_up, down, cross) => {
-            let mut gate_up_args: Vec<_> = common
-                .iter()
-                .copied()
-                .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
-                .collect();
-            let mut down_args: Vec<_> = common
-                .iter()
-                .copied()
-                .chain([
-                    p(&tokens),
-                    p(&o),
-                    p(&hf),
-                    p(&hq),
-                    p(&hs),
-                    p(&counters),
-                    p(&y),
-                    p(&fold),
-                ])
-                .collect();
-            // The cross-task kernel: a row tile of every task per block; its tasks, half-warps
-            // per task and row groups after DOWN_ARGS.
-            let (n_tasks_arg, hpt, reps) = (
-                n_tasks as i32,
-                cross.map_or(0, |(c, _)| c.half_warps_per_task as i32),
-                cross.map_or(0, |(c, _)| c.row_groups as i32),
-            );
-            debug_assert_eq!(
-                gate_up_args.len(),
-                CUDA_COMMON_PARAMS.len() + CUDA_GATE_UP_PARAMS.len()
-            );
-            debug_assert_eq!(
-                down_args.len(),
-                CUDA_COMMON_PARAMS.len() + CUDA_DOWN_PARAMS.len()
-            );
-            let (down_grid, down_threads, down_shared) = match cross {
-                Some((c, shared)) => {
-                    down_args.extend([p(&n_tasks_arg), p(&hpt), p(&reps)]);
-                    (
-                        (step.hidden.div_ceil(c.rows) as u32, 1, 1),
-                        c.threads,
-                        shared,
-                    )
-                }
-                None => (
-                    (down_tiles as u32, n_tasks, 1),
-                    CUDA_THREADS,
-                    staging.down_shared,
-                ),
-            };
-            // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*
-            // (ft_experts_down_1x: DOWN_ARGS, then its tasks, half-warps per task and row
-            // groups);
-            // every address was checked (validate) or allocated for this launch, and the
-            // values live until the calls return (the driver copies them at launch).
-            // A chained gate/up launch may start while the kernel before it ends (it waits for
-            // that kernel in the kernel, before it reads x or writes h).
-            unsafe {
-                stream.launch_ex(
-                    &gate_up,
-                    ((step.intermediate / g) as u32, n_tasks, 1),
-                    (variant.gate_up_threads, 1, 1),
-                    staging.gate_up_shared as u32,
-                    &mut gate_up_args,
-                    tuning.chained_launch,
-                )?;
-                // The down kernel may start while gate/up runs (it waits for h in the kernel).
-                stream.launch_ex(
-                    &down,
-                    down_grid,
-                    (down_threads, 1, 1),
-                    down_shared as u32,
-                    &mut down_args,
-                    pdl,
-                )?;
-            }
-        }
+    let mut gate_up_args: Vec<_> = common
+        .iter()
+        .copied()
+        .chain([p(&x), p(&tch), p(&hf), p(&hq), p(&hs), p(&stage_off)])
+        .collect();
+    let mut down_args: Vec<_> = common
+        .iter()
+        .copied()
+        .chain([
+            p(&tokens),
+            p(&o),
+            p(&hf),
+            p(&hq),
+            p(&hs),
+            p(&counters),
+            p(&y),
+            p(&fold),
+        ])
+        .collect();
+    debug_assert_eq!(
+        gate_up_args.len(),
+        CUDA_COMMON_PARAMS.len() + CUDA_GATE_UP_PARAMS.len()
+    );
+    debug_assert_eq!(
+        down_args.len(),
+        CUDA_COMMON_PARAMS.len() + CUDA_DOWN_PARAMS.len()
+    );
+    // SAFETY: the argument lists match ft_experts_gate_up* and ft_experts_down*; every
+    // address was checked (validate) or allocated for this launch, and the values live until
+    // the calls return (the driver copies them at launch).
+    unsafe {
+        stream.launch_ex(
+            &gate_up,
+            ((step.intermediate / g) as u32, n_tasks, 1),
+            (variant.gate_up_threads, 1, 1),
+            staging.gate_up_shared as u32,
+            &mut gate_up_args,
+            false,
+        )?;
+        // The down kernel is a programmatic dependent of gate/up: it may start while gate/up
+        // runs, staging its own tiles, and waits for h in the kernel.
+        stream.launch_ex(
+            &down,
+            (down_tiles as u32, n_tasks, 1),
+            (CUDA_THREADS, 1, 1),
+            staging.down_shared as u32,
+            &mut down_args,
+            true,
+        )?;
     }
     stream.release_arg(table)
 }
@@ -1173,78 +898,11 @@ mod tests {
             cu_params(src, &cu_macro(src, "DOWN_ARGS")),
             with_common(&CUDA_DOWN_PARAMS)
         );
-        assert_eq!(
-            cu_params(src, &cu_macro(src, "LAYER_ARGS")),
-            with_common(&CUDA_LAYER_PARAMS)
-        );
-        // The cross-task down kernel: DOWN_ARGS, then its own.
-        let sig = src
-            .split("ft_experts_down_1x(")
-            .nth(1)
-            .and_then(|r| r.split(')').next())
-            .expect("the cross-task down kernel's signature");
-        let mut want = with_common(&CUDA_DOWN_PARAMS);
-        want.extend(CUDA_CROSS_DOWN_PARAMS.iter().map(|s| s.to_string()));
-        assert_eq!(cu_params(src, sig), want);
     }
 
     /// The `#define NAME value` of a kernel source, as a number.
     fn cu_define(src: &str, name: &str) -> usize {
         cu_macro(src, name).parse().unwrap()
-    }
-
-    /// The fused grid against a search of the least shift by brute force: every down item's
-    /// ticket at or after the last gate/up ticket of its task, one item of each kind per
-    /// ticket at most, every item in the grid.
-    #[test]
-    fn fused_grid_orders_every_down_item_after_its_gate_up_items() {
-        for tasks in 1..=12 {
-            for gpe in 1..=24 {
-                for dpe in 1..=24 {
-                    let after = |shift: usize| {
-                        (0..tasks * dpe).all(|d| d + shift + 1 >= (d / dpe + 1) * gpe)
-                    };
-                    let least = (0..).find(|&s| after(s)).unwrap();
-                    let g = cuda_fused_grid(tasks, gpe, dpe);
-                    assert_eq!(g.shift, least, "tasks {tasks}, gpe {gpe}, dpe {dpe}");
-                    assert_eq!(g.blocks, (tasks * gpe).max(tasks * dpe + least));
-                }
-            }
-        }
-        // The served one-token layer: 10 experts of 40 row blocks of h and 40 row tiles.
-        assert_eq!(
-            cuda_fused_grid(10, 40, 40),
-            CudaFusedGrid {
-                blocks: 439,
-                shift: 39
-            }
-        );
-    }
-
-    #[test]
-    fn short_down_blocks_keep_the_one_token_gate_up() {
-        let v = CUDA_SHORT_DOWN_VARIANT;
-        assert_eq!(v.gate_up, cuda_variant(1).gate_up);
-        assert_eq!(v.gate_up_threads, cuda_variant(1).gate_up_threads);
-        assert_eq!(v.tokens_per_pass, 1);
-        assert_eq!((v.down, v.down_rows), ("ft_experts_down_1s", 32));
-    }
-
-    #[test]
-    fn fused_only_for_one_token_int8_launches_where_asked() {
-        let on = CudaTuning {
-            fused_layer: true,
-            ..CudaTuning::default()
-        };
-        let one = cuda_variant(1);
-        assert!(cuda_fused(&on, one, ActivationPath::Int8));
-        assert!(!cuda_fused(&on, one, ActivationPath::F32));
-        assert!(!cuda_fused(&on, cuda_variant(2), ActivationPath::Int8));
-        assert!(!cuda_fused(
-            &CudaTuning::default(),
-            one,
-            ActivationPath::Int8
-        ));
     }
 
     #[test]
@@ -1272,11 +930,6 @@ mod tests {
             wide.gate_up_threads, wide.gate_up
         )));
         assert_eq!(cu_define(experts, "MAXT"), CUDA_MAX_TOKENS_PER_PASS);
-        // The fused layer's row tiles are ft_experts_down_1's (its dpe from DOWN_R_1).
-        assert!(experts.contains(&format!(" {CUDA_FUSED_ENTRY}(")));
-        assert!(KernelId::Experts.entry_points().contains(&CUDA_FUSED_ENTRY));
-        assert!(experts.contains("down_impl<1, DOWN_R_1, true, true>"));
-        assert!(experts.contains("down_impl<1, DOWN_R_1, false, true>"));
         assert_eq!(
             cu_define(experts, "ACT_F32") as i32,
             cuda_act_code(ActivationPath::F32)
@@ -1328,7 +981,7 @@ mod tests {
         // two 16-row tiles of 1442 bytes a row (1280 values, 160 scales, 2 factor bytes).
         let st = ExpertStep::new(ExpertFormat::Nvfp4, &g(2560, 640), ActivationPath::Int8, 1);
         let v = cuda_variant(1);
-        let p = cuda_staging(&st, v, 1, optin, true).unwrap();
+        let p = cuda_staging(&st, v, 1, optin).unwrap();
         assert_eq!(
             p.gate_up_stage_off,
             (2560 + 4 * 160usize).next_multiple_of(16)
@@ -1339,24 +992,13 @@ mod tests {
         );
         assert!(p.down_staged);
         assert_eq!(p.down_shared, 64 * 320 + 64 * 40 + 128);
-        // Off: the activations alone, nothing staged.
-        let off = cuda_staging(&st, v, 1, optin, false).unwrap();
-        assert_eq!(
-            (
-                off.gate_up_stage_off,
-                off.gate_up_shared,
-                off.down_staged,
-                off.down_shared
-            ),
-            (0, 2560 + 4 * 160, false, 0)
-        );
         // bf16 at the same width: 160 KiB of tiles, read from global memory instead.
         let wide = ExpertStep::new(ExpertFormat::Bf16, &g(2560, 640), ActivationPath::F32, 1);
-        let p = cuda_staging(&wide, v, 1, optin, true).unwrap();
+        let p = cuda_staging(&wide, v, 1, optin).unwrap();
         assert_eq!(p.gate_up_stage_off, 0);
         assert!(p.gate_up_shared <= CUDA_SHARED_BUDGET);
         // A device with only the default 48 KiB stages nothing of the served gate/up tile.
-        let small = cuda_staging(&st, v, 1, 48 * 1024, true).unwrap();
+        let small = cuda_staging(&st, v, 1, 48 * 1024).unwrap();
         assert_eq!(small.gate_up_stage_off, 0);
         assert!(small.down_staged);
     }
@@ -1391,115 +1033,44 @@ mod tests {
         }
     }
 
-    /// The cross-task down kernel only where asked, for staged one-token launches of 1 to 16
-    /// tasks; its half-warps per task a power of two that, times the tasks, fills at most a
-    /// block's 16 and more than half of them, its rows those half-warps' one-token rows; the
-    /// task limit and the rows per half-warp the kernel's own.
-    #[test]
-    fn cross_down_only_for_staged_one_token_launches_of_few_tasks() {
-        let on = CudaTuning {
-            cross_down: true,
-            ..CudaTuning::default()
-        };
-        let src = ft_kernels::cuda_sources::KernelId::Experts.source();
-        assert_eq!(cu_define(src, "CROSS_MAX_TASKS"), CUDA_CROSS_MAX_TASKS);
-        assert_eq!(
-            cu_define(src, "CROSS_MAX_REPS"),
-            crate::device::tuning::CUDA_CROSS_MAX_ROW_GROUPS as usize
-        );
-        let rows_per_half_warp = cu_define(src, "DOWN_R_1");
-        for tasks in 1..=CUDA_CROSS_MAX_TASKS {
-            for max_task_pairs in [0, 1] {
-                let c = cuda_cross_down(&on, max_task_pairs, tasks).expect("taken");
-                let h = c.half_warps_per_task;
-                assert!(h.is_power_of_two(), "{tasks}: {h}");
-                assert!(h * tasks <= 16 && 2 * h * tasks > 16, "{tasks}: {h}");
-                assert_eq!(c.row_groups, 1);
-                assert_eq!(c.rows, h * rows_per_half_warp);
-                let t = c.threads as usize;
-                assert!(t.is_multiple_of(32) && t >= 16 * h * tasks && t < 16 * h * tasks + 32);
-                assert!(t <= CUDA_THREADS as usize);
-            }
-        }
-        // The bench's layer: ten tasks, blocks of 4 rows (640 for 2560 rows).
-        let bench = cuda_cross_down(&on, 1, 10).unwrap();
-        assert_eq!((bench.rows, bench.threads, bench.row_groups), (4, 160, 1));
-        assert_eq!(cuda_cross_down(&on, 1, 1).unwrap().rows, 64);
-        assert_eq!(cuda_cross_down(&on, 1, 0), None);
-        assert_eq!(cuda_cross_down(&on, 1, CUDA_CROSS_MAX_TASKS + 1), None);
-        assert_eq!(cuda_cross_down(&on, 2, 4), None);
-        assert_eq!(cuda_cross_down(&CudaTuning::default(), 1, 10), None);
-        for off in [
-            CudaTuning {
-                staged_tiles: false,
-                ..on
-            },
-            CudaTuning {
-                expert_variant: Some(2),
-                ..on
-            },
-        ] {
-            assert_eq!(cuda_cross_down(&off, 1, 10), None, "{off}");
-        }
-        let forced_one = CudaTuning {
-            expert_variant: Some(1),
-            ..on
-        };
-        assert!(cuda_cross_down(&forced_one, 1, 10).is_some());
-        // Forced row groups: one, or two (twice the rows a block).
-        for groups in [1u8, 2] {
-            let forced = CudaTuning {
-                cross_row_groups: Some(groups),
-                ..on
-            };
-            let c = cuda_cross_down(&forced, 1, 10).unwrap();
-            assert_eq!(
-                (c.row_groups, c.rows),
-                (groups as usize, 4 * groups as usize)
-            );
-        }
-    }
-
-    /// The small-grid kernels only where asked, for one-token launches of at most one
-    /// gate/up block per multiprocessor, and never with pipelined staging.
+    /// The small-grid kernels for one-token launches of at most one gate/up block per
+    /// multiprocessor, and for no other.
     #[test]
     fn small_grid_kernels_only_for_small_one_token_grids() {
-        let on = CudaTuning {
-            small_grid: true,
-            ..CudaTuning::default()
-        };
         let one = cuda_variant(1);
-        assert!(cuda_small_grid(&on, one, 132, 132));
-        assert!(!cuda_small_grid(&on, one, 133, 132));
-        let off = CudaTuning {
-            small_grid: false,
-            ..on
-        };
-        assert!(!cuda_small_grid(&off, one, 8, 132));
-        assert!(!cuda_small_grid(&on, cuda_variant(2), 8, 132));
-        let piped = CudaTuning {
-            pipe_stages: 2,
-            ..on
-        };
-        assert!(!cuda_small_grid(&piped, one, 8, 132));
+        assert!(cuda_small_grid(one, 132, 132));
+        assert!(cuda_small_grid(one, 1, 132));
+        assert!(!cuda_small_grid(one, 133, 132));
+        for tokens in [2, 4, 8] {
+            assert!(!cuda_small_grid(cuda_variant(tokens), 8, 132));
+        }
     }
 
-    /// The small table module only where asked and where the launch's table fits it.
+    /// Every module takes the format's own definitions: the split-sign dot for the e2m1
+    /// formats on the int8 path, the hardware scale decode for nvfp4; the timelines only
+    /// where the tuning asks.
     #[test]
-    fn a_small_table_module_only_where_the_table_fits() {
+    fn the_specialization_follows_the_format_and_the_timelines_alone() {
         let g = ft_model::ModelSpec::preset("qwen3.8-flash-next")
             .unwrap()
             .geometry;
-        let st = ExpertStep::new(ExpertFormat::Nvfp4, &g, ActivationPath::Int8, 1);
-        let on = CudaTuning {
-            small_table: true,
-            ..CudaTuning::default()
-        };
-        let bytes = |t: &CudaTuning, n| cuda_specialization(&st, t, n).param_table_bytes;
-        assert_eq!(bytes(&on, CUDA_SMALL_PARAM_TABLE_BYTES), Some(512));
-        assert_eq!(bytes(&on, CUDA_SMALL_PARAM_TABLE_BYTES + 1), None);
-        assert_eq!(bytes(&CudaTuning::default(), 16), None);
-        assert_eq!(CUDA_SMALL_PARAM_TABLE_BYTES, 512);
+        for f in ExpertFormat::ALL {
+            for act in [ActivationPath::F32, ActivationPath::Int8] {
+                let st = ExpertStep::new(f, &g, act, 1);
+                for stamps in [false, true] {
+                    let t = CudaTuning {
+                        block_stamps: stamps,
+                        ..CudaTuning::default()
+                    };
+                    let sp = cuda_specialization(&st, &t);
+                    let e2m1 = matches!(f, ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4);
+                    assert_eq!(sp.e2m1_split, e2m1 && act == ActivationPath::Int8);
+                    assert_eq!(sp.e4m3_cvt, f == ExpertFormat::Nvfp4);
+                    assert_eq!(sp.block_stamps, stamps);
+                    assert_eq!(sp.format, Some(cuda_format_code(f)));
+                }
+            }
+        }
     }
 
     #[test]

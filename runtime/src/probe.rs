@@ -66,7 +66,9 @@ use crate::bank::HostBank;
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::dense::DenseBuffers;
 use crate::device::{Device, DeviceKind};
-use crate::engine::{decode, draw_routing, token_input, DecodeOptions, Engine, EngineConfig};
+use crate::engine::{
+    decode, draw_routing, token_input, DecodeOptions, Engine, EngineConfig, EngineSettings,
+};
 use crate::error::{Result, RuntimeError};
 use crate::gather::CopyRegion;
 use crate::gpu_experts::{ExpertStep, ExpertTask, TokenWeight};
@@ -208,6 +210,9 @@ pub struct ProbeConfig {
     pub max_ceiling_drift: f64,
     /// Most probes while they are disturbed (at least 1); the least disturbed is fitted.
     pub attempts: usize,
+    /// The engine's settings the end-to-end probe runs with: those of the engine the
+    /// profile will predict ([`EngineSettings`], part of the profile key).
+    pub engine: EngineSettings,
 }
 
 impl Default for ProbeConfig {
@@ -232,6 +237,7 @@ impl Default for ProbeConfig {
             max_steal: STEAL_NOTABLE_FRACTION,
             max_ceiling_drift: 0.15,
             attempts: 2,
+            engine: EngineSettings::default(),
         }
     }
 }
@@ -254,6 +260,7 @@ impl ProbeConfig {
         if self.layers == Some(0) {
             return Err(RuntimeError::invalid("--layers", "must be at least 1"));
         }
+        self.engine.check()?;
         if !(self.cache_residency > 0.0 && self.cache_residency < 1.0) {
             return Err(RuntimeError::invalid(
                 "--cache-residency",
@@ -386,11 +393,13 @@ impl CpuTopology {
 /// The host fingerprint of a profile measured on `device` (GPU name and driver as the
 /// device reports them, the CPU model, hardware threads and NUMA nodes), serving with
 /// `gpu_act` on a CUDA device (recorded beside its kernel and copy paths: a profile that
-/// timed the f32 GPU path does not predict the int8 one).
+/// timed the f32 GPU path does not predict the int8 one) and with the engine's `settings`
+/// on any device (a profile that timed other fetch chunks timed another engine).
 pub fn host_fingerprint(
     device: &Device,
     cpu: &CpuTopology,
     gpu_act: ActivationPath,
+    settings: &EngineSettings,
 ) -> HostFingerprint {
     let info = device.info();
     HostFingerprint {
@@ -402,10 +411,10 @@ pub fn host_fingerprint(
         cpu_model: cpu.model.clone(),
         threads: cpu.threads,
         numa_nodes: cpu.numa_nodes,
-        gpu_paths: info
-            .cuda_tuning
-            .map(|t| format!("{t}, {gpu_act} activations"))
-            .unwrap_or_default(),
+        gpu_paths: match info.cuda_tuning {
+            Some(t) => format!("{t}, {gpu_act} activations; engine {settings}"),
+            None => format!("engine {settings}"),
+        },
     }
 }
 
@@ -708,6 +717,7 @@ fn probe_once(
         seed: config.seed,
         timeline: true,
         reserve_bytes: DEFAULT_RESERVE_BYTES.min(device.free_mem_bytes()? / RESERVE_SHARE_MAX),
+        settings: config.engine,
         ..EngineConfig::default()
     };
     let mut engine = Engine::new(device, &model_l, &engine_config, None)?;
@@ -2122,7 +2132,7 @@ mod tests {
         fit_profile(
             d,
             out,
-            host_fingerprint(d, &cpu, act),
+            host_fingerprint(d, &cpu, act, &EngineSettings::default()),
             &FitConfig::default(),
         )
         .unwrap()

@@ -32,10 +32,9 @@ fn copies_round_trip(d: &Device) {
     s.synchronize().unwrap();
     assert_eq!(back.as_slice(), h.as_slice());
 
-    // Scattered regions (the gather's shape), both mechanisms, and the copy engines with
-    // one batched submission (FT_CUDA_COPY_BATCH) and split over two streams
-    // (FT_CUDA_COPY_SPLIT); the host device copies the same either way.
-    // Sets a process environment variable: the GPU tests run with --test-threads=1.
+    // Scattered regions (the gather's shape), both mechanisms, and the copy engines with one
+    // copy each or one batched submission (`CopySubmit`); the host device copies the same
+    // either way.
     let regions = [
         CopyRegion {
             src_offset: 4096,
@@ -58,7 +57,6 @@ fn copies_round_trip(d: &Device) {
         (false, CopySubmit::Each),
         (true, CopySubmit::Each),
         (false, CopySubmit::Batch),
-        (false, CopySubmit::Split),
     ];
     // The host device copies the same every way; a CUDA device submits each way.
     let opened = d.cuda_tuning();
@@ -145,8 +143,8 @@ fn events_order_streams(d: &Device) {
 /// An event recorded on an idle stream lands, on the host's clock, inside the host's bracket
 /// around its record and completion: the device and host spans of a trace share one time
 /// axis. Each record's distance outside its bracket (0 inside) is the mapping's error plus
-/// that record's noise; the median over many records is the error, which was 25 to 155 us
-/// on the H100s before the origin was calibrated.
+/// that record's noise; the median over many records is the error (25 to 155 us on an H100
+/// with an origin placed from one bracket instead of the narrowest of several).
 fn events_land_on_the_hosts_clock(d: &Device) {
     let s = d.new_stream("s").unwrap();
     let clock = d.clock();
@@ -418,8 +416,8 @@ mod cuda {
         assert_eq!(d.cuda_tuning(), Some(opened));
         assert_eq!(d.info().cuda_tuning, Some(opened));
         let other = CudaTuning {
-            copies: CopySubmit::Split,
-            e2m1_split: !opened.e2m1_split,
+            copies: CopySubmit::Each,
+            block_stamps: !opened.block_stamps,
             ..opened
         };
         d.set_cuda_tuning(other).unwrap();

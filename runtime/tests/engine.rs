@@ -14,7 +14,7 @@ use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, HostDeviceConfig};
 use ft_runtime::engine::{
     decode, draw_routing, token_input, CombineOrder, DecodeOptions, Engine, EngineConfig,
-    FetchChunking,
+    EngineSettings,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, Lane};
@@ -65,7 +65,6 @@ fn config(strategy: Strategy, slots: usize, streams: usize) -> EngineConfig {
         seed: 11,
         timeline: true,
         reserve_bytes: 0,
-        host_submit: ft_runtime::engine::HostSubmit::default(),
         ..EngineConfig::default()
     }
 }
@@ -347,11 +346,10 @@ fn same_as_first(
     }
 }
 
-fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
+fn cpu_layers_decode_the_same_bits_in_every_pool_wait(d: &Device) {
     // The host queues a CPU layer's remaining GPU work while it waits and beside the CPU
-    // share (overlapped) or all before (serial): the same work on the same streams in the
-    // same order per stream, so the same placements and outputs, in every pool-wait mode.
-    use ft_runtime::engine::HostSubmit;
+    // share: the same work on the same streams in the same order per stream whichever way
+    // the pool waits, so the same placements and outputs.
     let model = tiny();
     let streams = 3;
     let steps = routing_for(&model, streams, 5);
@@ -362,64 +360,53 @@ fn host_submit_overlapped_and_serial_decode_the_same_bits(d: &Device) {
             (PoolWait::Spin, 2),
             (PoolWait::SpinBeside, 1),
         ] {
-            for host_submit in [HostSubmit::Serial, HostSubmit::Overlapped] {
-                let cfg = EngineConfig {
-                    pool_wait,
-                    threads,
-                    host_submit,
-                    gpu_path: ActivationPath::Int8,
-                    ..config(strategy, 20, streams)
-                };
-                let run = decode_two_warm(d, &model, &cfg, &steps);
-                let what = format!("{strategy} {pool_wait:?} {host_submit:?}");
-                // Every CPU layer's share ran after its wait, on the CPU lane.
-                for r in run.records.iter().filter(|r| !r.warmup) {
-                    for l in &r.layers {
-                        assert_eq!(l.cpu_busy_us > 0.0, l.counts.cpu > 0, "{what}: {l:?}");
-                    }
+            let cfg = EngineConfig {
+                pool_wait,
+                threads,
+                gpu_path: ActivationPath::Int8,
+                ..config(strategy, 20, streams)
+            };
+            let run = decode_two_warm(d, &model, &cfg, &steps);
+            let what = format!("{strategy} {pool_wait:?}");
+            // Every CPU layer's share ran after its wait, on the CPU lane.
+            for r in run.records.iter().filter(|r| !r.warmup) {
+                for l in &r.layers {
+                    assert_eq!(l.cpu_busy_us > 0.0, l.counts.cpu > 0, "{what}: {l:?}");
                 }
-                same_as_first(&mut base, run, &what);
             }
+            same_as_first(&mut base, run, &what);
         }
     }
 }
 
-fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
-    // The combine folded into the last chunk's launch or not, the fetched experts in 1 to 4
-    // chunks, the last chunk's launch gated on a flag or behind its event: the same
-    // operations on the same buffers in the same dependency order, so the same outputs bit
-    // for bit and the same counts. Hybrid mixes layers with a CPU share (never folded) and
-    // without; with and without the timeline's events.
+fn fetch_chunks_and_gathers_decode_the_same_bits(d: &Device) {
+    // The fetched experts in 1 to 4 chunks, gathered by the copy engine (the last chunk's
+    // launch gated on a flag) or by zero-copy reads (behind its event): the same operations
+    // on the same buffers in the same dependency order, so the same outputs bit for bit and
+    // the same counts. Offload folds every layer's combine into its last chunk's launch;
+    // hybrid mixes layers with a CPU share (never folded) and without; with and without the
+    // timeline's events.
     let model = tiny();
     let streams = 3;
     let steps = routing_for(&model, streams, 5);
     for strategy in [Strategy::Offload, hybrid(0.75), Strategy::Resident] {
         let mut base: Option<ft_runtime::engine::Decoded> = None;
         for timeline in [true, false] {
-            for fold_combine in [false, true] {
-                for (fetch_chunks, fetch_chunking, gate_last_chunk) in [
-                    (4, FetchChunking::Halving, false),
-                    (2, FetchChunking::Halving, false),
-                    (1, FetchChunking::Halving, false),
-                    (4, FetchChunking::Timed, false),
-                    (4, FetchChunking::Halving, true),
-                    (1, FetchChunking::Halving, true),
-                ] {
+            for gather in [GatherMethod::CopyEngine, GatherMethod::ZeroCopy] {
+                for fetch_chunks in 1..=ft_model::plan::MAX_FETCH_CHUNKS {
                     let cfg = EngineConfig {
-                        fetch_chunks,
-                        fold_combine,
-                        fetch_chunking,
-                        gate_last_chunk,
+                        settings: EngineSettings { fetch_chunks },
+                        gather,
                         timeline,
                         gpu_path: ActivationPath::Int8,
                         ..config(strategy, 12, streams)
                     };
                     let run = decode_two_warm(d, &model, &cfg, &steps);
-                    let what = format!(
-                        "{strategy} fold {fold_combine} {fetch_chunks} {} gate {gate_last_chunk} {timeline}",
-                        fetch_chunking.name()
-                    );
-                    if timeline && strategy != Strategy::Resident {
+                    let what = format!("{strategy} {gather} {fetch_chunks} chunks {timeline}");
+                    if timeline
+                        && strategy != Strategy::Resident
+                        && gather == GatherMethod::CopyEngine
+                    {
                         // The gathers and the fetched experts are on the timeline.
                         let fetched: u64 =
                             run.records.iter().map(|r| r.totals.fetched as u64).sum();
@@ -432,7 +419,7 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
         }
     }
     let cfg = EngineConfig {
-        fetch_chunks: 0,
+        settings: EngineSettings { fetch_chunks: 0 },
         ..config(Strategy::Offload, 12, 1)
     };
     let e = Engine::new(d, &model, &cfg, None).unwrap_err().to_string();
@@ -443,32 +430,12 @@ fn folded_combine_and_fetch_chunks_decode_the_same_bits(d: &Device) {
         (GatherMethod::ZeroCopy, false),
     ] {
         let cfg = EngineConfig {
-            gate_last_chunk: true,
             gather,
             ..config(Strategy::Offload, 12, 1)
         };
         let engine = Engine::new(d, &model, &cfg, None).unwrap();
         assert_eq!(engine.gates_last_chunk(), gated, "{gather}");
     }
-    // Timed chunks are timed when the engine starts: a launch, a time per expert and per
-    // pair, a copy; halving ones are not.
-    let timed = EngineConfig {
-        fetch_chunking: FetchChunking::Timed,
-        ..config(Strategy::Offload, 12, streams)
-    };
-    let engine = Engine::new(d, &model, &timed, None).unwrap();
-    let t = engine
-        .chunk_timer()
-        .expect("timed chunks measure their costs");
-    assert!(t.copy_us > 0.0 && t.launch_us + t.expert_us > 0.0, "{t:?}");
-    assert!(
-        [t.launch_us, t.expert_us, t.pair_us]
-            .iter()
-            .all(|v| v.is_finite() && *v >= 0.0),
-        "{t:?}"
-    );
-    let halving = Engine::new(d, &model, &config(Strategy::Offload, 12, streams), None).unwrap();
-    assert!(halving.chunk_timer().is_none());
 }
 
 fn chrome_trace_has_a_lane_per_resource(d: &Device) {
@@ -606,8 +573,8 @@ on_devices!(
     offload_and_resident_match_the_f64_reference,
     hybrid_w4a8_is_bit_identical_fresh_and_warmed,
     cpu_and_hybrid_at_zero_agree,
-    host_submit_overlapped_and_serial_decode_the_same_bits,
-    folded_combine_and_fetch_chunks_decode_the_same_bits,
+    cpu_layers_decode_the_same_bits_in_every_pool_wait,
+    fetch_chunks_and_gathers_decode_the_same_bits,
     chrome_trace_has_a_lane_per_resource,
     bad_inputs_are_errors_naming_them,
 );

@@ -63,7 +63,6 @@ fn config(strategy: Strategy) -> EngineConfig {
         seed: 29,
         timeline: false,
         reserve_bytes: 0,
-        host_submit: ft_runtime::engine::HostSubmit::default(),
         ..EngineConfig::default()
     }
 }

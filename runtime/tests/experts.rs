@@ -429,94 +429,42 @@ mod cuda {
         Device::cuda(0).expect("a CUDA device")
     }
 
-    /// Run `check` on a GPU once per way the weights can reach the CUDA kernels (staged
-    /// tiles with a dependent launch, staged tiles alone, staged in 2 or 4 pipelined column
-    /// stages, global reads, the down matrices prefetched into L2, the launch table in a
-    /// small parameter where it fits, the small-grid kernels where the grid is small), per
-    /// way the one-token
-    /// kernels dot e2m1 codes (decoded, split signs) and per way nvfp4 scales are decoded
-    /// (arithmetic, the hardware's conversion), per number of launches of a one-token
-    /// int8 layer (two, or one for both halves) and per down kernel of a one-token launch
-    /// (a block per task, or across tasks) and per way whole gate/up tiles are staged (by every
-    /// thread's copies, or by bulk copies on each warp's mbarrier): each must give the same
-    /// bits.
+    /// Run `check` on a GPU once on the kernels' one path, once more per forced
+    /// instantiation (every instantiation runs the same arithmetic per token, so each must
+    /// give the same bits) and once with the block timelines compiled in (development only,
+    /// the same results).
     ///
-    /// `FT_TEST_PATHS` (comma-separated) runs only the paths whose name (`expert_path`)
-    /// contains one of its words, so a device call with little time left checks a new path
-    /// alone (`FT_TEST_PATHS=cross`); the paths it ran are printed either way.
-    ///
-    /// Every path's expert modules for the formats and activation paths of `steps` are
+    /// Every tuning's expert modules for the formats and activation paths of `steps` are
     /// compiled first, at once (`Device::warm_up_expert_paths`, on every core), instead of
-    /// one by one at each path's first launch.
+    /// one by one at each tuning's first launch.
     fn on_every_path(steps: &[&ExpertStep], check: impl Fn(&Device)) {
+        use ft_runtime::device::tuning::CUDA_VARIANT_TOKENS;
+        use ft_runtime::device::CudaTuning;
         let d = gpu();
         let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
-        let only: Vec<String> = std::env::var("FT_TEST_PATHS")
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|w| !w.is_empty())
-            .map(String::from)
-            .collect();
-        let mut ran = 0;
-        // The served default first, then the paths not yet made defaults, so a run cut
-        // short still checks them.
-        let default_path = ft_runtime::device::CudaTuning::default().expert_path();
-        let paths = [
-            default_path.as_str(),
-            // Whole gate/up tiles by bulk copies: with every newer switch (the hardware scale
-            // decode, the down prefetch, the small table and grids, the short down blocks,
-            // the chained launch), without the split-sign dot and the dependent launch, and
-            // in the one-launch layer.
-            "staged+pdl+split+cvt+l2down+small+wide+short+chain+bulk",
-            "staged+bulk",
-            "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain+bulk",
-            // The cross-task down kernel: with the newer switches, without the split-sign
-            // dot and the dependent launch.
-            "staged+pdl+split+cvt+l2down+small+wide+short+chain+cross",
-            "staged+cross",
-            // The one-launch layer: staged (with the down matrices' L2 prefetch, and the
-            // short down blocks, which it ignores), direct, without the split-sign dot.
-            "staged+pdl+split+cvt+l2down+small+wide+fused+short+chain",
-            "direct+split+cvt+small+wide+fused+short+chain",
-            "staged+pdl+fused",
-            // The newer switches with and without the older ones, then the older ones.
-            "staged+pdl+split+cvt+l2down+small+wide+short+chain",
-            "staged+pdl+cvt+l2down+small+wide+short+chain",
-            "direct+split+cvt+small+wide+short+chain",
-            "staged+pdl+split",
-            "staged+pdl",
-            "staged",
-            "direct",
-            // Pipelined column stages.
-            "staged+pdl+split+pipe2",
-            "staged+pdl+split+pipe4",
-        ];
-        let mut tunings = Vec::new();
-        for path in paths {
-            let t = opened
-                .with_path(path)
-                .unwrap_or_else(|e| panic!("{path}: {e}"));
-            assert_eq!(t.expert_path(), path, "a path names its tuning");
-            if only.is_empty() || only.iter().any(|w| path.contains(w.as_str())) {
-                tunings.push((path, t));
-            }
-        }
+        let mut tunings = vec![opened];
+        tunings.extend(CUDA_VARIANT_TOKENS.map(|n| CudaTuning {
+            expert_variant: Some(n),
+            ..opened
+        }));
+        tunings.push(CudaTuning {
+            block_stamps: true,
+            ..opened
+        });
         let t0 = std::time::Instant::now();
-        let all: Vec<_> = tunings.iter().map(|&(_, t)| t).collect();
-        d.warm_up_expert_paths(&all, steps).unwrap();
+        d.warm_up_expert_paths(&tunings, steps).unwrap();
         eprintln!(
-            "{} paths' expert modules built in {:.1} s",
-            all.len(),
+            "{} tunings' expert modules built in {:.1} s",
+            tunings.len(),
             t0.elapsed().as_secs_f64()
         );
-        for (path, t) in tunings {
+        for t in tunings {
             d.set_cuda_tuning(t).unwrap();
-            eprintln!("path {path}");
+            eprintln!("tuning {t}");
             check(&d);
-            ran += 1;
+            d.take_block_stamps().unwrap();
         }
-        assert!(ran > 0, "FT_TEST_PATHS={only:?} names no path");
+        d.set_cuda_tuning(opened).unwrap();
     }
 
     #[test]
@@ -580,8 +528,8 @@ mod cuda {
         );
     }
 
-    /// The block timelines: a stamped one-token layer (two launches, and the one-launch
-    /// layer) gives the CPU's bits, and one record per block comes back, each in order
+    /// The block timelines: a stamped one-token layer gives the CPU's bits, and one record
+    /// per block comes back, each in order
     /// (entry <= start condition <= tiles <= own work <= exit), gate/up's grid and down's
     /// whole, with the launch cut as one; the count is zero after a read.
     #[test]
@@ -602,58 +550,49 @@ mod cuda {
             41,
         );
         let want = cpu(&c);
-        for fused_layer in [false, true] {
-            d.set_cuda_tuning(CudaTuning {
-                block_stamps: true,
-                fused_layer,
-                ..opened
-            })
-            .unwrap();
-            d.take_block_stamps().unwrap();
-            let got = run_on(&d, &c);
-            assert_eq!(differing_bits(&got, &want), 0, "fused {fused_layer}");
-            let st = d.take_block_stamps().unwrap();
-            assert_eq!(st.dropped, 0);
-            let count = |k| st.records.iter().filter(|b| b.kernel == k).count();
-            if fused_layer {
-                assert!(
-                    count(StampedKernel::Layer) >= 10 * 640 / 16,
-                    "{}",
-                    st.records.len()
-                );
-            } else {
-                // 640 / 16 gate/up row blocks and a down tile per 64 rows, per expert.
-                assert_eq!(count(StampedKernel::GateUp), 10 * 640 / 16);
-                assert_eq!(count(StampedKernel::Down), 10 * 2560 / 64);
+        d.set_cuda_tuning(CudaTuning {
+            block_stamps: true,
+            ..opened
+        })
+        .unwrap();
+        d.take_block_stamps().unwrap();
+        let got = run_on(&d, &c);
+        assert_eq!(differing_bits(&got, &want), 0);
+        let st = d.take_block_stamps().unwrap();
+        assert_eq!(st.dropped, 0);
+        let count = |k| st.records.iter().filter(|b| b.kernel == k).count();
+        // 640 / 16 gate/up row blocks and a down tile per 64 rows, per expert (or per 32
+        // rows where the small-grid kernels take the launch).
+        assert_eq!(count(StampedKernel::GateUp), 10 * 640 / 16);
+        let down = count(StampedKernel::Down);
+        assert!(
+            down == 10 * 2560 / 64 || down == 10 * 2560 / 32,
+            "{down} down blocks"
+        );
+        for b in &st.records {
+            let mut last = b.entry_ns;
+            for t in [b.condition_ns, b.ready_ns, b.work_ns]
+                .into_iter()
+                .flatten()
+            {
+                assert!(t >= last, "{b:?}");
+                last = t;
             }
-            for b in &st.records {
-                let mut last = b.entry_ns;
-                for t in [b.condition_ns, b.ready_ns, b.work_ns]
-                    .into_iter()
-                    .flatten()
-                {
-                    assert!(t >= last, "{b:?}");
-                    last = t;
-                }
-                assert!(b.exit_ns >= last, "{b:?}");
-            }
-            assert_eq!(launches(&st.records).len(), 1);
-            assert!(d.take_block_stamps().unwrap().records.is_empty());
+            assert!(b.exit_ns >= last, "{b:?}");
         }
+        assert_eq!(launches(&st.records).len(), 1);
+        assert!(d.take_block_stamps().unwrap().records.is_empty());
         d.set_cuda_tuning(opened).unwrap();
     }
 
-    /// Chained launches (`CudaTuning::chained_launch`): layers of different shapes and
-    /// token counts queued back to back on one stream with no wait between them, each gate/up
-    /// launch scheduled while the down kernel before it still runs; they share the stream's
-    /// scratch (h, the row tiles' counters), and each must give the CPU's bits, into its own
-    /// y, over three rounds, with either down kernel of one-token launches.
+    /// Layers of different shapes and token counts queued back to back on one stream with
+    /// no wait between them (each down kernel a dependent launch of its gate/up kernel)
+    /// share the stream's scratch (h, the row tiles' counters), and each must give what it
+    /// gives alone, into its own y, over three rounds.
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
-    fn cuda_chained_layers_share_a_stream() {
-        use ft_runtime::device::CudaTuning;
+    fn cuda_queued_layers_share_a_stream() {
         let d = gpu();
-        let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
         let nv = ExpertFormat::Nvfp4;
         let i8p = ActivationPath::Int8;
         let cases = [
@@ -664,7 +603,7 @@ mod cuda {
             case(nv, ActivationPath::F32, 2560, 640, 10, 1, 10, 55),
             case(nv, i8p, 2560, 640, 1, 1, 1, 56),
         ];
-        // What each layer gives launched alone, unchained: the CPU's bits on the int8 path
+        // What each layer gives launched alone: the CPU's bits on the int8 path
         // (checked), the f32 path's own.
         let alone: Vec<Vec<f32>> = cases.iter().map(|c| run_on(&d, c)).collect();
         for (c, a) in cases.iter().zip(&alone) {
@@ -672,14 +611,7 @@ mod cuda {
                 assert_eq!(differing_bits(a, &cpu(c)), 0);
             }
         }
-        // With each down kernel of one-token launches (a block per task, across tasks).
-        for cross_down in [false, true] {
-            d.set_cuda_tuning(CudaTuning {
-                chained_launch: true,
-                cross_down,
-                ..opened
-            })
-            .unwrap();
+        {
             let s = d.new_stream("compute").unwrap();
             let inputs: Vec<_> = cases
                 .iter()
@@ -711,28 +643,20 @@ mod cuda {
                 let differ = differing_bits(&got, &alone[k]);
                 assert_eq!(
                     differ, 0,
-                    "cross-task down {cross_down}, round {round}, case {k}: {differ} outputs differ"
+                    "round {round}, case {k}: {differ} outputs differ"
                 );
             }
         }
-        d.set_cuda_tuning(opened).unwrap();
     }
 
-    /// The one-launch layer leaves its counters zero for the next launch on the same
+    /// The down kernel leaves its row tiles' counters zero for the next launch on the same
     /// stream: one-token int8 layers of different task counts (empty tasks and a token
     /// routed nowhere among them) launched one after the other on one stream, three rounds,
     /// each bit-identical to the CPU.
     #[test]
     #[ignore = "needs an NVIDIA GPU (run on the GPU machine)"]
-    fn cuda_fused_layer_repeats_on_one_stream() {
-        use ft_runtime::device::CudaTuning;
+    fn cuda_layers_repeat_on_one_stream() {
         let d = gpu();
-        let opened = d.cuda_tuning().expect("a CUDA device has CUDA paths");
-        d.set_cuda_tuning(CudaTuning {
-            fused_layer: true,
-            ..opened
-        })
-        .unwrap();
         let mut cases = vec![
             case(
                 ExpertFormat::Nvfp4,

@@ -76,7 +76,6 @@ fn config(strategy: Strategy, slots: usize, threads: usize, gpu: ActivationPath)
         seed: 5,
         timeline: true,
         reserve_bytes: 0,
-        host_submit: ft_runtime::engine::HostSubmit::default(),
         ..EngineConfig::default()
     }
 }
@@ -365,29 +364,15 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
     .unwrap_err()
     .to_string();
     assert!(e.contains("--threads"), "{e}");
-    // The engine switches the single-GPU engine checks; its fold and gate (on by default) do
-    // not apply here and are not refused.
-    for (bad, flag) in [
-        (
-            EngineConfig {
-                fetch_chunks: 0,
-                ..cfg.clone()
-            },
-            "--fetch-chunks",
-        ),
-        (
-            EngineConfig {
-                fetch_chunking: ft_runtime::engine::FetchChunking::Timed,
-                ..cfg.clone()
-            },
-            "--fetch-chunking",
-        ),
-    ] {
-        let e = MultiEngine::new(&devs, two, &model(), &bad)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains(flag), "{e}");
-    }
+    // The engine settings the single-GPU engine checks.
+    let bad = EngineConfig {
+        settings: ft_runtime::engine::EngineSettings { fetch_chunks: 0 },
+        ..cfg.clone()
+    };
+    let e = MultiEngine::new(&devs, two, &model(), &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--fetch-chunks"), "{e}");
 }
 
 macro_rules! both {

@@ -258,9 +258,8 @@ impl Shared {
             if kernel == KernelId::Experts {
                 // Lets a launch ask for more than the default 48 KiB of dynamic shared memory
                 // (staged weight tiles); what a launch gets is still what it asks for. The
-                // kernel's static shared memory (from 16 bytes to the cross-task down
-                // kernel's 4 KiB of partial rows) and the dynamic limit together must fit
-                // the device's opt-in limit.
+                // kernel's static shared memory and the dynamic limit together must fit the
+                // device's opt-in limit.
                 let static_bytes = f
                     .get_attribute(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
                     .map_err(cu(&format!("reading {e}'s static shared memory")))?;
@@ -430,10 +429,10 @@ impl CudaDevice {
         let tuning = runnable(tuning, driver_version_num);
         // The origin of event timelines: an event recorded on the idle device, placed on the
         // host clock at the middle of the host's bracket around its record and completion
-        // (`Bracket`). With one bracket, device spans sat 25 to 155 us early against the
-        // host's, depending on the process (2026-12-06 H100 grids: routers before the host
-        // had queued them); a first record on a fresh context that completes late, with a
-        // wide bracket, would do that, so the narrowest of ORIGIN_SAMPLES brackets is kept.
+        // (`Bracket`). With one bracket, device spans can sit 25 to 155 us early against the
+        // host's, depending on the process (routers before the host had queued them): a
+        // first record on a fresh context that completes late, with a wide bracket, does
+        // that, so the narrowest of ORIGIN_SAMPLES brackets is kept.
         // (A decode step's timeline does not depend on it: it places its events by its own
         // anchor, `Event::timeline_us_from`.)
         ctx.bind_to_thread()
@@ -570,7 +569,6 @@ impl CudaDevice {
                 next: 0,
             }),
             scratch: Mutex::new(None),
-            sibling: Mutex::new(None),
         })
     }
 
@@ -768,31 +766,6 @@ pub(crate) struct CudaStreamH {
     stream: Arc<CudaStream>,
     ring: Mutex<ArgRing>,
     scratch: Mutex<Option<Scratch>>,
-    /// The second copy stream of [`CopySubmit::Split`], made at first use.
-    sibling: Mutex<Option<SiblingCopies>>,
-}
-
-/// A second stream that takes every other copy of a split gather, and the two events that
-/// fork it from its stream and join it back.
-struct SiblingCopies {
-    stream: Arc<CudaStream>,
-    fork: sys::CUevent,
-    join: sys::CUevent,
-    shared: Arc<Shared>,
-}
-
-// SAFETY: the events are driver handles usable from any thread; the value sits behind a mutex.
-unsafe impl Send for SiblingCopies {}
-
-impl Drop for SiblingCopies {
-    fn drop(&mut self) {
-        let _ = self.shared.bind();
-        // SAFETY: created with the value, destroyed once (the driver defers it if pending).
-        unsafe {
-            let _ = result::event::destroy(self.fork);
-            let _ = result::event::destroy(self.join);
-        }
-    }
 }
 
 /// A gate as the expert kernels take it (none: address 0).
@@ -879,17 +852,6 @@ fn elementwise_config(n: u64) -> LaunchConfig {
 
 /// Most blocks one launch's x dimension may have (CUDA's limit is 2^31 - 1).
 const MAX_GRID_X: u64 = (1 << 31) - 1;
-
-/// Make `later`'s subsequent work wait for `earlier`'s work so far, through `ev` (recorded
-/// on `earlier` now; both streams and the event of the current context).
-fn order_after(ev: sys::CUevent, earlier: sys::CUstream, later: sys::CUstream) -> Result<()> {
-    // SAFETY: live event and streams of the bound context.
-    unsafe {
-        result::event::record(ev, earlier).map_err(cu("recording an event"))?;
-        result::stream::wait_event(later, ev, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
-            .map_err(cu("making a stream wait for an event"))
-    }
-}
 
 /// Queue one region of `src` (pinned host) to `dst` (device) on `stream`.
 fn copy_h2d_raw(
@@ -1103,52 +1065,13 @@ impl CudaStreamH {
         let s = pinned(src)?.host;
         let d = dptr(dst)?;
         self.shared.bind()?;
-        if regions.len() > 1 {
-            match self.shared.tuning().copies {
-                CopySubmit::Batch => return self.copy_h2d_batch(s, d, regions),
-                CopySubmit::Split => return self.copy_h2d_split(s, d, regions),
-                _ => {}
-            }
+        if regions.len() > 1 && self.shared.tuning().copies == CopySubmit::Batch {
+            return self.copy_h2d_batch(s, d, regions);
         }
         for r in regions {
             copy_h2d_raw(s, d, r, self.raw())?;
         }
         Ok(())
-    }
-
-    /// The regions alternately on this stream and a sibling (forked after this stream's
-    /// earlier work, joined back before its later work), so that two copy engines can run
-    /// them and each one's fixed cost per copy hides behind the other's bytes.
-    fn copy_h2d_split(&self, s: *mut u8, d: CUdeviceptr, regions: &[CopyRegion]) -> Result<()> {
-        let mut guard = self
-            .sibling
-            .lock()
-            .map_err(|_| RuntimeError::invalid("copy stream", "a split copy panicked"))?;
-        if guard.is_none() {
-            let stream = self
-                .shared
-                .ctx
-                .new_stream()
-                .map_err(cu("creating the sibling copy stream"))?;
-            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
-            let fork = result::event::create(flags).map_err(cu("creating an event"))?;
-            let join = result::event::create(flags).map_err(cu("creating an event"))?;
-            *guard = Some(SiblingCopies {
-                stream,
-                fork,
-                join,
-                shared: self.shared.clone(),
-            });
-        }
-        let sib = guard.as_ref().expect("made above");
-        let (main, other) = (self.raw(), sib.stream.cu_stream());
-        // Reusing the two events every call is sound: a wait takes the event's latest record
-        // at the time of the call.
-        order_after(sib.fork, main, other)?;
-        for (i, r) in regions.iter().enumerate() {
-            copy_h2d_raw(s, d, r, if i % 2 == 0 { main } else { other })?;
-        }
-        order_after(sib.join, other, main)
     }
 
     /// Every region in one `cuMemcpyBatchAsync_v2` call: the source read in stream order

@@ -582,16 +582,8 @@ impl Device {
             Backend::Cuda(c) => {
                 let mut specs = Vec::new();
                 for tuning in tunings {
-                    // Both table sizes where small tables are on: a step may launch either.
-                    let tables: &[usize] = if tuning.small_table {
-                        &[0, usize::MAX]
-                    } else {
-                        &[usize::MAX]
-                    };
                     for s in steps {
-                        for &t in tables {
-                            specs.push(crate::gpu_experts::cuda_specialization(s, tuning, t));
-                        }
+                        specs.push(crate::gpu_experts::cuda_specialization(s, tuning));
                     }
                 }
                 c.warm_up_kernels(&specs)

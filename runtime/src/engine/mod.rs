@@ -18,11 +18,12 @@
 //!    overlapping the hits' compute.
 //! 4. **Experts** (compute stream): one expert step over the hits, then one over the fetched
 //!    misses ([`crate::gpu_experts::ExpertStep`]) in chunks (`FetchChunks`), each after
-//!    its chunk's copies: the earlier chunks behind an event wait, the last one (by default)
-//!    queued at once and gated on a flag the copy stream sets after its copies
-//!    ([`EngineConfig::gate_last_chunk`], [`crate::device::FlagGate`]), so that its launch
+//!    its chunk's copies (at most [`EngineSettings::fetch_chunks`] chunks, halving from the
+//!    last): the earlier chunks behind an event wait, the last one, on one GPU with
+//!    copy-engine gathers, queued at once and gated on a flag the copy stream sets after its
+//!    copies ([`crate::device::FlagGate`], [`Engine::gates_last_chunk`]), so that its launch
 //!    overlaps the last copy; where the layer has no CPU share, the combine (6) is folded
-//!    into that last launch ([`EngineConfig::fold_combine`]).
+//!    into that last launch.
 //! 5. **CPU share** (hybrid, cpu): the layer's activations go device-to-host on a third
 //!    stream; the host waits for them (the layer's one host round trip; a layer without CPU
 //!    work has none), runs the CPU experts on the pool ([`crate::cpu_pool::CpuExecutor`])
@@ -31,10 +32,9 @@
 //!    and also one of the CPU share's threads, so it queues before the share only what the
 //!    share waits for (the dense part up to the router, the activations' copy down right
 //!    behind it) and the first chunk of gathers; the other chunks' gathers, the experts' input
-//!    rows, the post-router dense part, the experts' kernels and the next layer's plan
-//!    ([`HostSubmit::Overlapped`]) go in while the activations travel and, what is left,
-//!    beside the share while the pool's workers take its first tiles. Plans still run in
-//!    layer order.
+//!    rows, the post-router dense part, the experts' kernels and the next layer's plan go in
+//!    while the activations travel and, what is left, beside the share while the pool's
+//!    workers take its first tiles. Plans still run in layer order.
 //! 6. **Combine** (compute stream): the expert outputs are summed per stream in a fixed order
 //!    ([`CombineOrder`]) and added to the residual stream.
 //!
@@ -51,23 +51,23 @@
 //!   when it does not).
 //! - `cpu`: every miss on the CPU (the cache holds only what a static hot set puts there).
 
-mod chunk_timer;
 mod decode;
 pub mod multi;
 pub mod probe;
+mod settings;
 mod timeline;
 mod work;
 
-pub use chunk_timer::{ChunkTimer, FetchChunking};
 pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
 pub use multi::{
     decode_multi, CombineMethod, GpuCounts, MultiDecoded, MultiEngine, MultiStepResult,
 };
+pub use settings::{EngineSettings, REMOVED_ENGINE_ENVS};
 pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
-use ft_model::plan::{fetch_chunk_bounds_timed, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
+use ft_model::plan::{fetch_chunk_bounds_at_most, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
 use ft_model::profile::CpuCheck;
 use ft_model::{ModelSpec, Strategy, StrategyKind};
 use serde::{Deserialize, Serialize};
@@ -141,92 +141,20 @@ pub struct EngineConfig {
     /// Device memory left free beside everything the engine allocates (slots, dense
     /// buffers, activations), bytes: the CUDA context, kernel scratch, other processes.
     pub reserve_bytes: u64,
-    /// When the host queues the GPU work a layer's CPU share does not wait for.
-    pub host_submit: HostSubmit,
-    /// Most chunks a layer's fetched experts are gathered in, 1 to [`MAX_FETCH_CHUNKS`]
-    /// ([`ft_model::plan::fetch_chunk_bounds_at_most`]).
-    pub fetch_chunks: usize,
-    /// Fold the combine of a layer without a CPU share into its last fetched chunk's launch
-    /// ([`Stream::launch_experts_then_combine`]): one launch fewer after the last copy. On by
-    /// default (with the gate below: x1.033 at one stream on an H100, 2026-12-06,
-    /// experiments/runtime-grid); the multi-GPU engine never folds.
-    pub fold_combine: bool,
-    /// How a layer's fetched experts are cut into chunks (at most `fetch_chunks`).
-    pub fetch_chunking: FetchChunking,
-    /// Queue the last fetched chunk's launch gated on a flag the copy stream sets after its
-    /// copies ([`FlagGate`]), instead of behind an event wait: the launch's start (its
-    /// scheduling, tables and dependent down launch) overlaps the last copy. On by default;
-    /// it applies where it can ([`Engine::gates_last_chunk`]): copy-engine gathers (a
-    /// zero-copy gather's kernel needs the multiprocessors the waiting blocks hold), a device
-    /// with stream flag writes, one GPU (the multi-GPU engine waits for each chunk's event).
-    pub gate_last_chunk: bool,
-}
-
-/// When the host thread queues the GPU work of a layer with a CPU share that the share does
-/// not wait for (the dense part after the router, the hits' and fetched experts' kernels,
-/// planning the next layer).
-///
-/// The host thread is the only one that talks to the device, and in a hybrid layer it is
-/// also one of the CPU share's threads: every call it makes before the share starts delays
-/// the share. On the H200 machine (2026-12-05T02:02Z grid) the host's calls were 83 to 336 us
-/// of each hybrid layer, serial with the share.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum HostSubmit {
-    /// Only the work the share waits for (the dense part up to the router, then the
-    /// activations' copy down behind the router alone) and the first chunk of gathers
-    /// before the share; the rest (the other gathers and the experts' input rows first)
-    /// while the host waits for the activations, and what is left beside the share, the
-    /// pool's workers taking the share's first tiles ([`CpuExecutor::run_layer_beside`]).
-    #[default]
-    Overlapped,
-    /// Everything queued and the next layer planned before the host waits for the
-    /// activations (the arrangement before 2026-12-05, for comparison).
-    Serial,
-}
-
-impl HostSubmit {
-    /// Name on the command line and in JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            HostSubmit::Overlapped => "overlapped",
-            HostSubmit::Serial => "serial",
-        }
-    }
-}
-
-impl std::str::FromStr for HostSubmit {
-    type Err = RuntimeError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "overlapped" => Ok(HostSubmit::Overlapped),
-            "serial" => Ok(HostSubmit::Serial),
-            _ => Err(RuntimeError::invalid(
-                "--host-submit",
-                format!("'{s}' is not overlapped or serial"),
-            )),
-        }
-    }
+    /// The settings a user chooses ([`EngineSettings`]: the same for `ft run`, `ft probe`
+    /// and `ft serve`).
+    pub settings: EngineSettings,
 }
 
 impl EngineConfig {
     /// Refuse what no engine can run, naming the flag: no streams, an activation path the
-    /// model's format lacks, fetched chunks outside 1 to [`MAX_FETCH_CHUNKS`]. Both the
+    /// model's format lacks, settings out of range ([`EngineSettings::check`]). Both the
     /// single- and the multi-GPU engine check it first.
     pub fn check(&self, model: &ModelSpec) -> Result<()> {
         if self.max_streams == 0 {
             return Err(RuntimeError::invalid("--streams", "must be at least 1"));
         }
-        if !(1..=MAX_FETCH_CHUNKS).contains(&self.fetch_chunks) {
-            return Err(RuntimeError::invalid(
-                "--fetch-chunks",
-                format!(
-                    "{} chunks; a layer's fetched experts are gathered in 1 to {MAX_FETCH_CHUNKS}",
-                    self.fetch_chunks
-                ),
-            ));
-        }
+        self.settings.check()?;
         for (flag, p) in [("--gpu-act", self.gpu_path), ("--cpu-act", self.cpu_path)] {
             if !p.supports(model.format) {
                 return Err(RuntimeError::invalid(
@@ -260,11 +188,7 @@ impl Default for EngineConfig {
             seed: 0,
             timeline: true,
             reserve_bytes: DEFAULT_RESERVE_BYTES,
-            host_submit: HostSubmit::default(),
-            fetch_chunks: MAX_FETCH_CHUNKS,
-            fold_combine: true,
-            fetch_chunking: FetchChunking::default(),
-            gate_last_chunk: true,
+            settings: EngineSettings::default(),
         }
     }
 }
@@ -354,7 +278,7 @@ impl EngineMemory {
     }
 }
 
-/// A layer's fetched experts in chunks ([`fetch_chunk_bounds_timed`]): the chunked pipeline of
+/// A layer's fetched experts in chunks ([`fetch_chunk_bounds_at_most`]): the chunked pipeline of
 /// both engines (single- and multi-GPU). Chunk `c`'s gathers are followed by an event on the
 /// copy stream, and its expert step waits for that event only and writes output rows of its
 /// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
@@ -365,27 +289,25 @@ pub(crate) struct FetchChunks<'a> {
     slots: &'a SlotPool,
     bounds: Vec<std::ops::Range<usize>>,
     /// The last chunk's launch gated on this flag, set by the copy stream after the last
-    /// chunk's copies, instead of waiting for its event ([`EngineConfig::gate_last_chunk`]);
+    /// chunk's copies, instead of waiting for its event ([`Engine::gates_last_chunk`]);
     /// none where the layer gathers nothing.
     gate: Option<FlagGate<'a>>,
 }
 
 impl<'a> FetchChunks<'a> {
     /// The chunks of `work`'s fetched experts into and from `slots`, at most `max_chunks`,
-    /// timed by `timer` where given ([`fetch_chunk_bounds_timed`]), else halving; the last
-    /// one's launch gated on `gate` where given and the layer gathers.
+    /// halving from the last ([`fetch_chunk_bounds_at_most`]); the last one's launch gated on
+    /// `gate` where given and the layer gathers.
     pub fn of(
         work: &'a work::LayerWork,
         slots: &'a SlotPool,
         max_chunks: usize,
-        timer: Option<&ChunkTimer>,
         gate: Option<FlagGate<'a>>,
     ) -> Self {
-        let costs = timer.map(|t| t.costs(&work.fetched));
         FetchChunks {
             work,
             slots,
-            bounds: fetch_chunk_bounds_timed(work.moves.len(), max_chunks, costs.as_ref()),
+            bounds: fetch_chunk_bounds_at_most(work.moves.len(), max_chunks),
             gate: gate.filter(|_| !work.moves.is_empty()),
         }
     }
@@ -474,9 +396,9 @@ impl<'a> FetchChunks<'a> {
 /// chunks' gathers not yet queued (copy stream), the experts' input rows, the dense part
 /// after the router, the hits' kernel and the fetched experts' kernels (a chunk each), with
 /// their timing events, queued in that order one item at a time
-/// ([`LayerRest::submit_next`]). With [`HostSubmit::Overlapped`] the host queues them
-/// while it waits for the activations and then beside the CPU share, instead of before the
-/// wait (a hybrid layer's CPU share starts 30 to 60 us of host calls earlier).
+/// ([`LayerRest::submit_next`]). In a layer with a CPU share the host queues them while it
+/// waits for the activations and then beside the CPU share, instead of before the wait, so
+/// that the share starts as soon as the activations are down.
 struct LayerRest<'a> {
     compute: &'a Stream,
     copy: &'a Stream,
@@ -661,7 +583,7 @@ pub struct Engine {
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
     /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
-    /// fetched experts ([`fetch_chunk_bounds_timed`]); in fixed order the CPU's rows go to the first.
+    /// fetched experts ([`fetch_chunk_bounds_at_most`]); in fixed order the CPU's rows go to the first.
     y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
     y_cpu: DeviceBuffer,
@@ -680,9 +602,6 @@ pub struct Engine {
     /// (`replicate_rounds` of top-k; none for the fast combine order), the same every layer.
     input_copies: Vec<(usize, usize, usize)>,
     template: ExpertStep,
-    /// The costs the fetch chunks are timed by ([`FetchChunking::Timed`]; measured when the
-    /// engine starts, `None` otherwise or where nothing could be measured).
-    chunk_timer: Option<ChunkTimer>,
     steps_run: u64,
 }
 
@@ -901,10 +820,8 @@ impl Engine {
         let dense_post_bytes = (2 * g.shared_experts as u64 * g.expert_params())
             .min(model.dense().weight_bytes_per_layer) as usize;
         let dense_out = device.alloc(DENSE_OUT_BYTES, "dense output")?;
-        let gates = config.gate_last_chunk
-            && config.gather == GatherMethod::CopyEngine
-            && device.supports_flag_gates();
-        if config.gate_last_chunk && !gates {
+        let gates = config.gather == GatherMethod::CopyEngine && device.supports_flag_gates();
+        if !gates {
             tracing::debug!(
                 gather = %config.gather,
                 flag_writes = device.supports_flag_gates(),
@@ -974,22 +891,8 @@ impl Engine {
                 Vec::new()
             },
             template,
-            chunk_timer: None,
             steps_run: 0,
         };
-        if config.fetch_chunking == FetchChunking::Timed {
-            engine.chunk_timer = ChunkTimer::measure(&chunk_timer::MeasureOn {
-                device,
-                compute: &engine.compute,
-                copy: &engine.copy,
-                bank: &engine.bank,
-                slots: &engine.slots,
-                template: &engine.template,
-                x: &engine.act,
-                y: &engine.y_hits,
-                rows,
-            })?;
-        }
         engine.ensure_executor()?;
         engine.load_resident()?;
         Ok(engine)
@@ -1122,16 +1025,11 @@ impl Engine {
         &self.model
     }
 
-    /// Whether a layer's last fetched chunk is gated on a flag
-    /// ([`EngineConfig::gate_last_chunk`] where it applies: copy-engine gathers on a device
-    /// with stream flag writes).
+    /// Whether a layer's last fetched chunk is gated on a flag: where it can be, copy-engine
+    /// gathers (a zero-copy gather's kernel needs the multiprocessors the waiting blocks
+    /// hold) on a device with stream flag writes.
     pub fn gates_last_chunk(&self) -> bool {
         self.gate_flag.is_some()
-    }
-
-    /// What the fetch chunks are timed by ([`FetchChunking::Timed`]; `None` otherwise).
-    pub fn chunk_timer(&self) -> Option<&ChunkTimer> {
-        self.chunk_timer.as_ref()
     }
 
     /// The configuration it runs.
@@ -1306,17 +1204,12 @@ impl Engine {
                         value: self.gate_value,
                     }
                 });
-            let fetch = FetchChunks::of(
-                &work,
-                &self.slots,
-                self.config.fetch_chunks,
-                self.chunk_timer.as_ref(),
-                gate,
-            );
+            let fetch =
+                FetchChunks::of(&work, &self.slots, self.config.settings.fetch_chunks, gate);
             let chunks = fetch.len();
             // 1b. The rest of the dense part, 4. the experts: queued now, or with a CPU share
-            // and `HostSubmit::Overlapped`, while the host waits for the activations and
-            // beside the CPU share (the CPU share does not wait for them).
+            // while the host waits for the activations and beside the CPU share (the CPU
+            // share does not wait for them).
             let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
             let fetched_parts: Vec<&DeviceBuffer> = if need_fetched {
                 self.y_fetched[..chunks].iter().collect()
@@ -1326,14 +1219,13 @@ impl Engine {
             // 6 (folded). Without a CPU share the combine can follow the last fetched
             // chunk's kernel inside its launch ([`Stream::launch_experts_then_combine`]).
             let fold =
-                (self.config.fold_combine && m.link && !m.cpu && rows.order == CombineOrder::Fixed)
-                    .then_some(LayerCombine {
-                        act: &self.act,
-                        parts: &self.y_hits,
-                        more: &fetched_parts,
-                        block,
-                        k,
-                    });
+                (m.link && !m.cpu && rows.order == CombineOrder::Fixed).then_some(LayerCombine {
+                    act: &self.act,
+                    parts: &self.y_hits,
+                    more: &fetched_parts,
+                    block,
+                    k,
+                });
             let mut rest = LayerRest {
                 compute: &self.compute,
                 copy: &self.copy,
@@ -1357,35 +1249,28 @@ impl Engine {
                 clock,
                 first_queued_us: 0.0,
             };
-            let overlap = m.cpu && self.config.host_submit == HostSubmit::Overlapped;
             // 5a. The activations' copy down for the CPU share (their own stream: not behind
-            // the gathers). With the submission overlapped it is queued first, behind the
-            // router alone (the share reads the first block of rows, which the experts'
-            // input rows only copy from), and the gathers after the first chunk and the
-            // input rows wait in `rest`: the share starts about as soon as the router has
-            // run instead of a dozen host calls later (2026-12-06, H100 grid: 46 to 65 us
-            // of calls per hybrid layer before the copy down was queued).
-            let queue_down = |after: &Event| -> Result<()> {
-                self.act_stream.wait(after)?;
+            // the gathers), queued first, behind the router alone (the share reads the first
+            // block of rows, which the experts' input rows only copy from); the gathers
+            // after the first chunk and the input rows wait in `rest`. So the share starts
+            // about as soon as the router has run instead of a dozen host calls later
+            // (experiments/runtime-grid, "The copy down queued first in a hybrid layer").
+            m.down_after_router = m.cpu;
+            if m.cpu {
+                self.act_stream.wait(&ev.router)?;
                 self.act_stream
                     .copy_d2h(&self.act, 0, &self.x_host, 0, block * F32_BYTES)?;
-                self.act_stream.record(&ev.down)
-            };
-            m.down_after_router = overlap;
-            if overlap {
-                queue_down(&ev.router)?;
+                self.act_stream.record(&ev.down)?;
             }
             if m.link {
                 self.copy.wait(&ev.router)?;
                 rest.gather_next()?;
             }
-            if !overlap {
+            if !m.cpu {
+                // No CPU share, so nothing waits for the host: the input rows, 3b. the
+                // remaining chunks' gathers (3a issued the first) before any other call, so
+                // that the link never waits for the host, then the rest.
                 rest.queue_inputs()?;
-                if m.cpu {
-                    queue_down(&ev.input)?;
-                }
-                // 3b. The remaining chunks' gathers (3a issued the first): before any other
-                // call, so that the link never waits for the host.
                 while rest.gather_next()? {}
                 rest.submit_all()?;
             }
@@ -1396,12 +1281,9 @@ impl Engine {
                 // Plan the next layer while the activations come down (host work off the
                 // critical path; the plans run in layer order all the same).
                 let plan_next = l + 1 < layers;
-                if plan_next && !overlap {
-                    ahead = Some(planner.plan(l + 1, input)?);
-                }
                 m.wait_start = clock.now_us();
-                // Whatever is not queued or planned yet (nothing, when serial) while the
-                // activations come down, the rest beside the CPU share.
+                // Whatever is not queued or planned yet while the activations come down, the
+                // rest beside the CPU share.
                 while !ev.down.is_complete()? {
                     if rest.submit_next()? {
                         continue;

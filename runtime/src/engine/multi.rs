@@ -56,7 +56,7 @@ use super::decode::{token_input, DecodeOptions, INPUT_SALT_WARMUP};
 use super::work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 use super::{
     max_rows, residual_scale, resolve_fetch, run_cpu, slot_counts, split_dense, CombineOrder,
-    CpuSide, EngineConfig, EngineMemory, FetchChunking, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
+    CpuSide, EngineConfig, EngineMemory, FetchChunks, StepInput, MAX_FETCH_CHUNKS,
 };
 use crate::bank::{slice_geometry, HostBank};
 use crate::cpu_pool::CpuExecutor;
@@ -276,16 +276,9 @@ impl MultiEngine {
             ));
         }
         config.check(model)?;
-        // `fold_combine` and `gate_last_chunk` (on by default) are the single-GPU engine's
-        // pipeline and do not apply here: each GPU's combine follows the peers' partial rows,
-        // not its last chunk, and each chunk's kernel waits for its copies' event.
-        if config.fetch_chunking != FetchChunking::Halving {
-            // Each GPU's chunks would need their own timing on their own link.
-            return Err(RuntimeError::invalid(
-                "--fetch-chunking",
-                "single-GPU only: the multi-GPU engine gathers in halving chunks",
-            ));
-        }
+        // The folded combine and the gated last chunk are the single-GPU engine's pipeline
+        // and do not apply here: each GPU's combine follows the peers' partial rows, not its
+        // last chunk, and each chunk's kernel waits for its copies' event.
         let fetch = resolve_fetch(&config.strategy)?;
         let kind = config.strategy.kind();
         let tp = layout.placement == GpuPlacement::TensorParallel && n > 1;
@@ -598,7 +591,8 @@ impl MultiEngine {
                 // The first chunk's gathers right after the router, before the input rows
                 // and the activations for the CPU, the rest after them (as the single-GPU
                 // engine issues them): the link starts as soon as the router has run.
-                let fetch = FetchChunks::of(work, &p.slots, self.config.fetch_chunks, None, None);
+                let fetch =
+                    FetchChunks::of(work, &p.slots, self.config.settings.fetch_chunks, None);
                 let link = !work.moves.is_empty();
                 let method = self.config.gather;
                 if link {

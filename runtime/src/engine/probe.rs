@@ -131,7 +131,6 @@ pub fn probe_hybrid_overhead(
             seed: 1,
             timeline: false,
             reserve_bytes: 0,
-            host_submit: super::HostSubmit::default(),
             ..EngineConfig::default()
         };
         let mut e = Engine::new(device, &model, &cfg, None)?;

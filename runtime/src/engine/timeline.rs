@@ -82,7 +82,7 @@ pub(crate) struct LayerMarks {
     pub dense_submit: f64,
     pub submit_end: f64,
     /// When the host queued the post-router dense part (the first of the work a CPU share
-    /// does not wait for; later than `submit_end` with `HostSubmit::Overlapped`).
+    /// does not wait for; later than `submit_end` in a layer with a CPU share).
     pub rest_submit: f64,
     pub wait_start: f64,
     pub wait_end: f64,
@@ -101,8 +101,7 @@ pub(crate) struct LayerMarks {
     pub gather_bytes: u64,
     pub cpu_rows_bytes: u64,
     pub down_bytes: u64,
-    /// The activations' copy down waited for the router rather than the experts' input
-    /// rows (`HostSubmit::Overlapped`).
+    /// The activations' copy down waited for the router (every layer with a CPU share).
     pub down_after_router: bool,
 }
 

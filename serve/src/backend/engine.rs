@@ -364,7 +364,6 @@ mod tests {
             threads: 1,
             seed: 5,
             reserve_bytes: 0,
-            host_submit: ft_runtime::engine::HostSubmit::default(),
             ..EngineConfig::default()
         };
         let routing = RoutingProcess::preset("typical").unwrap();

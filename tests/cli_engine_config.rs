@@ -1,0 +1,148 @@
+//! One engine configuration for `ft run`, `ft probe` and `ft serve`: the same `[engine]`
+//! file and flags reach all three, each records the settings it ran with, and the profile
+//! key carries them, so a server finds the profile probed with its own settings and no
+//! other.
+
+mod common;
+use common::{assert_ok, write};
+
+use std::path::Path;
+use std::process::Output;
+
+/// A tiny model: 16 experts of 64 x 32 in nvfp4, top-2, 2 layers (a few KB of experts).
+const TINY: &str = r#"
+name = "tiny-engine"
+format = "nvfp4"
+[geometry]
+hidden = 64
+intermediate = 32
+experts = 16
+top_k = 2
+moe_layers = 2
+"#;
+
+/// Flags that keep one probe to a couple of seconds on a 2-core machine.
+const PROBE_FAST: &[&str] = &[
+    "--device",
+    "host",
+    "--threads",
+    "1",
+    "--streams",
+    "1,2",
+    "--context",
+    "16",
+    "--long-context",
+    "256",
+    "--hybrid-fractions",
+    "0.5",
+    "--steps",
+    "4",
+    "--warmup",
+    "2",
+    "--budget-s",
+    "1.5",
+];
+
+fn ft(cache: &Path, args: &[&str]) -> Output {
+    common::ft_env(args, &[("FT_CACHE_DIR", cache)])
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert_ok(out);
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn run_probe_and_serve_take_the_same_engine_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let m = &write(dir.path(), "tiny.toml", TINY);
+    let file = &write(dir.path(), "engine.toml", "[engine]\nfetch-chunks = 2\n");
+    let asked = serde_json::json!({"fetch-chunks": 2});
+
+    // ft run records what it ran with.
+    let run = json(&ft(
+        &cache,
+        &[
+            "run",
+            "--device",
+            "host",
+            "--model",
+            m,
+            "--strategy",
+            "offload",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--cache-slots",
+            "8",
+            "--context",
+            "16",
+            "--threads",
+            "1",
+            "--engine-config",
+            file,
+            "--json",
+        ],
+    ));
+    assert_eq!(run["engine"], asked);
+
+    // ft probe records it in its report and in the profile key.
+    let mut probe = vec!["probe", "--model", m, "--json", "--engine-config", file];
+    probe.extend_from_slice(PROBE_FAST);
+    let p = json(&ft(&cache, &probe));
+    assert_eq!(p["engine"], asked);
+    let paths = p["key"]["host"]["gpu_paths"].as_str().unwrap().to_string();
+    assert!(paths.contains("fetch-chunks 2"), "{paths}");
+
+    // ft serve: with the same settings it finds that profile; with others the key differs
+    // in its GPU paths, so the profile is stale for it (and the host device has nothing to
+    // probe: it predicts from a host spec instead).
+    let serve = |extra: &[&str]| {
+        let mut a = vec![
+            "serve",
+            "--device",
+            "host",
+            "--model",
+            m,
+            "--threads",
+            "1",
+            "--predict-only",
+            "--json",
+        ];
+        a.extend_from_slice(extra);
+        json(&ft(&cache, &a))
+    };
+    let same = serve(&["--engine-config", file]);
+    assert_eq!(same["engine"], asked);
+    let source = same["source"].as_str().unwrap();
+    assert!(source.contains("cached profile"), "{source}");
+    // The flag alone is the same settings as the file.
+    let flag = serve(&["--fetch-chunks", "2"]);
+    assert!(
+        flag["source"].as_str().unwrap().contains("cached profile"),
+        "{}",
+        flag["source"]
+    );
+    let other = serve(&[]);
+    assert_eq!(other["engine"], serde_json::json!({"fetch-chunks": 4}));
+    let source = other["source"].as_str().unwrap();
+    assert!(!source.contains("cached profile"), "{source}");
+
+    // A probe with other settings finds the cached profile stale (its key's GPU paths
+    // differ) and probes again; the server with those settings then finds it.
+    let mut probe4 = vec!["probe", "--model", m, "--json", "--fetch-chunks", "4"];
+    probe4.extend_from_slice(PROBE_FAST);
+    let p4 = json(&ft(&cache, &probe4));
+    assert_eq!(p4["reused"], false, "another key, so probed");
+    let reasons = p4["reprobe_reasons"].to_string();
+    assert!(reasons.contains("stale"), "{reasons}");
+    assert_ne!(
+        p4["key"]["host"]["gpu_paths"],
+        p["key"]["host"]["gpu_paths"]
+    );
+    let now = serve(&[]);
+    let source = now["source"].as_str().unwrap();
+    assert!(source.contains("cached profile"), "{source}");
+}
