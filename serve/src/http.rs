@@ -839,7 +839,7 @@ pub async fn serve(
         }
     }
     drop(listener);
-    let open = graceful.count();
+    let open = handle.metrics().connections.get();
     info!(
         open,
         in_flight = handle.in_flight(),
@@ -852,7 +852,7 @@ pub async fn serve(
             warn!(
                 "shutdown deadline of {:.1} s passed: closing {} connection(s) still open",
                 http.shutdown_deadline.as_secs_f64(),
-                conns.len()
+                handle.metrics().connections.get()
             );
         }
     }
