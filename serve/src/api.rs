@@ -498,12 +498,12 @@ impl Common {
         if let Some(f) = &self.response_format {
             match f.get("type").and_then(Value::as_str) {
                 Some("text") => {}
-                Some(t @ ("json_object" | "json_schema")) => return Err(unsupported(
-                    "response_format",
-                    &format!(
+                Some(t @ ("json_object" | "json_schema")) => {
+                    let what = format!(
                         "type '{t}' asks for JSON output, which the served model cannot guarantee"
-                    ),
-                )),
+                    );
+                    return Err(unsupported("response_format", &what));
+                }
                 _ => {
                     return Err(bad_request(
                         format!("response_format {f} has no type text, json_object or json_schema"),
