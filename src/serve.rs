@@ -24,7 +24,9 @@
 //!
 //! Prefill runs through the same step path as decode, as batched chunks of the prompt
 //! (`--prefill-chunk` tokens of a stream per step, each token one engine row). SIGTERM or
-//! Ctrl-C stops accepting and drains the requests in flight.
+//! Ctrl-C stops accepting and drains the requests in flight, closing what is still open at
+//! `--shutdown-deadline-s`; `--header-timeout-s`, `--body-timeout-s` and `--max-body-bytes`
+//! bound what one client can hold (`ft_serve::http`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -193,6 +195,20 @@ pub struct Args {
     /// with them.
     #[command(flatten)]
     pub engine: crate::engine_args::EngineArgs,
+    /// Seconds a client has to send a request's headers (also how long a kept-alive
+    /// connection may idle); slower clients are disconnected.
+    #[arg(long, default_value_t = ft_serve::http::HEADER_TIMEOUT_S)]
+    pub header_timeout_s: f64,
+    /// Seconds a client has to send a request's body once its headers are in (408 after).
+    #[arg(long, default_value_t = ft_serve::http::BODY_TIMEOUT_S)]
+    pub body_timeout_s: f64,
+    /// Largest request body, bytes; a larger Content-Length is refused (413) before reading.
+    #[arg(long, default_value_t = ft_serve::http::BODY_LIMIT_BYTES)]
+    pub max_body_bytes: u64,
+    /// Seconds SIGTERM waits for the requests in flight before closing the connections still
+    /// open.
+    #[arg(long, default_value_t = ft_serve::http::SHUTDOWN_DEADLINE_S)]
+    pub shutdown_deadline_s: f64,
 }
 
 /// The CPU check at start: the CPU side's own work timed on the engine's bank
@@ -419,6 +435,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     let fetch = FetchFraction::parse("--fetch-fraction", &args.fetch_fraction)?;
     let settings = args.engine.settings()?;
+    let http = ft_serve::http::HttpConfig::from_flags(
+        args.header_timeout_s,
+        args.body_timeout_s,
+        args.max_body_bytes,
+        args.shutdown_deadline_s,
+    )?;
     // The engine's device, opened first: the prediction may probe it.
     let device = match args.backend {
         BackendArg::Engine => {
@@ -610,7 +632,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         use std::io::Write as _;
         let _ = std::io::stdout().flush();
-        ft_serve::http::serve(listener, handle, args.seed, ft_serve::http::termination_signal()).await?;
+        ft_serve::http::serve(listener, handle, args.seed, http, ft_serve::http::termination_signal()).await?;
         let summary = tokio::task::spawn_blocking(move || join.join())
             .await?
             .map_err(|_| anyhow::anyhow!("the decode thread panicked"))?;

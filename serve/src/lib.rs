@@ -12,7 +12,9 @@
 //! - [`predict`] and [`monitor`]: the predictions the server holds itself to and the windows
 //!   it measures;
 //! - [`http`]: the axum routes (`/v1/completions`, `/v1/chat/completions` with SSE,
-//!   `/v1/models`, `/health`, `/metrics`), errors in OpenAI's JSON shape, graceful shutdown;
+//!   `/v1/models`, `/health`, `/metrics`) served by hyper with header and body timeouts, a
+//!   body limit and a shutdown deadline, errors in OpenAI's JSON shape (`docs/serve.md`);
+//! - [`metrics`]: the Prometheus registry behind `/metrics` (histograms, counters, gauges);
 //! - [`loadgen`]: the field report's A/B protocol as a client of any OpenAI-compatible server,
 //!   and a bounded loopback stress test.
 

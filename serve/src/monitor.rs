@@ -230,6 +230,7 @@ mod tests {
                 misses: 1,
                 fetched: 1,
                 cpu: 0,
+                gathered_bytes: 0,
             }),
             busy: None,
         }

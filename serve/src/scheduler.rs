@@ -317,13 +317,7 @@ pub fn spawn(
 ) -> Result<(SchedulerHandle, JoinHandle<SchedulerSummary>)> {
     let info = backend.info();
     cfg.validate(&info)?;
-    let metrics = Arc::new(Metrics::default());
-    metrics.with(|m| {
-        m.model = info.model.clone();
-        m.backend = info.name.clone();
-        m.strategy = Some(backend.strategy());
-        m.auto = check.auto;
-    });
+    let metrics = Arc::new(Metrics::new(&info, backend.strategy(), check.auto)?);
     let (tx, rx) = mpsc::channel();
     let handle = SchedulerHandle {
         tx,
@@ -380,6 +374,8 @@ impl Loop {
     fn run(&mut self) {
         loop {
             if self.active.is_empty() && self.queue.is_empty() {
+                // Idle: the load gauges read zero until the next request.
+                self.metrics.set_load(0, 0);
                 if self.draining {
                     break;
                 }
@@ -397,6 +393,7 @@ impl Loop {
                 continue;
             }
             self.step();
+            self.metrics.set_load(self.active.len(), self.queue.len());
         }
         info!(
             steps = self.summary.steps,
@@ -427,9 +424,7 @@ impl Loop {
         let before = self.queue.len();
         self.queue.retain(|p| !p.events.is_closed());
         cancelled += (before - self.queue.len()) as u64;
-        if cancelled > 0 {
-            self.metrics.with(|m| m.cancelled_total += cancelled);
-        }
+        self.metrics.requests_ended("cancelled", cancelled);
     }
 
     fn admit(&mut self) {
@@ -461,11 +456,7 @@ impl Loop {
                 permit: Some(_permit),
             });
         }
-        let (active, queued) = (self.active.len(), self.queue.len());
-        self.metrics.with(|m| {
-            m.active_streams = active;
-            m.queued = queued;
-        });
+        self.metrics.set_load(self.active.len(), self.queue.len());
     }
 
     fn decision(&mut self, streams: usize) -> Option<&Decision> {
@@ -532,7 +523,7 @@ impl Loop {
                     self.backend.release(a.id);
                     let _ = a.events.send(TokenEvent::Failed(msg.clone()));
                 }
-                self.metrics.with(|m| m.failed_total += n);
+                self.metrics.requests_ended("failed", n);
                 return;
             }
         };
@@ -587,16 +578,10 @@ impl Loop {
             self.backend.release(a.id);
         }
         let streams = out.stats.streams;
-        self.metrics.with(|m| {
-            m.steps_total += 1;
-            m.generated_tokens_total += generated;
-            m.prompt_tokens_total += prompt_tokens as u64;
-            m.completed_total += completed;
-            m.cancelled_total += cancelled;
-            if decode_only {
-                m.record_decode(&out.stats);
-            }
-        });
+        self.metrics
+            .record_step(&out.stats, decode_only, generated, prompt_tokens as u64);
+        self.metrics.requests_ended("completed", completed);
+        self.metrics.requests_ended("cancelled", cancelled);
         self.self_check(&strategy, &out.stats, decode_only, streams);
     }
 
@@ -617,19 +602,14 @@ impl Loop {
         };
         if let Some(d) = &prediction {
             if let Some(e) = d.estimate(strategy.kind()) {
-                let (p, s) = (e.tok_s, d.streams);
-                self.metrics.with(|m| {
-                    m.predicted = Some(p);
-                    m.predicted_streams = s;
-                });
+                self.metrics.set_prediction(e.tok_s, d.streams);
             }
         }
         let divergence = self
             .monitor
             .observe(strategy, stats, decode_only, prediction.as_ref());
         if let Some(obs) = self.monitor.last() {
-            let r = obs.tok_s;
-            self.metrics.with(|m| m.realised_window = Some(r));
+            self.metrics.set_realised(obs.tok_s);
         }
         let Some(div) = divergence else {
             return;
@@ -652,10 +632,7 @@ impl Loop {
             Err(e) => warn!("self-check: refit failed: {e}"),
         }
         self.decisions.clear();
-        self.metrics.with(|m| {
-            m.divergences_total += 1;
-            m.refits_total += 1;
-        });
+        self.metrics.diverged();
         self.monitor.restart();
         let Some(d) = self.decision(streams).cloned() else {
             return;
@@ -691,11 +668,7 @@ impl Loop {
                     streams,
                     reason: what,
                 });
-                let to = d.choice;
-                self.metrics.with(|m| {
-                    m.switches_total += 1;
-                    m.strategy = Some(to);
-                });
+                self.metrics.switched(d.choice);
             }
             Err(e) => warn!("self-check: could not switch to {}: {e}", d.choice),
         }

@@ -89,6 +89,53 @@ async fn sse(url: &str, path: &str, body: Value) -> (Vec<Value>, usize) {
     (chunks, done)
 }
 
+/// `/metrics`, parsed by a Prometheus text parser.
+struct Scraped(prometheus_parse::Scrape);
+
+async fn scrape(url: &str) -> Scraped {
+    let text = reqwest::get(format!("{url}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    Scraped(prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string()))).unwrap())
+}
+
+impl Scraped {
+    fn sample(&self, name: &str, labels: &[(&str, &str)]) -> &prometheus_parse::Sample {
+        self.0
+            .samples
+            .iter()
+            .find(|s| s.metric == name && labels.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+            .unwrap_or_else(|| panic!("{name} {labels:?} in {:?}", self.0.samples))
+    }
+
+    fn value(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        match &self.sample(name, labels).value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => *v,
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+
+    /// A histogram's observation count (its +Inf bucket), checked against its buckets.
+    fn histogram_count(&self, name: &str) -> f64 {
+        match &self.sample(name, &[]).value {
+            prometheus_parse::Value::Histogram(h) => {
+                assert!(
+                    h.windows(2).all(|w| w[0].count <= w[1].count),
+                    "{name}: buckets are cumulative: {h:?}"
+                );
+                let inf = h.iter().find(|b| b.less_than == f64::INFINITY);
+                inf.map_or_else(|| h.last().map_or(0.0, |b| b.count), |b| b.count)
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
 fn completion(prompt: &str, max_tokens: usize) -> Value {
     json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true})
 }
@@ -194,22 +241,47 @@ async fn endpoints_streaming_and_batching() {
     let b = post(&url, "/v1/completions", sampled).await.1;
     assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
 
-    let metrics = http
-        .get(format!("{url}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    for needle in [
-        "ft_decode_tokens_per_second{scope=\"per_stream\"}",
-        "ft_expert_miss_rate",
-        "ft_strategy{strategy=\"offload\"} 1",
-        "ft_fetch_fraction 1",
-    ] {
-        assert!(metrics.contains(needle), "{needle} in\n{metrics}");
-    }
+    // /metrics, parsed, agrees with the requests above: 17 answered (1 + 1 + 1 + 6 + 6 + 2)
+    // with 24, 24, 5, 12 x 20 and 2 x 16 tokens, and 2 GETs before the scrape.
+    let requests = 17.0;
+    let tokens = [24, 24, 5].into_iter().chain([20; 12]).chain([16; 2]);
+    let (generated, gaps) = tokens.fold((0, 0), |(g, i), t| (g + t, i + t - 1));
+    let m = scrape(&url).await;
+    assert_eq!(m.value("ft_generated_tokens_total", &[]), generated as f64);
+    assert_eq!(
+        m.value("ft_requests_total", &[("outcome", "completed")]),
+        requests
+    );
+    assert_eq!(
+        m.value("ft_http_responses_total", &[("status", "200")]),
+        requests + 2.0
+    );
+    assert_eq!(
+        m.histogram_count("ft_time_to_first_token_seconds"),
+        requests
+    );
+    assert_eq!(m.histogram_count("ft_request_duration_seconds"), requests);
+    assert_eq!(
+        m.histogram_count("ft_inter_token_latency_seconds"),
+        gaps as f64
+    );
+    assert!(m.histogram_count("ft_decode_step_duration_seconds") > 0.0);
+    let (hits, misses) = (
+        m.value("ft_expert_hits_total", &[]),
+        m.value("ft_expert_misses_total", &[]),
+    );
+    assert!(hits > 0.0 && misses > 0.0, "{hits} {misses}");
+    assert_eq!(
+        m.value("ft_expert_fetched_total", &[]),
+        misses,
+        "offload fetches every miss"
+    );
+    assert_eq!(m.value("ft_expert_cpu_total", &[]), 0.0);
+    assert!(m.value("ft_gathered_bytes_total", &[]) > 0.0);
+    assert_eq!(m.value("ft_strategy", &[("strategy", "offload")]), 1.0);
+    assert_eq!(m.value("ft_fetch_fraction", &[]), 1.0);
+    assert_eq!(m.value("ft_info", &[("strategy", "offload")]), 1.0);
+    assert_eq!(m.value("ft_active_streams", &[]), 0.0, "idle");
     let summary = srv.stop().await.unwrap();
     assert!(summary.steps > 0 && summary.switches.is_empty());
 }
@@ -231,23 +303,23 @@ async fn bad_requests_get_openai_errors() {
             post_raw(&url, "/v1/completions", "{\"prompt\": \"x\",").await,
         ),
         (
-            422,
+            400,
             post_raw(&url, "/v1/completions", "{\"prompt\": \"x\", \"bogus\": 1}").await,
         ),
         (
-            422,
+            400,
             post_raw(&url, "/v1/chat/completions", "{\"messages\": \"x\"}").await,
         ),
         (
-            413,
+            400,
             post(&url, "/v1/completions", completion(&"a".repeat(600), 4)).await,
         ),
         (
-            422,
+            400,
             post(&url, "/v1/completions", completion("abc", 600)).await,
         ),
         (
-            422,
+            400,
             post(
                 &url,
                 "/v1/completions",
@@ -275,7 +347,7 @@ async fn bad_requests_get_openai_errors() {
         );
         assert!(body["error"]["type"].is_string(), "{body}");
     }
-    let big = vec![b'a'; ft_serve::http::BODY_LIMIT_BYTES + 10];
+    let big = vec![b'a'; ft_serve::http::BODY_LIMIT_BYTES as usize + 10];
     let r = reqwest::Client::new()
         .post(format!("{url}/v1/completions"))
         .header("content-type", "application/json")
@@ -345,6 +417,7 @@ async fn a_client_that_disconnects_frees_its_slot_and_shutdown_drains() {
         metrics.contains("ft_requests_total{outcome=\"cancelled\"} 1"),
         "{metrics}"
     );
+    assert!(metrics.contains("ft_active_streams 0"), "{metrics}");
 
     // Graceful shutdown: a request in flight completes whole.
     let mut body = completion("finish me", 50);

@@ -281,6 +281,7 @@ impl StepBackend for EngineBackend {
                 misses: t.misses as u64,
                 fetched: t.fetched as u64,
                 cpu: t.cpu as u64,
+                gathered_bytes: t.gathered_bytes,
             });
             busy.gpu_us += res.record.gpu_busy_us;
             busy.pcie_us += res.record.pcie_busy_us;

@@ -52,6 +52,8 @@ pub struct ExpertCounts {
     pub fetched: u64,
     /// Misses computed on the CPU.
     pub cpu: u64,
+    /// Expert bytes gathered over the link for the fetched misses.
+    pub gathered_bytes: u64,
 }
 
 impl ExpertCounts {
@@ -80,6 +82,7 @@ impl ExpertCounts {
         self.misses += o.misses;
         self.fetched += o.fetched;
         self.cpu += o.cpu;
+        self.gathered_bytes += o.gathered_bytes;
     }
 }
 

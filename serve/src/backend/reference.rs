@@ -275,6 +275,12 @@ impl ReferenceMoe {
     }
 
     /// `y += w * expert_e(n)`.
+    /// Bytes of one expert's weights as this model holds them (gate, up and down in f32):
+    /// what a fetched expert would move over the link.
+    fn expert_bytes(&self) -> u64 {
+        self.geometry.expert_params() * std::mem::size_of::<f32>() as u64
+    }
+
     fn expert_into(&self, layer: &Layer, e: usize, w: f32, n: &[f32], y: &mut [f32]) {
         let (h, i) = (self.cfg.hidden, self.cfg.intermediate);
         let mut g = vec![0.0f32; i];
@@ -411,6 +417,7 @@ impl StepBackend for ReferenceMoe {
                 misses: plan.misses() as u64,
                 fetched: plan.link_experts() as u64,
                 cpu: plan.cpu.len() as u64,
+                gathered_bytes: plan.link_experts() as u64 * self.expert_bytes(),
             });
             for ((_, x), (n, r)) in rows.iter_mut().zip(normed.iter().zip(&routes)) {
                 let mut y = vec![0.0f32; h];
