@@ -11,6 +11,7 @@ pub mod error;
 pub mod format;
 pub mod geometry;
 pub mod host;
+pub mod import;
 pub mod perf;
 pub mod placement;
 pub mod plan;
@@ -22,7 +23,7 @@ pub mod traffic;
 
 pub use cache::{CachePolicy, CacheSize, ExpertCache, SlotId};
 pub use error::ModelError;
-pub use format::ExpertFormat;
+pub use format::{ExpertFormat, GgmlQuant};
 pub use geometry::{ExpertId, MoeGeometry};
 pub use placement::{GpuLayout, GpuPlacement};
 pub use plan::{plan_layer, LayerPlan};
