@@ -428,10 +428,7 @@ pub fn run(a: Args) -> Result<()> {
 
     let combos: usize = p.paths.len() * p.threads.len() * p.tokens.len() * p.experts.len();
     let total = (p.models.len() * p.formats.len() * combos) as u64;
-    let bar = indicatif::ProgressBar::new(total).with_style(
-        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {msg} [{elapsed}<{eta}]")
-            .expect("a valid progress template"),
-    );
+    let bar = crate::progress::bar(total, "runs");
     let need = *p.experts.iter().max().unwrap_or(&1);
     let mut rows = Vec::new();
     for m in &p.models {

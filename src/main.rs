@@ -20,10 +20,13 @@ mod bench_cpu;
 mod engine_args;
 mod experiment;
 mod explain;
+mod host_cmd;
 mod loadgen;
+mod model_cmd;
 mod plot;
 mod predict;
 mod probe;
+mod progress;
 mod run;
 mod serve;
 mod simulate;
@@ -71,6 +74,10 @@ enum Command {
     Probe(probe::Args),
     /// Validate the model against measured runs: the grid's plan, collection and analysis.
     Validate(validate::Args),
+    /// Models: list the presets, show one, import a Hugging Face config.json or a GGUF file.
+    Model(model_cmd::Args),
+    /// Hosts: write one for this machine (`init`), show one's values and sources, list presets.
+    Host(host_cmd::Args),
 }
 
 /// An outcome that is not an error but must change the exit code (a check that failed).
@@ -94,9 +101,12 @@ fn init_logging(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colour codes only for a terminal: a log redirected to a file stays plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(ansi)
         .with_target(false)
         .init();
 }
@@ -119,6 +129,8 @@ fn main() -> ExitCode {
             Some(Command::Loadgen(args)) => loadgen::run(args),
             Some(Command::Probe(args)) => probe::run(args),
             Some(Command::Validate(args)) => validate::run(args),
+            Some(Command::Model(args)) => model_cmd::run(args),
+            Some(Command::Host(args)) => host_cmd::run(args),
             None => {
                 use clap::CommandFactory;
                 let _ = Cli::command().print_help();

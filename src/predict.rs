@@ -25,7 +25,7 @@ pub const DEFAULT_MODEL: &str = "qwen3.8-flash-next";
 /// Arguments shared by `ft predict` and `ft explain`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model: a preset name or a model TOML file.
+    /// Model: a preset name, a model TOML file, a Hugging Face config.json or a GGUF file.
     #[arg(long, default_value = DEFAULT_MODEL)]
     pub model: String,
     /// Host: a preset (see `ft simulate --help`), a host TOML file or a profile JSON.
@@ -186,6 +186,9 @@ impl Args {
                 let host = ft_sim::hosts::resolve(&self.host)
                     .with_context(|| format!("--host {}", self.host))?;
                 let label = format!("host {}", host.name);
+                if let Some(c) = ft_model::import::cpu_rate_caveat(model.format, host.cpu.moe_gbs) {
+                    tracing::warn!("{c}");
+                }
                 (host.perf, host.bench, label)
             }
         };

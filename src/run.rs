@@ -57,9 +57,9 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// Arguments of `ft run`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model: a preset name or a model TOML file.
-    #[arg(long, required_unless_present = "probe_overhead")]
-    model: Option<String>,
+    /// Model: a preset name, a model TOML file, a Hugging Face config.json or a GGUF file.
+    #[arg(long, default_value = crate::predict::DEFAULT_MODEL)]
+    model: String,
     /// offload, hybrid, resident or cpu.
     #[arg(long, required_unless_present_any = ["probe_overhead", "interleave"], conflicts_with = "interleave")]
     strategy: Option<String>,
@@ -787,8 +787,15 @@ pub fn run(args: Args) -> Result<()> {
     if args.steps == 0 {
         bail!("--steps: must be at least 1");
     }
-    let name = args.model.as_deref().unwrap_or_default();
+    let name = args.model.as_str();
     let full = ModelSpec::resolve(name).with_context(|| format!("--model {name}"))?;
+    if !full.format.has_kernel() {
+        bail!(
+            "--model {name}: ft has no kernel for {}: predict and simulate it (ft predict, ft \
+             simulate), or run it in a format ft has (--model with format = nvfp4, q4_0, ...)",
+            full.format
+        );
+    }
     let mut notes = Vec::new();
     let model = match args.layers {
         Some(n) if n < full.geometry.moe_layers => {
@@ -1005,13 +1012,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let per_rep = (args.warmup + args.steps) as u64;
     let n = variants.len();
-    let bar = indicatif::ProgressBar::new(per_rep * (args.repeat * n) as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{elapsed_precise} [{bar:40}] {pos}/{len} steps {msg}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = crate::progress::bar(per_rep * (args.repeat * n) as u64, "steps");
     // Round r decodes every variant once, starting at variant r mod n; each decode starts
     // from an empty cache (a fresh engine's state).
     let mut runs: Vec<Vec<ft_runtime::engine::Decoded>> =
@@ -1545,7 +1546,7 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
         keep_outputs: false,
         block_stamps: false,
     };
-    let bar = indicatif::ProgressBar::new((warm.len() + measured.len()) as u64);
+    let bar = crate::progress::bar((warm.len() + measured.len()) as u64, "steps");
     let decoded = decode_multi(&mut engine, warm, measured, &options, &mut |done, _| {
         bar.set_position(done as u64)
     })?;

@@ -25,7 +25,7 @@ pub struct Args {
     /// out by `[gpu] placement`; cache sizes are then each GPU's.
     #[arg(long, default_value = fr::HOST)]
     host: String,
-    /// Model: a preset or a model TOML file.
+    /// Model: a preset, a model TOML file, a Hugging Face config.json or a GGUF file.
     #[arg(long, default_value = fr::MODEL)]
     model: String,
     /// Concurrent streams (repeatable or a comma list); default 1 and 2.
@@ -403,12 +403,7 @@ fn run_sweep(args: &Args, streams: &[usize]) -> Result<()> {
     };
     let points = sweep::expand(&base, &axes)?;
     tracing::info!(points = points.len(), "sweep");
-    let bar = indicatif::ProgressBar::new(points.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
+    let bar = crate::progress::bar(points.len() as u64, "points");
     let started = std::time::Instant::now();
     let rows = sweep::run_sweep(&points, args.with_model, &|done, total| {
         bar.set_length(total);

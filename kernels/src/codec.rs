@@ -209,6 +209,12 @@ pub struct RowRef<'a> {
 impl MatrixLayout {
     /// The layout of a `rows x cols` matrix; errors if `cols` cannot be blocked by `format`.
     pub fn new(format: ExpertFormat, rows: usize, cols: usize) -> Result<Self> {
+        if !format.has_kernel() {
+            return Err(KernelError::invalid(
+                "format",
+                format!("ft has no kernel for {format}: it is sized and predicted, not run"),
+            ));
+        }
         format.check_cols("cols", cols)?;
         if rows == 0 {
             return Err(KernelError::invalid("rows", "must be greater than zero"));
@@ -220,6 +226,7 @@ impl MatrixLayout {
             ExpertFormat::Q4_0 => (c / 32 * 18, 0, 0, 0),
             ExpertFormat::Nvfp4 => (c / 2, r * c / 2, c / 16, r * c / 2 + r * c / 16),
             ExpertFormat::Mxfp4 => (c / 2, r * c / 2, c / 32, 0),
+            ExpertFormat::Ggml(_) => unreachable!("refused above"),
         };
         let bytes = format.matrix_bytes(rows, cols) as usize;
         Ok(MatrixLayout {
@@ -275,6 +282,10 @@ impl MatrixLayout {
 /// Decode one row to f32 (exact: every format's value is representable in f32).
 pub fn decode_row(format: ExpertFormat, row: &RowRef<'_>, out: &mut [f32]) {
     match format {
+        ExpertFormat::Ggml(_) => unreachable!(
+            "{} has no kernel in ft (MatrixLayout::new refuses it)",
+            format
+        ),
         ExpertFormat::Bf16 => {
             for (o, b) in out.iter_mut().zip(row.values.chunks_exact(2)) {
                 *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
@@ -356,6 +367,10 @@ pub fn encode_into(
 fn encode_row(l: &MatrixLayout, r: usize, x: &[f32], out: &mut [u8]) {
     let vrow = r * l.values_row_bytes;
     match l.format {
+        ExpertFormat::Ggml(_) => unreachable!(
+            "{} has no kernel in ft (MatrixLayout::new refuses it)",
+            l.format
+        ),
         ExpertFormat::Bf16 => {
             for (c, &v) in x.iter().enumerate() {
                 out[vrow + 2 * c..vrow + 2 * c + 2]
@@ -462,6 +477,10 @@ pub fn error_bound(l: &MatrixLayout, bytes: &[u8], r: usize, x: &[f32], c: usize
     // Slack for the f32 rounding of the products inside the encoder and decoder.
     let slack = 4.0 * f32::EPSILON * v;
     match l.format {
+        ExpertFormat::Ggml(_) => unreachable!(
+            "{} has no kernel in ft (MatrixLayout::new refuses it)",
+            l.format
+        ),
         ExpertFormat::Bf16 => v * 2f32.powi(-8) + f32::MIN_POSITIVE,
         ExpertFormat::Int8 => row.row_scale / 2.0 * (1.0 + 1e-5) + slack,
         ExpertFormat::Q4_0 => {

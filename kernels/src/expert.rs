@@ -147,6 +147,10 @@ fn fill_matrix(l: &MatrixLayout, rng: &mut WyRand, out: &mut [u8]) {
     let sigma = 1.0 / (l.cols as f32).sqrt();
     let values_bytes = l.rows * l.values_row_bytes;
     match l.format {
+        ExpertFormat::Ggml(_) => unreachable!(
+            "{} has no kernel in ft (MatrixLayout::new refuses it)",
+            l.format
+        ),
         ExpertFormat::Bf16 => {
             // Uniform in [-a, a] with a = sqrt(3) sigma has standard deviation sigma.
             let a = 3f32.sqrt() * sigma;

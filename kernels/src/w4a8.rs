@@ -106,7 +106,7 @@ impl W4a8Spec {
     /// The spec of `format`, or `None` for `bf16` (which has no int8 path).
     pub fn of(format: ExpertFormat) -> Option<W4a8Spec> {
         match format {
-            ExpertFormat::Bf16 => None,
+            ExpertFormat::Bf16 | ExpertFormat::Ggml(_) => None,
             ExpertFormat::Nvfp4 => Some(W4a8Spec {
                 group: 16,
                 offset: 12,
@@ -149,7 +149,7 @@ pub fn canonical_element(format: ExpertFormat, k: usize, j: usize) -> usize {
     match format {
         ExpertFormat::Nvfp4 | ExpertFormat::Mxfp4 => 8 * d + 2 * j + h,
         ExpertFormat::Q4_0 => 4 * d + j + 16 * h,
-        ExpertFormat::Int8 | ExpertFormat::Bf16 => 4 * k + j,
+        ExpertFormat::Int8 | ExpertFormat::Bf16 | ExpertFormat::Ggml(_) => 4 * k + j,
     }
 }
 
@@ -394,6 +394,10 @@ impl QuantActPtr {
 pub fn row_integers(format: ExpertFormat, row: &RowRef<'_>, w: &mut [i8], s: &mut [f32]) -> f32 {
     match format {
         ExpertFormat::Bf16 => panic!("bf16 has no int8 path"),
+        ExpertFormat::Ggml(_) => unreachable!(
+            "{} has no kernel in ft (MatrixLayout::new refuses it)",
+            format
+        ),
         ExpertFormat::Int8 => {
             for (o, &q) in w.iter_mut().zip(row.values) {
                 *o = q as i8;

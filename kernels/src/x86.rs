@@ -62,6 +62,9 @@ fn format_id(f: ExpertFormat) -> u8 {
         ExpertFormat::Q4_0 => F_Q4,
         ExpertFormat::Int8 => F_I8,
         ExpertFormat::Bf16 => panic!("bf16 has no int8 path"),
+        ExpertFormat::Ggml(_) => {
+            unreachable!("{} has no kernel in ft (MatrixLayout::new refuses it)", f)
+        }
     }
 }
 

@@ -32,7 +32,7 @@ use crate::preset::ModelSpec;
 /// and `[interconnect]` to these fields (stored in [`EngineSpec::multi_gpu`]; read them with
 /// [`HostSpec::gpu_layout`] and [`HostSpec::interconnect`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(from = "HostSpecToml", into = "HostSpecToml")]
+#[serde(try_from = "HostSpecToml", into = "HostSpecToml")]
 pub struct HostSpec {
     /// Short name shown in tables (a preset's name, or a file's stem when left empty).
     #[serde(default)]
@@ -164,10 +164,10 @@ pub struct HostSpecToml {
     pub description: String,
     /// `[gpu]` with its placement.
     pub gpu: GpuSection,
-    /// [`HostSpec::pcie`].
-    pub pcie: PcieSpec,
-    /// [`HostSpec::cpu`].
-    pub cpu: CpuSpec,
+    /// `[pcie]` with the link's generation and width.
+    pub pcie: PcieSection,
+    /// `[cpu]` with its memory channels.
+    pub cpu: CpuSection,
     /// [`HostSpec::engine`].
     #[serde(default)]
     pub engine: EngineSpec,
@@ -176,72 +176,531 @@ pub struct HostSpecToml {
     pub interconnect: Option<InterconnectSpec>,
 }
 
-/// `[gpu]` as written: [`GpuSpec`] and the placement.
+/// `[gpu]` as written: [`GpuSpec`] and the placement. `memory_gib` and `hbm_gbs` may be
+/// left out for a GPU of [`GPU_TABLE`] (derived from its name).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GpuSection {
     /// [`GpuSpec::name`].
     pub name: String,
-    /// [`GpuSpec::count`].
+    /// [`GpuSpec::count`]; 1 when absent.
+    #[serde(default = "one")]
     pub count: u32,
-    /// [`GpuSpec::memory_gib`].
-    pub memory_gib: f64,
-    /// [`GpuSpec::hbm_gbs`].
-    pub hbm_gbs: f64,
+    /// [`GpuSpec::memory_gib`]; from [`GPU_TABLE`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_gib: Option<f64>,
+    /// [`GpuSpec::hbm_gbs`]; from [`GPU_TABLE`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hbm_gbs: Option<f64>,
     /// How experts are laid out over `count` GPUs: `sharded` (default) or
     /// `tensor-parallel`.
     #[serde(default, skip_serializing_if = "is_sharded")]
     pub placement: GpuPlacement,
 }
 
+/// `[pcie]` as written: [`PcieSpec`]'s rates, each optional with a derivation, and the
+/// link's generation and width they are derived from (and checked against).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PcieSection {
+    /// PCIe generation of the GPU's link (1 to 6), as `nvidia-smi -q` or `lspci -vv` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<u32>,
+    /// Lanes of the GPU's link (1 to 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lanes: Option<u32>,
+    /// [`PcieSpec::h2d_gbs`]; `lanes x` [`pcie_lane_gbs`]`(generation) x`
+    /// [`PCIE_DMA_EFFICIENCY`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub h2d_gbs: Option<f64>,
+    /// [`PcieSpec::d2h_gbs`]; `h2d_gbs` when absent (links are symmetric).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub d2h_gbs: Option<f64>,
+    /// [`PcieSpec::latency_us`]; [`DEFAULT_PCIE_LATENCY_US`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latency_us: Option<f64>,
+    /// [`PcieSpec::gather_gbs`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gather_gbs: Option<f64>,
+}
+
+/// `[cpu]` as written: [`CpuSpec`], with `threads`, `numa_nodes` and `stream_read_gbs`
+/// optional, and the memory channels `stream_read_gbs` is derived from (and checked
+/// against).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CpuSection {
+    /// [`CpuSpec::name`].
+    pub name: String,
+    /// [`CpuSpec::cores`].
+    pub cores: u32,
+    /// [`CpuSpec::threads`]; `cores` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threads: Option<u32>,
+    /// [`CpuSpec::numa_nodes`]; 1 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_nodes: Option<u32>,
+    /// Populated DRAM channels over all sockets (`dmidecode -t memory` lists the DIMMs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_channels: Option<u32>,
+    /// DRAM transfer rate, in MT/s (the `DDR5-4800` of a DIMM is 4800).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mts: Option<u32>,
+    /// [`CpuSpec::stream_read_gbs`]; `memory_channels x memory_mts x 8 B x`
+    /// [`STREAM_READ_SHARE_OF_PEAK`] when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_read_gbs: Option<f64>,
+    /// [`CpuSpec::moe_gbs`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_gbs: Option<f64>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// What a host file says about its hardware beyond [`HostSpec`]'s values (the PCIe
+/// generation and width, the memory channels and their rate), and which values were
+/// derived rather than given. Kept in [`EngineSpec::hardware`] (not in [`HostSpec`], whose
+/// struct literals elsewhere predate it); [`HostSpec::derived`] reads it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HostHardware {
+    /// `[pcie] generation`.
+    pub pcie_generation: Option<u32>,
+    /// `[pcie] lanes`.
+    pub pcie_lanes: Option<u32>,
+    /// `[cpu] memory_channels`.
+    pub memory_channels: Option<u32>,
+    /// `[cpu] memory_mts`, in MT/s.
+    pub memory_mts: Option<u32>,
+    /// The values derived when the file was read, in key order of the file.
+    pub derived: Vec<Derived>,
+}
+
+/// One host value the file left out, and how it was derived.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Derived {
+    /// Its key (`pcie.d2h_gbs`).
+    pub key: &'static str,
+    /// The value derived, in `unit`.
+    pub value: f64,
+    /// Its unit (`GB/s`, `us`, `GiB`, `count`).
+    pub unit: &'static str,
+    /// How, in words and numbers.
+    pub how: String,
+}
+
 fn is_sharded(p: &GpuPlacement) -> bool {
     *p == GpuPlacement::Sharded
 }
 
-impl From<HostSpecToml> for HostSpec {
-    fn from(t: HostSpecToml) -> Self {
+impl TryFrom<HostSpecToml> for HostSpec {
+    type Error = ModelError;
+
+    fn try_from(t: HostSpecToml) -> Result<Self> {
         let mut engine = t.engine;
         engine.multi_gpu = MultiGpuSpec {
             placement: t.gpu.placement,
             interconnect: t.interconnect,
         };
-        HostSpec {
+        let mut derived = Vec::new();
+        let mut derive = |key: &'static str, unit: &'static str, value: f64, how: String| {
+            derived.push(Derived {
+                key,
+                value,
+                unit,
+                how,
+            });
+            value
+        };
+
+        let table = gpu_table_entry(&t.gpu.name);
+        let from_table = |key: &str, pick: fn(&GpuTableRow) -> f64| {
+            table.map(|row| (pick(row), row)).ok_or_else(|| {
+                ModelError::invalid(
+                    key,
+                    format!(
+                        "missing, and GPU '{}' is not in ft's table of GPUs ({}); give it \
+                         from the GPU's specification",
+                        t.gpu.name,
+                        GPU_TABLE
+                            .iter()
+                            .map(|r| r.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })
+        };
+        let memory_gib = match t.gpu.memory_gib {
+            Some(v) => v,
+            None => {
+                let (v, row) = from_table("gpu.memory_gib", |r| r.memory_gib)?;
+                derive("gpu.memory_gib", "GiB", v, format!("{}'s memory", row.name))
+            }
+        };
+        let hbm_gbs = match t.gpu.hbm_gbs {
+            Some(v) => v,
+            None => {
+                let (v, row) = from_table("gpu.hbm_gbs", |r| r.hbm_gbs)?;
+                derive(
+                    "gpu.hbm_gbs",
+                    "GB/s",
+                    v,
+                    format!("{}'s published memory bandwidth", row.name),
+                )
+            }
+        };
+
+        let p = &t.pcie;
+        let h2d_gbs = match (p.h2d_gbs, p.generation, p.lanes) {
+            (Some(v), _, _) => v,
+            (None, Some(generation), Some(lanes)) => {
+                let lane = pcie_lane_gbs(generation).ok_or_else(|| {
+                    ModelError::invalid(
+                        "pcie.generation",
+                        format!("{generation} is not a PCIe generation (1 to 6)"),
+                    )
+                })?;
+                derive(
+                    "pcie.h2d_gbs",
+                    "GB/s",
+                    lane * lanes as f64 * PCIE_DMA_EFFICIENCY,
+                    format!(
+                        "PCIe {generation}.0 x{lanes}: {:.2} GB/s raw x {PCIE_DMA_EFFICIENCY} \
+                         DMA efficiency",
+                        lane * lanes as f64
+                    ),
+                )
+            }
+            _ => {
+                return Err(ModelError::invalid(
+                    "pcie.h2d_gbs",
+                    "missing: give it (a pinned host-to-device copy's GB/s, as `ft probe` or \
+                     nvbandwidth measure it), or pcie.generation and pcie.lanes to derive it",
+                ))
+            }
+        };
+        let d2h_gbs = match p.d2h_gbs {
+            Some(v) => v,
+            None => derive(
+                "pcie.d2h_gbs",
+                "GB/s",
+                h2d_gbs,
+                "equal to pcie.h2d_gbs (the link is symmetric)".to_string(),
+            ),
+        };
+        let latency_us = match p.latency_us {
+            Some(v) => v,
+            None => derive(
+                "pcie.latency_us",
+                "us",
+                DEFAULT_PCIE_LATENCY_US,
+                "a small pinned copy's submit-to-completion on a discrete GPU (estimate)"
+                    .to_string(),
+            ),
+        };
+
+        let c = &t.cpu;
+        let threads = match c.threads {
+            Some(v) => v,
+            None => derive(
+                "cpu.threads",
+                "count",
+                c.cores as f64,
+                "equal to cpu.cores (no SMT assumed)".to_string(),
+            ) as u32,
+        };
+        let numa_nodes = match c.numa_nodes {
+            Some(v) => v,
+            None => derive(
+                "cpu.numa_nodes",
+                "count",
+                1.0,
+                "one node assumed".to_string(),
+            ) as u32,
+        };
+        let stream_read_gbs = match (c.stream_read_gbs, c.memory_channels, c.memory_mts) {
+            (Some(v), _, _) => v,
+            (None, Some(ch), Some(mts)) => {
+                let peak = dram_peak_gbs(ch, mts);
+                derive(
+                    "cpu.stream_read_gbs",
+                    "GB/s",
+                    peak * STREAM_READ_SHARE_OF_PEAK,
+                    format!(
+                        "{ch} channels x {mts} MT/s x 8 B = {peak:.1} GB/s peak x \
+                         {STREAM_READ_SHARE_OF_PEAK} reached by STREAM read"
+                    ),
+                )
+            }
+            _ => {
+                return Err(ModelError::invalid(
+                    "cpu.stream_read_gbs",
+                    "missing: give it (`ft bench bw` measures it), or cpu.memory_channels and \
+                     cpu.memory_mts to derive it",
+                ))
+            }
+        };
+        engine.hardware = HostHardware {
+            pcie_generation: p.generation,
+            pcie_lanes: p.lanes,
+            memory_channels: c.memory_channels,
+            memory_mts: c.memory_mts,
+            derived,
+        };
+        Ok(HostSpec {
             name: t.name,
             description: t.description,
             gpu: GpuSpec {
                 name: t.gpu.name,
                 count: t.gpu.count,
-                memory_gib: t.gpu.memory_gib,
-                hbm_gbs: t.gpu.hbm_gbs,
+                memory_gib,
+                hbm_gbs,
             },
-            pcie: t.pcie,
-            cpu: t.cpu,
+            pcie: PcieSpec {
+                h2d_gbs,
+                d2h_gbs,
+                latency_us,
+                gather_gbs: p.gather_gbs,
+            },
+            cpu: CpuSpec {
+                name: c.name.clone(),
+                cores: c.cores,
+                threads,
+                numa_nodes,
+                stream_read_gbs,
+                moe_gbs: c.moe_gbs,
+            },
             engine,
-        }
+        })
     }
 }
 
 impl From<HostSpec> for HostSpecToml {
+    /// Values derived when the file was read (and not changed since) are left out, so that
+    /// the written file derives them again and stays marked as derived.
     fn from(h: HostSpec) -> Self {
         let mut engine = h.engine;
         let multi = std::mem::take(&mut engine.multi_gpu);
+        let hw = std::mem::take(&mut engine.hardware);
+        let given = |key: &str, v: f64| {
+            let derived = hw.derived.iter().any(|d| d.key == key && d.value == v);
+            (!derived).then_some(v)
+        };
         HostSpecToml {
             name: h.name,
             description: h.description,
             gpu: GpuSection {
                 name: h.gpu.name,
                 count: h.gpu.count,
-                memory_gib: h.gpu.memory_gib,
-                hbm_gbs: h.gpu.hbm_gbs,
+                memory_gib: given("gpu.memory_gib", h.gpu.memory_gib),
+                hbm_gbs: given("gpu.hbm_gbs", h.gpu.hbm_gbs),
                 placement: multi.placement,
             },
-            pcie: h.pcie,
-            cpu: h.cpu,
+            pcie: PcieSection {
+                generation: hw.pcie_generation,
+                lanes: hw.pcie_lanes,
+                h2d_gbs: given("pcie.h2d_gbs", h.pcie.h2d_gbs),
+                d2h_gbs: given("pcie.d2h_gbs", h.pcie.d2h_gbs),
+                latency_us: given("pcie.latency_us", h.pcie.latency_us),
+                gather_gbs: h.pcie.gather_gbs,
+            },
+            cpu: CpuSection {
+                name: h.cpu.name,
+                cores: h.cpu.cores,
+                threads: given("cpu.threads", h.cpu.threads as f64).map(|v| v as u32),
+                numa_nodes: given("cpu.numa_nodes", h.cpu.numa_nodes as f64).map(|v| v as u32),
+                memory_channels: hw.memory_channels,
+                memory_mts: hw.memory_mts,
+                stream_read_gbs: given("cpu.stream_read_gbs", h.cpu.stream_read_gbs),
+                moe_gbs: h.cpu.moe_gbs,
+            },
             engine,
             interconnect: multi.interconnect,
         }
     }
 }
+
+/// Share of a PCIe link's raw rate (after line encoding) that one large pinned DMA copy
+/// reaches: measured 0.77 on the field report's RTX 4090 (24.26 of 31.5 GB/s, gen 4 x16),
+/// 0.87 on this project's H200 (55 of 63.0 GB/s, gen 5 x16) and 0.90 on the RTX PRO 4000 of
+/// the reference engine's issue #436 (14.21 of 15.75 GB/s, gen 3 x16); 0.85 is their mean.
+pub const PCIE_DMA_EFFICIENCY: f64 = 0.85;
+
+/// `pcie.latency_us` when absent: a small pinned copy's submit-to-completion on a discrete
+/// GPU, about 2 us (the prior `ft probe` starts from; the field host's estimate is 5 us).
+pub const DEFAULT_PCIE_LATENCY_US: f64 = 2.0;
+
+/// Share of the DRAM's peak (channels x MT/s x 8 bytes) that a STREAM-like read with all
+/// cores reaches: estimated 0.56 on the field host (190 of 341 GB/s, two sockets), 0.67 on a
+/// desktop Zen 4 (64 of 96 GB/s), 0.80 on Grace (410 of 512 GB/s); 0.6 leans to the
+/// multi-socket servers that hold MoE experts. `ft bench bw` measures the real value.
+pub const STREAM_READ_SHARE_OF_PEAK: f64 = 0.6;
+
+/// Raw rate of one PCIe lane of a generation after line encoding, in GB/s, one direction:
+/// 2.5 and 5 GT/s with 8b/10b (gen 1, 2), 8, 16 and 32 GT/s with 128b/130b (gen 3 to 5),
+/// 64 GT/s PAM4 with 242/256 FLIT (gen 6). `None` for another generation.
+pub fn pcie_lane_gbs(generation: u32) -> Option<f64> {
+    let (gts, encoding) = match generation {
+        1 => (2.5, 8.0 / 10.0),
+        2 => (5.0, 8.0 / 10.0),
+        3 => (8.0, 128.0 / 130.0),
+        4 => (16.0, 128.0 / 130.0),
+        5 => (32.0, 128.0 / 130.0),
+        6 => (64.0, 242.0 / 256.0),
+        _ => return None,
+    };
+    Some(gts * encoding / 8.0)
+}
+
+/// Peak DRAM bandwidth of `channels` 64-bit channels at `mts` MT/s, in GB/s.
+pub fn dram_peak_gbs(channels: u32, mts: u32) -> f64 {
+    channels as f64 * mts as f64 * DRAM_CHANNEL_BYTES / 1e3
+}
+
+/// Bytes one DRAM channel moves per transfer (a 64-bit channel; DDR5's two 32-bit
+/// subchannels make the same 8 bytes).
+pub const DRAM_CHANNEL_BYTES: f64 = 8.0;
+
+/// One row of [`GPU_TABLE`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuTableRow {
+    /// The GPU, as its spec sheet names it.
+    pub name: &'static str,
+    /// Lower-case words the driver's name must all contain (`nvidia-smi --query-gpu=name`).
+    pub words: &'static [&'static str],
+    /// Memory as the driver reports it, in GiB.
+    pub memory_gib: f64,
+    /// Published memory bandwidth, in GB/s.
+    pub hbm_gbs: f64,
+}
+
+/// GPUs whose memory and bandwidth `ft` knows (public spec sheets), most specific first:
+/// a `[gpu]` of one of these may leave out `memory_gib` and `hbm_gbs`.
+pub const GPU_TABLE: &[GpuTableRow] = &[
+    GpuTableRow {
+        name: "GH200",
+        words: &["gh200"],
+        memory_gib: 95.6,
+        hbm_gbs: 4000.0,
+    },
+    GpuTableRow {
+        name: "H200",
+        words: &["h200"],
+        memory_gib: 140.4,
+        hbm_gbs: 4800.0,
+    },
+    GpuTableRow {
+        name: "H100 PCIe",
+        words: &["h100", "pcie"],
+        memory_gib: 79.6,
+        hbm_gbs: 2000.0,
+    },
+    GpuTableRow {
+        name: "H100 NVL",
+        words: &["h100", "nvl"],
+        memory_gib: 93.6,
+        hbm_gbs: 3900.0,
+    },
+    GpuTableRow {
+        name: "H100 SXM",
+        words: &["h100"],
+        memory_gib: 79.6,
+        hbm_gbs: 3350.0,
+    },
+    GpuTableRow {
+        name: "B200",
+        words: &["b200"],
+        memory_gib: 179.1,
+        hbm_gbs: 8000.0,
+    },
+    GpuTableRow {
+        name: "A100 80GB",
+        words: &["a100", "80gb"],
+        memory_gib: 80.0,
+        hbm_gbs: 2039.0,
+    },
+    GpuTableRow {
+        name: "A100 40GB",
+        words: &["a100"],
+        memory_gib: 40.0,
+        hbm_gbs: 1555.0,
+    },
+    GpuTableRow {
+        name: "L40S",
+        words: &["l40s"],
+        memory_gib: 45.0,
+        hbm_gbs: 864.0,
+    },
+    GpuTableRow {
+        name: "RTX 6000 Ada",
+        words: &["rtx", "6000", "ada"],
+        memory_gib: 48.0,
+        hbm_gbs: 960.0,
+    },
+    GpuTableRow {
+        name: "RTX PRO 6000 Blackwell",
+        words: &["rtx pro 6000"],
+        memory_gib: 95.6,
+        hbm_gbs: 1792.0,
+    },
+    GpuTableRow {
+        name: "RTX PRO 4000 Blackwell",
+        words: &["rtx pro 4000"],
+        memory_gib: 24.0,
+        hbm_gbs: 672.0,
+    },
+    GpuTableRow {
+        name: "RTX A6000",
+        words: &["a6000"],
+        memory_gib: 48.0,
+        hbm_gbs: 768.0,
+    },
+    GpuTableRow {
+        name: "RTX 5090",
+        words: &["5090"],
+        memory_gib: 31.8,
+        hbm_gbs: 1792.0,
+    },
+    GpuTableRow {
+        name: "RTX 4090",
+        words: &["4090"],
+        memory_gib: 24.0,
+        hbm_gbs: 1008.0,
+    },
+    GpuTableRow {
+        name: "RTX 3090 Ti",
+        words: &["3090 ti"],
+        memory_gib: 24.0,
+        hbm_gbs: 1008.0,
+    },
+    GpuTableRow {
+        name: "RTX 3090",
+        words: &["3090"],
+        memory_gib: 24.0,
+        hbm_gbs: 936.0,
+    },
+];
+
+/// The [`GPU_TABLE`] row of a driver's GPU name, if any.
+pub fn gpu_table_entry(name: &str) -> Option<&'static GpuTableRow> {
+    let lower = name.to_ascii_lowercase();
+    GPU_TABLE
+        .iter()
+        .find(|r| r.words.iter().all(|w| lower.contains(w)))
+}
+
+/// Fastest PCIe link a host file is checked against when its generation and width are not
+/// given: PCIe 6.0 x16, 121 GB/s one way. Rates above it are plausible only on a coherent
+/// CPU-GPU link (NVLink-C2C of Grace Hopper and Grace Blackwell), which is not checked.
+pub fn pcie_ceiling_gbs() -> f64 {
+    pcie_lane_gbs(6).expect("gen 6 is known") * 16.0
+}
+
+/// Fastest host DRAM a host file is checked against when its channels are not given: two
+/// sockets of 12 DDR5-6400 channels, 1229 GB/s.
+pub const DRAM_CEILING_GBS: f64 = 2.0 * 12.0 * 6400.0 * DRAM_CHANNEL_BYTES / 1e3;
 
 /// `[engine]`: what the engine's implementation costs on this host.
 ///
@@ -311,6 +770,10 @@ pub struct EngineSpec {
     /// `[gpu] placement` and `[interconnect]` (not `[engine]` keys: see [`MultiGpuSpec`]).
     #[serde(skip)]
     pub multi_gpu: MultiGpuSpec,
+    /// The hardware keys of `[pcie]` and `[cpu]` and the derived values (not `[engine]`
+    /// keys: see [`HostHardware`]).
+    #[serde(skip)]
+    pub hardware: HostHardware,
 }
 
 /// CPU read under DMA on the H200 machine: 105 GB/s alone with 16 threads, about 90 GB/s
@@ -353,6 +816,7 @@ impl Default for EngineSpec {
             gpu_reserve_gib: 2.0,
             run_noise_rel: 0.02,
             multi_gpu: MultiGpuSpec::default(),
+            hardware: HostHardware::default(),
         }
     }
 }
@@ -428,7 +892,9 @@ impl HostSpec {
         crate::error::parse_toml(text, origin, Self::validate)
     }
 
-    /// Load a host from a TOML file; an empty `name` becomes the file's stem.
+    /// Load a host from a TOML file; an empty `name` becomes the file's stem. Its derived
+    /// values ([`HostSpec::derived`]) and implausible rates ([`HostSpec::warnings`]) are
+    /// logged (warn level, on stderr), once per load.
     pub fn from_toml_file(path: &Path) -> Result<Self> {
         let text = crate::error::read_text(path)?;
         let mut spec = Self::from_toml_str(&text, &path.display().to_string())?;
@@ -438,7 +904,98 @@ impl HostSpec {
                 .map(|s| s.to_string_lossy().into_owned())
                 .unwrap_or_else(|| "host".to_string());
         }
+        let derived = spec.derived();
+        if !derived.is_empty() {
+            let list: Vec<String> = derived
+                .iter()
+                .map(|d| format!("{} = {:.4} {}", d.key, d.value, d.unit))
+                .collect();
+            tracing::warn!(
+                "{}: derived, not measured: {} (`ft host show {}` says how)",
+                path.display(),
+                list.join(", "),
+                path.display()
+            );
+        }
+        for w in spec.warnings() {
+            tracing::warn!("{}: {w}", path.display());
+        }
         Ok(spec)
+    }
+
+    /// The values the host file left out and how they were derived (empty for a file that
+    /// gives every value).
+    pub fn derived(&self) -> &[Derived] {
+        &self.engine.hardware.derived
+    }
+
+    /// Rates beyond what the hardware can physically move, one sentence each: a PCIe rate
+    /// above the link's raw rate (the given generation and width, else
+    /// [`pcie_ceiling_gbs`], not checked for Grace's NVLink-C2C), a DRAM rate above the
+    /// channels' peak (else [`DRAM_CEILING_GBS`]), a CPU-MoE rate above STREAM read, and a
+    /// GPU memory bandwidth above the [`GPU_TABLE`]'s for that GPU.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let hw = &self.engine.hardware;
+        let link = match (hw.pcie_generation, hw.pcie_lanes) {
+            (Some(g), Some(l)) => pcie_lane_gbs(g)
+                .map(|lane| (lane * l as f64, format!("PCIe {g}.0 x{l}'s raw rate"))),
+            _ => {
+                let gpu = self.gpu.name.to_ascii_lowercase();
+                let c2c = ["gh200", "gb200", "grace"].iter().any(|w| gpu.contains(w));
+                (!c2c).then(|| (pcie_ceiling_gbs(), "PCIe 6.0 x16's raw rate".to_string()))
+            }
+        };
+        if let Some((ceiling, what)) = link {
+            for (key, v) in [
+                ("pcie.h2d_gbs", Some(self.pcie.h2d_gbs)),
+                ("pcie.d2h_gbs", Some(self.pcie.d2h_gbs)),
+                ("pcie.gather_gbs", self.pcie.gather_gbs),
+            ] {
+                if let Some(v) = v.filter(|&v| v > ceiling) {
+                    out.push(format!(
+                        "{key} = {v} GB/s is more than {what}, {ceiling:.1} GB/s"
+                    ));
+                }
+            }
+        }
+        let (dram, what) = match (hw.memory_channels, hw.memory_mts) {
+            (Some(c), Some(m)) => (
+                dram_peak_gbs(c, m),
+                format!("the peak of {c} channels at {m} MT/s"),
+            ),
+            _ => (
+                DRAM_CEILING_GBS,
+                "two sockets of 12 DDR5-6400 channels".to_string(),
+            ),
+        };
+        for (key, v) in [
+            ("cpu.stream_read_gbs", Some(self.cpu.stream_read_gbs)),
+            ("cpu.moe_gbs", self.cpu.moe_gbs),
+            ("engine.dram_gbs", self.engine.dram_gbs),
+        ] {
+            if let Some(v) = v.filter(|&v| v > dram) {
+                out.push(format!(
+                    "{key} = {v} GB/s is more than {what}, {dram:.1} GB/s"
+                ));
+            }
+        }
+        if let Some(m) = self.cpu.moe_gbs.filter(|&m| m > self.cpu.stream_read_gbs) {
+            out.push(format!(
+                "cpu.moe_gbs = {m} GB/s is more than cpu.stream_read_gbs = {} GB/s: expert \
+                 kernels stream their weights from DRAM and cannot read faster than STREAM",
+                self.cpu.stream_read_gbs
+            ));
+        }
+        if let Some(row) = gpu_table_entry(&self.gpu.name) {
+            if self.gpu.hbm_gbs > row.hbm_gbs * 1.05 {
+                out.push(format!(
+                    "gpu.hbm_gbs = {} GB/s is more than the {}'s published {} GB/s",
+                    self.gpu.hbm_gbs, row.name, row.hbm_gbs
+                ));
+            }
+        }
+        out
     }
 
     /// Render as TOML (the form [`HostSpec::from_toml_str`] reads).
@@ -765,6 +1322,119 @@ mod tests {
                 .to_string();
             assert!(e.contains("bad.toml") && e.contains(key), "{key}: {e}");
         }
+    }
+
+    /// A host of only what a user knows: GPU name, PCIe generation and width, cores and
+    /// memory channels.
+    const KNOWN_ONLY: &str = r#"
+        [gpu]
+        name = "NVIDIA GeForce RTX 4090"
+        [pcie]
+        generation = 4
+        lanes = 16
+        [cpu]
+        name = "2 x Xeon Silver 4310"
+        cores = 24
+        threads = 48
+        numa_nodes = 2
+        memory_channels = 16
+        memory_mts = 2666
+    "#;
+
+    #[test]
+    fn left_out_values_are_derived_and_marked() {
+        let h = HostSpec::from_toml_str(KNOWN_ONLY, "known.toml").unwrap();
+        // Slow reference, written out: 16 GT/s x 128/130 / 8 bits x 16 lanes x efficiency.
+        let link = 16.0 * 128.0 / 130.0 / 8.0 * 16.0;
+        assert!((h.pcie.h2d_gbs - link * PCIE_DMA_EFFICIENCY).abs() < 1e-9);
+        assert_eq!(h.pcie.d2h_gbs, h.pcie.h2d_gbs);
+        assert_eq!(h.pcie.latency_us, DEFAULT_PCIE_LATENCY_US);
+        assert_eq!((h.gpu.memory_gib, h.gpu.hbm_gbs), (24.0, 1008.0));
+        let peak = 16.0 * 2666.0 * 8.0 / 1000.0;
+        assert!((h.cpu.stream_read_gbs - peak * STREAM_READ_SHARE_OF_PEAK).abs() < 1e-9);
+        let keys: Vec<&str> = h.derived().iter().map(|d| d.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "gpu.memory_gib",
+                "gpu.hbm_gbs",
+                "pcie.h2d_gbs",
+                "pcie.d2h_gbs",
+                "pcie.latency_us",
+                "cpu.stream_read_gbs"
+            ]
+        );
+        assert!(
+            h.derived()[2].how.contains("PCIe 4.0 x16"),
+            "{:?}",
+            h.derived()
+        );
+        assert!(h.warnings().is_empty(), "{:?}", h.warnings());
+        // Written back, the derived values stay out and are derived again.
+        let text = h.to_toml();
+        assert!(
+            !text.contains("h2d_gbs") && text.contains("generation = 4"),
+            "{text}"
+        );
+        assert_eq!(HostSpec::from_toml_str(&text, "rt").unwrap(), h);
+        // A value changed after reading is written.
+        let mut changed = h.clone();
+        changed.pcie.h2d_gbs = 20.0;
+        let back = HostSpec::from_toml_str(&changed.to_toml(), "rt").unwrap();
+        assert_eq!(back.pcie.h2d_gbs, 20.0);
+        // Predictions run on it.
+        crate::perf::PerfModel::from_host(&h).unwrap();
+    }
+
+    #[test]
+    fn what_cannot_be_derived_is_named() {
+        for (cut, key) in [
+            ("generation = 4\n", "pcie.h2d_gbs"),
+            ("memory_mts = 2666\n", "cpu.stream_read_gbs"),
+        ] {
+            let text = KNOWN_ONLY.replace(&format!("        {cut}"), "");
+            let e = HostSpec::from_toml_str(&text, "cut.toml")
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("cut.toml") && e.contains(key), "{e}");
+        }
+        let text = KNOWN_ONLY.replace("RTX 4090", "Radeon 9000");
+        let e = HostSpec::from_toml_str(&text, "amd.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("gpu.memory_gib") && e.contains("Radeon 9000"),
+            "{e}"
+        );
+        let text = KNOWN_ONLY.replace("generation = 4", "generation = 9");
+        let e = HostSpec::from_toml_str(&text, "g9.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("pcie.generation"), "{e}");
+    }
+
+    #[test]
+    fn rates_beyond_the_hardware_are_warned() {
+        let fast = KNOWN_ONLY
+            .replace("lanes = 16", "lanes = 16\nh2d_gbs = 40.0")
+            .replace(
+                "memory_mts = 2666",
+                "memory_mts = 2666\nstream_read_gbs = 400.0\nmoe_gbs = 500.0",
+            )
+            .replace("RTX 4090\"", "RTX 4090\"\nhbm_gbs = 2000.0");
+        let h = HostSpec::from_toml_str(&fast, "fast.toml").unwrap();
+        let w = h.warnings().join("\n");
+        for key in [
+            "pcie.h2d_gbs",
+            "cpu.stream_read_gbs",
+            "cpu.moe_gbs = 500 GB/s is more than cpu.stream_read_gbs",
+            "gpu.hbm_gbs",
+        ] {
+            assert!(w.contains(key), "{key} not in {w}");
+        }
+        assert!(w.contains("31.5 GB/s") && w.contains("341.2 GB/s"), "{w}");
+        // The shipped hosts are plausible (Grace's coherent link is not checked).
+        assert!(HostSpec::field_report().warnings().is_empty());
     }
 
     #[test]

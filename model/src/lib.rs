@@ -12,6 +12,7 @@ pub mod format;
 pub mod geometry;
 pub mod host;
 pub mod observe;
+pub mod import;
 pub mod perf;
 pub mod placement;
 pub mod plan;
@@ -23,7 +24,7 @@ pub mod traffic;
 
 pub use cache::{CachePolicy, CacheSize, ExpertCache, SlotId};
 pub use error::ModelError;
-pub use format::ExpertFormat;
+pub use format::{ExpertFormat, GgmlQuant};
 pub use geometry::{ExpertId, MoeGeometry};
 pub use placement::{GpuLayout, GpuPlacement};
 pub use plan::{plan_layer, LayerPlan};

@@ -195,9 +195,14 @@ impl ModelSpec {
         Self::from_toml_str(&text, &path.display().to_string())
     }
 
-    /// A preset name, or else a path to a TOML file.
+    /// A preset name, or else a path: a model TOML file, or a file [`crate::import`] reads
+    /// (a Hugging Face `config.json` or its directory, a `.gguf` file).
     pub fn resolve(name_or_path: &str) -> Result<Self> {
         let path = Path::new(name_or_path);
+        if crate::import::is_importable(path) {
+            let options = crate::import::ImportOptions::default();
+            return Ok(crate::import::import_path(path, &options)?.spec);
+        }
         if name_or_path.ends_with(".toml") || path.exists() {
             Self::from_toml_file(path)
         } else {

@@ -255,6 +255,9 @@ pub fn cuda_format_code(f: ExpertFormat) -> i32 {
         ExpertFormat::Q4_0 => 2,
         ExpertFormat::Nvfp4 => 3,
         ExpertFormat::Mxfp4 => 4,
+        ExpertFormat::Ggml(_) => {
+            unreachable!("{} has no kernel in ft (MatrixLayout::new refuses it)", f)
+        }
     }
 }
 
