@@ -157,11 +157,13 @@ fn invalid(path: &Path, key: &str, reason: impl Into<String>) -> ModelError {
 
 /// The file's stem, as a model name of last resort.
 fn stem(path: &Path) -> String {
-    let p = if path.file_name().and_then(|n| n.to_str()) == Some("config.json") {
-        path.parent().unwrap_or(path)
-    } else {
-        path
-    };
+    // A checkout's config.json is named by its folder (made absolute: `config.json` alone
+    // has an empty parent).
+    let folder = (path.file_name().and_then(|n| n.to_str()) == Some("config.json"))
+        .then(|| std::fs::canonicalize(path).ok())
+        .flatten()
+        .and_then(|p| p.parent().map(Path::to_path_buf));
+    let p = folder.as_deref().unwrap_or(path);
     p.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .filter(|s| !s.is_empty())
