@@ -661,19 +661,6 @@ fn sse_stream(
     .map(Ok)
 }
 
-/// The status hyper answered a request it refused before routing with, if it did: 431 for
-/// headers over its size limit, 400 for anything else it could not parse. `None` for a
-/// connection that ended otherwise (closed by the client, header timeout: no response).
-fn refused_status(e: &hyper::Error) -> Option<u16> {
-    if e.is_parse_too_large() {
-        Some(431)
-    } else if e.is_parse() {
-        Some(400)
-    } else {
-        None
-    }
-}
-
 /// A connection's IO that gives hyper's own error responses an OpenAI-shaped JSON body.
 ///
 /// hyper answers a request it cannot parse (a malformed request line or header, a head over
@@ -681,17 +668,19 @@ fn refused_status(e: &hyper::Error) -> Option<u16> {
 /// it. Such a response is written as a head alone ending in `content-length: 0` with a 4xx
 /// status and no content type, which no response of the router is (its errors are JSON with
 /// a body), so this wrapper recognises it in the write and writes the same head with a JSON
-/// body instead. Writes are not vectored, so hyper hands each response head over in one
-/// buffer.
+/// body instead, and counts it by its status. Writes are not vectored, so hyper hands each
+/// response head over in one buffer.
 struct JsonErrorIo<T> {
     inner: T,
+    metrics: Arc<Metrics>,
     /// A rewritten response being written: its bytes, how many are written, and the length of
     /// hyper's buffer it stands for (reported once all are written).
     pending: Option<(Vec<u8>, usize, usize)>,
 }
 
-/// The JSON-bodied replacement of `buf` if it is one of hyper's own empty error responses.
-fn rewrite_error_head(buf: &[u8]) -> Option<Vec<u8>> {
+/// The status and JSON-bodied replacement of `buf` if it is one of hyper's own empty error
+/// responses.
+fn rewrite_error_head(buf: &[u8]) -> Option<(u16, Vec<u8>)> {
     const EMPTY: &str = "\r\ncontent-length: 0\r\n";
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
     if end != buf.len() {
@@ -722,7 +711,7 @@ fn rewrite_error_head(buf: &[u8]) -> Option<Vec<u8>> {
         ),
         1,
     );
-    Some([head.as_bytes(), body.as_bytes()].concat())
+    Some((code, [head.as_bytes(), body.as_bytes()].concat()))
 }
 
 impl<T: hyper::rt::Read + Unpin> hyper::rt::Read for JsonErrorIo<T> {
@@ -745,7 +734,10 @@ impl<T: hyper::rt::Write + Unpin> hyper::rt::Write for JsonErrorIo<T> {
         let this = &mut *self;
         if this.pending.is_none() {
             match rewrite_error_head(buf) {
-                Some(bytes) => this.pending = Some((bytes, 0, buf.len())),
+                Some((status, bytes)) => {
+                    this.metrics.response(status);
+                    this.pending = Some((bytes, 0, buf.len()));
+                }
                 None => return std::pin::Pin::new(&mut this.inner).poll_write(cx, buf),
             }
         }
@@ -815,19 +807,18 @@ pub async fn serve(
                 };
                 let _ = sock.set_nodelay(true);
                 let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+                let metrics = Arc::clone(handle.metrics());
                 let io = JsonErrorIo {
                     inner: TokioIo::new(sock),
+                    metrics: Arc::clone(&metrics),
                     pending: None,
                 };
                 let conn = graceful.watch(builder.serve_connection(io, svc));
-                let metrics = Arc::clone(handle.metrics());
                 metrics.connections.inc();
                 conns.spawn(async move {
                     let _open = GaugeGuard(metrics.connections.clone());
                     if let Err(e) = conn.await {
-                        if let Some(status) = refused_status(&e) {
-                            metrics.response(status);
-                        } else if e.is_timeout() {
+                        if e.is_timeout() {
                             metrics.header_timeouts.inc();
                         }
                         debug!(%peer, "connection ended: {e}");
@@ -967,7 +958,9 @@ mod tests {
     #[test]
     fn hypers_own_error_heads_get_a_json_body_and_nothing_else_changes() {
         let head = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\ndate: Mon, 07 Dec 2026 02:00:00 GMT\r\n\r\n";
-        let out = String::from_utf8(rewrite_error_head(head).unwrap()).unwrap();
+        let (status, out) = rewrite_error_head(head).unwrap();
+        assert_eq!(status, 400);
+        let out = String::from_utf8(out).unwrap();
         let (h, body) = out.split_once("\r\n\r\n").unwrap();
         assert!(h.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{h}");
         assert!(
@@ -981,7 +974,9 @@ mod tests {
         let v: Value = serde_json::from_str(body).unwrap();
         assert_eq!(v["error"]["code"], "malformed_request");
         let big = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n\r\n";
-        assert!(String::from_utf8(rewrite_error_head(big).unwrap())
+        let (status, out) = rewrite_error_head(big).unwrap();
+        assert_eq!(status, 431);
+        assert!(String::from_utf8(out)
             .unwrap()
             .contains("larger than this server accepts"));
         // The router's responses are left alone: successes, JSON errors, heads with a body.

@@ -157,7 +157,7 @@ async fn slow_and_oversized_requests_are_cut_off_with_json_errors() {
     let (n, head_t) = head.expect("the server closes a slowloris header");
     assert_eq!(n, 0, "closed without a response");
     assert!(
-        head_t >= Duration::from_millis(300) && head_t < Duration::from_millis(2000),
+        head_t >= Duration::from_millis(300) && head_t < Duration::from_millis(3000),
         "header timeout 400 ms, closed after {head_t:?}"
     );
     let (status, e) = status_and_json(&body_raw);
@@ -170,7 +170,7 @@ async fn slow_and_oversized_requests_are_cut_off_with_json_errors() {
         "{e}"
     );
     assert!(
-        body_t >= Duration::from_millis(500) && body_t < Duration::from_millis(2500),
+        body_t >= Duration::from_millis(500) && body_t < Duration::from_millis(3500),
         "body timeout 600 ms, answered after {body_t:?}"
     );
 
@@ -303,7 +303,7 @@ async fn shutdown_meets_its_deadline_under_slowloris() {
         reqwest::Client::new()
             .post(format!("{url}/v1/completions"))
             .json(
-                &serde_json::json!({"prompt": "finish me", "max_tokens": 200, "temperature": 0,
+                &serde_json::json!({"prompt": "finish me", "max_tokens": 120, "temperature": 0,
                                       "ignore_eos": true, "stream": true}),
             )
             .send()
@@ -318,7 +318,7 @@ async fn shutdown_meets_its_deadline_under_slowloris() {
     srv.stop().await.unwrap();
     let took = t0.elapsed();
     assert!(
-        took < deadline + Duration::from_millis(1000),
+        took < deadline + Duration::from_millis(2000),
         "stopped after {took:?}, deadline {deadline:?}"
     );
     let body = tokio::time::timeout(Duration::from_secs(5), streaming)
