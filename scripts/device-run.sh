@@ -9,7 +9,7 @@
 # Steps: gpu-check, gpu-tests (only the GPU tests: every carried test binary with --ignored, or
 # those matching the glob FT_GPU_TESTS, e.g. 'ft_runtime-experts'),
 # bench (gpu_backend alone), cpu-kernels, runtime-grid, runtime-grid@VAR=VALUE (the grid with
-# one switch set, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1:170, compared with a runtime-grid
+# one switch set, e.g. runtime-grid@FT_CUDA_EXPERT_VARIANT=2:170, compared with a runtime-grid
 # step run before it in the same call; runtime-grid@old: the grid by carry/ab/ft, the binary
 # before a change without a switch, as the base that plain grid is compared against),
 # validate, drift (experiments/validate-h200/drift.sh), serve-ab, diag, cpu-diag
@@ -70,7 +70,7 @@ runtime_grid_with() { # VAR=VALUE or old, limit
         envs=("$sw")
         base="$R/runtime-grid" new="$dir"
     else
-        echo "runtime-grid@$sw: give one switch, e.g. runtime-grid@FT_CUDA_COPY_SPLIT=1, or old" >&2
+        echo "runtime-grid@$sw: give one switch, e.g. runtime-grid@FT_CUDA_EXPERT_VARIANT=2, or old" >&2
         return 2
     fi
     env "${envs[@]}" FT_GPU_BUDGET_S="${FT_GPU_BUDGET_S:-$(( limit - limit / 10 - 40 ))}" \

@@ -56,7 +56,7 @@ write_env_txt "$OUT/env.txt" "runtime-grid ($(run_size))" "$0 $*" \
     "model: $MODEL, $LAYERS of $MODEL_LAYERS layers (--layers: same geometry, fewer layers)" \
     "streams: $STREAMS; cache fractions: $FRACTIONS of $TOTAL experts; hybrid f: $HYBRID_F" \
     "steps: $STEPS after $WARMUP warm-up, $REPEAT interleaved round(s) per point (the median); context $CONTEXT; CPU threads $THREADS (the host's included under spin); budget ${BUDGET_S} s" \
-    "kernel and copy switches: $(env | grep -E '^(FT_CUDA_|FT_FETCH_CHUNKS=|FT_FETCH_CHUNKING=|FT_FOLD_COMBINE=|FT_GATE_LAST_CHUNK=|FT_HOST_SUBMIT=)' | sort | tr '\n' ' ')"
+    "kernel development switches: $(env | grep -E '^FT_CUDA_' | sort | tr '\n' ' ')"
 cat "$OUT/env.txt" >&2
 
 common=(--device "$DEVICE" --model "$MODEL" --layers "$LAYERS" --steps "$STEPS" --warmup "$WARMUP"
