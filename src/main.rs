@@ -23,6 +23,7 @@ mod loadgen;
 mod plot;
 mod predict;
 mod probe;
+mod routing;
 mod run;
 mod serve;
 mod simulate;
@@ -70,6 +71,8 @@ enum Command {
     Probe(probe::Args),
     /// Validate the model against measured runs: the grid's plan, collection and analysis.
     Validate(validate::Args),
+    /// Routing statistics (cache hit rates, hot lists, reuse), process fitting, trace import.
+    Routing(routing::Args),
 }
 
 /// An outcome that is not an error but must change the exit code (a check that failed).
@@ -118,6 +121,7 @@ fn main() -> ExitCode {
             Some(Command::Loadgen(args)) => loadgen::run(args),
             Some(Command::Probe(args)) => probe::run(args),
             Some(Command::Validate(args)) => validate::run(args),
+            Some(Command::Routing(args)) => routing::run(args),
             None => {
                 use clap::CommandFactory;
                 let _ = Cli::command().print_help();
