@@ -189,7 +189,7 @@ impl FitParam {
         }
     }
 
-    fn to_free(self, v: f64) -> f64 {
+    fn free_of(self, v: f64) -> f64 {
         if self.is_probability() {
             let q = v.clamp(1.0 - PROB_CEIL, PROB_CEIL);
             (q / (1.0 - q)).ln()
@@ -198,7 +198,7 @@ impl FitParam {
         }
     }
 
-    fn from_free(self, x: f64) -> f64 {
+    fn value_of(self, x: f64) -> f64 {
         if self.is_probability() {
             (1.0 / (1.0 + (-x).exp())).clamp(0.0, PROB_CEIL)
         } else {
@@ -471,7 +471,7 @@ impl Problem<'_> {
     fn process(&self, x: &[f64]) -> RoutingProcess {
         let mut p = self.start.clone();
         for (param, &v) in self.points.fit.iter().zip(x) {
-            param.set(&mut p, self.start, param.from_free(v));
+            param.set(&mut p, self.start, param.value_of(v));
         }
         p
     }
@@ -504,7 +504,7 @@ pub fn fit(points: &FitPoints, start: &RoutingProcess) -> Result<FitReport> {
     points.validate()?;
     start.validate()?;
     let problem = Problem { points, start };
-    let x0: Vec<f64> = points.fit.iter().map(|p| p.to_free(p.get(start))).collect();
+    let x0: Vec<f64> = points.fit.iter().map(|p| p.free_of(p.get(start))).collect();
     let mut simplex = vec![x0.clone()];
     for j in 0..x0.len() {
         let mut v = x0.clone();

@@ -154,7 +154,7 @@ fn parse_row(rec: &csv::StringRecord, cols: &Columns, origin: &str) -> Result<Ro
                     )
                 })?;
             let sum: f64 = w.iter().map(|&x| x as f64).sum();
-            if w.len() != experts.len() || !(sum > 0.0) {
+            if w.len() != experts.len() || !(sum.is_finite() && sum > 0.0) {
                 return Err(ModelError::invalid(
                     at(),
                     format!(
