@@ -27,6 +27,7 @@ mod plot;
 mod predict;
 mod probe;
 mod progress;
+mod routing;
 mod run;
 mod serve;
 mod simulate;
@@ -78,6 +79,8 @@ enum Command {
     Model(model_cmd::Args),
     /// Hosts: write one for this machine (`init`), show one's values and sources, list presets.
     Host(host_cmd::Args),
+    /// Routing statistics (cache hit rates, hot lists, reuse), process fitting, trace import.
+    Routing(routing::Args),
 }
 
 /// An outcome that is not an error but must change the exit code (a check that failed).
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
             Some(Command::Validate(args)) => validate::run(args),
             Some(Command::Model(args)) => model_cmd::run(args),
             Some(Command::Host(args)) => host_cmd::run(args),
+            Some(Command::Routing(args)) => routing::run(args),
             None => {
                 use clap::CommandFactory;
                 let _ = Cli::command().print_help();

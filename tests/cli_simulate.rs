@@ -106,11 +106,15 @@ fn miss_rate_sizes_the_cache_for_offload() {
         "48",
         "--warmup",
         "32",
+        "--routing",
+        "legacy-typical",
     ]);
     let rows = v["strategies"].as_array().unwrap();
     let off = rows[0]["miss_rate"].as_f64().unwrap();
     assert!((off - 0.5).abs() < 0.02, "offload miss rate {off}");
-    // Hybrid's follows from the same cache through its own history: higher.
+    // Hybrid's follows from the same cache through its own history: under static skew with
+    // weak locality (legacy-typical), where its slower-filling cache misses more. (Under
+    // `typical`'s locality it can miss less: it keeps the working set longer.)
     assert!(rows[1]["miss_rate"].as_f64().unwrap() > off);
     assert!(v["cache"]["how"].as_str().unwrap().contains("hybrid"));
 }

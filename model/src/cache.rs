@@ -1,4 +1,5 @@
-//! The GPU expert cache: a pool of slots shared by all layers, and its replacement policies.
+//! The GPU expert cache: its slots, how they are shared between layers, and its replacement
+//! policies.
 //!
 //! This is the one implementation of cache behaviour in `ft`: the runtime indexes its slot
 //! memory by [`SlotId`], the simulator and [`crate::traffic`] count with the same object, so
@@ -11,6 +12,12 @@
 //! admission can never evict an expert the layer is about to compute. When every slot holds a
 //! pinned expert (or a static hot set fills the cache) admission fails with a [`CacheError`]
 //! and the plan computes that expert without caching it (see [`crate::plan::LayerPlan`]).
+//!
+//! Topology ([`CacheTopology`]): the slots form one pool shared by all layers (the default,
+//! FreeToken's cache) or one equal partition per layer (llama.cpp's `--moe-expert-cache N`,
+//! `N` slots per layer), where an expert can only evict an expert of its own layer. The two
+//! differ most under the LRU cliff (see `docs/routing.md`): a global pool lets a layer that
+//! needs more take slots from one that needs fewer, a partition cannot starve a layer.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -119,6 +126,61 @@ impl FromStr for CachePolicy {
     }
 }
 
+/// How the cache's slots are shared between layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CacheTopology {
+    /// One pool shared by all layers: an admission may evict an expert of any layer.
+    #[default]
+    Global,
+    /// Equal partitions, one per layer (slots `l * n .. (l + 1) * n` belong to layer `l`, with
+    /// `n` = slots / layers): an admission evicts only an expert of its own layer.
+    PerLayer,
+}
+
+impl CacheTopology {
+    /// Names accepted by [`CacheTopology::from_str`].
+    pub const NAMES: [&'static str; 2] = ["global", "per-layer"];
+
+    /// The topology's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            CacheTopology::Global => "global",
+            CacheTopology::PerLayer => "per-layer",
+        }
+    }
+
+    /// Partitions of a cache for `layers` layers (1 for a global pool).
+    pub fn partitions(self, layers: usize) -> usize {
+        match self {
+            CacheTopology::Global => 1,
+            CacheTopology::PerLayer => layers,
+        }
+    }
+}
+
+impl fmt::Display for CacheTopology {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for CacheTopology {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "global" => Ok(CacheTopology::Global),
+            "per-layer" | "per_layer" => Ok(CacheTopology::PerLayer),
+            _ => Err(ModelError::UnknownName {
+                kind: "cache topology",
+                name: s.to_string(),
+                known: Self::NAMES.join(", "),
+            }),
+        }
+    }
+}
+
 /// Why the cache refused an operation.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum CacheError {
@@ -148,6 +210,9 @@ pub enum CacheError {
     /// More slots than the model has experts.
     #[error("{slots} cache slots are more than the model's {total} routed experts")]
     TooManySlots { slots: usize, total: usize },
+    /// A per-layer cache whose slots do not divide equally between the layers.
+    #[error("{slots} cache slots do not divide into {layers} equal per-layer partitions")]
+    UnevenPartition { slots: usize, layers: usize },
 }
 
 impl From<CacheError> for ModelError {
@@ -192,40 +257,47 @@ impl CacheStats {
     }
 }
 
-/// Policy-specific bookkeeping.
+/// Policy-specific bookkeeping, one order per partition (slot-indexed arrays are shared).
 #[derive(Debug, Clone)]
 enum Order {
-    /// Doubly linked list over slots, most recent at `head`.
+    /// Doubly linked lists over slots, most recent at `head[partition]`.
     Lru {
         prev: Vec<u32>,
         next: Vec<u32>,
-        head: u32,
-        tail: u32,
+        head: Vec<u32>,
+        tail: Vec<u32>,
     },
-    /// Count and last-use tick per slot, and the ordered set of (count, tick, slot).
+    /// Count and last-use tick per slot, and per partition the ordered set of
+    /// (count, tick, slot).
     Lfu {
         decay_every: u64,
         count: Vec<u64>,
         last: Vec<u64>,
-        set: BTreeSet<(u64, u64, u32)>,
+        set: Vec<BTreeSet<(u64, u64, u32)>>,
     },
     /// No order: nothing is evicted.
     Static,
 }
 
-/// The expert cache: `capacity` slots shared by all layers.
+/// The expert cache: `capacity` slots, shared by all layers or partitioned per layer
+/// ([`CacheTopology`]).
 #[derive(Debug, Clone)]
 pub struct ExpertCache {
     policy: CachePolicy,
+    topology: CacheTopology,
     experts: usize,
     layers: usize,
     capacity: usize,
+    /// Slots of each partition (`capacity` for a global pool).
+    per_part: usize,
     /// Slot of each expert (flat index), or `NONE`.
     slot_of: Vec<u32>,
     /// Expert (flat index) in each slot, or `NONE`.
     owner: Vec<u32>,
-    /// Free slots, lowest on top.
-    free: Vec<u32>,
+    /// Free slots of each partition, lowest on top.
+    free: Vec<Vec<u32>>,
+    /// Resident experts.
+    resident: usize,
     order: Order,
     /// Operation counter (lookups and admissions), from 1.
     tick: u64,
@@ -235,40 +307,70 @@ pub struct ExpertCache {
 }
 
 impl ExpertCache {
-    /// An empty cache of `slots` slots for a geometry. A static hot set given in the policy is
-    /// admitted at once (it must fit).
+    /// An empty cache of `slots` slots shared by all layers ([`CacheTopology::Global`]). A
+    /// static hot set given in the policy is admitted at once (it must fit).
     pub fn new(
         policy: &CachePolicy,
         geometry: &MoeGeometry,
         slots: usize,
     ) -> std::result::Result<Self, CacheError> {
+        Self::with_topology(policy, geometry, slots, CacheTopology::Global)
+    }
+
+    /// An empty cache of `slots` slots in all, shared as `topology` says: for
+    /// [`CacheTopology::PerLayer`], `slots` must be a multiple of the layer count (each layer
+    /// gets `slots / moe_layers`). A static hot set given in the policy is admitted at once
+    /// (it must fit, per layer for a partitioned cache).
+    pub fn with_topology(
+        policy: &CachePolicy,
+        geometry: &MoeGeometry,
+        slots: usize,
+        topology: CacheTopology,
+    ) -> std::result::Result<Self, CacheError> {
         let total = geometry.experts * geometry.moe_layers;
         if slots > total {
             return Err(CacheError::TooManySlots { slots, total });
         }
+        let parts = topology.partitions(geometry.moe_layers).max(1);
+        if !slots.is_multiple_of(parts) {
+            return Err(CacheError::UnevenPartition {
+                slots,
+                layers: geometry.moe_layers,
+            });
+        }
+        let per_part = slots / parts;
         let order = match policy {
             CachePolicy::Lru => Order::Lru {
                 prev: vec![NONE; slots],
                 next: vec![NONE; slots],
-                head: NONE,
-                tail: NONE,
+                head: vec![NONE; parts],
+                tail: vec![NONE; parts],
             },
             CachePolicy::Lfu { decay_every } => Order::Lfu {
                 decay_every: *decay_every,
                 count: vec![0; slots],
                 last: vec![0; slots],
-                set: BTreeSet::new(),
+                set: vec![BTreeSet::new(); parts],
             },
             CachePolicy::StaticHot { .. } => Order::Static,
         };
         let mut cache = ExpertCache {
             policy: policy.clone(),
+            topology,
             experts: geometry.experts,
             layers: geometry.moe_layers,
             capacity: slots,
+            per_part,
             slot_of: vec![NONE; total],
             owner: vec![NONE; slots],
-            free: (0..slots as u32).rev().collect(),
+            free: (0..parts)
+                .map(|p| {
+                    ((p * per_part) as u32..((p + 1) * per_part) as u32)
+                        .rev()
+                        .collect()
+                })
+                .collect(),
+            resident: 0,
             order,
             tick: 0,
             last_request: vec![0; total],
@@ -280,6 +382,30 @@ impl ExpertCache {
             }
         }
         Ok(cache)
+    }
+
+    /// How the slots are shared between layers.
+    pub fn topology(&self) -> CacheTopology {
+        self.topology
+    }
+
+    /// Slots each partition holds: all of them for a global pool, slots per layer for a
+    /// per-layer cache.
+    pub fn slots_per_partition(&self) -> usize {
+        self.per_part
+    }
+
+    /// Partition of an expert (flat index).
+    fn part_of_expert(&self, flat: usize) -> usize {
+        match self.topology {
+            CacheTopology::Global => 0,
+            CacheTopology::PerLayer => flat / self.experts,
+        }
+    }
+
+    /// Partition of a slot (the cache has at least one slot when a slot exists).
+    fn part_of_slot(&self, s: u32) -> usize {
+        s as usize / self.per_part
     }
 
     /// The policy.
@@ -294,7 +420,7 @@ impl ExpertCache {
 
     /// Resident experts.
     pub fn len(&self) -> usize {
-        self.capacity - self.free.len()
+        self.resident
     }
 
     /// True when nothing is resident.
@@ -397,6 +523,7 @@ impl ExpertCache {
     /// Make slot `s` the most recent / count one more use.
     fn touch(&mut self, s: u32) {
         let tick = self.tick;
+        let p = self.part_of_slot(s);
         match &mut self.order {
             Order::Lru {
                 prev,
@@ -404,6 +531,7 @@ impl ExpertCache {
                 head,
                 tail,
             } => {
+                let (head, tail) = (&mut head[p], &mut tail[p]);
                 if *head == s {
                     return;
                 }
@@ -431,7 +559,7 @@ impl ExpertCache {
             Order::Lfu {
                 count, last, set, ..
             } => {
-                let i = s as usize;
+                let (i, set) = (s as usize, &mut set[p]);
                 set.remove(&(count[i], last[i], s));
                 count[i] += 1;
                 last[i] = tick;
@@ -447,12 +575,14 @@ impl ExpertCache {
             count, last, set, ..
         } = &mut self.order
         {
-            let slots: Vec<u32> = set.iter().map(|&(_, _, s)| s).collect();
-            set.clear();
-            for s in slots {
-                let i = s as usize;
-                count[i] /= 2;
-                set.insert((count[i], last[i], s));
+            for set in set.iter_mut() {
+                let slots: Vec<u32> = set.iter().map(|&(_, _, s)| s).collect();
+                set.clear();
+                for s in slots {
+                    let i = s as usize;
+                    count[i] /= 2;
+                    set.insert((count[i], last[i], s));
+                }
             }
         }
     }
@@ -460,6 +590,7 @@ impl ExpertCache {
     /// Put slot `s` (just filled) into the policy's order as a new entry.
     fn insert_order(&mut self, s: u32) {
         let tick = self.tick;
+        let p = self.part_of_slot(s);
         match &mut self.order {
             Order::Lru {
                 prev,
@@ -467,6 +598,7 @@ impl ExpertCache {
                 head,
                 tail,
             } => {
+                let (head, tail) = (&mut head[p], &mut tail[p]);
                 prev[s as usize] = NONE;
                 next[s as usize] = *head;
                 if *head != NONE {
@@ -482,7 +614,7 @@ impl ExpertCache {
             } => {
                 count[s as usize] = 1;
                 last[s as usize] = tick;
-                set.insert((1, tick, s));
+                set[p].insert((1, tick, s));
             }
             Order::Static => {}
         }
@@ -490,6 +622,7 @@ impl ExpertCache {
 
     /// Remove slot `s` (about to be refilled) from the policy's order.
     fn remove_order(&mut self, s: u32) {
+        let p = self.part_of_slot(s);
         match &mut self.order {
             Order::Lru {
                 prev,
@@ -497,6 +630,7 @@ impl ExpertCache {
                 head,
                 tail,
             } => {
+                let (head, tail) = (&mut head[p], &mut tail[p]);
                 let (p, n) = (prev[s as usize], next[s as usize]);
                 if p != NONE {
                     next[p as usize] = n;
@@ -514,17 +648,17 @@ impl ExpertCache {
             Order::Lfu {
                 count, last, set, ..
             } => {
-                set.remove(&(count[s as usize], last[s as usize], s));
+                set[p].remove(&(count[s as usize], last[s as usize], s));
             }
             Order::Static => {}
         }
     }
 
-    /// The slot the policy would evict, skipping pinned experts.
-    fn victim(&self, pinned: &impl Fn(ExpertId) -> bool) -> Option<u32> {
+    /// The slot of partition `p` the policy would evict, skipping pinned experts.
+    fn victim(&self, p: usize, pinned: &impl Fn(ExpertId) -> bool) -> Option<u32> {
         match &self.order {
             Order::Lru { prev, tail, .. } => {
-                let mut s = *tail;
+                let mut s = tail[p];
                 while s != NONE {
                     if !pinned(self.id_of(self.owner[s as usize])) {
                         return Some(s);
@@ -533,7 +667,7 @@ impl ExpertCache {
                 }
                 None
             }
-            Order::Lfu { set, .. } => set
+            Order::Lfu { set, .. } => set[p]
                 .iter()
                 .map(|&(_, _, s)| s)
                 .find(|&s| !pinned(self.id_of(self.owner[s as usize]))),
@@ -541,8 +675,9 @@ impl ExpertCache {
         }
     }
 
-    /// Admit a non-resident expert: into a free slot (lowest first) if there is one, else into
-    /// the slot of the policy's victim among the experts for which `pinned` is false.
+    /// Admit a non-resident expert: into a free slot of its partition (lowest first) if there
+    /// is one, else into the slot of the policy's victim among the partition's experts for
+    /// which `pinned` is false.
     ///
     /// Errors (the cache is unchanged): [`CacheError::AlreadyResident`],
     /// [`CacheError::OutOfRange`], [`CacheError::AllPinned`] when every resident expert is
@@ -566,10 +701,12 @@ impl ExpertCache {
                 slot: SlotId(self.slot_of[f]),
             });
         }
-        let (slot, evicted) = if let Some(s) = self.free.pop() {
+        let p = self.part_of_expert(f);
+        let (slot, evicted) = if let Some(s) = self.free[p].pop() {
+            self.resident += 1;
             (s, None)
         } else {
-            let victim = match (&self.order, self.capacity) {
+            let victim = match (&self.order, self.per_part) {
                 (Order::Static, _) | (_, 0) => {
                     self.stats.rejected += 1;
                     return Err(CacheError::Full {
@@ -578,13 +715,13 @@ impl ExpertCache {
                         policy: self.policy.name(),
                     });
                 }
-                _ => self.victim(&pinned),
+                _ => self.victim(p, &pinned),
             };
             let Some(s) = victim else {
                 self.stats.rejected += 1;
                 return Err(CacheError::AllPinned {
                     id,
-                    slots: self.capacity,
+                    slots: self.per_part,
                 });
             };
             let old = self.owner[s as usize];
@@ -617,7 +754,8 @@ impl ExpertCache {
             if self.contains(id) {
                 continue;
             }
-            if self.free.is_empty() {
+            let part = self.flat(id).map_or(0, |f| self.part_of_expert(f));
+            if self.free[part].is_empty() {
                 result = Err(CacheError::Full {
                     id,
                     slots: self.capacity,
@@ -659,12 +797,36 @@ pub fn hot_set(scores: &[f64], geometry: &MoeGeometry, n: usize) -> Result<Vec<E
         .collect())
 }
 
-/// Build the cache a strategy starts from:
-/// - `resident`: every expert resident (capacity = all routed experts; `slots` is ignored);
-/// - a `static-hot` policy: the policy's hot set, or else the `slots` most popular experts
-///   by `popularity` ([`hot_set`]; indexed by `ExpertId::flat`), an error naming
-///   `cache.hot` when neither is given;
-/// - otherwise an empty (cold) cache of `slots` slots.
+/// The `n` experts of highest score within each layer (ties to the lower expert index),
+/// layer by layer: the static hot set of a per-layer cache of `n` slots per layer. `scores`
+/// is indexed by [`ExpertId::flat`].
+pub fn hot_set_per_layer(
+    scores: &[f64],
+    geometry: &MoeGeometry,
+    n: usize,
+) -> Result<Vec<ExpertId>> {
+    let e = geometry.experts;
+    if scores.len() != e * geometry.moe_layers {
+        return Err(ModelError::invalid(
+            "popularity",
+            format!(
+                "{} scores for a model of {} routed experts",
+                scores.len(),
+                e * geometry.moe_layers
+            ),
+        ));
+    }
+    let mut out = Vec::with_capacity(n.min(e) * geometry.moe_layers);
+    for (l, layer) in scores.chunks_exact(e).enumerate() {
+        let mut idx: Vec<usize> = (0..e).collect();
+        idx.sort_by(|&a, &b| layer[b].total_cmp(&layer[a]).then(a.cmp(&b)));
+        out.extend(idx.into_iter().take(n).map(|x| ExpertId::new(l, x)));
+    }
+    Ok(out)
+}
+
+/// Build the cache a strategy starts from, with one pool shared by all layers
+/// ([`build_cache_with`] and [`CacheTopology::Global`]).
 pub fn build_cache(
     strategy: StrategyKind,
     policy: &CachePolicy,
@@ -672,15 +834,40 @@ pub fn build_cache(
     slots: usize,
     popularity: Option<&[f64]>,
 ) -> Result<ExpertCache> {
+    build_cache_with(
+        strategy,
+        policy,
+        CacheTopology::Global,
+        geometry,
+        slots,
+        popularity,
+    )
+}
+
+/// Build the cache a strategy starts from:
+/// - `resident`: every expert resident (capacity = all routed experts; `slots` is ignored);
+/// - a `static-hot` policy: the policy's hot set, or else the `slots` most popular experts
+///   by `popularity` ([`hot_set`], or [`hot_set_per_layer`] for a per-layer cache; indexed
+///   by `ExpertId::flat`), an error naming `cache.hot` when neither is given;
+/// - otherwise an empty (cold) cache of `slots` slots in all (a multiple of the layer count
+///   for [`CacheTopology::PerLayer`]).
+pub fn build_cache_with(
+    strategy: StrategyKind,
+    policy: &CachePolicy,
+    topology: CacheTopology,
+    geometry: &MoeGeometry,
+    slots: usize,
+    popularity: Option<&[f64]>,
+) -> Result<ExpertCache> {
     let total = geometry.experts * geometry.moe_layers;
     if strategy == StrategyKind::Resident {
-        let mut cache = ExpertCache::new(policy, geometry, total)?;
+        let mut cache = ExpertCache::with_topology(policy, geometry, total, topology)?;
         cache.warm_with(
             (0..total).map(|f| ExpertId::new(f / geometry.experts, f % geometry.experts)),
         )?;
         return Ok(cache);
     }
-    let mut cache = ExpertCache::new(policy, geometry, slots)?;
+    let mut cache = ExpertCache::with_topology(policy, geometry, slots, topology)?;
     if let CachePolicy::StaticHot { hot } = policy {
         if hot.is_empty() {
             let Some(pop) = popularity else {
@@ -689,7 +876,13 @@ pub fn build_cache(
                     "a static-hot cache needs a hot set or a routing popularity to choose one",
                 ));
             };
-            cache.warm_with(hot_set(pop, geometry, slots)?)?;
+            let set = match topology {
+                CacheTopology::Global => hot_set(pop, geometry, slots)?,
+                CacheTopology::PerLayer => {
+                    hot_set_per_layer(pop, geometry, cache.slots_per_partition())?
+                }
+            };
+            cache.warm_with(set)?;
         }
     }
     Ok(cache)
@@ -757,9 +950,12 @@ mod tests {
     }
 
     /// The slow reference: a vector scanned linearly, with explicit last-use ticks and counts.
+    /// With `per_layer = Some((experts, n))` it is partitioned: `n` slots per layer, slots
+    /// `l * n ..` belong to layer `l`, victims only among the admitted expert's layer.
     struct Naive {
         policy: CachePolicy,
         capacity: usize,
+        per_layer: Option<(usize, usize)>,
         /// (expert, slot, last-use tick, count)
         entries: Vec<(ExpertId, u32, u64, u64)>,
         tick: u64,
@@ -771,6 +967,7 @@ mod tests {
             Naive {
                 policy: policy.clone(),
                 capacity,
+                per_layer: None,
                 entries: Vec::new(),
                 tick: 0,
                 lookups: 0,
@@ -807,8 +1004,20 @@ mod tests {
                     slot: SlotId(e.1),
                 });
             }
-            let (slot, evicted, index) = if self.entries.len() < self.capacity {
-                let slot = (0..self.capacity as u32)
+            // The slots this expert may take, and whether an entry shares its partition.
+            let (range, same) = match self.per_layer {
+                None => (0..self.capacity as u32, None),
+                Some((_, n)) => {
+                    let l = id.layer as u32;
+                    (l * n as u32..(l + 1) * n as u32, Some(id.layer))
+                }
+            };
+            let room = range.len();
+            let in_part = |e: &(ExpertId, u32, u64, u64)| same.is_none_or(|l| e.0.layer == l);
+            let used = self.entries.iter().filter(|e| in_part(e)).count();
+            let (slot, evicted, index) = if used < room {
+                let slot = range
+                    .clone()
                     .find(|s| !self.entries.iter().any(|e| e.1 == *s))
                     .unwrap();
                 (slot, None, None)
@@ -817,7 +1026,7 @@ mod tests {
                     CachePolicy::Lru => (0, e.2),
                     _ => (e.3, e.2),
                 };
-                if matches!(self.policy, CachePolicy::StaticHot { .. }) || self.capacity == 0 {
+                if matches!(self.policy, CachePolicy::StaticHot { .. }) || room == 0 {
                     return Err(CacheError::Full {
                         id,
                         slots: self.capacity,
@@ -828,13 +1037,10 @@ mod tests {
                     .entries
                     .iter()
                     .enumerate()
-                    .filter(|(_, e)| !pinned(e.0))
+                    .filter(|(_, e)| in_part(e) && !pinned(e.0))
                     .min_by_key(|(_, e)| key(e))
                 else {
-                    return Err(CacheError::AllPinned {
-                        id,
-                        slots: self.capacity,
-                    });
+                    return Err(CacheError::AllPinned { id, slots: room });
                 };
                 (v.1, Some(v.0), Some(i))
             };
@@ -850,10 +1056,18 @@ mod tests {
         }
     }
 
-    fn check_against_naive(policy: CachePolicy, capacity: usize, seed: u64) {
+    fn check_against_naive(
+        policy: CachePolicy,
+        topology: CacheTopology,
+        capacity: usize,
+        seed: u64,
+    ) {
         let g = geo(6, 3);
-        let mut fast = ExpertCache::new(&policy, &g, capacity).unwrap();
+        let mut fast = ExpertCache::with_topology(&policy, &g, capacity, topology).unwrap();
         let mut naive = Naive::new(&policy, capacity);
+        if topology == CacheTopology::PerLayer {
+            naive.per_layer = Some((6, capacity / 3));
+        }
         let mut rng = StdRng::seed_from_u64(seed);
         let (mut hits, mut evictions) = (0, 0);
         for op in 0..4000 {
@@ -907,10 +1121,87 @@ mod tests {
         for policy in policies {
             for capacity in [0, 1, 2, 5, 11, 18] {
                 for seed in 0..3 {
-                    check_against_naive(policy.clone(), capacity, seed);
+                    check_against_naive(policy.clone(), CacheTopology::Global, capacity, seed);
+                }
+            }
+            // Per layer (3 layers): 0, 1, 2, 4 and all 6 slots per layer.
+            for capacity in [0, 3, 6, 12, 18] {
+                for seed in 0..3 {
+                    check_against_naive(policy.clone(), CacheTopology::PerLayer, capacity, seed);
                 }
             }
         }
+    }
+
+    #[test]
+    fn per_layer_partitions_keep_layers_apart() {
+        let g = geo(4, 3);
+        let e = ExpertCache::with_topology(&CachePolicy::Lru, &g, 7, CacheTopology::PerLayer)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                CacheError::UnevenPartition {
+                    slots: 7,
+                    layers: 3
+                }
+            ),
+            "{e}"
+        );
+        assert!(matches!(
+            ExpertCache::with_topology(&CachePolicy::Lru, &g, 15, CacheTopology::PerLayer),
+            Err(CacheError::TooManySlots { .. })
+        ));
+        let mut c =
+            ExpertCache::with_topology(&CachePolicy::Lru, &g, 6, CacheTopology::PerLayer).unwrap();
+        assert_eq!((c.capacity(), c.slots_per_partition()), (6, 2));
+        assert_eq!(c.topology(), CacheTopology::PerLayer);
+        // Layer 1 fills its two slots (2 and 3); a third layer-1 expert evicts a layer-1
+        // expert although layer 0 and 2 slots are free.
+        let a = c.admit(ExpertId::new(1, 0), |_| false).unwrap();
+        let b = c.admit(ExpertId::new(1, 1), |_| false).unwrap();
+        assert_eq!((a.slot, b.slot), (SlotId(2), SlotId(3)));
+        let v = c.admit(ExpertId::new(1, 2), |_| false).unwrap();
+        assert_eq!(v.evicted, Some(ExpertId::new(1, 0)));
+        assert_eq!(c.len(), 2);
+        // Both layer-1 experts pinned: refused with the partition's size, nothing changes.
+        let e = c.admit(ExpertId::new(1, 3), |_| true).unwrap_err();
+        assert!(matches!(e, CacheError::AllPinned { slots: 2, .. }), "{e}");
+        // A global cache of the same size takes a free slot instead.
+        let mut gl = ExpertCache::new(&CachePolicy::Lru, &g, 6).unwrap();
+        for x in 0..3 {
+            assert_eq!(
+                gl.admit(ExpertId::new(1, x), |_| false).unwrap().evicted,
+                None
+            );
+        }
+        // Static hot sets per layer: the top experts of each layer by score.
+        let scores: Vec<f64> = (0..12).map(|f| ((f * 7) % 12) as f64).collect();
+        let hot = hot_set_per_layer(&scores, &g, 1).unwrap();
+        assert_eq!(hot.len(), 3);
+        for (l, h) in hot.iter().enumerate() {
+            assert_eq!(h.layer as usize, l);
+            let best = (0..4).max_by(|&a, &b| scores[l * 4 + a].total_cmp(&scores[l * 4 + b]));
+            assert_eq!(h.expert as usize, best.unwrap());
+        }
+        let p = CachePolicy::StaticHot { hot: Vec::new() };
+        let c = build_cache_with(
+            StrategyKind::Offload,
+            &p,
+            CacheTopology::PerLayer,
+            &g,
+            3,
+            Some(&scores),
+        )
+        .unwrap();
+        assert!(hot.iter().all(|&h| c.contains(h)));
+        assert_eq!(
+            "per-layer".parse::<CacheTopology>().unwrap(),
+            CacheTopology::PerLayer
+        );
+        assert!("ring".parse::<CacheTopology>().is_err());
+        let t: CacheTopology = serde_json::from_str("\"per-layer\"").unwrap();
+        assert_eq!(t, CacheTopology::PerLayer);
     }
 
     #[test]

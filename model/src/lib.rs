@@ -22,7 +22,7 @@ pub mod routing;
 pub mod strategy;
 pub mod traffic;
 
-pub use cache::{CachePolicy, CacheSize, ExpertCache, SlotId};
+pub use cache::{CachePolicy, CacheSize, CacheTopology, ExpertCache, SlotId};
 pub use error::ModelError;
 pub use format::{ExpertFormat, GgmlQuant};
 pub use geometry::{ExpertId, MoeGeometry};

@@ -5,22 +5,34 @@
 //! and hand each layer's routes to [`crate::plan::plan_layer`]. Two kinds of source exist:
 //!
 //! - [`SyntheticRouting`], a seeded stochastic process ([`RoutingProcess`], with named presets)
-//!   whose popularity skew, token-to-token reuse and layer-to-layer correlation are tuned so that
-//!   LRU miss rates fall in the range reported for real MoE models (see `docs/routing.md`);
+//!   whose temporal locality, popularity skew, token-to-token reuse and layer-to-layer
+//!   correlation are fitted so that its cache hit rates and hot-list coverage match those
+//!   measured on real MoE models (see `docs/routing.md`);
 //! - [`TraceReader`], which replays a recorded trace (JSON lines or a compact binary form, both
-//!   documented in `docs/routing.md`); [`RecordingSource`] writes one while passing steps through.
+//!   documented in `docs/routing.md`); [`RecordingSource`] writes one while passing steps through;
+//!   [`import::import_csv`] converts the per-token CSV engines can log into a trace.
+//!
+//! [`stats`] computes what engines publish about their routing (hit rate against cache size,
+//! hot-list coverage, reuse distances, union growth, layer-to-layer prediction) for any
+//! source, and [`fit`] matches a process's knobs to such numbers.
 //!
 //! Streams are the concurrent sequences of a batch. `next_step(streams)` may be called with a
 //! different count each step: stream `i` keeps its identity (its recent history) across steps, a
 //! stream index that was not present in the previous step starts fresh.
 
+pub mod fit;
+pub mod import;
 mod presets;
+pub mod stats;
 mod synthetic;
 mod trace;
 
-pub use presets::PRESET_NAMES;
+pub use presets::{describe, PRESET_NAMES};
 pub use synthetic::{RoutingProcess, StreamState, SyntheticRouting};
-pub use trace::{RecordingSource, TraceFormat, TraceReader, TraceWriter, TRACE_FORMAT_NAME};
+pub use trace::{
+    trace_geometry, RecordingSource, StreamTag, TraceFormat, TraceReader, TraceWriter,
+    MAX_TRACE_STREAMS, TRACE_FORMAT_NAME,
+};
 
 use serde::{Deserialize, Serialize};
 use std::path::Path;

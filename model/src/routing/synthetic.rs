@@ -1,34 +1,48 @@
-//! A seeded synthetic routing process with popularity skew, token reuse and layer correlation.
+//! A seeded synthetic routing process: temporal locality, popularity skew, token reuse and
+//! layer correlation.
 //!
-//! Real routers are neither uniform nor independent: a few experts per layer are popular, a
-//! token often picks experts its predecessor picked at the same layer, and the choice at layer
-//! `l` predicts the choice at `l + 1`. The cache's miss rate depends on all three, so the
-//! process has one knob per mechanism (see [`RoutingProcess`]) and named presets calibrated to
-//! published LRU hit rates (`docs/routing.md`).
+//! Real routers are neither uniform nor independent. What engines measure on real models
+//! (`docs/routing.md`) is strong temporal locality (a token re-uses experts that its stream
+//! used a few tokens before at the same layer, so a small per-layer LRU cache hits often) with
+//! weak static skew (a hot list learned on one part of a workload covers little more of
+//! another part than a uniform one would). The cache's miss rate depends on both, and on the
+//! layer-to-layer correlation, so the process has one knob per mechanism (see
+//! [`RoutingProcess`]) and named presets fitted to published measurements (`ft routing fit`).
 //!
 //! Generation of one route (stream `s`, layer `l`), slot by slot (`j` = 0..top_k):
-//! 1. with probability `reuse(l)`, take the expert that a recent token of stream `s` had in
-//!    slot `j` at layer `l`: the previous token when `reuse_window` is 1 (the default), else a
-//!    token drawn uniformly from the stream's last `reuse_window` tokens;
-//! 2. else, with probability `layer_correlation`, take the image of this token's slot-`j`
+//! 1. **Locality** (the working set): with probability `locality(l)`, re-use an expert the
+//!    stream used at layer `l` recently: draw an age `a` in tokens from a Lomax (Pareto II)
+//!    law of scale `locality_tokens` and shape `locality_tail`, and take a uniformly chosen
+//!    expert of the route of the token `floor(a)` tokens before the previous one (a = 0 is the
+//!    previous token). Ages beyond the stream's history, or an expert already in the route,
+//!    draw again, at most [`MAX_RECALL_TRIES`] times, then fall through. The working set so
+//!    drifts: experts drop out of it as fresh draws (steps 2 to 4) replace them.
+//! 2. **Slot reuse**: with probability `reuse(l)`, take the expert that a recent token of
+//!    stream `s` had in slot `j` at layer `l`: the previous token when `reuse_window` is 1,
+//!    else a token drawn uniformly from the stream's last `reuse_window` tokens;
+//! 3. else, with probability `layer_correlation`, take the image of this token's slot-`j`
 //!    expert at layer `l - 1` under the layer's rank-preserving map (the expert of popularity
 //!    rank `r` at `l - 1` maps to the expert of rank `r` at `l`, so following it keeps the
 //!    popularity marginal);
-//! 3. else (or when the candidate is already in the route, or there is no history) draw from
-//!    layer `l`'s popularity: a Zipf law of exponent `zipf(l)` over a per-layer random
-//!    permutation of the experts (rejection of duplicates; after [`MAX_REJECTIONS`] draws, the
-//!    most popular expert not yet chosen).
+//! 4. else (or when the candidate is already in the route, or there is no history) draw from
+//!    layer `l`'s popularity: a Zipf law of exponent `zipf(l)` (`rand_distr::Zipf`) over a
+//!    per-layer random permutation of the experts (rejection of duplicates; after
+//!    [`MAX_REJECTIONS`] draws, the most popular expert not yet chosen).
+//!
+//! Copying from the stream's own past keeps each layer's popularity as the stationary
+//! marginal, so locality and static skew are separate knobs.
 //!
 //! Router weights are a Dirichlet(`weight_concentration`) draw sorted in decreasing order, so
 //! slot 0 holds the largest weight as a real top-k router's output does.
 //!
 //! Every stream has its own random number generator, seeded from the process seed, the stream
 //! index and how many times that stream index has (re)joined: stream `i`'s routing does not
-//! depend on how many other streams run beside it.
+//! depend on how many other streams run beside it. A mechanism whose probability is 0 draws
+//! no random number, so adding one leaves the processes without it unchanged.
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use rand_distr::{Distribution, Gamma};
+use rand_distr::{Distribution, Gamma, Pareto, Zipf};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -39,6 +53,21 @@ use crate::geometry::MoeGeometry;
 /// Popularity draws rejected as duplicates before falling back to a deterministic pick (the
 /// fallback only matters when `top_k` is close to `experts` under strong skew).
 pub const MAX_REJECTIONS: usize = 64;
+
+/// Draws of the locality mechanism (an age and a slot) before it gives the slot up to the
+/// next mechanism: an age beyond the history or an expert already chosen for this route
+/// draws again. Four keeps the mechanism's effective probability within a few percent of
+/// `locality` for top-k up to 10 while bounding the work per slot.
+pub const MAX_RECALL_TRIES: usize = 4;
+
+/// Share of the locality mechanism's age law that the stream's history must cover: the
+/// history holds the ages below this quantile (ages beyond it draw again, see
+/// [`MAX_RECALL_TRIES`]).
+pub const HISTORY_QUANTILE: f64 = 0.99;
+
+/// Most tokens a stream's history holds (bounds memory for heavy-tailed age laws: a stream
+/// holds `tokens x moe_layers x top_k` expert ids, 4 bytes each).
+pub const MAX_HISTORY_TOKENS: usize = 512;
 
 /// Parameters of the synthetic routing process. Every field has a default (the `typical`
 /// preset); unknown fields are refused.
@@ -69,6 +98,18 @@ pub struct RoutingProcess {
     /// Dirichlet concentration of the router weights (> 0; 1 is uniform on the simplex,
     /// smaller values concentrate weight on the first slot).
     pub weight_concentration: f64,
+    /// Probability (0 to 1) that a slot re-uses an expert from the stream's recent routes at
+    /// the same layer (its working set), in interior layers. Drawn first, before `reuse`.
+    pub locality: f64,
+    /// The same probability in the edge layers.
+    pub edge_locality: f64,
+    /// Scale of the age law of a re-used expert, in tokens (> 0): ages follow a Lomax law
+    /// `P(age > a) = (1 + a / locality_tokens)^-locality_tail`; the median age is
+    /// `locality_tokens * (2^(1/locality_tail) - 1)` tokens.
+    pub locality_tokens: f64,
+    /// Shape (tail exponent) of the age law (> 0): smaller is a heavier tail, which spreads
+    /// re-use over older tokens and lets larger caches keep gaining hits.
+    pub locality_tail: f64,
 }
 
 impl Default for RoutingProcess {
@@ -119,6 +160,8 @@ impl RoutingProcess {
             ("routing.reuse", self.reuse),
             ("routing.edge_reuse", self.edge_reuse),
             ("routing.layer_correlation", self.layer_correlation),
+            ("routing.locality", self.locality),
+            ("routing.edge_locality", self.edge_locality),
         ] {
             if !(0.0..=1.0).contains(&v) {
                 return Err(ModelError::invalid(field, format!("{v} is outside [0, 1]")));
@@ -130,13 +173,47 @@ impl RoutingProcess {
                 "must be at least 1 (the previous token)",
             ));
         }
-        if !(self.weight_concentration.is_finite() && self.weight_concentration > 0.0) {
-            return Err(ModelError::invalid(
-                "routing.weight_concentration",
-                format!("{} is not a finite number > 0", self.weight_concentration),
-            ));
+        for (field, v) in [
+            ("routing.weight_concentration", self.weight_concentration),
+            ("routing.locality_tokens", self.locality_tokens),
+            ("routing.locality_tail", self.locality_tail),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(ModelError::invalid(
+                    field,
+                    format!("{v} is not a finite number > 0"),
+                ));
+            }
         }
         Ok(())
+    }
+
+    /// Locality probability at a layer.
+    pub fn locality_at(&self, layer: usize, layers: usize) -> f64 {
+        if self.is_edge_layer(layer, layers) {
+            self.edge_locality
+        } else {
+            self.locality
+        }
+    }
+
+    /// Tokens of history a stream keeps: the longest age any mechanism may copy from (the
+    /// `reuse_window`, and the [`HISTORY_QUANTILE`] of the locality age law when locality is
+    /// on), at most [`MAX_HISTORY_TOKENS`] and at least 1.
+    pub fn history_tokens(&self) -> usize {
+        let mut n = self.reuse_window.max(1);
+        if self.locality > 0.0 || self.edge_locality > 0.0 {
+            // Lomax quantile q: scale * ((1 - q)^(-1 / shape) - 1), plus the previous token.
+            let age = self.locality_tokens
+                * ((1.0 - HISTORY_QUANTILE).powf(-1.0 / self.locality_tail) - 1.0);
+            let tokens = if age.is_finite() {
+                (age.ceil() as usize).saturating_add(1)
+            } else {
+                MAX_HISTORY_TOKENS
+            };
+            n = n.max(tokens);
+        }
+        n.min(MAX_HISTORY_TOKENS)
     }
 
     /// True when layer `layer` of a `layers`-layer stack takes the edge parameters.
@@ -178,23 +255,28 @@ const PERMUTATION_SALT: u64 = 0x5045_524D; // "PERM"
 /// Per-layer tables derived from the process and the geometry.
 #[derive(Debug, Clone)]
 struct LayerTable {
-    /// Cumulative popularity over ranks (last entry 1.0).
-    cdf: Vec<f64>,
+    /// Popularity law over ranks (a draw `x` in `1..=experts` is rank `x - 1`).
+    zipf: Zipf<f64>,
+    /// Zipf exponent of the layer (for [`SyntheticRouting::popularity`]).
+    exponent: f64,
     /// Expert of each popularity rank.
     by_rank: Vec<u32>,
     /// Popularity rank of each expert.
     rank_of: Vec<u32>,
     /// Reuse probability at this layer.
     reuse: f64,
+    /// Locality probability at this layer.
+    locality: f64,
 }
 
-/// History of one stream: its generator and the experts of its last `reuse_window` tokens.
+/// History of one stream: its generator and the experts of its last
+/// [`RoutingProcess::history_tokens`] tokens.
 /// The source keeps one per stream index; a caller that routes streams itself (the served
 /// model's router) keeps its own and routes with [`SyntheticRouting::route_token`].
 #[derive(Debug, Clone)]
 pub struct StreamState {
     rng: StdRng,
-    /// The last `reuse_window` tokens' experts, a ring of `[token][layer * top_k + slot]`.
+    /// The last tokens' experts, a ring of `[token][layer * top_k + slot]`.
     history: Vec<Vec<u32>>,
     /// Ring position of the next token to write.
     next: usize,
@@ -224,6 +306,10 @@ pub struct SyntheticRouting {
     geometry: MoeGeometry,
     layers: Vec<LayerTable>,
     weight_gamma: Gamma<f64>,
+    /// Age law of the locality mechanism (a Pareto draw minus its scale is a Lomax draw).
+    age: Pareto<f64>,
+    /// Tokens of history each stream keeps.
+    history_tokens: usize,
     streams: Vec<StreamState>,
     /// How many times each stream index has joined (seeds its generator).
     joins: Vec<u64>,
@@ -264,31 +350,29 @@ impl SyntheticRouting {
                     rank_of[e as usize] = r as u32;
                 }
                 let s = process.zipf_at(l, geometry.moe_layers);
-                let mut cdf: Vec<f64> = (0..n).map(|r| ((r + 1) as f64).powf(-s)).collect();
-                let mut acc = 0.0;
-                for p in cdf.iter_mut() {
-                    acc += *p;
-                    *p = acc;
-                }
-                for p in cdf.iter_mut() {
-                    *p /= acc;
-                }
-                *cdf.last_mut().expect("experts > 0") = 1.0;
-                LayerTable {
-                    cdf,
+                let zipf = Zipf::new(n as f64, s)
+                    .map_err(|e| ModelError::invalid("routing.zipf", e.to_string()))?;
+                Ok(LayerTable {
+                    zipf,
+                    exponent: s,
                     by_rank,
                     rank_of,
                     reuse: process.reuse_at(l, geometry.moe_layers),
-                }
+                    locality: process.locality_at(l, geometry.moe_layers),
+                })
             })
-            .collect();
+            .collect::<Result<Vec<_>>>()?;
         let weight_gamma = Gamma::new(process.weight_concentration, 1.0)
             .map_err(|e| ModelError::invalid("routing.weight_concentration", e.to_string()))?;
+        let age = Pareto::new(process.locality_tokens, process.locality_tail)
+            .map_err(|e| ModelError::invalid("routing.locality_tokens", e.to_string()))?;
         Ok(SyntheticRouting {
             process: process.clone(),
             geometry,
             layers,
             weight_gamma,
+            age,
+            history_tokens: process.history_tokens(),
             streams: Vec::new(),
             joins: Vec::new(),
             step: 0,
@@ -300,18 +384,19 @@ impl SyntheticRouting {
         &self.process
     }
 
-    /// Base popularity of every expert, indexed by [`crate::ExpertId::flat`]: the Zipf law of
-    /// its layer (probabilities sum to 1 per layer). The process's stationary marginal is
-    /// close to it (reuse and the rank-preserving layer map keep it; duplicate rejection
-    /// flattens it slightly). Used to choose a static hot set without a warm-up.
+    /// Base popularity of every expert, indexed by [`crate::ExpertId::flat`]: the Zipf
+    /// probability mass of its rank in its layer, `(r + 1)^-s / sum over ranks` (summing to 1
+    /// per layer). The process's stationary marginal is close to it (locality, reuse and the
+    /// rank-preserving layer map keep it; duplicate rejection flattens it slightly). Used to
+    /// choose a static hot set without a warm-up.
     pub fn popularity(&self) -> Vec<f64> {
         let n = self.geometry.experts;
         let mut out = vec![0.0; n * self.geometry.moe_layers];
         for (l, t) in self.layers.iter().enumerate() {
-            let mut prev = 0.0;
-            for (r, &c) in t.cdf.iter().enumerate() {
-                out[l * n + t.by_rank[r] as usize] = c - prev;
-                prev = c;
+            let mass: Vec<f64> = (0..n).map(|r| ((r + 1) as f64).powf(-t.exponent)).collect();
+            let total: f64 = mass.iter().sum();
+            for (r, m) in mass.iter().enumerate() {
+                out[l * n + t.by_rank[r] as usize] = m / total;
             }
         }
         out
@@ -347,7 +432,11 @@ impl SyntheticRouting {
         let layers = self.geometry.moe_layers;
         let rho = self.process.layer_correlation;
         let window = self.process.reuse_window;
+        let cap = self.history_tokens;
         let rng = &mut state.rng;
+        let filled = state.history.len();
+        // Ring index of the token `age` tokens before the previous one (age < filled).
+        let at = |age: usize| (state.next + filled - 1 - age) % filled;
         for l in 0..layers {
             let table = &self.layers[l];
             let (done, rest) = current.split_at_mut(l * k);
@@ -355,20 +444,29 @@ impl SyntheticRouting {
             for j in 0..k {
                 let chosen = &route[..j];
                 let mut pick: Option<u32> = None;
-                if !state.history.is_empty() && rng.random_bool(table.reuse) {
-                    let filled = state.history.len();
-                    let age = if filled == 1 {
+                if filled > 0 && table.locality > 0.0 && rng.random_bool(table.locality) {
+                    for _ in 0..MAX_RECALL_TRIES {
+                        let age = self.age.sample(rng) - self.process.locality_tokens;
+                        let slot = rng.random_range(0..k);
+                        if age < filled as f64 {
+                            let e = state.history[at(age as usize)][l * k + slot];
+                            if !chosen.contains(&e) {
+                                pick = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                }
+                if pick.is_none() && filled > 0 && rng.random_bool(table.reuse) {
+                    let reach = filled.min(window);
+                    let age = if reach == 1 {
                         0
                     } else {
-                        rng.random_range(0..filled)
+                        rng.random_range(0..reach)
                     };
-                    // The token `age` tokens before the previous one.
-                    let t = (state.next + filled - 1 - age) % filled;
-                    {
-                        let e = state.history[t][l * k + j];
-                        if !chosen.contains(&e) {
-                            pick = Some(e);
-                        }
+                    let e = state.history[at(age)][l * k + j];
+                    if !chosen.contains(&e) {
+                        pick = Some(e);
                     }
                 }
                 if pick.is_none() && l > 0 && rho > 0.0 && rng.random_bool(rho) {
@@ -384,7 +482,7 @@ impl SyntheticRouting {
                     None => {
                         let mut found = None;
                         for _ in 0..MAX_REJECTIONS {
-                            let e = table.by_rank[draw_rank(&table.cdf, rng)];
+                            let e = table.by_rank[draw_rank(&table.zipf, table.by_rank.len(), rng)];
                             if !chosen.contains(&e) {
                                 found = Some(e);
                                 break;
@@ -410,12 +508,12 @@ impl SyntheticRouting {
             gammas.sort_by(|a, b| b.total_cmp(a));
             emit(l, route, gammas, sum);
         }
-        if state.history.len() < window {
+        if state.history.len() < cap {
             state.history.push(current.to_vec());
-            state.next = state.history.len() % window;
+            state.next = state.history.len() % cap;
         } else {
             state.history[state.next].copy_from_slice(current);
-            state.next = (state.next + 1) % window;
+            state.next = (state.next + 1) % cap;
         }
     }
 
@@ -435,10 +533,10 @@ impl SyntheticRouting {
     }
 }
 
-/// Draw a rank from a cumulative distribution.
-fn draw_rank(cdf: &[f64], rng: &mut StdRng) -> usize {
-    let u: f64 = rng.random();
-    cdf.partition_point(|&c| c <= u).min(cdf.len() - 1)
+/// Draw a popularity rank (from 0) from a layer's Zipf law.
+fn draw_rank(zipf: &Zipf<f64>, experts: usize, rng: &mut StdRng) -> usize {
+    // The law draws integers 1..=experts as f64; the cast is exact.
+    (zipf.sample(rng) as usize).clamp(1, experts) - 1
 }
 
 impl RoutingSource for SyntheticRouting {
@@ -482,7 +580,7 @@ impl RoutingSource for SyntheticRouting {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::routing::PRESET_NAMES;
+    use crate::routing::{RoutingSource, PRESET_NAMES};
 
     fn geo(experts: usize, top_k: usize, layers: usize) -> MoeGeometry {
         MoeGeometry::routing_test(experts, top_k, layers)
@@ -555,13 +653,10 @@ mod tests {
     fn reuse_repeats_and_a_rejoining_stream_starts_fresh() {
         let g = geo(64, 4, 5);
         let p = RoutingProcess {
-            zipf: 0.0,
-            edge_zipf: 0.0,
             reuse: 1.0,
             edge_reuse: 1.0,
             reuse_window: 1,
-            layer_correlation: 0.0,
-            ..RoutingProcess::default()
+            ..RoutingProcess::preset("uniform").unwrap()
         };
         let mut src = SyntheticRouting::new(&p, g).unwrap();
         let first = src.next_step(2).unwrap();
@@ -587,10 +682,8 @@ mod tests {
         let p = RoutingProcess {
             zipf: 0.8,
             edge_zipf: 0.8,
-            reuse: 0.0,
-            edge_reuse: 0.0,
             layer_correlation: 1.0,
-            ..RoutingProcess::default()
+            ..RoutingProcess::preset("uniform").unwrap()
         };
         let src = SyntheticRouting::new(&p, g).unwrap();
         let pop = src.popularity();
@@ -616,10 +709,7 @@ mod tests {
             zipf: 1.0,
             edge_zipf: 0.0,
             edge_layers: 1,
-            reuse: 0.0,
-            edge_reuse: 0.0,
-            layer_correlation: 0.0,
-            ..RoutingProcess::default()
+            ..RoutingProcess::preset("uniform").unwrap()
         };
         let src = SyntheticRouting::new(&p, g).unwrap();
         let pop = src.popularity();
@@ -693,15 +783,38 @@ mod tests {
                     ..RoutingProcess::default()
                 },
             ),
+            (
+                "routing.locality",
+                RoutingProcess {
+                    locality: -0.1,
+                    ..RoutingProcess::default()
+                },
+            ),
+            (
+                "routing.locality_tokens",
+                RoutingProcess {
+                    locality_tokens: 0.0,
+                    ..RoutingProcess::default()
+                },
+            ),
+            (
+                "routing.locality_tail",
+                RoutingProcess {
+                    locality_tail: f64::INFINITY,
+                    ..RoutingProcess::default()
+                },
+            ),
         ] {
             let e = SyntheticRouting::new(&p, g).unwrap_err().to_string();
             assert!(e.contains(field), "{e}");
         }
         let e = SyntheticRouting::new(&RoutingProcess::default(), geo(2, 3, 1)).unwrap_err();
         assert!(e.to_string().contains("top_k"), "{e}");
-        let text = "zipf = 0.5\nreuse = 0.2\n";
+        let text = "zipf = 0.5\nreuse = 0.2\nlocality_tokens = 3.5\n";
         let p = RoutingProcess::from_toml_str(text, "r.toml").unwrap();
-        assert_eq!((p.zipf, p.reuse, p.reuse_window), (0.5, 0.2, 2));
+        assert_eq!((p.zipf, p.reuse, p.locality_tokens), (0.5, 0.2, 3.5));
+        // The fields not given are the default preset's.
+        assert_eq!(p.locality, RoutingProcess::default().locality);
         let e = RoutingProcess::from_toml_str("zipff = 1", "r.toml")
             .unwrap_err()
             .to_string();
@@ -711,5 +824,104 @@ mod tests {
             .to_string();
         assert!(e.contains("r.toml") && e.contains("routing.reuse"), "{e}");
         assert!(RoutingProcess::preset("zipfian").is_err());
+    }
+    /// Distance in tokens from each routing of stream 0, layer 0, to the stream's previous
+    /// routing of the same expert, bucketed (1, 2, 3-4, 5-8, 9-16, 17-64, longer or never).
+    fn distance_histogram(seq: &[Vec<u32>]) -> Vec<f64> {
+        let edges = [1usize, 2, 4, 8, 16, 64];
+        let mut last = std::collections::HashMap::new();
+        let mut h = vec![0.0; edges.len() + 1];
+        for (t, experts) in seq.iter().enumerate() {
+            for &e in experts {
+                let b = match last.insert(e, t) {
+                    Some(prev) => edges.partition_point(|&x| x < t - prev),
+                    None => edges.len(),
+                };
+                h[b] += 1.0;
+            }
+        }
+        let n: f64 = h.iter().sum();
+        h.iter().map(|c| c / n).collect()
+    }
+
+    #[test]
+    fn locality_follows_its_age_law_against_a_slow_reference() {
+        // Top-1 over many uniform experts: fresh draws almost never coincide, so the reuse
+        // distances are the locality mechanism's alone. The reference draws the same law
+        // directly from a list of the past tokens.
+        let p = RoutingProcess {
+            locality: 0.7,
+            locality_tokens: 2.0,
+            locality_tail: 1.3,
+            ..RoutingProcess::preset("uniform").unwrap()
+        };
+        let g = geo(1 << 16, 1, 1);
+        let n = 30_000;
+        let fast: Vec<Vec<u32>> = steps(&p, g, n, 1)
+            .into_iter()
+            .map(|s| s.layers[0][0].experts.clone())
+            .collect();
+        let cap = p.history_tokens();
+        let mut rng = StdRng::seed_from_u64(11);
+        let lomax = Pareto::new(p.locality_tokens, p.locality_tail).unwrap();
+        let mut slow: Vec<Vec<u32>> = Vec::with_capacity(n);
+        for t in 0..n {
+            let mut pick = None;
+            if t > 0 && rng.random_bool(p.locality) {
+                for _ in 0..MAX_RECALL_TRIES {
+                    let age = lomax.sample(&mut rng) - p.locality_tokens;
+                    if age < t.min(cap) as f64 {
+                        pick = Some(slow[t - 1 - age as usize][0]);
+                        break;
+                    }
+                }
+            }
+            slow.push(vec![pick.unwrap_or_else(|| rng.random_range(0..1u32 << 16))]);
+        }
+        let (a, b) = (distance_histogram(&fast), distance_histogram(&slow));
+        for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert!(
+                (x - y).abs() < 0.02,
+                "bucket {i}: {x:.4} vs {y:.4} ({a:?} vs {b:?})"
+            );
+        }
+        // The history covers the law's 99th percentile, bounded.
+        let q = p.locality_tokens * (0.01f64.powf(-1.0 / p.locality_tail) - 1.0);
+        assert_eq!(cap, q.ceil() as usize + 1);
+        let heavy = RoutingProcess {
+            locality_tail: 0.05,
+            ..p.clone()
+        };
+        assert_eq!(heavy.history_tokens(), MAX_HISTORY_TOKENS);
+    }
+
+    #[test]
+    fn zipf_draws_match_the_inverse_cdf_reference() {
+        // rand_distr's Zipf against a cumulative table searched by inversion (the slow
+        // reference): the rank frequencies agree within 5 binomial standard deviations.
+        let (n, s, draws) = (32usize, 0.9, 200_000usize);
+        let mut cdf: Vec<f64> = (0..n).map(|r| ((r + 1) as f64).powf(-s)).collect();
+        let mut acc = 0.0;
+        for c in cdf.iter_mut() {
+            acc += *c;
+            *c = acc;
+        }
+        let zipf = Zipf::new(n as f64, s).unwrap();
+        let mut rng = StdRng::seed_from_u64(3);
+        let (mut fast, mut slow) = (vec![0.0; n], vec![0.0; n]);
+        for _ in 0..draws {
+            fast[draw_rank(&zipf, n, &mut rng)] += 1.0;
+            let u: f64 = rng.random::<f64>() * acc;
+            slow[cdf.partition_point(|&c| c <= u).min(n - 1)] += 1.0;
+        }
+        for r in 0..n {
+            let p = (cdf[r] - if r == 0 { 0.0 } else { cdf[r - 1] }) / acc;
+            let sd = (p * (1.0 - p) / draws as f64).sqrt();
+            let (f, g) = (fast[r] / draws as f64, slow[r] / draws as f64);
+            assert!(
+                (f - p).abs() < 5.0 * sd && (g - p).abs() < 5.0 * sd,
+                "rank {r}: {f} {g} {p}"
+            );
+        }
     }
 }

@@ -32,6 +32,11 @@ pub const BINARY_MAGIC: [u8; 8] = *b"FTROUTE\0";
 /// Bytes of the binary header: magic (8), version, id width, experts, top_k, moe_layers,
 /// reserved (6 x u32).
 pub const BINARY_HEADER_BYTES: usize = 32;
+/// Most streams one step of a trace may hold (a `stream` index of a JSON-lines record, a
+/// binary block's stream count). A step is held in memory whole (`streams x moe_layers`
+/// routes), so an input-given count is checked before anything is allocated for it; no
+/// engine decodes more concurrent sequences than this.
+pub const MAX_TRACE_STREAMS: usize = 4096;
 
 /// The two trace forms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -94,6 +99,21 @@ struct JsonRecord {
     /// Router weights; absent means equal weights (1 / top_k each).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     weights: Option<Vec<f32>>,
+    /// The request (sequence) the stream serves at this step, as the engine names it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    request: Option<String>,
+    /// Position of the token within its request (0 for the first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    token: Option<u64>,
+}
+
+/// What a trace may say about a stream at a step beyond its routing (JSON lines only).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StreamTag {
+    /// The request id the stream serves.
+    pub request: Option<String>,
+    /// The token's position within its request.
+    pub token: Option<u64>,
 }
 
 /// Check a trace's geometry against the model's; the error lists every difference.
@@ -225,6 +245,82 @@ impl BinaryReader {
 enum Inner {
     Json(JsonLinesReader),
     Binary(BinaryReader),
+}
+
+/// Most bytes of a JSON-lines trace's header line (a header is about a hundred bytes; the
+/// limit keeps a file without line breaks from being read whole to find its first line).
+pub const MAX_HEADER_BYTES: u64 = 64 * 1024;
+
+/// The routed geometry a trace file declares in its header (either form), without reading
+/// its steps: `hidden` and `intermediate` are those of the header when given, else 0
+/// (unknown). Lets a command route a trace without being told the model.
+pub fn trace_geometry(path: &Path) -> Result<MoeGeometry> {
+    let origin = path.display().to_string();
+    let file = File::open(path).map_err(|source| ModelError::Io {
+        path: origin.clone(),
+        source,
+    })?;
+    let mut head = Vec::new();
+    BufReader::new(file)
+        .take(MAX_HEADER_BYTES)
+        .read_until(b'\n', &mut head)
+        .map_err(|source| ModelError::Io {
+            path: origin.clone(),
+            source,
+        })?;
+    let geometry = |experts: usize, top_k: usize, moe_layers: usize, h, i| MoeGeometry {
+        hidden: h,
+        intermediate: i,
+        experts,
+        top_k,
+        moe_layers,
+        shared_experts: 0,
+    };
+    if head.len() >= BINARY_MAGIC.len() && head[..8] == BINARY_MAGIC {
+        // The binary header may hold a newline byte anywhere: read its fixed size instead.
+        let mut h = [0u8; BINARY_HEADER_BYTES];
+        let mut f = File::open(path).map_err(|source| ModelError::Io {
+            path: origin.clone(),
+            source,
+        })?;
+        f.read_exact(&mut h).map_err(|_| {
+            ModelError::invalid(&origin, "truncated binary trace: no complete header")
+        })?;
+        let word = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
+        return Ok(geometry(
+            word(16) as usize,
+            word(20) as usize,
+            word(24) as usize,
+            0,
+            0,
+        ));
+    }
+    let text = std::str::from_utf8(&head).map_err(|_| {
+        ModelError::invalid(
+            &origin,
+            "neither a binary trace nor a UTF-8 JSON-lines trace",
+        )
+    })?;
+    let header: JsonHeader = serde_json::from_str(text.trim()).map_err(|e| ModelError::Json {
+        path: format!("{origin}:1"),
+        message: format!("not a trace header ({e})"),
+    })?;
+    if header.format != TRACE_FORMAT_NAME {
+        return Err(ModelError::invalid(
+            format!("{origin}:1"),
+            format!(
+                "header says format '{}', not '{TRACE_FORMAT_NAME}'",
+                header.format
+            ),
+        ));
+    }
+    Ok(geometry(
+        header.experts,
+        header.top_k,
+        header.moe_layers,
+        header.hidden.unwrap_or(0),
+        header.intermediate.unwrap_or(0),
+    ))
 }
 
 /// Replays a trace file as a [`RoutingSource`].
@@ -470,6 +566,12 @@ fn read_json_step(
         };
         route.validate(geometry, &at)?;
         let s = rec.stream as usize;
+        if s >= MAX_TRACE_STREAMS {
+            return Err(ModelError::invalid(
+                at,
+                format!("stream {s} is beyond the limit of {MAX_TRACE_STREAMS} streams per step"),
+            ));
+        }
         let row = &mut grid[l];
         if row.len() <= s {
             row.resize(s + 1, None);
@@ -530,6 +632,15 @@ fn read_binary_step(
     }
     let step = u64::from_le_bytes(head[..8].try_into().expect("8 bytes"));
     let streams = u32::from_le_bytes(head[8..].try_into().expect("4 bytes")) as usize;
+    if streams > MAX_TRACE_STREAMS {
+        return Err(ModelError::invalid(
+            origin,
+            format!(
+                "step {step} (block at byte {block_at}) holds {streams} streams, beyond the \
+                 limit of {MAX_TRACE_STREAMS}"
+            ),
+        ));
+    }
     let k = geometry.top_k;
     let route_bytes = k * (b.id_bytes + 4);
     let mut buf = vec![0u8; route_bytes];
@@ -660,6 +771,20 @@ impl TraceWriter {
         format: TraceFormat,
         geometry: &MoeGeometry,
     ) -> Result<Self> {
+        let source = format!("ft {}", env!("CARGO_PKG_VERSION"));
+        Self::with_source(writer, origin, format, geometry, &source)
+    }
+
+    /// [`TraceWriter::new`] with the header's free-text `source` (JSON lines). A geometry
+    /// whose `hidden` or `intermediate` is 0 (unknown, as in an imported trace) leaves that
+    /// field out of the header, so any model of the routed geometry reads the trace.
+    pub fn with_source(
+        writer: Box<dyn Write + Send>,
+        origin: &str,
+        format: TraceFormat,
+        geometry: &MoeGeometry,
+        source: &str,
+    ) -> Result<Self> {
         let id_bytes = if geometry.experts <= u16::MAX as usize + 1 {
             2
         } else {
@@ -682,9 +807,9 @@ impl TraceWriter {
                     experts: geometry.experts,
                     top_k: geometry.top_k,
                     moe_layers: geometry.moe_layers,
-                    hidden: Some(geometry.hidden),
-                    intermediate: Some(geometry.intermediate),
-                    source: Some(format!("ft {}", env!("CARGO_PKG_VERSION"))),
+                    hidden: (geometry.hidden > 0).then_some(geometry.hidden),
+                    intermediate: (geometry.intermediate > 0).then_some(geometry.intermediate),
+                    source: Some(source.to_string()),
                 };
                 let line = serde_json::to_string(&header).expect("a header always serializes");
                 w.write_bytes(line.as_bytes())?;
@@ -719,6 +844,22 @@ impl TraceWriter {
 
     /// Append one step (validated against the geometry; step numbers must increase).
     pub fn write_step(&mut self, step: &StepRouting) -> Result<()> {
+        self.write_step_tagged(step, &[])
+    }
+
+    /// Append one step with a tag per stream (its request id and token position; written to
+    /// JSON lines, not kept by the binary form). `tags` may be shorter than the streams.
+    pub fn write_step_tagged(&mut self, step: &StepRouting, tags: &[StreamTag]) -> Result<()> {
+        if step.streams() > MAX_TRACE_STREAMS {
+            return Err(ModelError::invalid(
+                &self.origin,
+                format!(
+                    "step {} holds {} streams, beyond the limit of {MAX_TRACE_STREAMS}",
+                    step.step,
+                    step.streams()
+                ),
+            ));
+        }
         step.validate(
             &self.geometry,
             &format!("step {} written to {}", step.step, self.origin),
@@ -738,6 +879,7 @@ impl TraceWriter {
             TraceFormat::JsonLines => {
                 let mut line = String::new();
                 for s in 0..step.streams() {
+                    let tag = tags.get(s).cloned().unwrap_or_default();
                     for (l, routes) in step.layers.iter().enumerate() {
                         let r = &routes[s];
                         let rec = JsonRecord {
@@ -746,6 +888,8 @@ impl TraceWriter {
                             layer: l as u32,
                             experts: r.experts.clone(),
                             weights: Some(r.weights.clone()),
+                            request: tag.request.clone(),
+                            token: tag.token,
                         };
                         line.clear();
                         line.push_str(
@@ -1047,6 +1191,61 @@ mod tests {
         }
         let e = err_of(&lines, 1);
         assert!(e.contains("no record for stream 1"), "{e}");
+    }
+
+    #[test]
+    fn stream_counts_from_the_file_are_bounded() {
+        // A huge stream index is refused before a step of that many streams is built.
+        let lines = vec![
+            header(),
+            format!(
+                r#"{{"step":0,"stream":{},"layer":0,"experts":[1,2]}}"#,
+                u32::MAX
+            ),
+        ];
+        let e = err_of(&lines, 1);
+        assert!(
+            e.contains("t.jsonl:2") && e.contains("limit of 4096"),
+            "{e}"
+        );
+        // A binary block claiming u32::MAX streams: refused from its header.
+        let g = geo();
+        let mut bytes = BINARY_MAGIC.to_vec();
+        for v in [TRACE_VERSION, 2, 16, 2, 3, 0] {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        bytes.extend_from_slice(&7u64.to_le_bytes());
+        bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+        let mut r = TraceReader::from_reader(Cursor::new(bytes), "t.ftrt", &g).unwrap();
+        let e = r.next_step(1).unwrap_err().to_string();
+        assert!(
+            e.contains("4294967295 streams") && e.contains("limit"),
+            "{e}"
+        );
+        // Request ids and token positions are accepted and round-trip through the writer.
+        let tagged = vec![
+            header(),
+            r#"{"step":0,"stream":0,"layer":0,"experts":[1,2],"request":"r-1","token":0}"#.into(),
+            r#"{"step":0,"stream":0,"layer":1,"experts":[1,2],"request":"r-1","token":0}"#.into(),
+            r#"{"step":0,"stream":0,"layer":2,"experts":[1,2],"request":"r-1","token":0}"#.into(),
+        ];
+        let step = reader(&tagged).unwrap().next_step(1).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let mut w = TraceWriter::create(&path, &g).unwrap();
+        let tag = StreamTag {
+            request: Some("r-1".into()),
+            token: Some(5),
+        };
+        w.write_step_tagged(&step, std::slice::from_ref(&tag))
+            .unwrap();
+        w.finish().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#""request":"r-1","token":5"#), "{text}");
+        assert_eq!(
+            TraceReader::open(&path, &g).unwrap().next_step(1).unwrap(),
+            step
+        );
     }
 
     #[test]
