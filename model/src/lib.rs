@@ -11,6 +11,7 @@ pub mod error;
 pub mod format;
 pub mod geometry;
 pub mod host;
+pub mod limits;
 pub mod perf;
 pub mod placement;
 pub mod plan;
