@@ -556,7 +556,20 @@ impl Profile {
     /// Parse a profile document and validate it ([`Profile::validate`]); `origin` names it
     /// in errors. The one parser behind every read of a profile (and the fuzz target's).
     pub fn parse(text: &str, origin: &str) -> Result<Self> {
-        let p: Profile = serde_json::from_str(text).map_err(|e| ModelError::Json {
+        // The path of the field that failed (`params.cpu_gbs: invalid type: null ...`).
+        let mut de = serde_json::Deserializer::from_str(text);
+        let p: Profile = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let at = e.path().to_string();
+            ModelError::Json {
+                path: origin.to_string(),
+                message: if at == "." {
+                    e.inner().to_string()
+                } else {
+                    format!("{at}: {}", e.inner())
+                },
+            }
+        })?;
+        de.end().map_err(|e| ModelError::Json {
             path: origin.to_string(),
             message: e.to_string(),
         })?;
@@ -1349,6 +1362,11 @@ mod tests {
             e(
                 |v| v["covariance"]["matrix"][0][0] = (-1.0).into(),
                 "covariance.matrix",
+            ),
+            // A field of the wrong type is named by its path.
+            e(
+                |v| v["params"]["cpu_gbs"] = serde_json::Value::Null,
+                "params.cpu_gbs",
             ),
             // A claim beyond the physical ceilings.
             e(
