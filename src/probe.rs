@@ -349,15 +349,26 @@ impl Args {
 /// The cached profile of `key` in `dir` when its key matches and its fit is trusted (`Ok`),
 /// else why it cannot be used, one phrase per reason (`stale: ...` per mismatch, `no cached
 /// profile`, `corrupt: ...`, `untrusted: ...`), each also logged. The one lookup `ft probe`
-/// and `ft serve` share: both re-probe rather than reuse a profile whose fit missed its own
-/// validation runs (`Profile::trust_issue`).
+/// and `ft serve` share; through this entry (the server's) a profile whose fit missed its
+/// own validation runs (`Profile::trust_issue`) is re-probed, never served from.
 pub fn cached_profile(
     dir: &Path,
     key: &ProfileKey,
 ) -> Result<std::result::Result<Profile, Vec<String>>> {
+    cached_profile_as(dir, key, false)
+}
+
+/// [`cached_profile`], reusing an untrusted profile where `keep_untrusted` (`ft probe`: the
+/// user sees the mark and `--force` re-probes; a server re-probes instead).
+fn cached_profile_as(
+    dir: &Path,
+    key: &ProfileKey,
+    keep_untrusted: bool,
+) -> Result<std::result::Result<Profile, Vec<String>>> {
     Ok(match profile::load(dir, key)? {
         Lookup::Fresh(p) => match p.trust_issue() {
             None => Ok(*p),
+            Some(_) if keep_untrusted => Ok(*p),
             Some(why) => {
                 tracing::warn!(path = %dir.join(key.file_name()).display(), "untrusted cached profile, re-probing: {why}");
                 Err(vec![format!("untrusted: {why}")])
@@ -421,7 +432,7 @@ pub fn run(args: Args) -> Result<()> {
         reasons.push("--force".to_string());
         None
     } else {
-        match cached_profile(&dir, &key)? {
+        match cached_profile_as(&dir, &key, true)? {
             Ok(p) => Some(p),
             Err(why) => {
                 reasons = why;

@@ -32,18 +32,19 @@ pub const MAX_STEPS: usize = 100_000;
 /// but mean nothing either.
 pub const MAX_CONTEXT_TOKENS: usize = 1 << 24;
 
-/// Most MoE layers of a model: 1024 (the largest presets have 89; the expert id's layer is a
+/// Most MoE layers of a model: 4096 (the largest presets have 89; the expert id's layer is a
 /// `u16`, and per-layer tables are allocated up front).
-pub const MAX_MOE_LAYERS: usize = 1024;
+pub const MAX_MOE_LAYERS: usize = 4096;
 
 /// Most routed experts per layer: 65,536 (today's largest models route over 512; the cache,
 /// the traffic counters and the routing tables hold one entry per expert).
 pub const MAX_EXPERTS: usize = 1 << 16;
 
-/// Most routed experts over all layers (`experts x moe_layers`): 1,048,576. Per-expert tables
-/// (cache index, counters, banks' offsets) are allocated for every expert of every layer;
-/// a million entries keeps each under about 100 MB. The largest preset has 24,576.
-pub const MAX_TOTAL_EXPERTS: u64 = 1 << 20;
+/// Most routed experts over all layers (`experts x moe_layers`): 4,194,304 (2^22).
+/// Per-expert tables (cache index, counters, banks' offsets) are allocated for every expert
+/// of every layer; four million entries keep each under a few hundred MB. The largest preset
+/// has 24,576.
+pub const MAX_TOTAL_EXPERTS: u64 = 1 << 22;
 
 /// Most experts routed per token per layer: 1024 (real models use 1 to 16).
 pub const MAX_TOP_K: usize = 1024;
