@@ -15,7 +15,12 @@ pub fn run(args: Args) -> Result<()> {
     let e = explain(&pred, plan.params());
     let mut out = std::io::stdout().lock();
     if args.json {
-        let doc = serde_json::json!({ "explanation": e, "prediction": pred });
+        let doc = serde_json::json!({
+            "explanation": e,
+            "prediction": pred,
+            "profile_untrusted": plan.profile_untrusted,
+            "warnings": plan.warnings,
+        });
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     } else {

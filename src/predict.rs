@@ -25,10 +25,13 @@ pub const DEFAULT_MODEL: &str = "qwen3.8-flash-next";
 /// Arguments shared by `ft predict` and `ft explain`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Model: a preset name, a model TOML file, a Hugging Face config.json or a GGUF file.
-    #[arg(long, default_value = DEFAULT_MODEL)]
-    pub model: String,
-    /// Host: a preset (see `ft simulate --help`), a host TOML file or a profile JSON.
+    /// Model: a preset name, a model TOML file, a Hugging Face config.json or a GGUF file
+    /// (default: with a profile, the model it was
+    /// probed for; else qwen3.8-flash-next). A profile probed for another model is refused.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Host: a preset (see `ft simulate --help`), a host TOML file or a profile JSON (a
+    /// `.json` file is read as `--profile`).
     #[arg(long, default_value = ft_sim::hosts::DEFAULT_HOST, conflicts_with = "profile")]
     pub host: String,
     /// A fitted profile (JSON, as `ft probe` writes it) instead of a host spec.
@@ -109,6 +112,11 @@ pub struct Plan {
     pub host_label: String,
     /// The CPU check the CPU side was scaled by (`--cpu-check`).
     pub cpu_check: Option<CheckedSpeed>,
+    /// Why the profile's fit is not to be trusted, where it is not (`Profile::trust_issue`).
+    pub profile_untrusted: Option<String>,
+    /// Inputs that are legal but implausible (a cache larger than the GPU), each also
+    /// logged as a warning on stderr.
+    pub warnings: Vec<String>,
 }
 
 /// The CPU side's speed now against the profile's probe (`--cpu-check`).
@@ -159,15 +167,75 @@ fn check_cpu_speed(device: &str, profile: &Profile, model: &ModelSpec) -> Result
 }
 
 impl Args {
+    /// Every input-derived size against its documented limit (`ft_model::limits`).
+    fn check_limits(&self) -> Result<()> {
+        use ft_model::limits;
+        limits::check_streams("--streams", self.streams as u64)?;
+        limits::check_steps("--steps", self.steps as u64)?;
+        limits::check_steps("--warmup", self.warmup as u64)?;
+        limits::check_context("--context", self.context as u64)?;
+        if let Some(slots) = self.cache_slots {
+            limits::check(
+                &format!("--cache-slots {slots}"),
+                slots as u64,
+                limits::MAX_TOTAL_EXPERTS,
+                "ft_model::limits::MAX_TOTAL_EXPERTS: more slots than any model has experts",
+            )?;
+        }
+        if let Some(g) = self.cache_gb {
+            if !(g.is_finite() && g > 0.0) {
+                anyhow::bail!("--cache-gb {g}: not a positive size in GiB");
+            }
+        }
+        for (flag, v) in [
+            ("--threshold", self.threshold),
+            ("--cpu-speed", self.cpu_speed),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                anyhow::bail!("{flag} {v}: not a positive number");
+            }
+        }
+        Ok(())
+    }
+
+    /// The profile to predict from and the flag that named it: `--profile`, or a `--host`
+    /// that is a `.json` file (a profile, as the help says).
+    fn profile_path(&self) -> Option<(PathBuf, &'static str)> {
+        match &self.profile {
+            Some(p) => Some((p.clone(), "--profile")),
+            None if self.host.to_ascii_lowercase().ends_with(".json") => {
+                Some((PathBuf::from(&self.host), "--host"))
+            }
+            None => None,
+        }
+    }
+
     /// Resolve the arguments into a plan before any work.
     pub fn plan(&self) -> Result<Plan> {
-        let model =
-            ModelSpec::resolve(&self.model).with_context(|| format!("--model {}", self.model))?;
+        self.check_limits()?;
+        let profile = match self.profile_path() {
+            Some((path, flag)) => {
+                let input = format!("{flag} {}", path.display());
+                let p = Profile::read(&path).with_context(|| input.clone())?;
+                Some((p, path, input))
+            }
+            None => None,
+        };
+        let model = match (&self.model, &profile) {
+            (Some(m), _) => ModelSpec::resolve(m).with_context(|| format!("--model {m}"))?,
+            (None, Some((p, _, _))) => p.probed_model(),
+            (None, None) => ModelSpec::resolve(DEFAULT_MODEL)?,
+        };
         let mut cpu_check = None;
-        let (perf, bench, host_label): (PerfModel, Option<BenchBw>, String) = match &self.profile {
-            Some(path) => {
-                let p =
-                    Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
+        let mut profile_untrusted = None;
+        let mut warnings = Vec::new();
+        let (perf, bench, host_label): (PerfModel, Option<BenchBw>, String) = match profile {
+            Some((p, path, input)) => {
+                p.check_for(&input, &model, None)?;
+                if let Some(why) = p.trust_issue() {
+                    tracing::warn!("{input}: UNTRUSTED profile: {why}; re-probe (ft probe --force) before relying on this prediction");
+                    profile_untrusted = Some(why);
+                }
                 let label = format!("profile {}", path.display());
                 let mut perf = p.perf_model(&label);
                 if let Some(device) = &self.cpu_check {
@@ -227,12 +295,32 @@ impl Args {
             bench,
         };
         config.validate()?;
+        let gpu = perf.params.gpu_memory_bytes;
+        let cache_bytes = match (self.cache_gb, self.cache_slots) {
+            (Some(g), _) => Some((format!("--cache-gb {g}"), g * (1u64 << 30) as f64)),
+            (_, Some(n)) => Some((
+                format!("--cache-slots {n}"),
+                n as f64 * model.expert_bytes() as f64,
+            )),
+            _ => None,
+        };
+        if let Some((input, bytes)) = cache_bytes.filter(|(_, b)| *b > gpu) {
+            let w = format!(
+                "{input}: the expert cache ({:.2} GiB) is larger than the GPU's memory ({:.2} GiB): the prediction assumes a cache this GPU cannot hold",
+                bytes / (1u64 << 30) as f64,
+                gpu / (1u64 << 30) as f64
+            );
+            tracing::warn!("{w}");
+            warnings.push(w);
+        }
         Ok(Plan {
             model,
             perf,
             config,
             host_label,
             cpu_check,
+            profile_untrusted,
+            warnings,
         })
     }
 }
@@ -257,7 +345,13 @@ pub fn run(args: Args) -> Result<()> {
     let decision = decide(&pred);
     let mut out = std::io::stdout().lock();
     if args.json {
-        let doc = serde_json::json!({ "prediction": pred, "decision": decision, "cpu_check": plan.cpu_check });
+        let doc = serde_json::json!({
+            "prediction": pred,
+            "decision": decision,
+            "cpu_check": plan.cpu_check,
+            "profile_untrusted": plan.profile_untrusted,
+            "warnings": plan.warnings,
+        });
         serde_json::to_writer_pretty(&mut out, &doc)?;
         writeln!(out)?;
     } else {

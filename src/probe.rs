@@ -255,6 +255,9 @@ pub struct ProbeReport {
     pub legacy: Option<LegacyRatio>,
     /// What `--export-freetoken` wrote.
     pub export: Option<ExportSummary>,
+    /// Why the fit is not to be trusted, where it is not: its validation runs missed by more
+    /// than `ft_model::limits::MAX_TRUSTED_VALIDATION_RMS` (the profile is cached, marked).
+    pub untrusted: Option<String>,
 }
 
 /// What the export wrote, for the report.
@@ -296,6 +299,29 @@ fn device_of(args: &Args) -> Result<Device> {
 
 impl Args {
     fn probe_config(&self) -> Result<ProbeConfig> {
+        use ft_model::limits;
+        if let Some(t) = self.threads {
+            limits::check_threads("--threads", t as u64)?;
+        }
+        for &t in self.slowdown_threads.iter().flatten() {
+            limits::check_threads("--slowdown-threads", t.max(1) as u64)?;
+        }
+        for &b in &self.streams {
+            limits::check_streams("--streams", b as u64)?;
+        }
+        limits::check_steps("--steps", self.steps as u64)?;
+        limits::check_steps("--warmup", self.warmup as u64)?;
+        limits::check_context("--context", self.context as u64)?;
+        limits::check_context("--long-context", self.long_context as u64)?;
+        limits::check_streams("--export-streams", self.export_streams as u64)?;
+        if let Some(l) = self.layers {
+            limits::check(
+                &format!("--layers {l}"),
+                l,
+                limits::MAX_MOE_LAYERS,
+                "ft_model::limits::MAX_MOE_LAYERS",
+            )?;
+        }
         let pool_wait = match &self.pool_wait {
             Some(s) => Some(s.parse::<PoolWait>()?),
             None => None,
@@ -327,15 +353,34 @@ impl Args {
     }
 }
 
-/// The cached profile of `key` in `dir` when its key matches (`Ok`), else why it cannot be
-/// used, one phrase per reason (`stale: ...` per mismatch, `no cached profile`,
-/// `corrupt: ...`), each also logged. The one lookup `ft probe` and `ft serve` share.
+/// The cached profile of `key` in `dir` when its key matches and its fit is trusted (`Ok`),
+/// else why it cannot be used, one phrase per reason (`stale: ...` per mismatch, `no cached
+/// profile`, `corrupt: ...`, `untrusted: ...`), each also logged. The one lookup `ft probe`
+/// and `ft serve` share; through this entry (the server's) a profile whose fit missed its
+/// own validation runs (`Profile::trust_issue`) is re-probed, never served from.
 pub fn cached_profile(
     dir: &Path,
     key: &ProfileKey,
 ) -> Result<std::result::Result<Profile, Vec<String>>> {
+    cached_profile_as(dir, key, false)
+}
+
+/// [`cached_profile`], reusing an untrusted profile where `keep_untrusted` (`ft probe`: the
+/// user sees the mark and `--force` re-probes; a server re-probes instead).
+fn cached_profile_as(
+    dir: &Path,
+    key: &ProfileKey,
+    keep_untrusted: bool,
+) -> Result<std::result::Result<Profile, Vec<String>>> {
     Ok(match profile::load(dir, key)? {
-        Lookup::Fresh(p) => Ok(*p),
+        Lookup::Fresh(p) => match p.trust_issue() {
+            None => Ok(*p),
+            Some(_) if keep_untrusted => Ok(*p),
+            Some(why) => {
+                tracing::warn!(path = %dir.join(key.file_name()).display(), "untrusted cached profile, re-probing: {why}");
+                Err(vec![format!("untrusted: {why}")])
+            }
+        },
         Lookup::Stale { path, mismatches } => Err(mismatches
             .iter()
             .map(|m| {
@@ -397,7 +442,7 @@ pub fn run(args: Args) -> Result<()> {
         reasons.push("--force".to_string());
         None
     } else {
-        match cached_profile(&dir, &key)? {
+        match cached_profile_as(&dir, &key, true)? {
             Ok(p) => Some(p),
             Err(why) => {
                 reasons = why;
@@ -437,6 +482,12 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         profile::store(&dir, &profile)?
     };
+    let untrusted = profile.trust_issue();
+    if let Some(why) = &untrusted {
+        tracing::warn!(
+            "the profile is cached as UNTRUSTED: {why}; predictions from it say so, and ft serve re-probes"
+        );
+    }
     let copy = match &args.profile_out {
         Some(out) => {
             write_atomic(out, &serde_json::to_vec_pretty(&profile)?)?;
@@ -482,6 +533,7 @@ pub fn run(args: Args) -> Result<()> {
         bench_bw: profile.bench_bw,
         legacy,
         export,
+        untrusted,
     };
     let mut out = std::io::stdout().lock();
     if args.json {
@@ -508,6 +560,9 @@ fn write_tables(out: &mut impl Write, r: &ProbeReport) -> Result<()> {
         r.device.label()
     )?;
     writeln!(out, "profile: {} (engine {})", r.profile_path, r.engine)?;
+    if let Some(why) = &r.untrusted {
+        writeln!(out, "UNTRUSTED fit: {why}")?;
+    }
     if let Some(c) = &r.profile_copy {
         writeln!(out, "copy: {c}")?;
     }

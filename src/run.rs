@@ -748,11 +748,48 @@ fn resolve_variant(
     })
 }
 
+/// Every input-derived size against its documented limit (`ft_model::limits`), before a
+/// device, a bank or a thread is made.
+fn check_limits(args: &Args) -> Result<()> {
+    use ft_model::limits;
+    if let Some(t) = args.threads {
+        limits::check_threads("--threads", t as u64)?;
+    }
+    limits::check_streams("--streams", args.streams as u64)?;
+    limits::check_steps("--steps", args.steps as u64)?;
+    limits::check_steps("--warmup", args.warmup as u64)?;
+    limits::check_context("--context", args.context as u64)?;
+    limits::check(
+        &format!("--repeat {}", args.repeat),
+        args.repeat,
+        limits::MAX_REPEATS,
+        "ft_model::limits::MAX_REPEATS",
+    )?;
+    if let Some(l) = args.layers {
+        limits::check(
+            &format!("--layers {l}"),
+            l,
+            limits::MAX_MOE_LAYERS,
+            "ft_model::limits::MAX_MOE_LAYERS",
+        )?;
+    }
+    if let Some(n) = args.cache_slots {
+        limits::check(
+            &format!("--cache-slots {n}"),
+            n as u64,
+            limits::MAX_TOTAL_EXPERTS,
+            "ft_model::limits::MAX_TOTAL_EXPERTS: more slots than any model has experts",
+        )?;
+    }
+    Ok(())
+}
+
 /// Run `ft run`.
 pub fn run(args: Args) -> Result<()> {
     if args.repeat == 0 {
         bail!("--repeat must be at least 1");
     }
+    check_limits(&args)?;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let kind = match args.device.to_ascii_lowercase().as_str() {
         "auto" => {

@@ -92,6 +92,37 @@ pub struct Args {
 }
 
 impl Args {
+    /// Every input-derived size against its documented limit (`ft_model::limits`), before
+    /// anything is allocated: each stream count, the steps, the context a request reaches.
+    fn check_limits(&self, streams: &[usize]) -> Result<()> {
+        use ft_model::limits;
+        for &b in streams {
+            limits::check_streams("--streams", b as u64)?;
+        }
+        limits::check(
+            "--streams (the number of stream counts)",
+            streams.len(),
+            limits::MAX_SWEEP_POINTS,
+            "ft_model::limits::MAX_SWEEP_POINTS: one simulation each",
+        )?;
+        limits::check_steps("--steps", self.steps)?;
+        limits::check_steps("--warmup", self.warmup)?;
+        let reached = self.context.saturating_add(self.output_tokens);
+        limits::check_context(
+            &format!("--context {} + --output-tokens", self.context),
+            reached,
+        )?;
+        if let Some(slots) = self.cache_slots {
+            limits::check(
+                &format!("--cache-slots {slots}"),
+                slots as u64,
+                limits::MAX_TOTAL_EXPERTS,
+                "ft_model::limits::MAX_TOTAL_EXPERTS: more slots than any model has experts",
+            )?;
+        }
+        Ok(())
+    }
+
     fn strategies(&self) -> Result<Vec<StrategyKind>> {
         if self.strategy.eq_ignore_ascii_case("all") {
             return Ok(StrategyKind::ALL.to_vec());
@@ -163,6 +194,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         args.streams.clone()
     };
+    args.check_limits(&streams)?;
     if !args.sweep.is_empty() {
         return run_sweep(&args, &streams);
     }

@@ -223,6 +223,7 @@ pub fn run(args: Args) -> Result<()> {
             threads,
             out,
         } => {
+            ft_model::limits::check_threads("--threads", threads as u64)?;
             let p = Profile::read(&profile)
                 .with_context(|| format!("--profile {}", profile.display()))?;
             let q = p.at_threads(threads)?;
@@ -377,8 +378,8 @@ fn plan(out: &Path, quick: bool) -> Result<()> {
 
 /// The value at a dotted path of a JSON file; errors name the file and the path.
 pub fn json_at(file: &Path, path: &str) -> Result<serde_json::Value> {
-    let text =
-        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = ft_model::limits::read_bounded(file, ft_model::limits::MAX_PROFILE_BYTES)
+        .with_context(|| format!("reading {}", file.display()))?;
     let v: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
     value_at(&v, path)
@@ -580,7 +581,7 @@ fn num(v: &serde_json::Value, path: &str) -> Option<f64> {
 }
 
 fn read_json(path: &Path) -> Option<serde_json::Value> {
-    let text = std::fs::read_to_string(path).ok()?;
+    let text = ft_model::limits::read_bounded(path, ft_model::limits::MAX_PROFILE_BYTES).ok()?;
     serde_json::from_str(&text).ok()
 }
 

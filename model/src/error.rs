@@ -68,10 +68,8 @@ pub(crate) fn parse_toml<T: serde::de::DeserializeOwned>(
     Ok(value)
 }
 
-/// Read a text file, with the path in the error.
+/// Read a TOML input file, with the path in the error: at most
+/// [`crate::limits::MAX_TOML_BYTES`], a regular file ([`crate::limits::read_bounded`]).
 pub(crate) fn read_text(path: &std::path::Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-        path: path.display().to_string(),
-        source,
-    })
+    crate::limits::read_bounded(path, crate::limits::MAX_TOML_BYTES)
 }

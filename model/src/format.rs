@@ -316,17 +316,29 @@ impl ExpertFormat {
     /// Exact bytes of one `rows x cols` matrix in this format (values plus scales).
     ///
     /// Panics in debug builds if `cols` fails [`ExpertFormat::check_cols`]; validate geometry
-    /// first (as [`crate::MoeGeometry::validate`] does).
+    /// first (as [`crate::MoeGeometry::validate`] does, which also refuses a geometry whose
+    /// bytes overflow). Saturates at `u64::MAX` rather than wrapping to a small number.
     pub fn matrix_bytes(self, rows: usize, cols: usize) -> u64 {
         debug_assert!(self.check_cols("cols", cols).is_ok());
+        self.checked_matrix_bytes(rows, cols).unwrap_or(u64::MAX)
+    }
+
+    /// [`ExpertFormat::matrix_bytes`] with every multiply and add checked: `None` where the
+    /// element count `rows x cols` or the byte count does not fit in a `u64`.
+    pub fn checked_matrix_bytes(self, rows: usize, cols: usize) -> Option<u64> {
         let (r, c) = (rows as u64, cols as u64);
+        let rc = r.checked_mul(c)?;
         match self {
-            ExpertFormat::Bf16 => 2 * r * c,
-            ExpertFormat::Int8 => r * c + 4 * r,
-            ExpertFormat::Q4_0 => r * (c / 32) * 18,
-            ExpertFormat::Nvfp4 => r * c / 2 + r * c / 16 + 2 * r,
-            ExpertFormat::Mxfp4 => r * c / 2 + r * c / 32,
-            ExpertFormat::Ggml(q) => r * (c / q.block_len() as u64) * q.block_bytes(),
+            ExpertFormat::Bf16 => rc.checked_mul(2),
+            ExpertFormat::Int8 => rc.checked_add(r.checked_mul(4)?),
+            ExpertFormat::Q4_0 => r.checked_mul(c / 32)?.checked_mul(18),
+            ExpertFormat::Nvfp4 => (rc / 2)
+                .checked_add(rc / 16)?
+                .checked_add(r.checked_mul(2)?),
+            ExpertFormat::Mxfp4 => (rc / 2).checked_add(rc / 32),
+            ExpertFormat::Ggml(q) => r
+                .checked_mul(c / q.block_len() as u64)?
+                .checked_mul(q.block_bytes()),
         }
     }
 }
@@ -445,5 +457,39 @@ mod tests {
         let tags: std::collections::BTreeSet<u32> =
             GgmlQuant::ALL.iter().map(|q| q.ggml_tag()).collect();
         assert_eq!(tags.len(), GgmlQuant::ALL.len());
+    }
+
+    #[test]
+    fn checked_bytes_agree_with_a_u128_reference_and_never_wrap() {
+        // The slow reference: the same layouts in u128, which cannot overflow here.
+        let reference = |f: ExpertFormat, r: u128, c: u128| -> u128 {
+            match f {
+                ExpertFormat::Bf16 => 2 * r * c,
+                ExpertFormat::Int8 => r * c + 4 * r,
+                ExpertFormat::Q4_0 => r * (c / 32) * 18,
+                ExpertFormat::Nvfp4 => r * c / 2 + r * c / 16 + 2 * r,
+                ExpertFormat::Mxfp4 => r * c / 2 + r * c / 32,
+                ExpertFormat::Ggml(q) => r * (c / q.block_len() as u128) * q.block_bytes() as u128,
+            }
+        };
+        // Widths that are whole blocks of every format (ggml's k-quants take 256 weights).
+        let big = (usize::MAX / 4) & !255;
+        for f in ExpertFormat::every() {
+            for (r, c) in [
+                (4, 256),
+                (640, 2560),
+                (1 << 17, 1 << 17),
+                (big, 256),
+                (big, big),
+            ] {
+                let want = reference(f, r as u128, c as u128);
+                let got = f.checked_matrix_bytes(r, c);
+                assert_eq!(
+                    got.map(u128::from),
+                    (want <= u64::MAX as u128).then_some(want)
+                );
+                assert_eq!(f.matrix_bytes(r, c) as u128, want.min(u64::MAX as u128));
+            }
+        }
     }
 }

@@ -212,10 +212,26 @@ impl ModelSpec {
 
     /// Validate the geometry against the format.
     pub fn validate(&self) -> Result<()> {
+        use crate::limits::{self, check};
         if self.name.trim().is_empty() {
             return Err(ModelError::invalid("name", "must not be empty"));
         }
-        self.geometry.validate(self.format)
+        self.geometry.validate(self.format)?;
+        if let Some(d) = &self.dense {
+            check(
+                "dense.weight_bytes_per_layer",
+                d.weight_bytes_per_layer,
+                limits::MAX_DENSE_BYTES_PER_LAYER,
+                "ft_model::limits::MAX_DENSE_BYTES_PER_LAYER",
+            )?;
+            check(
+                "dense.kv_bytes_per_token",
+                d.kv_bytes_per_token,
+                limits::MAX_KV_BYTES_PER_TOKEN,
+                "ft_model::limits::MAX_KV_BYTES_PER_TOKEN",
+            )?;
+        }
+        Ok(())
     }
 
     /// Bytes of one routed expert.
@@ -345,6 +361,84 @@ mod tests {
             ModelSpec::preset("bench-nvfp4").unwrap().expert_bytes(),
             7_974_912
         );
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        /// Field values from the edges inward: zero, small, around the limits, the largest
+        /// integers TOML holds, negatives.
+        fn field() -> impl Strategy<Value = i128> {
+            prop_oneof![
+                0i128..=4,
+                1i128..=100_000,
+                Just(crate::limits::MAX_WIDTH as i128),
+                Just(crate::limits::MAX_WIDTH as i128 + 32),
+                Just(i64::MAX as i128),
+                Just(u32::MAX as i128 + 1),
+                -5i128..0,
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any text: a model or an error that names the origin, never a panic.
+            #[test]
+            fn any_text_gives_a_model_or_a_named_error(text in "\\PC{0,200}") {
+                match ModelSpec::from_toml_str(&text, "fuzz.toml") {
+                    Ok(m) => prop_assert!(m.validate().is_ok()),
+                    Err(e) => prop_assert!(e.to_string().contains("fuzz.toml"), "{}", e),
+                }
+            }
+
+            /// Any geometry numbers: a model whose byte counts are exact (checked, not
+            /// saturated) and within the limits, or an error naming a key.
+            #[test]
+            fn any_geometry_is_valid_with_exact_bytes_or_refused(
+                hidden in field(), intermediate in field(), experts in field(),
+                top_k in field(), layers in field(), shared in field(),
+                format in prop::sample::select(ExpertFormat::ALL.to_vec()),
+                kv in field(), dense in field(),
+            ) {
+                let text = format!(
+                    "name = \"p\"\nformat = \"{format}\"\n[geometry]\nhidden = {hidden}\n\
+                     intermediate = {intermediate}\nexperts = {experts}\ntop_k = {top_k}\n\
+                     moe_layers = {layers}\nshared_experts = {shared}\n[dense]\n\
+                     weight_bytes_per_layer = {dense}\nkv_bytes_per_token = {kv}\n"
+                );
+                match ModelSpec::from_toml_str(&text, "geo.toml") {
+                    Ok(m) => {
+                        let g = m.geometry;
+                        prop_assert!(g.experts <= crate::limits::MAX_EXPERTS);
+                        prop_assert!(g.total_experts() <= crate::limits::MAX_TOTAL_EXPERTS);
+                        let total = m.geometry.checked_total_expert_bytes(m.format);
+                        prop_assert!(total.is_ok());
+                        prop_assert!(total.unwrap() < u64::MAX);
+                        prop_assert!(m.expert_bytes() > 0);
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("geo.toml"), "{}", e),
+                }
+            }
+
+            /// A preset's own TOML with bytes replaced: never a panic.
+            #[test]
+            fn mutated_preset_toml_never_panics(
+                preset in prop::sample::select(ModelSpec::preset_names()),
+                edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
+            ) {
+                let mut bytes = ModelSpec::preset(preset).unwrap().to_toml().into_bytes();
+                for (at, b) in edits {
+                    let i = at.index(bytes.len());
+                    bytes[i] = b;
+                }
+                let text = String::from_utf8_lossy(&bytes);
+                if let Ok(m) = ModelSpec::from_toml_str(&text, "mut.toml") {
+                    prop_assert!(m.validate().is_ok());
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,6 +16,20 @@
 //! than accumulating. Writes are atomic: a temporary file in the same directory, flushed to
 //! disk, then renamed over the target, so a reader sees the old profile or the new one,
 //! never half of one.
+//!
+//! A profile is data from disk, not trusted: every read ([`load`], [`Profile::read`]) is
+//! bounded in size ([`crate::limits::MAX_PROFILE_BYTES`]; a symlink to `/dev/zero` is
+//! refused, not read) and validated as a whole ([`Profile::validate`]: the key's geometry,
+//! every parameter finite and within the physical ceilings of `crate::limits`, the
+//! covariance square over distinct parameters, every sample a finite non-negative number).
+//! A fit that missed its own held-out validation runs by more than
+//! [`crate::limits::MAX_TRUSTED_VALIDATION_RMS`] is cached, marked untrusted
+//! ([`Profile::untrusted`]), and every reader says so.
+//!
+//! The model's layer count is not part of the key: every parameter is a per-layer cost, the
+//! end-to-end probe runs a few layers of any model, and `--layers N` serves the first N
+//! layers of the same geometry, so `ft probe --layers 1` and `ft serve --layers 1` (or a
+//! full-depth serve) share one profile.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -162,8 +176,8 @@ impl ProfileKey {
         check(KeyPart::GpuPaths, s.gpu_paths.clone(), c.gpu_paths.clone());
         check(
             KeyPart::ModelGeometry,
-            format!("{:?}", self.model.geometry),
-            format!("{:?}", current.model.geometry),
+            format!("{:?}", per_layer(&self.model.geometry)),
+            format!("{:?}", per_layer(&current.model.geometry)),
         );
         check(
             KeyPart::ModelFormat,
@@ -198,13 +212,23 @@ impl ProfileKey {
                 }
             })
             .collect();
-        let ident = format!("{:?}/{}", self.model.geometry, self.model.format);
+        let ident = format!(
+            "{:?}/{}",
+            per_layer(&self.model.geometry),
+            self.model.format
+        );
         format!(
             "{clean}-{}-{:016x}.json",
             self.model.format,
             fnv1a(ident.as_bytes())
         )
     }
+}
+
+/// The part of a geometry a profile depends on: everything but the layer count (see the
+/// module docs), which is set to 0.
+fn per_layer(g: &MoeGeometry) -> MoeGeometry {
+    g.with_layers(0)
 }
 
 /// FNV-1a over bytes (stable across runs and platforms, unlike `std`'s hasher).
@@ -310,6 +334,12 @@ pub struct Profile {
     /// set against to say how fast the machine's CPU side is now ([`Profile::cpu_speed`]).
     #[serde(default)]
     pub cpu_checks: Vec<CpuCheck>,
+    /// Why the fit is not to be trusted, where it is not: its held-out validation runs
+    /// missed by more than [`crate::limits::MAX_TRUSTED_VALIDATION_RMS`]
+    /// ([`Profile::assess_fit`]). Such a profile is still cached (it is the best this host
+    /// gave), but `ft predict` warns on stderr and in `--json`, and `ft serve` re-probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub untrusted: Option<String>,
 }
 
 /// One short timing of the CPU side's own work: one layer of `experts` experts at
@@ -416,6 +446,7 @@ impl Profile {
             bench_bw: None,
             probe_steal_fraction: None,
             cpu_checks: Vec::new(),
+            untrusted: None,
         })
     }
 
@@ -515,21 +546,349 @@ impl Profile {
         }
     }
 
-    /// Read a profile file directly (`--profile FILE`): errors name the file.
+    /// Read a profile file directly (`--profile FILE`): bounded in size, parsed and
+    /// validated as a whole ([`Profile::parse`]); errors name the file.
     pub fn read(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.display().to_string(),
-            source,
+        let text = crate::limits::read_bounded(path, crate::limits::MAX_PROFILE_BYTES)?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Parse a profile document and validate it ([`Profile::validate`]); `origin` names it
+    /// in errors. The one parser behind every read of a profile (and the fuzz target's).
+    pub fn parse(text: &str, origin: &str) -> Result<Self> {
+        // The path of the field that failed (`params.cpu_gbs: invalid type: null ...`).
+        let mut de = serde_json::Deserializer::from_str(text);
+        let p: Profile = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let at = e.path().to_string();
+            ModelError::Json {
+                path: origin.to_string(),
+                message: if at == "." {
+                    e.inner().to_string()
+                } else {
+                    format!("{at}: {}", e.inner())
+                },
+            }
         })?;
-        let p: Profile = serde_json::from_str(&text).map_err(|e| ModelError::Json {
-            path: path.display().to_string(),
+        de.end().map_err(|e| ModelError::Json {
+            path: origin.to_string(),
             message: e.to_string(),
         })?;
-        p.params.validate().map_err(|e| ModelError::Json {
-            path: path.display().to_string(),
+        p.validate().map_err(|e| ModelError::Json {
+            path: origin.to_string(),
             message: format!("not a valid profile: {e}"),
         })?;
         Ok(p)
+    }
+
+    /// Check the whole profile, not only its parameters: the key's geometry and thread
+    /// count, every parameter ([`PerfParams::validate`]) and within the physical ceilings
+    /// of [`crate::limits`] (a claim of 10^12 GB/s is a broken profile, not a fast host),
+    /// the covariance (square, over distinct parameters, finite, variances >= 0; also the
+    /// fit report's), every probe sample a finite number >= 0, every CPU check a positive
+    /// time, the steal share in [0, 1]. Errors name the field.
+    pub fn validate(&self) -> Result<()> {
+        use crate::limits::{self as lim};
+        self.key.model.geometry.validate(self.key.model.format)?;
+        lim::check(
+            "key.host.threads",
+            self.key.host.threads as usize,
+            lim::MAX_THREADS,
+            "ft_model::limits::MAX_THREADS",
+        )?;
+        let p = &self.params;
+        p.validate()?;
+        lim::check(
+            "perf.cpu_threads",
+            p.cpu_threads as usize,
+            lim::MAX_THREADS,
+            "ft_model::limits::MAX_THREADS",
+        )?;
+        let ceilings: [(&str, f64, f64, &str); 16] = [
+            (
+                "gather_gbs",
+                p.gather_gbs,
+                lim::MAX_RATE_GBS,
+                "MAX_RATE_GBS",
+            ),
+            (
+                "activation_link_gbs",
+                p.activation_link_gbs,
+                lim::MAX_RATE_GBS,
+                "MAX_RATE_GBS",
+            ),
+            ("peer_gbs", p.peer_gbs, lim::MAX_RATE_GBS, "MAX_RATE_GBS"),
+            ("cpu_gbs", p.cpu_gbs, lim::MAX_RATE_GBS, "MAX_RATE_GBS"),
+            ("dram_gbs", p.dram_gbs, lim::MAX_RATE_GBS, "MAX_RATE_GBS"),
+            (
+                "gpu_hbm_gbs",
+                p.gpu_hbm_gbs,
+                lim::MAX_RATE_GBS,
+                "MAX_RATE_GBS",
+            ),
+            (
+                "dense_hbm_gbs",
+                p.dense_rate_gbs(),
+                lim::MAX_RATE_GBS,
+                "MAX_RATE_GBS",
+            ),
+            (
+                "cpu_token_gmacs",
+                p.cpu_token_gmacs,
+                lim::MAX_GMACS,
+                "MAX_GMACS",
+            ),
+            (
+                "gpu_token_gmacs",
+                p.gpu_token_gmacs,
+                lim::MAX_GMACS,
+                "MAX_GMACS",
+            ),
+            (
+                "gpu_memory_bytes",
+                p.gpu_memory_bytes,
+                lim::MAX_GPU_MEMORY_BYTES,
+                "MAX_GPU_MEMORY_BYTES",
+            ),
+            (
+                "gather_layer_us",
+                p.gather_layer_us,
+                lim::MAX_FIXED_US,
+                "MAX_FIXED_US",
+            ),
+            (
+                "cpu_layer_us",
+                p.cpu_layer_us,
+                lim::MAX_FIXED_US,
+                "MAX_FIXED_US",
+            ),
+            (
+                "gpu_launch_us",
+                p.gpu_launch_us,
+                lim::MAX_FIXED_US,
+                "MAX_FIXED_US",
+            ),
+            (
+                "dense_layer_us",
+                p.dense_layer_us,
+                lim::MAX_FIXED_US,
+                "MAX_FIXED_US",
+            ),
+            ("sync_us", p.sync_us, lim::MAX_FIXED_US, "MAX_FIXED_US"),
+            (
+                "peer_latency_us",
+                p.peer_latency_us,
+                lim::MAX_FIXED_US,
+                "MAX_FIXED_US",
+            ),
+        ];
+        for (name, v, ceiling, why) in ceilings {
+            if v > ceiling {
+                return Err(ModelError::invalid(
+                    format!("params.{name}"),
+                    format!(
+                        "{v} is beyond the physical ceiling {ceiling} \
+                         (ft_model::limits::{why}): a broken profile, not a fast host"
+                    ),
+                ));
+            }
+        }
+        check_covariance("covariance", &self.covariance)?;
+        if let Some(fit) = &self.fit {
+            check_covariance("fit.covariance", &fit.covariance)?;
+        }
+        let samples = serde_json::to_value(&self.samples)
+            .map_err(|e| ModelError::invalid("samples", format!("cannot be re-encoded: {e}")))?;
+        check_numbers("samples", &samples)?;
+        for (i, c) in self.cpu_checks.iter().enumerate() {
+            if c.threads == 0 || !(c.time_us.is_finite() && c.time_us > 0.0) {
+                return Err(ModelError::invalid(
+                    format!("cpu_checks[{i}]"),
+                    format!(
+                        "{} threads, {} us: needs a thread and a positive time",
+                        c.threads, c.time_us
+                    ),
+                ));
+            }
+        }
+        if let Some(f) = self.probe_steal_fraction {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(ModelError::invalid(
+                    "probe_steal_fraction",
+                    format!("{f} is not a share (0 to 1)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Check the profile against what it is about to be used for: `model`'s expert format
+    /// and per-layer geometry (any layer count; see the module docs) and, where given, the
+    /// serving `threads` (at least 1, at most [`crate::limits::MAX_THREADS`]; the profile
+    /// is re-expressed there by [`Profile::at_threads`]). `input` names the profile in the
+    /// error (`--profile P`).
+    pub fn check_for(&self, input: &str, model: &ModelSpec, threads: Option<usize>) -> Result<()> {
+        let want = ModelKey::of(model);
+        let have = &self.key.model;
+        if have.format != want.format || per_layer(&have.geometry) != per_layer(&want.geometry) {
+            return Err(ModelError::invalid(
+                input,
+                format!(
+                    "was probed for model '{}' ({}, {} x {} wide, {} experts, top-{}), not for \
+                     '{}' ({}, {} x {} wide, {} experts, top-{}): probe this model, or give \
+                     its --model",
+                    have.name,
+                    have.format,
+                    have.geometry.hidden,
+                    have.geometry.intermediate,
+                    have.geometry.experts,
+                    have.geometry.top_k,
+                    want.name,
+                    want.format,
+                    want.geometry.hidden,
+                    want.geometry.intermediate,
+                    want.geometry.experts,
+                    want.geometry.top_k,
+                ),
+            ));
+        }
+        if let Some(t) = threads {
+            if t == 0 {
+                return Err(ModelError::invalid("threads", "must be at least 1"));
+            }
+            crate::limits::check(
+                "threads",
+                t,
+                crate::limits::MAX_THREADS,
+                "ft_model::limits::MAX_THREADS",
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The model this profile was probed for, as a [`ModelSpec`]: the built-in preset of
+    /// that name where its geometry and format match (so its dense part too), else the key's
+    /// geometry with the dense part estimated.
+    pub fn probed_model(&self) -> ModelSpec {
+        let k = &self.key.model;
+        match ModelSpec::preset(&k.name) {
+            Ok(m) if m.format == k.format && per_layer(&m.geometry) == per_layer(&k.geometry) => {
+                m.with_layers(k.geometry.moe_layers)
+            }
+            _ => ModelSpec {
+                name: k.name.clone(),
+                format: k.format,
+                geometry: k.geometry,
+                dense: None,
+            },
+        }
+    }
+
+    /// Why the fit should not be trusted, if it should not: the stored mark
+    /// ([`Profile::untrusted`]) or, for a profile written without it, the same assessment
+    /// of its fit report ([`Profile::assess_fit`]).
+    pub fn trust_issue(&self) -> Option<String> {
+        self.untrusted.clone().or_else(|| self.assess_fit())
+    }
+
+    /// Assess the fit against its held-out validation runs: per strategy, the root mean
+    /// square of the relative residuals of the validation step samples; any above
+    /// [`crate::limits::MAX_TRUSTED_VALIDATION_RMS`] makes the fit untrusted (the reason
+    /// names each strategy and its error). `None` where there is no fit or it validates.
+    pub fn assess_fit(&self) -> Option<String> {
+        let fit = self.fit.as_ref()?;
+        let limit = crate::limits::MAX_TRUSTED_VALIDATION_RMS;
+        let mut bad = Vec::new();
+        for kind in crate::strategy::StrategyKind::ALL {
+            let rels: Vec<f64> = fit
+                .validation
+                .iter()
+                .filter(|r| {
+                    self.samples
+                        .step
+                        .get(r.index)
+                        .is_some_and(|s| s.strategy == kind)
+                })
+                .map(|r| r.rel)
+                .collect();
+            if rels.is_empty() {
+                continue;
+            }
+            let rms = (rels.iter().map(|r| r * r).sum::<f64>() / rels.len() as f64).sqrt();
+            if rms.is_nan() || rms > limit {
+                bad.push(format!("{kind} {:.0}%", 100.0 * rms));
+            }
+        }
+        (!bad.is_empty()).then(|| {
+            format!(
+                "the fit missed its own validation runs by more than {:.0}% rms ({})",
+                100.0 * limit,
+                bad.join(", ")
+            )
+        })
+    }
+}
+
+/// A covariance must be square over distinct parameters, finite, with variances >= 0: an
+/// error naming `field` otherwise (indexing it would panic or mislead).
+fn check_covariance(field: &str, c: &ParamCovariance) -> Result<()> {
+    let n = c.params.len();
+    if c.matrix.len() != n || c.matrix.iter().any(|row| row.len() != n) {
+        return Err(ModelError::invalid(
+            format!("{field}.matrix"),
+            format!(
+                "is not {n} x {n} over its {n} parameters (rows: {:?})",
+                c.matrix.iter().map(Vec::len).collect::<Vec<_>>()
+            ),
+        ));
+    }
+    for (i, p) in c.params.iter().enumerate() {
+        if c.params[..i].contains(p) {
+            return Err(ModelError::invalid(
+                format!("{field}.params"),
+                format!("names {p} twice"),
+            ));
+        }
+        let var = c.matrix[i][i];
+        if var.is_nan() || var < 0.0 {
+            return Err(ModelError::invalid(
+                format!("{field}.matrix"),
+                format!("the variance of {p} is {var}, not >= 0"),
+            ));
+        }
+    }
+    if let Some(v) = c.matrix.iter().flatten().find(|v| !v.is_finite()) {
+        return Err(ModelError::invalid(
+            format!("{field}.matrix"),
+            format!("holds {v}, not a finite number"),
+        ));
+    }
+    Ok(())
+}
+
+/// Every number under `v` finite and >= 0 (probe samples are counts, sizes and times), no
+/// `time_us` missing; an error naming the path of the first that is not.
+fn check_numbers(path: &str, v: &serde_json::Value) -> Result<()> {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if x.is_finite() && x >= 0.0 => Ok(()),
+            _ => Err(ModelError::invalid(
+                path,
+                format!("{n} is not a finite number >= 0"),
+            )),
+        },
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, x)| check_numbers(&format!("{path}[{i}]"), x)),
+        Value::Object(o) => o
+            .iter()
+            .try_for_each(|(k, x)| check_numbers(&format!("{path}.{k}"), x)),
+        Value::Null if path.ends_with(".time_us") => Err(ModelError::invalid(
+            path,
+            "a measured time that is not a number",
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -635,38 +994,25 @@ pub fn profile_dir() -> Result<PathBuf> {
 /// Look up the profile for `key` in `dir`.
 pub fn load(dir: &Path, key: &ProfileKey) -> Result<Lookup> {
     let path = dir.join(key.file_name());
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Lookup::Missing { path }),
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-            return Ok(Lookup::Corrupt {
-                path,
-                reason: format!("not UTF-8 text: {e}"),
-            })
-        }
-        Err(source) => {
-            return Err(ModelError::Io {
-                path: path.display().to_string(),
-                source,
-            })
-        }
-    };
-    let profile: Profile = match serde_json::from_str(&text) {
-        Ok(p) => p,
-        Err(e) => {
-            tracing::warn!(path = %path.display(), error = %e, "corrupt profile; it will be replaced");
-            return Ok(Lookup::Corrupt {
-                path,
-                reason: e.to_string(),
-            });
-        }
-    };
-    if let Err(e) = profile.params.validate() {
-        return Ok(Lookup::Corrupt {
-            path,
-            reason: format!("invalid parameters: {e}"),
-        });
+    // A path that is not there (a dangling symlink too) is missing; anything else that
+    // cannot be read as a bounded text file (a device, a directory, a symlink loop, too
+    // large, not UTF-8, unreadable) is corrupt: reported and replaced by the next store,
+    // never read until memory runs out.
+    if matches!(std::fs::metadata(&path), Err(ref e) if e.kind() == std::io::ErrorKind::NotFound) {
+        return Ok(Lookup::Missing { path });
     }
+    let corrupt = |path: PathBuf, reason: String| {
+        tracing::warn!(path = %path.display(), "corrupt profile; it will be replaced: {reason}");
+        Ok(Lookup::Corrupt { path, reason })
+    };
+    let text = match crate::limits::read_bounded(&path, crate::limits::MAX_PROFILE_BYTES) {
+        Ok(t) => t,
+        Err(e) => return corrupt(path, e.to_string()),
+    };
+    let profile = match Profile::parse(&text, &path.display().to_string()) {
+        Ok(p) => p,
+        Err(e) => return corrupt(path, e.to_string()),
+    };
     let mismatches = profile.key.mismatches(key);
     if mismatches.is_empty() {
         Ok(Lookup::Fresh(Box::new(profile)))
@@ -725,6 +1071,7 @@ pub fn now_unix_s() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::StrategyKind as StrategyKindT;
     /// A profile of the field report's host spec (its prior, no samples) for
     /// qwen3.8-flash-next.
     fn field_profile() -> Profile {
@@ -975,6 +1322,335 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("none.json"), "{e}");
+    }
+
+    #[test]
+    fn a_profile_is_validated_as_a_whole_on_every_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profile(&model());
+        let path = dir.path().join(p.key.file_name());
+        let good = serde_json::to_value(&p).unwrap();
+        // (edit, the field the error must name)
+        type Edit = fn(&mut serde_json::Value);
+        fn e(edit: Edit, field: &'static str) -> (Edit, &'static str) {
+            (edit, field)
+        }
+        let cases: Vec<(Edit, &str)> = vec![
+            // The issue's panic: a covariance that does not match its parameter list.
+            e(
+                |v| {
+                    v["covariance"]["matrix"].as_array_mut().unwrap().pop();
+                },
+                "covariance.matrix",
+            ),
+            e(
+                |v| {
+                    v["covariance"]["matrix"][0]
+                        .as_array_mut()
+                        .unwrap()
+                        .push(1.0.into());
+                },
+                "covariance.matrix",
+            ),
+            e(
+                |v| {
+                    let first = v["covariance"]["params"][0].clone();
+                    v["covariance"]["params"][1] = first;
+                },
+                "covariance.params",
+            ),
+            e(
+                |v| v["covariance"]["matrix"][0][0] = (-1.0).into(),
+                "covariance.matrix",
+            ),
+            // A field of the wrong type is named by its path.
+            e(
+                |v| v["params"]["cpu_gbs"] = serde_json::Value::Null,
+                "params.cpu_gbs",
+            ),
+            // A claim beyond the physical ceilings.
+            e(
+                |v| v["params"]["gather_gbs"] = 1e12.into(),
+                "params.gather_gbs",
+            ),
+            e(|v| v["params"]["dram_gbs"] = 5e6.into(), "params.dram_gbs"),
+            e(
+                |v| v["params"]["cpu_threads"] = 100_000.into(),
+                "perf.cpu_threads",
+            ),
+            e(
+                |v| v["params"]["gpu_memory_bytes"] = 1e20.into(),
+                "params.gpu_memory_bytes",
+            ),
+            // A key whose geometry is not one.
+            e(
+                |v| v["key"]["model"]["geometry"]["experts"] = 0.into(),
+                "geometry.experts",
+            ),
+            e(
+                |v| v["key"]["model"]["geometry"]["hidden"] = (1u64 << 40).into(),
+                "geometry.hidden",
+            ),
+            // Samples and checks that are not measurements.
+            e(
+                |v| {
+                    v["samples"]["round_trip"] =
+                        serde_json::json!([{"streams": 1, "hidden": 64, "time_us": -4.0}]);
+                },
+                "samples.round_trip[0].time_us",
+            ),
+            e(
+                |v| {
+                    v["cpu_checks"] = serde_json::json!([{"experts": 1, "tokens_per_expert": 1, "expert_bytes": 1.0, "threads": 0, "time_us": 1.0, "reps": 1}]);
+                },
+                "cpu_checks[0]",
+            ),
+            e(
+                |v| v["probe_steal_fraction"] = 3.0.into(),
+                "probe_steal_fraction",
+            ),
+        ];
+        for (edit, field) in cases {
+            let mut v = good.clone();
+            edit(&mut v);
+            std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
+            let err = Profile::read(&path).unwrap_err().to_string();
+            assert!(
+                err.contains(field) && err.contains(&path.display().to_string()),
+                "{field}: {err}"
+            );
+            match load(dir.path(), &p.key).unwrap() {
+                Lookup::Corrupt { reason, .. } => assert!(reason.contains(field), "{reason}"),
+                other => panic!("{field}: expected corrupt, got {other:?}"),
+            }
+        }
+        // The unedited profile reads back.
+        std::fs::write(&path, serde_json::to_vec(&good).unwrap()).unwrap();
+        assert_eq!(Profile::read(&path).unwrap().key, p.key);
+    }
+
+    #[test]
+    fn a_cache_file_that_is_a_device_or_too_large_is_corrupt_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = profile(&model());
+        let path = dir.path().join(p.key.file_name());
+        std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
+        match load(dir.path(), &p.key).unwrap() {
+            Lookup::Corrupt { reason, .. } => {
+                assert!(reason.contains("not a regular file"), "{reason}")
+            }
+            other => panic!("expected corrupt, got {other:?}"),
+        }
+        let e = Profile::read(&path).unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        // `probe` replaces it: the store renames over the link.
+        store(dir.path(), &p).unwrap();
+        assert!(matches!(
+            load(dir.path(), &p.key).unwrap(),
+            Lookup::Fresh(_)
+        ));
+        // A sparse file beyond the limit is refused from its size, unread.
+        let big = dir.path().join("big.json");
+        let f = std::fs::File::create(&big).unwrap();
+        f.set_len(crate::limits::MAX_PROFILE_BYTES + 1).unwrap();
+        let e = Profile::read(&big).unwrap_err().to_string();
+        assert!(e.contains("limit") && e.contains("big.json"), "{e}");
+        // A dangling symlink is simply missing.
+        let dir2 = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink("/nonexistent/x", dir2.path().join(p.key.file_name())).unwrap();
+        assert!(matches!(
+            load(dir2.path(), &p.key).unwrap(),
+            Lookup::Missing { .. }
+        ));
+    }
+
+    #[test]
+    fn the_layer_count_is_not_part_of_the_key_but_the_geometry_is() {
+        let m = model();
+        let p = profile(&m);
+        let one = ProfileKey::new(p.key.host.clone(), &m.first_layers(1).unwrap());
+        assert_eq!(one.file_name(), p.key.file_name());
+        assert!(p.key.mismatches(&one).is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        store(dir.path(), &p).unwrap();
+        assert!(matches!(load(dir.path(), &one).unwrap(), Lookup::Fresh(_)));
+        // Any other part of the geometry is another profile.
+        let mut wider = m.clone();
+        wider.geometry.intermediate *= 2;
+        let k = ProfileKey::new(p.key.host.clone(), &wider);
+        assert_ne!(k.file_name(), p.key.file_name());
+        assert_eq!(
+            p.key
+                .mismatches(&k)
+                .iter()
+                .map(|m| m.part)
+                .collect::<Vec<_>>(),
+            vec![KeyPart::ModelGeometry]
+        );
+        // check_for: the same model at any depth passes; another model is refused, named.
+        p.check_for("--profile p.json", &m.first_layers(3).unwrap(), Some(8))
+            .unwrap();
+        let other = ModelSpec::preset("gpt-oss-120b").unwrap();
+        let e = p
+            .check_for("--profile p.json", &other, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("--profile p.json")
+                && e.contains("qwen3.8-flash-next")
+                && e.contains("gpt-oss-120b"),
+            "{e}"
+        );
+        assert!(p.check_for("--profile p.json", &m, Some(0)).is_err());
+        assert!(p
+            .check_for("--profile p.json", &m, Some(100_000))
+            .unwrap_err()
+            .to_string()
+            .contains("limit"));
+        // The probed model comes back from the key (the preset, at the key's depth).
+        assert_eq!(p.probed_model(), m);
+    }
+
+    #[test]
+    fn a_fit_that_misses_its_validation_is_untrusted() {
+        use crate::perf::fit::{Residual, SampleRole, StepSample};
+        let mut p = profile(&model());
+        assert_eq!(p.trust_issue(), None, "no fit: nothing to distrust");
+        let mut fit = FitReport {
+            params: p.params.clone(),
+            covariance: ParamCovariance::none(),
+            estimates: Vec::new(),
+            stages: Vec::new(),
+            residuals: Vec::new(),
+            validation: Vec::new(),
+            dof: 0,
+        };
+        let shape = crate::perf::StepShape::new(&model(), 1, 1024);
+        let step = |strategy| StepSample {
+            strategy,
+            role: SampleRole::Validation,
+            shape,
+            layers: Vec::new(),
+            time_us: 1000.0,
+            threads: None,
+        };
+        p.samples.step = vec![step(StrategyKindT::Offload), step(StrategyKindT::Cpu)];
+        let res = |index, rel: f64| Residual {
+            probe: "step".into(),
+            index,
+            measured_us: 1000.0,
+            predicted_us: 1000.0 * (1.0 + rel),
+            rel,
+        };
+        fit.validation = vec![res(0, 0.1), res(1, -0.05)];
+        p.fit = Some(fit.clone());
+        assert_eq!(p.assess_fit(), None);
+        // The issue's: offload validated at 346% rms.
+        fit.validation = vec![res(0, 3.46), res(1, -0.05)];
+        p.fit = Some(fit);
+        let why = p.assess_fit().unwrap();
+        assert!(
+            why.contains("offload 346%") && !why.contains("cpu"),
+            "{why}"
+        );
+        assert_eq!(p.trust_issue(), Some(why.clone()));
+        // The mark survives the round trip; a profile without it is assessed on read.
+        p.untrusted = Some(why.clone());
+        let back: Profile = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back.untrusted, Some(why));
+    }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::Value;
+
+        /// JSON pointers of every leaf and array of `v` (what a mutation may replace).
+        fn pointers(v: &Value, at: String, out: &mut Vec<String>) {
+            match v {
+                Value::Object(o) => {
+                    for (k, x) in o {
+                        pointers(x, format!("{at}/{k}"), out);
+                    }
+                }
+                Value::Array(a) => {
+                    out.push(at.clone());
+                    for (i, x) in a.iter().enumerate() {
+                        pointers(x, format!("{at}/{i}"), out);
+                    }
+                }
+                _ => out.push(at),
+            }
+        }
+
+        fn replacement() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                any::<f64>().prop_map(
+                    |x| serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+                ),
+                Just(Value::from(1e300)),
+                Just(Value::from(-1.0)),
+                Just(Value::from(0)),
+                Just(Value::from(u64::MAX)),
+                Just(Value::Null),
+                Just(Value::from("x")),
+                Just(Value::Array(Vec::new())),
+                Just(serde_json::json!([[1.0, 2.0], [3.0]])),
+            ]
+        }
+
+        /// Use a profile the way predict and serve do; any panic fails the property.
+        fn exercise(p: &Profile) {
+            let m = p.perf_model("prop");
+            for id in m.covariance.params.clone() {
+                assert!(m.covariance.se(id) >= 0.0);
+            }
+            let g = vec![1.0; m.covariance.params.len()];
+            let _ = m.covariance.quadratic_form(&g);
+            for t in [1, 3, p.params.cpu_threads] {
+                if let Ok(q) = p.at_threads(t) {
+                    q.params.validate().unwrap();
+                }
+            }
+            let _ = p.check_for("p", &p.probed_model(), Some(4));
+            let _ = p.trust_issue();
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(192))]
+
+            #[test]
+            fn any_text_gives_a_profile_or_a_named_error(text in "\\PC{0,300}") {
+                match Profile::parse(&text, "any.json") {
+                    Ok(p) => exercise(&p),
+                    Err(e) => prop_assert!(e.to_string().contains("any.json"), "{}", e),
+                }
+            }
+
+            /// A valid profile with some leaves replaced: valid and usable, or refused.
+            #[test]
+            fn mutated_profiles_are_valid_or_refused(
+                edits in prop::collection::vec((any::<prop::sample::Index>(), replacement()), 1..6),
+            ) {
+                let mut v = serde_json::to_value(profile(&model())).unwrap();
+                for (at, with) in edits {
+                    let mut ptrs = Vec::new();
+                    pointers(&v, String::new(), &mut ptrs);
+                    let ptr = &ptrs[at.index(ptrs.len())];
+                    if let Some(slot) = v.pointer_mut(ptr) {
+                        *slot = with;
+                    }
+                }
+                let text = serde_json::to_string(&v).unwrap();
+                match Profile::parse(&text, "mut.json") {
+                    Ok(p) => {
+                        prop_assert!(p.validate().is_ok());
+                        exercise(&p);
+                    }
+                    Err(e) => prop_assert!(e.to_string().contains("mut.json"), "{}", e),
+                }
+            }
+        }
     }
 
     /// Atomicity: concurrent writers and a reader that polls throughout never see a partial

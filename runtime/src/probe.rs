@@ -44,6 +44,16 @@
 //! until its share is spent, at least [`MIN_REPS`] and at most [`MAX_REPS`] times after one
 //! warm-up, and reduced to its median. Banks are rotated through so that repeated points
 //! read DRAM, not a cache.
+//!
+//! How far the budget may be overrun, and why: the setup (opening the device, pinning and
+//! filling the banks: about a second per 4 GiB of bank on the GPU machine), the end-to-end
+//! runs (a fixed number of steps, `warmup_steps + steps` per strategy, stream count and pool
+//! size) and [`MIN_REPS`] repetitions of each micro-probe point are the least a fit needs,
+//! so they run whatever the budget; everything else is cut to fit it. A disturbed probe is
+//! repeated ([`ProbeConfig::attempts`]) only while the budget has room for another probe
+//! as long as the last one, so repeats never take a probe past its budget. Where the
+//! minimum alone is longer than the budget, the outcome says so in a note (and a warning):
+//! `wall_s` against `budget_s` is reported either way.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -146,6 +156,11 @@ const RESERVE_SHARE_MAX: u64 = 4;
 
 /// Fraction of the wall budget kept back for the fit and writing the profile.
 const FIT_RESERVE: f64 = 0.05;
+
+/// Overrun of the budget, as a share of it, beyond which the probe's notes (and a warning)
+/// say that its minimum work took longer than the budget: 10%, the scatter of the setup's
+/// timing from run to run.
+const BUDGET_NOTE_OVERRUN: f64 = 0.1;
 
 /// How the probe runs. Everything with a unit says so.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -610,7 +625,14 @@ pub fn run(
 ) -> Result<ProbeOutcome> {
     config.validate()?;
     model.validate()?;
-    let (mut outcome, attempts) = least_disturbed_of(config.attempts, |attempt| {
+    let started = Instant::now();
+    let budget = Duration::from_secs_f64(config.budget_s);
+    // Another attempt only where the budget holds one more as long as the mean so far.
+    let room = || {
+        let spent = started.elapsed();
+        spent < budget && budget - spent >= spent
+    };
+    let (mut outcome, attempts) = least_disturbed_of(config.attempts, room, |attempt| {
         let start = HostCpuTimes::now();
         let mut outcome = probe_once(device, model, config, progress)?;
         if let (Some(a), Some(b)) = (start, HostCpuTimes::now()) {
@@ -630,6 +652,15 @@ pub fn run(
         Ok((outcome, score))
     })?;
     outcome.attempts = attempts;
+    let wall = started.elapsed().as_secs_f64();
+    if wall > config.budget_s * (1.0 + BUDGET_NOTE_OVERRUN) {
+        let msg = format!(
+            "the probe took {wall:.1} s against a budget of {:.1} s: setup, the end-to-end runs and {MIN_REPS} repetitions per point are the least a fit needs (fewer --steps or --layers make them shorter)",
+            config.budget_s
+        );
+        tracing::warn!("{msg}");
+        outcome.notes.push(msg);
+    }
     let why = outcome.disturbed_by(config);
     if !why.is_empty() {
         let msg = format!(
@@ -648,15 +679,20 @@ pub fn run(
     Ok(outcome)
 }
 
-/// Run `attempt(1)`, `attempt(2)`, ... until one reports a disturbance of at most 1 or
-/// `attempts` have run; returns the least disturbed (the first of equals) and how many ran.
+/// Run `attempt(1)`, `attempt(2)`, ... until one reports a disturbance of at most 1,
+/// `attempts` have run or `room()` says there is no time for another; returns the least
+/// disturbed (the first of equals) and how many ran.
 fn least_disturbed_of<T>(
     attempts: usize,
+    mut room: impl FnMut() -> bool,
     mut attempt: impl FnMut(usize) -> Result<(T, f64)>,
 ) -> Result<(T, usize)> {
     let mut best: Option<(T, f64)> = None;
     let mut ran = 0;
     for i in 1..=attempts.max(1) {
+        if i > 1 && !room() {
+            break;
+        }
         let (value, score) = attempt(i)?;
         ran = i;
         if best.as_ref().is_none_or(|(_, b)| score < *b) {
@@ -1982,7 +2018,7 @@ pub fn fit_profile(
         &prior.covariance,
         &format!("ft probe on {}", device.info().name),
     );
-    let profile = Profile {
+    let mut profile = Profile {
         key: ProfileKey::new(fingerprint, &outcome.model),
         created_unix_s: now_unix_s(),
         params: model.params,
@@ -1993,7 +2029,15 @@ pub fn fit_profile(
         bench_bw: outcome.bench_bw,
         probe_steal_fraction: outcome.host_steal_fraction,
         cpu_checks: probe_cpu_checks(outcome),
+        untrusted: None,
     };
+    // What every reader checks (`Profile::validate`), checked before it is stored: a fit
+    // that a reader would refuse is an error here, not a cache entry re-probed forever.
+    profile.validate()?;
+    profile.untrusted = profile.assess_fit();
+    if let Some(why) = &profile.untrusted {
+        tracing::warn!("the probe's fit is UNTRUSTED: {why}");
+    }
     Ok((profile, report, host))
 }
 
@@ -2014,21 +2058,53 @@ mod tests {
         ];
         for (attempts, scores, kept, ran) in cases {
             let mut calls = 0;
-            let (value, n) = least_disturbed_of(attempts, |i| {
-                calls += 1;
-                Ok((i, scores[i - 1]))
-            })
+            let (value, n) = least_disturbed_of(
+                attempts,
+                || true,
+                |i| {
+                    calls += 1;
+                    Ok((i, scores[i - 1]))
+                },
+            )
             .unwrap();
             assert_eq!((value, n, calls), (kept, ran, ran), "{scores:?}");
         }
+        // No room left in the budget: a disturbed probe is not repeated.
+        let mut calls = 0;
+        let (value, n) = least_disturbed_of(
+            3,
+            || false,
+            |i| {
+                calls += 1;
+                Ok((i, 9.0))
+            },
+        )
+        .unwrap();
+        assert_eq!((value, n, calls), (1, 1, 1));
+        // Room for one repeat only: two probes, the lesser kept.
+        let mut rooms = 1;
+        let (value, n) = least_disturbed_of(
+            3,
+            || {
+                rooms -= 1;
+                rooms >= 0
+            },
+            |i| Ok((i, [9.0, 4.0, 1.0][i - 1])),
+        )
+        .unwrap();
+        assert_eq!((value, n), (2, 2));
         // An error ends the attempts.
-        let r: Result<(usize, usize)> = least_disturbed_of(3, |i| {
-            if i == 2 {
-                Err(RuntimeError::invalid("probe", "broken"))
-            } else {
-                Ok((i, 5.0))
-            }
-        });
+        let r: Result<(usize, usize)> = least_disturbed_of(
+            3,
+            || true,
+            |i| {
+                if i == 2 {
+                    Err(RuntimeError::invalid("probe", "broken"))
+                } else {
+                    Ok((i, 5.0))
+                }
+            },
+        );
         assert!(r.unwrap_err().to_string().contains("broken"));
     }
 

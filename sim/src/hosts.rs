@@ -307,6 +307,7 @@ mod tests {
             bench_bw: None,
             probe_steal_fraction: None,
             cpu_checks: Vec::new(),
+            untrusted: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h200.json");

@@ -75,7 +75,10 @@ pub fn apply(point: &mut SweepPoint, key: &str, v: &str) -> Result<()> {
     match key {
         "host" => point.host = v.to_string(),
         "model" => point.model = v.to_string(),
-        "streams" => c.streams = parse(key, v)?,
+        "streams" => {
+            c.streams = parse(key, v)?;
+            ft_model::limits::check_streams("--sweep streams", c.streams as u64)?;
+        }
         "strategy" => match v.split_once(':') {
             // `hybrid:F`: hybrid at a fixed fraction, so one axis can mix strategies and
             // fractions without repeating the others.
@@ -102,11 +105,17 @@ pub fn apply(point: &mut SweepPoint, key: &str, v: &str) -> Result<()> {
                 streams: None,
             }
         }
-        "context" => c.workload.prompt_tokens = parse(key, v)?,
+        "context" => {
+            c.workload.prompt_tokens = parse(key, v)?;
+            ft_model::limits::check_context("--sweep context", c.workload.prompt_tokens)?;
+        }
         "routing" => c.routing = v.to_string(),
         "policy" => c.policy = v.parse()?,
         "seed" => c.seed = parse(key, v)?,
-        "steps" => c.steps = parse(key, v)?,
+        "steps" => {
+            c.steps = parse(key, v)?;
+            ft_model::limits::check_steps("--sweep steps", c.steps)?;
+        }
         "jitter" => c.jitter = parse(key, v)?,
         _ => {
             return Err(SimError::invalid(
@@ -141,8 +150,21 @@ pub fn parse_axis(s: &str) -> Result<(String, Vec<String>)> {
     Ok((k, vals))
 }
 
-/// The cross product of `axes` over `base`, the last axis varying fastest.
+/// The cross product of `axes` over `base`, the last axis varying fastest. Its size is
+/// checked against [`ft_model::limits::MAX_SWEEP_POINTS`] before any point is made.
 pub fn expand(base: &SweepPoint, axes: &[(String, Vec<String>)]) -> Result<Vec<SweepPoint>> {
+    use ft_model::limits::{self, MAX_SWEEP_POINTS};
+    let sizes: Vec<String> = axes.iter().map(|(_, v)| v.len().to_string()).collect();
+    let total = axes
+        .iter()
+        .try_fold(1usize, |n, (_, v)| n.checked_mul(v.len()))
+        .unwrap_or(usize::MAX);
+    limits::check(
+        &format!("--sweep (a cross product of {} points)", sizes.join(" x ")),
+        total,
+        MAX_SWEEP_POINTS,
+        "ft_model::limits::MAX_SWEEP_POINTS: each point is a simulation held in memory",
+    )?;
     let mut points = vec![base.clone()];
     for (key, values) in axes {
         let mut next = Vec::with_capacity(points.len() * values.len());

@@ -987,18 +987,19 @@ impl ParamCovariance {
         self.params
             .iter()
             .position(|p| *p == id)
-            .map(|i| self.matrix[i][i].max(0.0).sqrt())
+            .and_then(|i| self.matrix.get(i)?.get(i))
+            .map(|v| v.max(0.0).sqrt())
             .unwrap_or(0.0)
     }
 
     /// The variance `g^T C g` of a linear function with gradient `g` (indexed like
-    /// `params`).
+    /// `params`). Entries a malformed matrix or a short gradient lacks count as 0 (a read
+    /// profile's covariance is checked by `Profile::validate`; this never indexes past it).
     pub fn quadratic_form(&self, g: &[f64]) -> f64 {
-        let n = self.params.len();
         let mut v = 0.0;
-        for i in 0..n {
-            for j in 0..n {
-                v += g[i] * self.matrix[i][j] * g[j];
+        for (gi, row) in g.iter().zip(&self.matrix).take(self.params.len()) {
+            for (gj, c) in g.iter().zip(row).take(self.params.len()) {
+                v += gi * c * gj;
             }
         }
         v
