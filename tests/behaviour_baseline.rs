@@ -32,10 +32,10 @@ const STREAMS: [usize; 3] = [1, 2, 8];
 
 /// Traffic steps of `ft predict` (short: the check compares two trees on the same seeded
 /// inputs, not a converged estimate).
-const PREDICT_STEPS: [&str; 4] = ["--steps", "12", "--warmup", "12"];
+const PREDICT_STEPS: [&str; 4] = ["--steps", "6", "--warmup", "6"];
 
 /// Measured and warm-up steps of `ft simulate` (short, as above; the simulator is seeded).
-const SIMULATE_STEPS: [&str; 4] = ["--steps", "12", "--warmup", "8"];
+const SIMULATE_STEPS: [&str; 4] = ["--steps", "6", "--warmup", "4"];
 
 /// Commands run at once (the CI machine has 2 cores; the runs are single-threaded mostly).
 const PARALLEL: usize = 2;
@@ -73,7 +73,10 @@ fn strategy_row(tok_s: &Value, fetch: &Value) -> Value {
 /// The summary of one `ft predict --json`.
 fn predict_summary(v: &Value) -> Value {
     let mut strategies = Map::new();
-    for s in v["prediction"]["strategies"].as_array().expect("strategies") {
+    for s in v["prediction"]["strategies"]
+        .as_array()
+        .expect("strategies")
+    {
         let name = s["kind"].as_str().expect("kind").to_string();
         strategies.insert(
             name,
@@ -121,11 +124,9 @@ fn jobs() -> Vec<Job> {
                     streams.to_string(),
                 ];
                 args.extend(PREDICT_STEPS.map(s));
-                jobs.push((
-                    format!("predict {host} {model} {streams}"),
-                    args,
-                    |v| vec![(String::new(), predict_summary(v))],
-                ));
+                jobs.push((format!("predict {host} {model} {streams}"), args, |v| {
+                    vec![(String::new(), predict_summary(v))]
+                }));
             }
             let mut args = vec![
                 s("simulate"),
@@ -188,7 +189,10 @@ fn differences(base: &Map<String, Value>, now: &Map<String, Value>) -> Vec<Strin
         let known = b["strategies"].as_object().expect("strategies");
         for (name, bs) in known {
             let ns = &n["strategies"][name];
-            match (bs["tok_s_per_stream"].as_f64(), ns["tok_s_per_stream"].as_f64()) {
+            match (
+                bs["tok_s_per_stream"].as_f64(),
+                ns["tok_s_per_stream"].as_f64(),
+            ) {
                 (Some(x), Some(y)) => {
                     if (y - x).abs() > TOK_S_TOLERANCE * x.abs() {
                         bad.push(format!("{key} {name}: {y} tok/s, baseline {x}"));
@@ -197,10 +201,9 @@ fn differences(base: &Map<String, Value>, now: &Map<String, Value>) -> Vec<Strin
                 (None, None) => {}
                 (x, y) => bad.push(format!("{key} {name}: {y:?} tok/s, baseline {x:?}")),
             }
-            if let (Some(x), Some(y)) = (
-                bs["fetch_fraction"].as_f64(),
-                ns["fetch_fraction"].as_f64(),
-            ) {
+            if let (Some(x), Some(y)) =
+                (bs["fetch_fraction"].as_f64(), ns["fetch_fraction"].as_f64())
+            {
                 if (y - x).abs() > FETCH_TOLERANCE {
                     bad.push(format!("{key} {name}: fetch fraction {y}, baseline {x}"));
                 }
@@ -247,6 +250,11 @@ fn predict_and_simulate_match_the_committed_baseline() {
     assert!(bad.is_empty(), "behaviour moved:\n{}", bad.join("\n"));
 }
 
+/// A map of one row, `k`.
+fn one(row: Value) -> Map<String, Value> {
+    Map::from_iter([("k".to_string(), row)])
+}
+
 /// The comparison itself: a moved tok/s, a moved fraction and a changed choice are refused;
 /// a new strategy winning by predicting more is accepted.
 #[test]
@@ -261,26 +269,19 @@ fn the_comparison_refuses_moves_and_accepts_a_better_new_strategy() {
         }
         json!({ "choice": choice, "strategies": s })
     };
-    let base: Map<String, Value> = [("k".to_string(), row("hybrid", 90.0, 0.5, None))].into();
-    let same: Map<String, Value> = [("k".to_string(), row("hybrid", 90.05, 0.5, None))].into();
+    let base: Map<String, Value> = one(row("hybrid", 90.0, 0.5, None));
+    let same: Map<String, Value> = one(row("hybrid", 90.05, 0.5, None));
     assert!(differences(&base, &same).is_empty());
-    let moved: Map<String, Value> = [("k".to_string(), row("hybrid", 91.0, 0.5, None))].into();
+    let moved: Map<String, Value> = one(row("hybrid", 91.0, 0.5, None));
     assert_eq!(differences(&base, &moved).len(), 1);
-    let frac: Map<String, Value> = [("k".to_string(), row("hybrid", 90.0, 0.6, None))].into();
+    let frac: Map<String, Value> = one(row("hybrid", 90.0, 0.6, None));
     assert_eq!(differences(&base, &frac).len(), 1);
-    let flip: Map<String, Value> = [("k".to_string(), row("offload", 90.0, 0.5, None))].into();
+    let flip: Map<String, Value> = one(row("offload", 90.0, 0.5, None));
     assert_eq!(differences(&base, &flip).len(), 1);
-    let better: Map<String, Value> = [(
-        "k".to_string(),
-        row("layer-split", 90.0, 0.5, Some(("layer-split", 120.0))),
-    )]
-    .into();
+    let better: Map<String, Value> =
+        one(row("layer-split", 90.0, 0.5, Some(("layer-split", 120.0))));
     assert!(differences(&base, &better).is_empty());
-    let worse: Map<String, Value> = [(
-        "k".to_string(),
-        row("layer-split", 90.0, 0.5, Some(("layer-split", 80.0))),
-    )]
-    .into();
+    let worse: Map<String, Value> = one(row("layer-split", 90.0, 0.5, Some(("layer-split", 80.0))));
     assert_eq!(differences(&base, &worse).len(), 1);
     let missing = Map::new();
     assert_eq!(differences(&base, &missing).len(), 1);

@@ -28,7 +28,7 @@ fn predict_json_on_the_field_report() {
     assert_eq!(v["decision"]["legacy_verdict"], "offload");
     assert_eq!(v["prediction"]["legacy"]["verdict"], "offload");
     let strategies = v["prediction"]["strategies"].as_array().unwrap();
-    assert_eq!(strategies.len(), 4);
+    assert_eq!(strategies.len(), ft_model::StrategyKind::ALL.len());
     assert_eq!(strategies[0]["bound"], "pcie");
 }
 

@@ -19,10 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 HOSTS = ["rtx4090-2x-xeon4310", "rtxpro4000-gen3-epyc7302", "gh200", "h200-xeon-emr",
          "2x-rtx3090-tp-ryzen7950x"]
-MODELS = ["qwen3.8-flash-next", "qwen3.6-35b-a3b", "deepseek-v4-flash", "gpt-oss-120b"]
+MODELS = ["qwen3.8-flash-next", "qwen3.6-35b-a3b", "deepseek-v4-flash", "gpt-oss-120b",
+          "gemma-4-26b-a4b", "minimax-m2.5", "glm-4.7", "bench-nvfp4"]
 STREAMS = [1, 2, 8]
-PREDICT_STEPS = ["--steps", "12", "--warmup", "12"]
-SIMULATE_STEPS = ["--steps", "12", "--warmup", "8"]
+PREDICT_STEPS = ["--steps", "6", "--warmup", "6"]
+SIMULATE_STEPS = ["--steps", "6", "--warmup", "4"]
 
 
 def run(ft, args):
