@@ -44,10 +44,14 @@ pub struct Decision {
     pub log_line: String,
 }
 
-/// Decide from a prediction.
+/// Decide from a prediction. A layer split with no CPU layer is resident's (or, cached,
+/// offload's) work under another name: it is not ranked beside them.
 pub fn decide(pred: &Prediction) -> Decision {
-    let mut feasible: Vec<&StrategyPrediction> =
-        pred.strategies.iter().filter(|s| s.feasible).collect();
+    let mut feasible: Vec<&StrategyPrediction> = pred
+        .strategies
+        .iter()
+        .filter(|s| s.feasible && !(s.kind.takes_cpu_layers() && s.cpu_layers == Some(0)))
+        .collect();
     feasible.sort_by(|a, b| b.tok_s_total.total_cmp(&a.tok_s_total));
     let best = feasible
         .first()
