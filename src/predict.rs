@@ -17,7 +17,7 @@ use ft_model::perf::{
     decide, predict, CpuSpeedSource, Decision, PerfModel, PerfParams, Prediction, Resource,
 };
 use ft_model::profile::{CpuCheck, Profile};
-use ft_model::{FetchFraction, ModelSpec};
+use ft_model::{CpuLayers, FetchFraction, ModelSpec, StrategyKind};
 
 /// The model of the field report, the default `--model`.
 pub const DEFAULT_MODEL: &str = "qwen3.8-flash-next";
@@ -62,6 +62,11 @@ pub struct Args {
     /// Hybrid's fetch fraction: auto (the model's optimum) or a number in [0, 1].
     #[arg(long, default_value = "auto")]
     pub fetch_fraction: String,
+    /// Layer split's CPU layers (the first N layers' experts on the CPU, llama.cpp's
+    /// `--n-cpu-moe N`): auto (the model's optimum among those whose other layers fit the
+    /// GPU) or a number of layers.
+    #[arg(long, default_value = "auto")]
+    pub cpu_layers: String,
     /// Threshold of the legacy ratio rule.
     #[arg(long, default_value_t = ft_model::perf::legacy::DEFAULT_THRESHOLD)]
     pub threshold: f64,
@@ -290,6 +295,7 @@ impl Args {
             steps: self.steps,
             miss,
             hybrid_fetch: FetchFraction::parse("--fetch-fraction", &self.fetch_fraction)?,
+            layer_split: Some(CpuLayers::parse("--cpu-layers", &self.cpu_layers)?),
             threshold: self.threshold,
             confidence: ft_model::perf::predict::DEFAULT_CONFIDENCE,
             bench,
@@ -402,7 +408,7 @@ fn write_table(out: &mut impl Write, plan: &Plan, pred: &Prediction, d: &Decisio
     writeln!(out)?;
     writeln!(
         out,
-        "{:<18} {:>24} {:>24} {:>6} {:>6}  {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}  {:>7}",
+        "{:<26} {:>24} {:>24} {:>6} {:>6}  {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}  {:>7}",
         "strategy",
         "tok/s per stream [95%]",
         "tok/s total [95%]",
@@ -425,7 +431,7 @@ fn write_table(out: &mut impl Write, plan: &Plan, pred: &Prediction, d: &Decisio
         let ms = |r: Resource| s.critical.get(r) / 1e3;
         writeln!(
             out,
-            "{:<18} {:>7.1} [{:>6.1}, {:>6.1}] {:>7.1} [{:>6.1}, {:>6.1}] {:>6} {:>6.1}  {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2}  {:>7.2}",
+            "{:<26} {:>7.1} [{:>6.1}, {:>6.1}] {:>7.1} [{:>6.1}, {:>6.1}] {:>6} {:>6.1}  {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2} {:>7.2}  {:>7.2}",
             name,
             s.tok_s_per_stream,
             s.tok_s_per_stream_interval[0],
@@ -504,5 +510,27 @@ fn write_table(out: &mut impl Write, plan: &Plan, pred: &Prediction, d: &Decisio
             fs.relaxed_optimum
         )?;
     }
+    let Some(ls) = &pred.layer_split else {
+        return Ok(());
+    };
+    let n = |k: StrategyKind| pred.get(k).cpu_layers.unwrap_or(0);
+    writeln!(
+        out,
+        "layer split: {} of {} layers' experts on the CPU with the rest resident ({} slots a layer; at least {} CPU layers for the rest to fit), {} with the rest cached{}",
+        n(StrategyKind::LayerSplit),
+        pred.layers,
+        ls.slots_per_layer,
+        ls.min_cpu_layers,
+        n(StrategyKind::LayerSplitCached),
+        if ls.fixed {
+            " (N given)".to_string()
+        } else {
+            format!(
+                " (N searched: {} counts resident, {} cached)",
+                ls.resident.len(),
+                ls.cached.len()
+            )
+        }
+    )?;
     Ok(())
 }

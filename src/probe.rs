@@ -735,6 +735,9 @@ pub fn freetoken_backend(kind: StrategyKind) -> &'static str {
         StrategyKind::Hybrid => "hybrid",
         StrategyKind::Cpu => "cpu",
         StrategyKind::Resident => "fused",
+        // The reference engine places every layer alike; the export's prediction leaves
+        // layer split out (`PredictConfig::layer_split` is `None`), so it never chooses one.
+        StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => "offload",
     }
 }
 
@@ -1191,6 +1194,9 @@ mod tests {
             StrategyKind::Hybrid => ferrox_core::qstar::MoeBackend::Hybrid,
             StrategyKind::Cpu => ferrox_core::qstar::MoeBackend::Cpu,
             StrategyKind::Resident => ferrox_core::qstar::MoeBackend::Fused,
+            StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => {
+                unreachable!("the export's prediction leaves layer split out")
+            }
         };
         assert_eq!(read.backend_for("nvfp4"), Some(want));
         let (_, f) = verdict_of(&pred, &decision);

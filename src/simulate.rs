@@ -11,7 +11,7 @@ use anyhow::{bail, Context, Result};
 use std::io::Write;
 
 use ft_model::cache::CachePolicy;
-use ft_model::strategy::{FetchFraction, StrategyKind};
+use ft_model::strategy::{CpuLayers, FetchFraction, Strategy, StrategyKind};
 use ft_sim::compare::{compare, CacheChoice, CompareConfig, Comparison};
 use ft_sim::field_report as fr;
 use ft_sim::sweep::{self, SweepPoint};
@@ -49,12 +49,17 @@ pub struct Args {
     /// cache through their own histories.
     #[arg(long)]
     miss_rate: Option<f64>,
-    /// offload, hybrid, resident, cpu or all.
+    /// offload, hybrid, resident, cpu, layer-split[:N], layer-split-cached[:N] (a comma list)
+    /// or all.
     #[arg(long, default_value = "all")]
     strategy: String,
     /// Hybrid's fetch fraction: a number in [0, 1] or auto (the analytic model's optimum).
     #[arg(long, default_value = "auto")]
     fetch_fraction: String,
+    /// Layer split's CPU layers: a number or auto (the analytic model's optimum among the
+    /// counts whose other layers fit the GPU); a `layer-split:N` in --strategy gives it too.
+    #[arg(long, default_value = "auto")]
+    cpu_layers: String,
     /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
     #[arg(long, default_value = "typical")]
     routing: String,
@@ -123,19 +128,36 @@ impl Args {
         Ok(())
     }
 
-    fn strategies(&self) -> Result<Vec<StrategyKind>> {
+    /// The strategies of --strategy (each `KIND` or `KIND:PARAM`, [`Strategy`]'s names).
+    fn parsed_strategies(&self) -> Result<Vec<Strategy>> {
         if self.strategy.eq_ignore_ascii_case("all") {
-            return Ok(StrategyKind::ALL.to_vec());
+            return Ok(StrategyKind::ALL
+                .iter()
+                .map(|k| Strategy::from_kind(*k, None))
+                .collect());
         }
         self.strategy
             .split(',')
-            .map(|s| {
-                s.trim()
-                    .parse::<StrategyKind>()
-                    .map_err(anyhow::Error::from)
-            })
+            .map(|s| s.trim().parse::<Strategy>().map_err(anyhow::Error::from))
             .collect::<Result<Vec<_>>>()
             .context("--strategy")
+    }
+
+    fn strategies(&self) -> Result<Vec<StrategyKind>> {
+        Ok(self.parsed_strategies()?.iter().map(|s| s.kind()).collect())
+    }
+
+    /// Layer split's CPU layers: a `layer-split:N` of --strategy, else --cpu-layers.
+    fn cpu_layers(&self) -> Result<CpuLayers> {
+        let given = self
+            .parsed_strategies()?
+            .iter()
+            .find_map(|s| s.cpu_layers())
+            .filter(|n| *n != CpuLayers::Auto);
+        match given {
+            Some(n) => Ok(n),
+            None => Ok(CpuLayers::parse("--cpu-layers", &self.cpu_layers)?),
+        }
     }
 
     /// True when the run is the field report's (host and model unchanged).
@@ -170,6 +192,7 @@ impl Args {
             streams,
             strategies: self.strategies()?,
             fetch: FetchFraction::parse("--fetch-fraction", &self.fetch_fraction)?,
+            cpu_layers: self.cpu_layers()?,
             cache: self.cache()?,
             policy,
             routing: self.routing.clone(),
@@ -263,7 +286,7 @@ fn print_table(out: &mut impl Write, c: &Comparison) -> Result<()> {
     )?;
     writeln!(
         out,
-        "{:<9} {:>6} {:>7} {:>12} {:>11} {:>6} | {:>12} {:>17} {:>6} {:>8}",
+        "{:<22} {:>6} {:>7} {:>12} {:>11} {:>6} | {:>12} {:>17} {:>6} {:>8}",
         "strategy",
         "fetch",
         "miss",
@@ -279,8 +302,11 @@ fn print_table(out: &mut impl Write, c: &Comparison) -> Result<()> {
         let [lo, hi] = r.model.tok_s_per_stream_interval;
         writeln!(
             out,
-            "{:<9} {:>6.3} {:>7} {:>12.2} {:>11.2} {:>6} | {:>12.2} {:>17} {:>6} {:>8}{}",
-            r.strategy,
+            "{:<22} {:>6.3} {:>7} {:>12.2} {:>11.2} {:>6} | {:>12.2} {:>17} {:>6} {:>8}{}",
+            match r.sim.strategy.cpu_layers() {
+                Some(_) => format!("{}:{}", r.strategy, r.sim.cpu_layers),
+                None => r.strategy.clone(),
+            },
             r.fetch_fraction,
             pct(r.miss_rate),
             r.tok_s_per_stream,

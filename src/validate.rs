@@ -757,6 +757,7 @@ pub fn simulate_rows(
             streams: r.streams,
             strategies: vec![kind],
             fetch: FetchFraction::Fixed(r.fetch_fraction),
+            cpu_layers: ft_model::CpuLayers::Auto,
             cache: CacheChoice::Slots {
                 slots: r.cache_slots,
             },

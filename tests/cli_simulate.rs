@@ -32,7 +32,11 @@ fn default_run_is_the_field_report_at_one_and_two_streams() {
             .iter()
             .map(|s| s["strategy"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["offload", "hybrid", "resident", "cpu"]);
+        let all: Vec<&str> = ft_model::StrategyKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect();
+        assert_eq!(names, all);
         for s in strategies {
             for key in [
                 "tok_s_per_stream",

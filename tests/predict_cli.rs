@@ -28,7 +28,7 @@ fn predict_json_on_the_field_report() {
     assert_eq!(v["decision"]["legacy_verdict"], "offload");
     assert_eq!(v["prediction"]["legacy"]["verdict"], "offload");
     let strategies = v["prediction"]["strategies"].as_array().unwrap();
-    assert_eq!(strategies.len(), 4);
+    assert_eq!(strategies.len(), ft_model::StrategyKind::ALL.len());
     assert_eq!(strategies[0]["bound"], "pcie");
 }
 
@@ -126,8 +126,13 @@ fn a_host_file_and_a_profile_file() {
     assert_ok(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["prediction"]["legacy"]["verdict"], "hybrid");
-    assert_eq!(v["decision"]["kind"], "hybrid");
-    assert_eq!(v["decision"]["legacy_agrees"], true);
+    // A strategy with a CPU share wins: hybrid, or a layer split where it predicts more.
+    let kind = v["decision"]["kind"].as_str().unwrap().to_string();
+    assert!(
+        ["hybrid", "layer-split", "layer-split-cached"].contains(&kind.as_str()),
+        "{kind}"
+    );
+    assert_eq!(v["decision"]["legacy_agrees"], kind == "hybrid");
 
     // The same parameters through a profile file.
     let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
@@ -138,7 +143,7 @@ fn a_host_file_and_a_profile_file() {
     let out = ft(&args);
     assert_ok(&out);
     let w: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(w["decision"]["kind"], "hybrid");
+    assert_eq!(w["decision"]["kind"], kind.as_str());
     let a = v["prediction"]["strategies"][0]["step_us"]
         .as_f64()
         .unwrap();

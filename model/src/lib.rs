@@ -1,7 +1,7 @@
 //! `ft-model`: the vocabulary every part of `ft` speaks, and the analytic performance model.
 //!
 //! The runtime, the simulator and the analytic model are three views of one decode step
-//! (see `shared/design.md`). Whatever is not time lives here, once: the MoE geometry and
+//! (see `docs/DESIGN.md`). Whatever is not time lives here, once: the MoE geometry and
 //! expert formats, model presets, strategies, routing processes and traces, cache policies
 //! and the split of a layer's misses between the link and the CPU. Because the runtime and
 //! the simulator call the same code for these, their miss rates agree by construction.
@@ -20,6 +20,7 @@ pub mod plan;
 pub mod preset;
 pub mod profile;
 pub mod routing;
+pub mod schedule;
 pub mod strategy;
 pub mod traffic;
 
@@ -31,4 +32,6 @@ pub use placement::{GpuLayout, GpuPlacement};
 pub use plan::{plan_layer, LayerPlan};
 pub use preset::{DenseSpec, ModelSpec};
 pub use routing::{RoutingProcess, RoutingSource, StepRouting, TokenRoute};
-pub use strategy::{FetchFraction, Strategy, StrategyKind};
+pub use strategy::{
+    CpuLayers, FetchFraction, LayerPlacement, PlacementPolicy, Strategy, StrategyKind,
+};

@@ -29,7 +29,7 @@ use crate::cache::{ExpertCache, SlotId};
 use crate::error::{ModelError, Result};
 use crate::geometry::ExpertId;
 use crate::routing::TokenRoute;
-use crate::strategy::{FetchFraction, Strategy};
+use crate::strategy::{FetchFraction, LayerPlacement, Strategy};
 
 /// One expert's work: which expert, where its weights are on the GPU (if they are), and the
 /// tokens routed to it as (stream, router weight), ascending by stream.
@@ -122,8 +122,10 @@ pub fn fetch_count(f: f64, misses: usize) -> usize {
     }
 }
 
-/// The fetch fraction a strategy implies (1 offload/resident, 0 cpu, the fixed fraction for
-/// hybrid); hybrid with `auto` is an error: resolve it first.
+/// The fetch fraction a strategy that places every layer alike implies (1 offload/resident,
+/// 0 cpu, the fixed fraction for hybrid); hybrid with `auto` is an error (resolve it
+/// first), and so is layer split, whose layers differ: plan it by its
+/// [`Strategy::policy`] with [`plan_layer_placed`].
 pub fn fetch_fraction(strategy: &Strategy) -> Result<f64> {
     match strategy {
         Strategy::Hybrid {
@@ -132,10 +134,82 @@ pub fn fetch_fraction(strategy: &Strategy) -> Result<f64> {
             "fetch fraction",
             "hybrid's 'auto' fetch fraction must be resolved to a number before planning",
         )),
-        other => Ok(other
-            .fixed_fetch_fraction()
-            .expect("every strategy but hybrid(auto) has a fixed fraction")),
+        Strategy::LayerSplit { .. } | Strategy::LayerSplitCached { .. } => {
+            Err(ModelError::invalid(
+                "fetch fraction",
+                format!(
+                    "{strategy} places its layers differently: plan it by its per-layer policy"
+                ),
+            ))
+        }
+        Strategy::Offload | Strategy::Hybrid { .. } | Strategy::Resident | Strategy::Cpu => {
+            Ok(strategy
+                .fixed_fetch_fraction()
+                .expect("every strategy but hybrid(auto) has a fixed fraction"))
+        }
     }
+}
+
+/// Plan one MoE layer placed as `placement` says: [`plan_layer`] for a cached layer; for a
+/// resident layer every expert of the union is a hit (no slot: the layer's experts are held
+/// outside the shared cache), for a CPU-only one every expert is computed on the CPU. The
+/// cache is touched by cached layers only.
+pub fn plan_layer_placed(
+    layer: usize,
+    routes: &[TokenRoute],
+    cache: &mut ExpertCache,
+    placement: LayerPlacement,
+) -> LayerPlan {
+    let all = |routes: &[TokenRoute]| {
+        let (union, groups) = union_of(routes);
+        union
+            .into_iter()
+            .zip(groups)
+            .map(|(e, tokens)| ExpertWork {
+                id: ExpertId::new(layer, e as usize),
+                slot: None,
+                tokens,
+            })
+            .collect::<Vec<_>>()
+    };
+    match placement {
+        LayerPlacement::Cached { fetch_fraction } => {
+            plan_layer(layer, routes, cache, fetch_fraction)
+        }
+        LayerPlacement::Resident => LayerPlan {
+            layer,
+            hits: all(routes),
+            ..LayerPlan::default()
+        },
+        LayerPlacement::CpuOnly => LayerPlan {
+            layer,
+            cpu: all(routes),
+            ..LayerPlan::default()
+        },
+    }
+}
+
+/// The union of a layer's routes (module docs, step 1): the experts in ascending order and,
+/// for each, its tokens as (stream, weight) in ascending stream order.
+fn union_of(routes: &[TokenRoute]) -> (Vec<u32>, Vec<Vec<(u32, f32)>>) {
+    let mut entries: Vec<(u32, u32, f32)> =
+        Vec::with_capacity(routes.iter().map(|r| r.experts.len()).sum());
+    for (s, r) in routes.iter().enumerate() {
+        for (&e, &w) in r.experts.iter().zip(&r.weights) {
+            entries.push((e, s as u32, w));
+        }
+    }
+    entries.sort_unstable_by_key(|&(e, s, _)| (e, s));
+    let mut union: Vec<u32> = Vec::new();
+    let mut groups: Vec<Vec<(u32, f32)>> = Vec::new();
+    for &(e, s, w) in &entries {
+        if union.last() != Some(&e) {
+            union.push(e);
+            groups.push(Vec::new());
+        }
+        groups.last_mut().expect("pushed above").push((s, w));
+    }
+    (union, groups)
 }
 
 /// A miss waiting for the split.
@@ -158,23 +232,7 @@ pub fn plan_layer(
     fetch_fraction: f64,
 ) -> LayerPlan {
     // 1. Union: (expert, stream, weight) sorted by expert then stream.
-    let mut entries: Vec<(u32, u32, f32)> =
-        Vec::with_capacity(routes.iter().map(|r| r.experts.len()).sum());
-    for (s, r) in routes.iter().enumerate() {
-        for (&e, &w) in r.experts.iter().zip(&r.weights) {
-            entries.push((e, s as u32, w));
-        }
-    }
-    entries.sort_unstable_by_key(|&(e, s, _)| (e, s));
-    let mut union: Vec<u32> = Vec::new();
-    let mut groups: Vec<Vec<(u32, f32)>> = Vec::new();
-    for &(e, s, w) in &entries {
-        if union.last() != Some(&e) {
-            union.push(e);
-            groups.push(Vec::new());
-        }
-        groups.last_mut().expect("pushed above").push((s, w));
-    }
+    let (union, groups) = union_of(routes);
 
     // 2. Lookup in ascending expert order.
     let mut plan = LayerPlan {
@@ -830,5 +888,41 @@ mod tests {
             fetch: FetchFraction::Auto,
         };
         assert!(fetch_fraction(&auto).is_err());
+    }
+
+    /// A placed layer against the slow reading of its placement: a resident layer hits its
+    /// whole union, a CPU-only one computes it on the CPU, neither touches the cache; a
+    /// cached one is `plan_layer`. Layer split is refused by `fetch_fraction`.
+    #[test]
+    fn placed_layers_plan_their_whole_union_where_they_live() {
+        let g = geo(8, 2, 2);
+        let routes = [route(&[1, 7]), route(&[7, 4])];
+        for placement in [LayerPlacement::Resident, LayerPlacement::CpuOnly] {
+            let mut cache = ExpertCache::new(&CachePolicy::Lru, &g, 4).unwrap();
+            let p = plan_layer_placed(1, &routes, &mut cache, placement);
+            let (work, other) = match placement {
+                LayerPlacement::Resident => (&p.hits, &p.cpu),
+                _ => (&p.cpu, &p.hits),
+            };
+            let ids: Vec<u32> = work.iter().map(|w| w.id.expert).collect();
+            assert_eq!(ids, vec![1, 4, 7]);
+            assert!(work.iter().all(|w| w.id.layer == 1 && w.slot.is_none()));
+            assert_eq!(work[2].tokens, vec![(0, 0.5), (1, 0.5)]);
+            assert!(other.is_empty() && p.fetched.is_empty() && p.uncached.is_empty());
+            assert!(cache.is_empty(), "{placement:?} left the cache alone");
+        }
+        let mut a = ExpertCache::new(&CachePolicy::Lru, &g, 4).unwrap();
+        let mut b = a.clone();
+        let cached = LayerPlacement::Cached {
+            fetch_fraction: 0.5,
+        };
+        assert_eq!(
+            plan_layer_placed(0, &routes, &mut a, cached),
+            plan_layer(0, &routes, &mut b, 0.5)
+        );
+        let split = Strategy::LayerSplit {
+            cpu_layers: crate::strategy::CpuLayers::Fixed(1),
+        };
+        assert!(fetch_fraction(&split).is_err());
     }
 }

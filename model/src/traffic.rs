@@ -2,7 +2,7 @@
 //!
 //! The analytic model needs miss rates per strategy, and they depend on the strategy itself
 //! (in hybrid only fetched misses enter the cache). [`run_traffic`] drives a [`RoutingSource`]
-//! through [`plan_layer`] and an [`ExpertCache`] for some warm-up steps and some measured steps
+//! through [`crate::plan::plan_layer`] and an [`ExpertCache`] for some warm-up steps and some measured steps
 //! and reports per-layer and total means per layer-step (hits, misses, fetched, uncached, CPU
 //! experts, unique experts), tokens per expert, miss rates and the step-to-step variation.
 //! It is the same semantics the runtime and the simulator execute, only counted.
@@ -13,9 +13,9 @@ use crate::cache::{build_cache, CachePolicy, CacheStats, ExpertCache};
 use crate::error::{ModelError, Result};
 use crate::geometry::MoeGeometry;
 use crate::placement::GpuLayout;
-use crate::plan::{fetch_fraction, plan_layer, LayerPlan};
+use crate::plan::{plan_layer_placed, LayerPlan};
 use crate::routing::{RoutingSource, StepRouting, TokenRoute};
-use crate::strategy::Strategy;
+use crate::strategy::{PlacementPolicy, Strategy};
 
 /// How long to run and with how many streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,12 +191,27 @@ pub struct TrafficStats {
 }
 
 /// Run `config.warmup_steps` then `config.steps` decode steps of `source` through
-/// [`plan_layer`] with `cache`, counting the measured ones. The cache keeps its state (its
-/// stats are reset when counting starts).
+/// [`crate::plan::plan_layer`] with `cache` at `fetch_fraction`, counting the measured ones.
+/// The cache keeps its state (its stats are reset when counting starts).
 pub fn run_traffic(
     source: &mut dyn RoutingSource,
     cache: &mut ExpertCache,
     fetch_fraction: f64,
+    config: &TrafficConfig,
+) -> Result<TrafficStats> {
+    run_traffic_placed(
+        source,
+        cache,
+        &PlacementPolicy::cached(fetch_fraction),
+        config,
+    )
+}
+
+/// [`run_traffic`] with every layer placed by `policy` ([`plan_layer_placed`]).
+pub fn run_traffic_placed(
+    source: &mut dyn RoutingSource,
+    cache: &mut ExpertCache,
+    policy: &PlacementPolicy,
     config: &TrafficConfig,
 ) -> Result<TrafficStats> {
     let geometry = *source.geometry();
@@ -216,13 +231,7 @@ pub fn run_traffic(
         return Err(ModelError::invalid("streams", "must be at least 1"));
     }
     let mut step = StepRouting::default();
-    warm_up(
-        source,
-        cache,
-        fetch_fraction,
-        config.warmup_steps,
-        config.streams,
-    )?;
+    warm_up(source, cache, policy, config.warmup_steps, config.streams)?;
     cache.reset_stats();
     let layers = geometry.moe_layers;
     let mut per_layer = vec![Sums::default(); layers];
@@ -235,7 +244,7 @@ pub fn run_traffic(
         source.next_step_into(config.streams, &mut step)?;
         let (mut misses, mut link, mut cpu) = (0usize, 0usize, 0usize);
         for (l, routes) in step.layers.iter().enumerate() {
-            let p = plan_layer(l, routes, cache, fetch_fraction);
+            let p = plan_layer_placed(l, routes, cache, policy.layer(l));
             per_layer[l].add(&p);
             let tokens = p
                 .hits
@@ -265,7 +274,7 @@ pub fn run_traffic(
     }
     Ok(TrafficStats {
         config: *config,
-        fetch_fraction,
+        fetch_fraction: policy.fetch_fraction(),
         cache_slots: cache.capacity(),
         per_layer: per_layer.iter().map(Sums::counts).collect(),
         total: all.counts(),
@@ -311,7 +320,7 @@ pub fn strategy_traffic(
     slots: usize,
     config: &TrafficConfig,
 ) -> Result<TrafficStats> {
-    let f = fetch_fraction(strategy)?;
+    let placement = strategy.policy(source.geometry().moe_layers)?;
     let (mut cache, warmup_steps) = strategy_cache(
         source,
         strategy.kind(),
@@ -324,7 +333,7 @@ pub fn strategy_traffic(
         warmup_steps,
         ..*config
     };
-    let mut stats = run_traffic(source, &mut cache, f, &cfg)?;
+    let mut stats = run_traffic_placed(source, &mut cache, &placement, &cfg)?;
     stats.config = *config;
     Ok(stats)
 }
@@ -394,26 +403,28 @@ pub fn strategy_caches(
     }
 }
 
-/// Plan one layer on several GPUs: one [`plan_layer`] per plan, each on its own cache
-/// (`caches[p]`) with the routes of [`GpuLayout::routes_on`] (sharded: GPU `p`'s experts
-/// only; tensor parallel: one plan of every expert, whose slices every GPU holds). The
-/// runtime and the simulator call this, so their per-GPU miss rates are the same.
+/// Plan one layer on several GPUs: one [`plan_layer_placed`] per plan (the layer placed as
+/// `policy` says), each on its own cache (`caches[p]`) with the routes of
+/// [`GpuLayout::routes_on`] (sharded: GPU `p`'s experts only; tensor parallel: one plan of
+/// every expert, whose slices every GPU holds). The simulator calls this, so its per-GPU
+/// miss rates are the model's.
 pub fn plan_layer_gpus(
     layer: usize,
     routes: &[TokenRoute],
     caches: &mut [ExpertCache],
     layout: &GpuLayout,
-    fetch_fraction: f64,
+    policy: &PlacementPolicy,
 ) -> Vec<LayerPlan> {
+    let placement = policy.layer(layer);
     if layout.plans() == 1 {
-        return vec![plan_layer(layer, routes, &mut caches[0], fetch_fraction)];
+        return vec![plan_layer_placed(layer, routes, &mut caches[0], placement)];
     }
     caches
         .iter_mut()
         .enumerate()
         .map(|(g, cache)| {
             let mine = layout.routes_on(g as u32, routes);
-            plan_layer(layer, &mine, cache, fetch_fraction)
+            plan_layer_placed(layer, &mine, cache, placement)
         })
         .collect()
 }
@@ -423,7 +434,7 @@ pub fn warm_up_gpus(
     source: &mut dyn RoutingSource,
     caches: &mut [ExpertCache],
     layout: &GpuLayout,
-    fetch_fraction: f64,
+    policy: &PlacementPolicy,
     steps: usize,
     streams: usize,
 ) -> Result<()> {
@@ -431,17 +442,18 @@ pub fn warm_up_gpus(
     for _ in 0..steps {
         source.next_step_into(streams, &mut step)?;
         for (l, routes) in step.layers.iter().enumerate() {
-            plan_layer_gpus(l, routes, caches, layout, fetch_fraction);
+            plan_layer_gpus(l, routes, caches, layout, policy);
         }
     }
     Ok(())
 }
 
-/// Plan `steps` steps of `streams` streams without recording them, to warm `cache`.
+/// Plan `steps` steps of `streams` streams placed by `policy` without recording them, to
+/// warm `cache`.
 pub fn warm_up(
     source: &mut dyn RoutingSource,
     cache: &mut ExpertCache,
-    fetch_fraction: f64,
+    policy: &PlacementPolicy,
     steps: usize,
     streams: usize,
 ) -> Result<()> {
@@ -449,7 +461,7 @@ pub fn warm_up(
         source,
         std::slice::from_mut(cache),
         &GpuLayout::single(),
-        fetch_fraction,
+        policy,
         steps,
         streams,
     )
@@ -592,6 +604,50 @@ mod tests {
         let o = run(&Strategy::Offload);
         assert_ne!(h.total.miss_rate, o.total.miss_rate);
         assert!(fetch_count(0.3, 10) == 3);
+    }
+
+    /// Layer split places its first N layers on the CPU and keeps the others resident (no
+    /// miss) or cached (offload's misses, on a cache the CPU layers leave alone).
+    #[test]
+    fn layer_split_places_the_first_layers_on_the_cpu() {
+        use crate::strategy::CpuLayers;
+        let g = geo(128, 8, 12);
+        let cfg = TrafficConfig {
+            warmup_steps: 20,
+            steps: 40,
+            streams: 2,
+        };
+        let run = |s: &Strategy| {
+            strategy_traffic(&mut source("typical", g), s, &CachePolicy::Lru, 300, &cfg).unwrap()
+        };
+        let n = 5;
+        let split = run(&Strategy::LayerSplit {
+            cpu_layers: CpuLayers::Fixed(n),
+        });
+        let cached = run(&Strategy::LayerSplitCached {
+            cpu_layers: CpuLayers::Fixed(n),
+        });
+        for (l, (a, b)) in split.per_layer.iter().zip(&cached.per_layer).enumerate() {
+            if l < n {
+                for c in [a, b] {
+                    assert_eq!((c.hits, c.fetched), (0.0, 0.0), "layer {l}");
+                    assert!((c.cpu - c.unique).abs() < 1e-12 && c.cpu > 0.0);
+                }
+            } else {
+                assert_eq!((a.misses, a.cpu), (0.0, 0.0), "layer {l}");
+                assert!(b.hits > 0.0 && b.fetched > 0.0 && b.cpu == 0.0, "layer {l}");
+            }
+        }
+        // No CPU layer: the cached split is offload.
+        let none = run(&Strategy::LayerSplitCached {
+            cpu_layers: CpuLayers::Fixed(0),
+        });
+        assert_eq!(none.per_layer, run(&Strategy::Offload).per_layer);
+        let auto = Strategy::LayerSplit {
+            cpu_layers: CpuLayers::Auto,
+        };
+        let e = strategy_traffic(&mut source("typical", g), &auto, &CachePolicy::Lru, 4, &cfg);
+        assert!(e.unwrap_err().to_string().contains("auto"));
     }
 
     #[test]

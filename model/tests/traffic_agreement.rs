@@ -50,7 +50,7 @@ fn sampled_counts_equal_the_traffic_simulation() {
         let mut b = resolve("typical", &g, Some(5)).unwrap();
         let run = SampleRun {
             kind: strategy.kind(),
-            fetch_fraction: f,
+            placement: ft_model::PlacementPolicy::cached(f),
             policy: &policy,
             slots: 96,
             warmup_steps: config.warmup_steps,

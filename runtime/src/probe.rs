@@ -795,7 +795,10 @@ fn probe_once(
                 })
                 .collect(),
             StrategyKind::Resident => continue,
-            k => vec![Strategy::from_kind(*k, None)],
+            // The engine does not run layer split yet; its layers' costs are those of the
+            // work the other strategies calibrate.
+            StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => continue,
+            StrategyKind::Offload | StrategyKind::Cpu => vec![Strategy::from_kind(*kind, None)],
         };
         for strategy in strategies {
             engine.set_strategy(strategy)?;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ft_model::routing::StepRouting;
-use ft_model::strategy::{FetchFraction, Strategy, StrategyKind};
+use ft_model::strategy::{FetchFraction, Strategy};
 use ft_sim::costs::CostModel;
 use ft_sim::decode::Workload;
 use ft_sim::layer::LayerRunner;
@@ -64,7 +64,7 @@ fn main() {
     let layer_costs: Vec<_> = trace
         .counts
         .iter()
-        .map(|c| costs.layer(StrategyKind::Hybrid, c, 2, costs.dense_ns(2, 2400)))
+        .map(|c| costs.layer(c, 2, costs.dense_ns(2, 2400)))
         .collect();
     let (t, (_, events)) = best(|| LayerRunner::new(costs.resources(), layer_costs.clone()).run(1));
     println!("engine,2,{t:.4},{events},{:.0},", events as f64 / t);

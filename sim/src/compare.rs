@@ -16,7 +16,7 @@ use ft_model::perf::predict::{
 };
 use ft_model::perf::{predict, LegacyRatio, PerfModel, Prediction};
 use ft_model::preset::ModelSpec;
-use ft_model::strategy::{FetchFraction, Strategy, StrategyKind};
+use ft_model::strategy::{CpuLayers, FetchFraction, Strategy, StrategyKind};
 
 use crate::costs::CostModel;
 use crate::decode::Workload;
@@ -60,6 +60,10 @@ pub struct CompareConfig {
     pub strategies: Vec<StrategyKind>,
     /// Hybrid's fetch fraction (`auto`: the analytic model's optimum).
     pub fetch: FetchFraction,
+    /// Layer split's CPU layers (`auto`: the analytic model's optimum under the GPU's
+    /// memory).
+    #[serde(default = "auto_cpu_layers")]
+    pub cpu_layers: CpuLayers,
     /// The cache size.
     pub cache: CacheChoice,
     /// Replacement policy.
@@ -90,6 +94,7 @@ impl CompareConfig {
             streams,
             strategies: StrategyKind::ALL.to_vec(),
             fetch: FetchFraction::Auto,
+            cpu_layers: CpuLayers::Auto,
             cache: CacheChoice::MissRate {
                 rate: fr::OFFLOAD_MISS_RATE,
                 streams: Some(fr::MISS_RATE_STREAMS),
@@ -139,11 +144,16 @@ impl CompareConfig {
             steps: self.steps as usize,
             miss: MissMode::Simulated,
             hybrid_fetch: self.fetch,
+            layer_split: Some(self.cpu_layers),
             threshold: self.threshold,
             bench,
             ..PredictConfig::default()
         }
     }
+}
+
+fn auto_cpu_layers() -> CpuLayers {
+    CpuLayers::Auto
 }
 
 /// Default unmeasured steps (they fill the cache).
@@ -193,7 +203,8 @@ impl StrategyRow {
 /// One strategy's row.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StrategyRow {
-    /// `offload`, `hybrid`, `resident` or `cpu`.
+    /// The strategy's kind (`offload`, `hybrid`, `resident`, `cpu`, `layer-split`,
+    /// `layer-split-cached`).
     pub strategy: String,
     /// Simulated decode tok/s per stream.
     pub tok_s_per_stream: f64,
@@ -373,12 +384,10 @@ pub fn compare_with(
     };
     let mut rows = Vec::new();
     for &kind in &cfg.strategies {
-        let strategy = match kind {
-            StrategyKind::Hybrid => Strategy::Hybrid {
-                fetch: FetchFraction::Fixed(hybrid_f),
-            },
-            other => Strategy::from_kind(other, None),
-        };
+        // The model's N where the caller left it to the model (the prediction ran with the
+        // caller's N when one was given).
+        let n = prediction.get(kind).cpu_layers.map(CpuLayers::Fixed);
+        let strategy = Strategy::from_parts(kind, Some(FetchFraction::Fixed(hybrid_f)), n);
         let sim = simulate(
             costs,
             model,
@@ -420,12 +429,24 @@ pub fn compare_with(
             sim,
         });
     }
-    let best = rows
-        .iter()
-        .filter(|r| r.feasible)
-        .max_by(|a, b| a.tok_s_total.total_cmp(&b.tok_s_total))
-        .map(|r| r.strategy.clone())
-        .unwrap_or_else(|| "none".to_string());
+    // The fastest feasible row. A layer split wins only where it is strictly faster: with no
+    // CPU layer it is resident's (or offload's) work, simulated alike.
+    let split = |r: &&StrategyRow| {
+        r.strategy == StrategyKind::LayerSplit.name()
+            || r.strategy == StrategyKind::LayerSplitCached.name()
+    };
+    fn fastest<'a>(rows: impl Iterator<Item = &'a StrategyRow>) -> Option<&'a StrategyRow> {
+        rows.filter(|r| r.feasible)
+            .max_by(|a, b| a.tok_s_total.total_cmp(&b.tok_s_total))
+    }
+    let alike = fastest(rows.iter().filter(|r| !split(r)));
+    let best = match (alike, fastest(rows.iter().filter(split))) {
+        (Some(a), Some(s)) if s.tok_s_total > a.tok_s_total => Some(s),
+        (None, s) => s,
+        (a, _) => a,
+    }
+    .map(|r| r.strategy.clone())
+    .unwrap_or_else(|| "none".to_string());
     Ok(Comparison {
         host: host.name.clone(),
         model: model.name.clone(),

@@ -17,7 +17,7 @@
 //! | contention | `dram_shares(cpu rate, gather rate)` while both stream bytes |
 //! | round trip | activations to the host at `activation_link_gbs`, `sync_us`, the partial output back; the host's own time in the layer (planning, submitting) beyond the dense part (`host_issue_wait_us`) before the CPU share |
 //! | combine | `combine_us` (a launch) |
-//! | overhead | `overhead.get(kind)` after the layer |
+//! | residual | `overhead.of(work)` after the layer: the fixed cost of the schedule's work (`ft_model::schedule::LayerWork`), not of a strategy |
 //! | several GPUs | per GPU: `gpu_expert_shape` experts, `gpu_cpu_threads` CPU workers, one link; `peer_combine_us` after all |
 
 use ft_model::host::HostSpec;
@@ -25,7 +25,7 @@ use ft_model::perf::LayerCounts;
 use ft_model::perf::{ExpertShape, PerfParams, ACTIVATION_BYTES_PER_ELEMENT, BYTES_PER_US_PER_GBS};
 use ft_model::placement::GpuLayout;
 use ft_model::preset::{DenseSpec, ModelSpec};
-use ft_model::strategy::StrategyKind;
+use ft_model::schedule::LayerSchedule;
 
 use crate::error::Result;
 use crate::layer::{CpuShare, LayerCosts, Resources, TAG_GATHER, TAG_RESULT};
@@ -202,28 +202,25 @@ impl CostModel {
             .dense_us(&self.dense, b, context_total as f64 / b))
     }
 
-    /// Costs of one layer of strategy `kind` with these counts, `dense_ns` of dense part
-    /// and `streams` streams.
-    pub fn layer(
-        &self,
-        kind: StrategyKind,
-        c: &LayerCounts,
-        streams: usize,
-        dense_ns: f64,
-    ) -> LayerCosts {
-        self.layer_on(kind, c, streams, dense_ns, 0)
+    /// Costs of one layer doing `c` on one GPU, with `dense_ns` of dense part and `streams`
+    /// streams (the layer's [`LayerSchedule`] on one GPU, [`CostModel::layer_on`]).
+    pub fn layer(&self, c: &LayerCounts, streams: usize, dense_ns: f64) -> LayerCosts {
+        let schedule = LayerSchedule::new(&GpuLayout::single(), std::slice::from_ref(c));
+        self.layer_on(&schedule, streams, dense_ns, 0)
     }
 
-    /// [`CostModel::layer`] on GPU `gpu` of several: its share of each expert
-    /// (`lane_shape`) and its CPU workers; the same as `layer` on one GPU.
+    /// The costs of GPU `gpu`'s operations in `schedule` (its counts, its share of each
+    /// expert, `lane_shape`, and its CPU workers), with `dense_ns` of dense part and
+    /// `streams` streams: the schedule's operations as the layer machine's pieces, its
+    /// gated last chunk and its residual (the fixed cost of the layer's work) included.
     pub fn layer_on(
         &self,
-        kind: StrategyKind,
-        c: &LayerCounts,
+        schedule: &LayerSchedule,
         streams: usize,
         dense_ns: f64,
         gpu: u32,
     ) -> LayerCosts {
+        let c = &schedule.counts[gpu as usize];
         let p = &self.params;
         let s = self.lane_shape;
         let threads = self.lane_threads(gpu);
@@ -283,8 +280,8 @@ impl CostModel {
                 .max(0.0),
             fetched_early_launches: fetched.early_chunks as u32,
             fetched_kernel_ns: (us(fetched.last_us) - launch).max(0.0),
-            fetched_gated: !p.layout.is_multi(),
-            overhead_ns: us(p.overhead.get(kind)),
+            fetched_gated: schedule.gated_last_chunk,
+            overhead_ns: us(p.overhead.of(schedule.work())),
             gather,
             cpu,
         }
@@ -317,11 +314,12 @@ mod tests {
             }
             let shape = StepShape::new(&model, 2, 1200);
             for (kind, hits, fetched, cpu) in [
-                (StrategyKind::Offload, 12.0, 8.0, 0.0),
-                (StrategyKind::Resident, 19.0, 0.0, 0.0),
-                (StrategyKind::Cpu, 12.0, 0.0, 7.0),
-                (StrategyKind::Hybrid, 11.0, 2.0, 6.0),
-                (StrategyKind::Hybrid, 2.0, 12.0, 3.0),
+                ("offload", 12.0, 8.0, 0.0),
+                ("resident", 19.0, 0.0, 0.0),
+                ("cpu", 12.0, 0.0, 7.0),
+                ("hybrid", 11.0, 2.0, 6.0),
+                ("hybrid", 2.0, 12.0, 3.0),
+                ("layer split's CPU layer", 0.0, 0.0, 9.0),
             ] {
                 let c = LayerCounts {
                     hits,
@@ -331,14 +329,14 @@ mod tests {
                     cpu,
                     cpu_tokens: cpu * 1.2,
                 };
-                let analytic = cm.params.layer_time(kind, &shape, &c);
+                let analytic = cm.params.layer_time(&shape, &c);
                 let dense = cm.dense_ns(2, 2400);
-                let costs = cm.layer(kind, &c, 2, dense);
+                let costs = cm.layer(&c, 2, dense);
                 let (ends, _) = LayerRunner::new(cm.resources(), vec![costs]).run(0);
                 let sim_us = ends[0] as f64 / 1e3;
                 let rel = (sim_us - analytic.total_us) / analytic.total_us;
                 let what = format!(
-                    "{host} {kind:?} {hits}/{fetched}/{cpu}: sim {sim_us:.2} us, analytic {:.2} us",
+                    "{host} {kind} {hits}/{fetched}/{cpu}: sim {sim_us:.2} us, analytic {:.2} us",
                     analytic.total_us
                 );
                 let contends = cpu > 0.0

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use ft_model::cache::ExpertCache;
 use ft_model::placement::GpuLayout;
-use ft_model::plan::plan_layer;
+use ft_model::plan::plan_layer_placed;
 use ft_model::routing::{RoutingSource, StepRouting};
 use ft_model::traffic::plan_layer_gpus;
 
@@ -28,7 +28,8 @@ use crate::layer::{CriticalSplit, GpuLanes, LaneEvent, LayerCosts, LayerEvent, R
 use crate::scheduler::Scheduler;
 use crate::time::Nanos;
 use ft_model::perf::LayerCounts;
-use ft_model::strategy::StrategyKind;
+use ft_model::schedule::LayerSchedule;
+use ft_model::strategy::PlacementPolicy;
 
 /// Index of `sync` in a [`CriticalSplit`] (`crate::layer::CRITICAL_NAMES`).
 const SYNC_INDEX: usize = 3;
@@ -61,7 +62,7 @@ impl PlanTrace {
     pub fn record(
         routing: &mut dyn RoutingSource,
         cache: &mut ExpertCache,
-        fetch_fraction: f64,
+        policy: &PlacementPolicy,
         streams: usize,
         steps: usize,
     ) -> Result<Self> {
@@ -71,11 +72,11 @@ impl PlanTrace {
         for _ in 0..steps {
             routing.next_step_into(streams, &mut routes)?;
             for (l, r) in routes.layers.iter().enumerate() {
-                counts.push(LayerCounts::of_plan(&plan_layer(
+                counts.push(LayerCounts::of_plan(&plan_layer_placed(
                     l,
                     r,
                     cache,
-                    fetch_fraction,
+                    policy.layer(l),
                 )));
             }
         }
@@ -94,17 +95,17 @@ impl PlanTrace {
         steps: &[StepRouting],
         layers: usize,
         cache: &mut ExpertCache,
-        fetch_fraction: f64,
+        policy: &PlacementPolicy,
         streams: usize,
     ) -> Self {
         let mut counts = Vec::with_capacity(steps.len() * layers);
         for step in steps {
             for (l, r) in step.layers.iter().enumerate() {
-                counts.push(LayerCounts::of_plan(&plan_layer(
+                counts.push(LayerCounts::of_plan(&plan_layer_placed(
                     l,
                     r,
                     cache,
-                    fetch_fraction,
+                    policy.layer(l),
                 )));
             }
         }
@@ -122,16 +123,16 @@ impl PlanTrace {
         layers: usize,
         caches: &mut [ExpertCache],
         layout: &GpuLayout,
-        fetch_fraction: f64,
+        policy: &PlacementPolicy,
         streams: usize,
     ) -> Self {
         if caches.len() == 1 {
-            return Self::record_steps(steps, layers, &mut caches[0], fetch_fraction, streams);
+            return Self::record_steps(steps, layers, &mut caches[0], policy, streams);
         }
         let mut counts = Vec::with_capacity(steps.len() * layers * caches.len());
         for step in steps {
             for (l, r) in step.layers.iter().enumerate() {
-                for p in plan_layer_gpus(l, r, caches, layout, fetch_fraction) {
+                for p in plan_layer_gpus(l, r, caches, layout, policy) {
                     counts.push(LayerCounts::of_plan(&p));
                 }
             }
@@ -219,8 +220,8 @@ pub enum Planner {
         caches: Vec<ExpertCache>,
         /// The GPUs the plans are for.
         layout: GpuLayout,
-        /// Share of misses gathered.
-        fetch_fraction: f64,
+        /// Each layer's placement (the share of misses gathered).
+        policy: PlacementPolicy,
         /// This step's routes.
         routes: StepRouting,
     },
@@ -235,8 +236,12 @@ pub enum Planner {
 
 impl Planner {
     /// A live planner.
-    pub fn live(routing: Box<dyn RoutingSource>, cache: ExpertCache, fetch_fraction: f64) -> Self {
-        Self::live_gpus(routing, vec![cache], GpuLayout::single(), fetch_fraction)
+    pub fn live(
+        routing: Box<dyn RoutingSource>,
+        cache: ExpertCache,
+        policy: PlacementPolicy,
+    ) -> Self {
+        Self::live_gpus(routing, vec![cache], GpuLayout::single(), policy)
     }
 
     /// A live planner on the GPUs of `layout`, one cache per plan
@@ -246,13 +251,13 @@ impl Planner {
         routing: Box<dyn RoutingSource>,
         caches: Vec<ExpertCache>,
         layout: GpuLayout,
-        fetch_fraction: f64,
+        policy: PlacementPolicy,
     ) -> Self {
         Planner::Live {
             routing,
             caches,
             layout,
-            fetch_fraction,
+            policy,
             routes: StepRouting::default(),
         }
     }
@@ -302,20 +307,19 @@ impl Planner {
             Planner::Live {
                 caches,
                 layout,
-                fetch_fraction,
+                policy,
                 routes,
                 ..
             } => {
                 if caches.len() == 1 {
-                    out.push(LayerCounts::of_plan(&plan_layer(
+                    out.push(LayerCounts::of_plan(&plan_layer_placed(
                         l,
                         &routes.layers[l],
                         &mut caches[0],
-                        *fetch_fraction,
+                        policy.layer(l),
                     )));
                 } else {
-                    for p in plan_layer_gpus(l, &routes.layers[l], caches, layout, *fetch_fraction)
-                    {
+                    for p in plan_layer_gpus(l, &routes.layers[l], caches, layout, policy) {
                         out.push(LayerCounts::of_plan(&p));
                     }
                 }
@@ -387,7 +391,6 @@ pub struct DecodeCounters {
 /// The decode process (a [`Component`] of [`LayerEvent`]s).
 pub struct DecodeProcess<'a> {
     costs: &'a CostModel,
-    kind: StrategyKind,
     dense_ns: f64,
     planner: Planner,
     layers: usize,
@@ -417,7 +420,6 @@ impl<'a> DecodeProcess<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         costs: &'a CostModel,
-        kind: StrategyKind,
         planner: Planner,
         streams: usize,
         workload: Workload,
@@ -429,7 +431,6 @@ impl<'a> DecodeProcess<'a> {
             lanes: GpuLanes::new(costs.lane_resources(), costs.combine_ns(streams)),
             plan_counts: Vec::new(),
             costs,
-            kind,
             dense_ns: 0.0,
             layers: planner.layers(),
             planner,
@@ -522,13 +523,12 @@ impl<'a> DecodeProcess<'a> {
                 c.cpu_experts += counts.cpu as u64;
             }
         }
-        let layout = self.costs.layout;
+        let schedule = LayerSchedule::new(&self.costs.layout, &plans);
         let mut costs = Vec::with_capacity(self.lanes.gpus());
         for g in 0..self.lanes.gpus() as u32 {
-            let counts = &plans[layout.plan_of(g).min(plans.len() - 1)];
             let c = self
                 .costs
-                .layer_on(self.kind, counts, self.streams, self.dense_ns, g);
+                .layer_on(&schedule, self.streams, self.dense_ns, g);
             costs.push(self.jitter_costs(c, s));
         }
         self.plan_counts = plans;

@@ -1,6 +1,7 @@
 //! One MoE layer of a decode step, timed on the resources: the per-layer process.
 //!
-//! The order is the runtime's (see `docs/ARCHITECTURE.md` and the strategy docs):
+//! The order is the layer schedule's (`ft_model::schedule::LayerSchedule`, whose operations'
+//! costs and properties [`crate::costs::CostModel::layer_on`] hands to the machine):
 //! 1. the dense part (attention, router, shared experts) on the GPU stream;
 //! 2. then, at once: the hit experts' kernel on the GPU stream, and behind it the fetched
 //!    chunks before the last (`ft_model::plan::fetch_chunk_bounds`: each computes its
@@ -56,8 +57,9 @@ pub struct LayerCosts {
     /// Whether the last fetched chunk is gated on a flag (the single-GPU runtime's default,
     /// `gate_last_chunk`): its launch overlaps the gather (the analytic model's `launch`).
     pub fetched_gated: bool,
-    /// Calibrated per-layer overhead of the strategy, ns, added after the layer's last
-    /// kernel (the analytic model's `overhead`; 0 until an end-to-end probe fits it).
+    /// Calibrated fixed cost of the layer's work (`ft_model::schedule::LayerWork`), ns,
+    /// added after the layer's last kernel (the schedule's `Residual`; 0 until an
+    /// end-to-end probe fits it).
     pub overhead_ns: f64,
     /// The gather of the fetched (and staged) misses; `None` when there is none.
     pub gather: Option<TransferJob>,

@@ -1,7 +1,7 @@
 //! `ft-sim`: a discrete-event simulator of MoE decode on what-if hosts.
 //!
 //! The simulator is the second of `ft`'s three views of a decode step (runtime, simulator,
-//! analytic model; see `shared/design.md`). It shares with the others everything that is
+//! analytic model; see `docs/DESIGN.md`). It shares with the others everything that is
 //! not time: routing processes, the expert cache and `plan_layer` (which experts hit, which
 //! misses are fetched, which go to the CPU), and the perf cost terms that give every
 //! duration. What it adds is time as a timeline: queueing on the copy stream, DRAM

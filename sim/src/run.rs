@@ -6,10 +6,9 @@ use serde::{Deserialize, Serialize};
 
 use ft_model::cache::{build_cache, CachePolicy};
 use ft_model::placement::GpuLayout;
-use ft_model::plan::fetch_fraction;
 use ft_model::preset::ModelSpec;
 use ft_model::routing::{self, RoutingSource};
-use ft_model::strategy::{Strategy, StrategyKind};
+use ft_model::strategy::{PlacementPolicy, Strategy, StrategyKind};
 use ft_model::traffic::{measure_popularity, strategy_caches};
 
 use crate::costs::CostModel;
@@ -70,8 +69,11 @@ pub struct SimResult {
     pub strategy: Strategy,
     /// Its kind.
     pub kind: StrategyKind,
-    /// Share of each layer's misses gathered over the link.
+    /// Share of each cached layer's misses gathered over the link.
     pub fetch_fraction: f64,
+    /// Layers whose experts ran on the CPU (layer split; 0 for the other strategies).
+    #[serde(default)]
+    pub cpu_layers: usize,
     /// Concurrent streams.
     pub streams: usize,
     /// GPUs decoding together.
@@ -139,8 +141,8 @@ pub struct Prepared {
     /// Every plan's starting cache (`GpuLayout::plans`; `[cache]` on one GPU). `cache` is a
     /// copy of the first.
     pub caches: Vec<ft_model::cache::ExpertCache>,
-    /// Share of misses gathered.
-    pub fetch_fraction: f64,
+    /// Each layer's placement (the share of misses gathered).
+    pub policy: PlacementPolicy,
     /// Unmeasured steps still to run.
     pub warmup_steps: u64,
 }
@@ -164,7 +166,7 @@ pub fn prepare_with(
             format!("{} is not >= 0", cfg.jitter),
         ));
     }
-    let f = fetch_fraction(&cfg.strategy)?;
+    let policy = cfg.strategy.policy(model.geometry.moe_layers)?;
     let g = model.geometry;
     let mut warmup = cfg.warmup_steps;
     if cfg.layout.plans() > 1 {
@@ -182,7 +184,7 @@ pub fn prepare_with(
             routing: source,
             cache: caches[0].clone(),
             caches,
-            fetch_fraction: f,
+            policy,
             warmup_steps: left as u64,
         });
     }
@@ -208,7 +210,7 @@ pub fn prepare_with(
         routing: source,
         caches: vec![cache.clone()],
         cache,
-        fetch_fraction: f,
+        policy,
         warmup_steps: warmup,
     })
 }
@@ -223,7 +225,7 @@ pub fn plan_trace(model: &ModelSpec, cfg: &SimConfig) -> Result<(PlanTrace, u64,
         PlanTrace::record(
             p.routing.as_mut(),
             &mut p.cache,
-            p.fetch_fraction,
+            &p.policy,
             cfg.streams,
             steps,
         )?
@@ -234,7 +236,7 @@ pub fn plan_trace(model: &ModelSpec, cfg: &SimConfig) -> Result<(PlanTrace, u64,
             model.geometry.moe_layers,
             &mut p.caches,
             &cfg.layout,
-            p.fetch_fraction,
+            &p.policy,
             cfg.streams,
         )
     };
@@ -266,7 +268,7 @@ pub fn plan_trace_recorded(
         model.geometry.moe_layers,
         &mut p.caches,
         &cfg.layout,
-        p.fetch_fraction,
+        &p.policy,
         cfg.streams,
     );
     Ok((trace, p.warmup_steps, slots))
@@ -279,9 +281,9 @@ pub fn simulate(costs: &CostModel, model: &ModelSpec, cfg: &SimConfig) -> Result
     let slots = p.cache.capacity();
     let warmup = p.warmup_steps;
     let planner = if p.caches.len() == 1 {
-        Planner::live(p.routing, p.cache, p.fetch_fraction)
+        Planner::live(p.routing, p.cache, p.policy)
     } else {
-        Planner::live_gpus(p.routing, p.caches, cfg.layout, p.fetch_fraction)
+        Planner::live_gpus(p.routing, p.caches, cfg.layout, p.policy)
     };
     run_planner(costs, cfg, planner, warmup, slots)
 }
@@ -323,13 +325,12 @@ fn run_planner(
     warmup: u64,
     slots: usize,
 ) -> Result<SimResult> {
-    let f = fetch_fraction(&cfg.strategy)?;
+    let policy = cfg.strategy.policy(planner.layers())?;
     let mut sched: Scheduler<LaneEvent> = Scheduler::new(cfg.seed);
     // Keep the generator's stream aligned with `routing_seed`: its first draw is the seed.
     let _: u64 = sched.rng().random();
     let mut proc = DecodeProcess::new(
         costs,
-        cfg.strategy.kind(),
         planner,
         cfg.streams,
         cfg.workload,
@@ -372,7 +373,8 @@ fn run_planner(
     Ok(SimResult {
         strategy: cfg.strategy,
         kind: cfg.strategy.kind(),
-        fetch_fraction: f,
+        fetch_fraction: policy.fetch_fraction(),
+        cpu_layers: policy.cpu_layers,
         streams: cfg.streams,
         gpus: cfg.layout.gpus,
         placement: cfg.layout.placement.name().to_string(),

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::perf::{predict, Prediction};
 use ft_model::preset::ModelSpec;
-use ft_model::strategy::{FetchFraction, Strategy, StrategyKind};
+use ft_model::strategy::{CpuLayers, FetchFraction, Strategy, StrategyKind};
 
 use crate::compare::{resolve_cache, CacheChoice, CompareConfig};
 use crate::costs::CostModel;
@@ -79,15 +79,22 @@ pub fn apply(point: &mut SweepPoint, key: &str, v: &str) -> Result<()> {
             c.streams = parse(key, v)?;
             ft_model::limits::check_streams("--sweep streams", c.streams as u64)?;
         }
-        "strategy" => match v.split_once(':') {
-            // `hybrid:F`: hybrid at a fixed fraction, so one axis can mix strategies and
-            // fractions without repeating the others.
-            Some((k, f)) => {
-                point.strategy = k.parse()?;
-                c.fetch = FetchFraction::parse("--sweep strategy", f)?;
+        // `hybrid:F` (hybrid at a fixed fraction) and `layer-split:N`, so one axis can mix
+        // strategies and their parameters without repeating the others.
+        "strategy" => {
+            let s: Strategy = v.parse()?;
+            point.strategy = s.kind();
+            match s {
+                Strategy::Hybrid { fetch } if v.contains(':') => c.fetch = fetch,
+                Strategy::LayerSplit { cpu_layers } | Strategy::LayerSplitCached { cpu_layers } => {
+                    c.cpu_layers = cpu_layers
+                }
+                Strategy::Hybrid { .. }
+                | Strategy::Offload
+                | Strategy::Resident
+                | Strategy::Cpu => {}
             }
-            None => point.strategy = v.parse()?,
-        },
+        }
         "fetch-fraction" => c.fetch = FetchFraction::parse("--sweep fetch-fraction", v)?,
         "cache-slots" => {
             c.cache = CacheChoice::Slots {
@@ -303,10 +310,19 @@ pub fn run_sweep(
     }
     // Predictions: distinct configurations needing one.
     let needs_prediction = |p: &SweepPoint| {
-        with_model || (p.strategy == StrategyKind::Hybrid && p.config.fetch == FetchFraction::Auto)
+        with_model
+            || (p.strategy == StrategyKind::Hybrid && p.config.fetch == FetchFraction::Auto)
+            || (p.strategy.takes_cpu_layers() && p.config.cpu_layers == CpuLayers::Auto)
     };
-    let pred_key =
-        |p: &SweepPoint| key(&(&p.host, cache_key(p), p.config.fetch, p.config.threshold));
+    let pred_key = |p: &SweepPoint| {
+        key(&(
+            &p.host,
+            cache_key(p),
+            p.config.fetch,
+            p.config.cpu_layers,
+            p.config.threshold,
+        ))
+    };
     let mut distinct_pred: Vec<&SweepPoint> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for p in points.iter().filter(|p| needs_prediction(p)) {
@@ -366,7 +382,20 @@ pub fn run_sweep(
                         }
                     }),
                 },
-                k => Strategy::from_kind(k, None),
+                StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => {
+                    let n = match p.config.cpu_layers {
+                        CpuLayers::Fixed(n) => n,
+                        CpuLayers::Auto => pred
+                            .expect("auto has a prediction")
+                            .get(p.strategy)
+                            .cpu_layers
+                            .unwrap_or(0),
+                    };
+                    Strategy::from_parts(p.strategy, None, Some(CpuLayers::Fixed(n)))
+                }
+                StrategyKind::Offload | StrategyKind::Resident | StrategyKind::Cpu => {
+                    Strategy::from_kind(p.strategy, None)
+                }
             };
             let c = &p.config;
             SimConfig {

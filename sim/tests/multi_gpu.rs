@@ -89,7 +89,7 @@ fn simulator_and_model_agree_on_two_and_four_gpus() {
 fn run<'a>(kind: StrategyKind, f: f64, policy: &'a CachePolicy, slots: usize) -> SampleRun<'a> {
     SampleRun {
         kind,
-        fetch_fraction: f,
+        placement: ft_model::PlacementPolicy::cached(f),
         policy,
         slots,
         warmup_steps: 30,
@@ -247,7 +247,7 @@ fn one_gpu_predictions_are_the_single_gpu_functions_bit_for_bit() {
                 src.as_mut(),
                 &SampleRun {
                     kind,
-                    fetch_fraction: f,
+                    placement: ft_model::PlacementPolicy::cached(f),
                     policy: &cfg.policy,
                     slots,
                     warmup_steps: cfg.warmup_steps,
@@ -260,7 +260,7 @@ fn one_gpu_predictions_are_the_single_gpu_functions_bit_for_bit() {
             for step in s.counts.chunks(s.layers) {
                 let mut t = 0.0;
                 for c in step {
-                    t += p.layer_time_with_dense(kind, &shape, c, dense).total_us;
+                    t += p.layer_time_with_dense(&shape, c, dense).total_us;
                 }
                 total += t;
             }

@@ -50,7 +50,10 @@ fn simulator_and_model_agree_within_five_percent() {
             }
         }
     }
-    assert_eq!(n, ft_sim::hosts::preset_names().len() * 2 * 2 * 4);
+    assert_eq!(
+        n,
+        ft_sim::hosts::preset_names().len() * 2 * 2 * ft_model::StrategyKind::ALL.len()
+    );
     assert!(
         worst.0 < 0.05,
         "largest unexplained difference {:.2}% at {}",

@@ -44,10 +44,14 @@ pub struct Decision {
     pub log_line: String,
 }
 
-/// Decide from a prediction.
+/// Decide from a prediction. A layer split with no CPU layer is resident's (or, cached,
+/// offload's) work under another name: it is not ranked beside them.
 pub fn decide(pred: &Prediction) -> Decision {
-    let mut feasible: Vec<&StrategyPrediction> =
-        pred.strategies.iter().filter(|s| s.feasible).collect();
+    let mut feasible: Vec<&StrategyPrediction> = pred
+        .strategies
+        .iter()
+        .filter(|s| s.feasible && !(s.kind.takes_cpu_layers() && s.cpu_layers == Some(0)))
+        .collect();
     feasible.sort_by(|a, b| b.tok_s_total.total_cmp(&a.tok_s_total));
     let best = feasible
         .first()
@@ -368,6 +372,55 @@ fn story(pred: &Prediction, s: &StrategyPrediction) -> StrategyStory {
             "cpu is {}-bound: {:.1} experts per step on the CPU in {:.1} ms ({:.1} tok/s per stream).",
             s.bound, s.counts.cpu, cpu_ms, s.tok_s_per_stream
         ),
+        StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => {
+            let split = pred.layer_split.clone().unwrap_or_default();
+            let n = s.cpu_layers.unwrap_or(0);
+            let rest = if s.kind == StrategyKind::LayerSplit {
+                format!(
+                    "the other {} resident (the GPU's expert memory holds {} layers' experts, so at least {} go to the CPU)",
+                    pred.layers - n,
+                    pred.layers - split.min_cpu_layers,
+                    split.min_cpu_layers
+                )
+            } else {
+                format!(
+                    "the other {} cached with every miss gathered ({:.1} experts per step over the link in {:.1} ms)",
+                    pred.layers - n,
+                    s.counts.fetched,
+                    link_ms
+                )
+            };
+            let searched = if split.fixed {
+                "N given".to_string()
+            } else {
+                let points = if s.kind == StrategyKind::LayerSplit {
+                    &split.resident
+                } else {
+                    &split.cached
+                };
+                format!(
+                    "N searched over {} count(s) from {} to {}",
+                    points.len(),
+                    points.first().map_or(0, |p| p.cpu_layers),
+                    points.last().map_or(0, |p| p.cpu_layers)
+                )
+            };
+            let verdict = if s.feasible {
+                String::new()
+            } else {
+                format!(" It cannot run: {}.", s.note.as_deref().unwrap_or("not enough GPU memory"))
+            };
+            format!(
+                "{} is {}-bound: the experts of the first {n} of {} layers on the CPU ({:.1} experts per step in {:.1} ms), {rest}; {:.1} ms per step ({:.1} tok/s per stream; {searched}).{verdict}",
+                s.strategy,
+                s.bound,
+                pred.layers,
+                s.counts.cpu,
+                cpu_ms,
+                step_ms,
+                s.tok_s_per_stream
+            )
+        }
     };
     StrategyStory {
         strategy: s.strategy,

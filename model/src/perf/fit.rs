@@ -104,6 +104,7 @@ use super::step::{LayerCounts, StepShape};
 use super::{ParamCovariance, ParamId, PerfModel, PerfParams, ThreadSlowdown};
 use crate::error::{ModelError, Result};
 use crate::preset::DenseSpec;
+use crate::schedule::LayerWork;
 use crate::strategy::StrategyKind;
 
 /// One `gather` probe measurement (module docs).
@@ -391,10 +392,7 @@ impl Predict for StepSample {
         let dense = p.dense_us(&self.shape.dense, self.shape.streams, self.shape.context);
         self.layers
             .iter()
-            .map(|c| {
-                p.layer_time_with_dense(self.strategy, &self.shape, c, dense)
-                    .total_us
-            })
+            .map(|c| p.layer_time_with_dense(&self.shape, c, dense).total_us)
             .sum()
     }
     fn measured_us(&self) -> f64 {
@@ -912,28 +910,45 @@ fn residuals_of<T: Predict>(
     }
 }
 
-fn overhead_id(kind: StrategyKind) -> ParamId {
+/// The work whose fixed cost the calibration blocks of `kind` fit: the work its layers do
+/// (offload's gather, hybrid's gather and CPU share, resident's GPU compute, cpu's CPU
+/// share). Layer split mixes two kinds of work in one step and is not a calibration
+/// strategy: its layers take the costs the others fit.
+fn calibrated_work(kind: StrategyKind) -> Option<LayerWork> {
     match kind {
-        StrategyKind::Offload => ParamId::OverheadOffloadUs,
-        StrategyKind::Hybrid => ParamId::OverheadHybridUs,
-        StrategyKind::Resident => ParamId::OverheadResidentUs,
-        StrategyKind::Cpu => ParamId::OverheadCpuUs,
+        StrategyKind::Offload => Some(LayerWork::Gather),
+        StrategyKind::Hybrid => Some(LayerWork::GatherAndCpuShare),
+        StrategyKind::Resident => Some(LayerWork::GpuOnly),
+        StrategyKind::Cpu => Some(LayerWork::CpuShare),
+        StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => None,
     }
 }
 
-/// The overhead of strategy `kind` from its calibration blocks `mine` under `p` (set on
-/// `p` too), in us per layer: the median of the per-layer residuals, not the least-squares
-/// mean: one slow block (the first after a strategy switch ran 65% over the others on the
-/// H200, 2026-12-04) must not set the overhead of every layer of every prediction.
-fn median_overhead(p: &mut PerfParams, kind: StrategyKind, mine: &[&&StepSample]) -> f64 {
-    p.overhead.set(kind, 0.0);
+/// The parameter of `work`'s fixed cost.
+fn overhead_id(work: LayerWork) -> ParamId {
+    match work {
+        LayerWork::Gather => ParamId::OverheadOffloadUs,
+        LayerWork::GatherAndCpuShare => ParamId::OverheadHybridUs,
+        LayerWork::GpuOnly => ParamId::OverheadResidentUs,
+        LayerWork::CpuShare => ParamId::OverheadCpuUs,
+    }
+}
+
+/// The fixed cost of `work` from the calibration blocks `mine` of the strategy that does it
+/// (set on `p` too), in us per layer: the median of the per-layer residuals, not the
+/// least-squares mean: one slow block (the first after a strategy switch ran 65% over the
+/// others on the H200, 2026-12-04) must not set the overhead of every layer of every
+/// prediction. A fixed cost is not negative: the sum of absolute residuals is convex in it,
+/// so its minimum over costs >= 0 is the median where that is >= 0, else 0.
+fn median_overhead(p: &mut PerfParams, work: LayerWork, mine: &[&&StepSample]) -> f64 {
+    p.overhead.set(work, 0.0);
     let per_layer: Vec<f64> = mine
         .iter()
         .map(|s| (s.time_us - s.predict_us(p)) / s.layers.len() as f64)
         .collect();
     // statrs' median: the middle value, the mean of the middle two for an even count.
-    let o = Data::new(per_layer).median();
-    p.overhead.set(kind, o);
+    let o = Data::new(per_layer).median().max(0.0);
+    p.overhead.set(work, o);
     o
 }
 
@@ -957,13 +972,13 @@ const SLOWDOWN_REFINE_STEPS: usize = 40;
 
 /// Mean absolute relative residual of the calibration blocks `blocks` (grouped by strategy)
 /// when the serving slowdown is `x` and every group's overhead is its median at `x`.
-fn slowdown_objective(p: &PerfParams, blocks: &[(StrategyKind, Vec<&&StepSample>)], x: f64) -> f64 {
+fn slowdown_objective(p: &PerfParams, blocks: &[(LayerWork, Vec<&&StepSample>)], x: f64) -> f64 {
     let mut q = p.clone();
     q.cpu_serving_slowdown = x;
     let mut sum = 0.0;
     let mut n = 0usize;
-    for (kind, mine) in blocks {
-        median_overhead(&mut q, *kind, mine);
+    for (work, mine) in blocks {
+        median_overhead(&mut q, *work, mine);
         for s in mine {
             sum += ((s.predict_us(&q) - s.time_us) / s.time_us).abs();
             n += 1;
@@ -977,16 +992,16 @@ fn slowdown_objective(p: &PerfParams, blocks: &[(StrategyKind, Vec<&&StepSample>
 /// (the slowdown then keeps the prior's value).
 fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<Slowdown> {
     let has_cpu = |s: &StepSample| s.layers.iter().any(|c| c.cpu > 0.0);
-    let blocks: Vec<(StrategyKind, Vec<&&StepSample>)> = StrategyKind::ALL
+    let blocks: Vec<(LayerWork, Vec<&&StepSample>)> = StrategyKind::ALL
         .into_iter()
-        .map(|k| {
-            (
-                k,
+        .filter_map(|k| {
+            Some((
+                calibrated_work(k)?,
                 calibration
                     .iter()
                     .filter(|s| s.strategy == k)
                     .collect::<Vec<_>>(),
-            )
+            ))
         })
         .filter(|(_, mine)| mine.iter().any(|s| has_cpu(s)))
         .collect();
@@ -1000,8 +1015,8 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
     // what the slowdown leaves where the blocks' CPU shares are alike).
     let mut q = p.clone();
     q.cpu_serving_slowdown = best;
-    for (kind, mine) in &blocks {
-        median_overhead(&mut q, *kind, mine);
+    for (work, mine) in &blocks {
+        median_overhead(&mut q, *work, mine);
     }
     let h = 1e-4;
     let rel = |q: &PerfParams, s: &StepSample| (s.predict_us(q) - s.time_us) / s.time_us;
@@ -1038,7 +1053,7 @@ fn fit_serving_slowdown(p: &PerfParams, calibration: &[&StepSample]) -> Option<S
     let overhead_se = blocks
         .iter()
         .enumerate()
-        .map(|(g, (kind, _))| (*kind, (s2 * inv[1 + g][1 + g]).sqrt()))
+        .map(|(g, (work, _))| (*work, (s2 * inv[1 + g][1 + g]).sqrt()))
         .collect();
     Some(Slowdown {
         value: best,
@@ -1148,7 +1163,7 @@ struct Slowdown {
     dof: usize,
     /// The standard error of each strategy's overhead fitted with it (empty where the
     /// blocks did not determine them together), in us per layer.
-    overhead_se: Vec<(StrategyKind, f64)>,
+    overhead_se: Vec<(LayerWork, f64)>,
 }
 
 /// Fit parameters to probe samples, starting from `prior` (module docs).
@@ -1320,12 +1335,15 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         step_var.push(sd.se * sd.se);
     }
     for kind in StrategyKind::ALL {
+        let Some(work) = calibrated_work(kind) else {
+            continue;
+        };
         let mine: Vec<&&StepSample> = calibration.iter().filter(|s| s.strategy == kind).collect();
         if mine.is_empty() {
             continue;
         }
         let mut base = params.clone();
-        let o = median_overhead(&mut base, kind, &mine);
+        let o = median_overhead(&mut base, work, &mine);
         let den: f64 = mine.iter().map(|s| (s.layers.len() as f64).powi(2)).sum();
         let n = mine.len();
         let rss: f64 = mine
@@ -1336,7 +1354,7 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         // trades off with the slowdown), the others the one-parameter one.
         let joint = slowdown
             .as_ref()
-            .and_then(|sd| sd.overhead_se.iter().find(|(k, _)| *k == kind))
+            .and_then(|sd| sd.overhead_se.iter().find(|(w, _)| *w == work))
             .map(|(_, se)| *se);
         let se = if let Some(se) = joint {
             se
@@ -1345,8 +1363,8 @@ pub fn fit(samples: &ProbeSamples, prior: &PerfParams, config: &FitConfig) -> Re
         } else {
             super::PRIOR_SE_OVERHEAD_US
         };
-        params.overhead.set(kind, o);
-        step_ids.push(overhead_id(kind));
+        params.overhead.set(work, o);
+        step_ids.push(overhead_id(work));
         step_est.push((o, se, n.saturating_sub(1)));
         step_var.push(se * se);
     }
@@ -1992,7 +2010,7 @@ mod tests {
         let mut without = pr.clone();
         let mine: Vec<&StepSample> = s.step.iter().collect();
         let refs: Vec<&&StepSample> = mine.iter().collect();
-        median_overhead(&mut without, StrategyKind::Cpu, &refs);
+        median_overhead(&mut without, LayerWork::CpuShare, &refs);
         let rms = |p: &PerfParams| {
             (s.step
                 .iter()
@@ -2093,6 +2111,25 @@ mod tests {
         let r = fit(&v, &pr, &FitConfig::default()).unwrap();
         assert!(r.params.cpu_serving_slowdown_at.is_empty());
         assert_eq!(r.validation.len(), at_quarter.len());
+    }
+
+    /// A fixed cost is fitted non-negative: blocks that a negative hybrid cost would fit
+    /// best (a planted -20 us a layer) leave it at 0, and the others are fitted as before.
+    #[test]
+    fn fixed_costs_are_fitted_non_negative() {
+        let mut t = truth();
+        t.overhead.hybrid_us = -20.0;
+        let r = fit(&samples(&t, 5), &prior(&truth()), &FitConfig::default()).unwrap();
+        assert_eq!(r.params.overhead.hybrid_us, 0.0);
+        for w in LayerWork::ALL {
+            assert!(r.params.overhead.of(w) >= 0.0, "{}", w.name());
+        }
+        assert!(
+            (r.params.overhead.offload_us - 6.0).abs() < 3.0,
+            "{}",
+            r.params.overhead.offload_us
+        );
+        r.params.validate().unwrap();
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! bandwidths measured on the wrong expert size, alone. Decode time depends on the miss rate
 //! of each strategy, on fixed costs per copy, per expert and per layer, on DRAM contention
 //! between CPU kernels and DMA, on the number of streams, on the dense part of the step and
-//! on noise (`shared/design.md`, mechanisms 1 to 7). Each mechanism is a term here with a
+//! on noise (`docs/DESIGN.md`, mechanisms 1 to 7). Each mechanism is a term here with a
 //! parameter in [`PerfParams`] and a probe that measures it ([`fit`]).
 //!
 //! The simulator takes its durations from the same cost terms ([`PerfParams`]'s methods in
@@ -31,49 +31,66 @@ use std::fmt;
 use crate::error::{ModelError, Result};
 use crate::host::{HostSpec, GIB};
 use crate::placement::GpuLayout;
-use crate::strategy::StrategyKind;
+use crate::schedule::LayerWork;
 
 pub use cost::{ExpertShape, BYTES_PER_US_PER_GBS, MACS_PER_US_PER_GMACS};
 pub use decide::{decide, explain, Decision, Explanation, Reason};
 pub use legacy::{legacy_ratio, LegacyRatio, LegacyVerdict};
 pub use predict::{predict, MissMode, PredictConfig, Prediction, StrategyPrediction};
-pub use step::{LayerCounts, LayerTime, Resource, StepShape, TimeSplit};
+pub use step::{GpuTerms, LayerCounts, LayerTime, Resource, ScheduleTerms, StepShape, TimeSplit};
 
-/// Calibrated residual cost per layer of each strategy, in us: what the end-to-end step
+/// Calibrated fixed cost per layer of each kind of work, in us: what the end-to-end step
 /// probe measures beyond the sum of the micro-probe terms (scheduling gaps, host-side
-/// bookkeeping). Zero until an end-to-end probe is fitted; may be negative where the
-/// micro-probes overestimate (for example overlap the closed form does not credit).
+/// bookkeeping). It belongs to the operations a layer's schedule holds
+/// ([`crate::schedule::LayerWork`]: a gather, a CPU share, both or neither), not to the
+/// strategy that planned it, so equal work costs the same whatever the strategy is called
+/// (a hybrid layer whose misses were all gathered pays what an offload layer pays). The
+/// field names are those of the strategies whose calibration blocks fit each kind of work
+/// ([`fit`]). Zero until an end-to-end probe is fitted, never negative: the fit is
+/// constrained (a negative fixed cost would credit a layer for work it does, as a fit of
+/// -449 us for hybrid against +1,679 us for offload did on an H100 profile, predicting
+/// hybrid with no CPU share at all 39% faster than offload of the same traffic).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StrategyOverheads {
-    /// Offload, in us per layer.
+    /// A layer with a gather and no CPU share, in us per layer.
     pub offload_us: f64,
-    /// Hybrid, in us per layer.
+    /// A layer with a gather and a CPU share, in us per layer.
     pub hybrid_us: f64,
-    /// Resident, in us per layer.
+    /// A layer with neither (resident experts only), in us per layer.
     pub resident_us: f64,
-    /// CPU, in us per layer.
+    /// A layer with a CPU share and no gather, in us per layer.
     pub cpu_us: f64,
 }
 
 impl StrategyOverheads {
-    /// The overhead of one strategy, in us per layer.
-    pub fn get(&self, kind: StrategyKind) -> f64 {
-        match kind {
-            StrategyKind::Offload => self.offload_us,
-            StrategyKind::Hybrid => self.hybrid_us,
-            StrategyKind::Resident => self.resident_us,
-            StrategyKind::Cpu => self.cpu_us,
+    /// The fixed cost of a layer doing `work`, in us per layer.
+    pub fn of(&self, work: LayerWork) -> f64 {
+        match work {
+            LayerWork::Gather => self.offload_us,
+            LayerWork::GatherAndCpuShare => self.hybrid_us,
+            LayerWork::GpuOnly => self.resident_us,
+            LayerWork::CpuShare => self.cpu_us,
         }
     }
 
-    /// Set the overhead of one strategy, in us per layer.
-    pub fn set(&mut self, kind: StrategyKind, us: f64) {
-        match kind {
-            StrategyKind::Offload => self.offload_us = us,
-            StrategyKind::Hybrid => self.hybrid_us = us,
-            StrategyKind::Resident => self.resident_us = us,
-            StrategyKind::Cpu => self.cpu_us = us,
+    /// Set the fixed cost of a layer doing `work`, in us per layer.
+    pub fn set(&mut self, work: LayerWork, us: f64) {
+        match work {
+            LayerWork::Gather => self.offload_us = us,
+            LayerWork::GatherAndCpuShare => self.hybrid_us = us,
+            LayerWork::GpuOnly => self.resident_us = us,
+            LayerWork::CpuShare => self.cpu_us = us,
+        }
+    }
+
+    /// The field name of `work`'s cost (`overhead.<name>`).
+    pub fn field(work: LayerWork) -> &'static str {
+        match work {
+            LayerWork::Gather => "offload_us",
+            LayerWork::GatherAndCpuShare => "hybrid_us",
+            LayerWork::GpuOnly => "resident_us",
+            LayerWork::CpuShare => "cpu_us",
         }
     }
 }
@@ -415,7 +432,8 @@ impl ParamId {
     }
 
     /// True for parameters that must stay positive (fitted in log space); the calibrated
-    /// overheads and the CPU share's serving slowdown may take any sign.
+    /// fixed costs (which may be zero) and the CPU share's serving slowdown (any sign) are
+    /// fitted in their own units.
     pub fn positive(self) -> bool {
         !matches!(
             self,
@@ -913,11 +931,16 @@ impl PerfParams {
                 ));
             }
         }
-        for kind in StrategyKind::ALL {
-            if !self.overhead.get(kind).is_finite() {
+        for work in LayerWork::ALL {
+            let v = self.overhead.of(work);
+            if !(v.is_finite() && v >= 0.0) {
                 return Err(ModelError::invalid(
-                    format!("perf.overhead.{}_us", kind.name()),
-                    "is not finite",
+                    format!("perf.overhead.{}", StrategyOverheads::field(work)),
+                    format!(
+                        "{v} is not a finite number >= 0 (a fixed cost of the {} work; \
+                         fit the profile again: fixed costs are fitted non-negative)",
+                        work.name()
+                    ),
                 ));
             }
         }

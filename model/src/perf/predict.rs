@@ -19,7 +19,14 @@
 //!    step time on the bracket around the best grid point. The optimum is then re-sampled
 //!    with the planner's integer split, and the best of it and the grid points is kept. A
 //!    fixed `--fetch-fraction` skips the search.
-//! 4. **Interval.** The variance of the predicted step time is the sum of three parts: the
+//! 4. **Layer split's CPU layers.** With the other layers resident, the first N layers'
+//!    experts run on the CPU, so the other layers' experts must fit the GPU's expert memory
+//!    (the cache's slots): N is searched over every count from the fewest that fits to all
+//!    layers. A resident or CPU-only layer does no cache work, so two counting runs (every
+//!    layer CPU-only, every layer resident) give every count's layers. With the other layers
+//!    cached (every miss gathered), N moves the cache's history, so each count of
+//!    [`SPLIT_CACHED_GRID`] is one counting run. A given `--cpu-layers` skips the search.
+//! 5. **Interval.** The variance of the predicted step time is the sum of three parts: the
 //!    parameters' (`g^T C g`, with `g` the central-difference gradient of the step time over
 //!    the parameters on the same samples and `C` their covariance from the fit or the host
 //!    prior), the sampling's (standard error of the mean over the sampled steps), and the run
@@ -44,10 +51,12 @@ use super::{ParamId, PerfModel, PerfParams};
 use crate::cache::{CachePolicy, CacheSize};
 use crate::error::{ModelError, Result};
 use crate::placement::GpuLayout;
-use crate::plan::plan_layer;
+use crate::plan::plan_layer_placed;
 use crate::preset::ModelSpec;
 use crate::routing::{self, RoutingSource, StepRouting};
-use crate::strategy::{FetchFraction, Strategy, StrategyKind};
+use crate::strategy::{
+    CpuLayers, FetchFraction, LayerPlacement, PlacementPolicy, Strategy, StrategyKind,
+};
 use crate::traffic::{plan_layer_gpus, strategy_cache, strategy_caches, warm_up, warm_up_gpus};
 
 /// Fetch fractions at which hybrid's traffic is sampled before the continuous search.
@@ -106,6 +115,12 @@ pub struct PredictConfig {
     pub miss: MissMode,
     /// Hybrid's fetch fraction: searched (`auto`) or fixed.
     pub hybrid_fetch: FetchFraction,
+    /// Layer split's CPU layers (both layer splits): searched (`auto`) or fixed; `None`
+    /// leaves layer split out of the prediction, as a caller whose decision an engine runs
+    /// must (the runtime's engine does not issue layer split yet): `ft predict`, `ft explain`
+    /// and `ft simulate` ask for it.
+    #[serde(default)]
+    pub layer_split: Option<CpuLayers>,
     /// Threshold of the legacy rule.
     pub threshold: f64,
     /// Confidence of the intervals (0 to 1).
@@ -118,7 +133,7 @@ pub struct PredictConfig {
 impl Default for PredictConfig {
     /// One stream at 1024 tokens of context, the cache the GPU holds, LRU, the `typical`
     /// routing preset, 100 warm-up and 200 counted steps, simulated miss rates, auto fetch
-    /// fraction, threshold 2, 95% intervals.
+    /// fraction, layer split left out, threshold 2, 95% intervals.
     fn default() -> Self {
         PredictConfig {
             streams: 1,
@@ -131,6 +146,7 @@ impl Default for PredictConfig {
             steps: 200,
             miss: MissMode::Simulated,
             hybrid_fetch: FetchFraction::Auto,
+            layer_split: None,
             threshold: DEFAULT_THRESHOLD,
             confidence: DEFAULT_CONFIDENCE,
             bench: None,
@@ -174,8 +190,10 @@ impl PredictConfig {
 /// Every layer-step's counts of one strategy's run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrafficSamples {
-    /// The fetch fraction planned with.
+    /// The fetch fraction of the cached layers.
     pub fetch_fraction: f64,
+    /// Layers planned on the CPU (the first ones; 0 but for layer split).
+    pub cpu_layers: usize,
     /// Slots of the cache (of each GPU's).
     pub cache_slots: usize,
     /// MoE layers per step.
@@ -219,13 +237,13 @@ impl TrafficSamples {
     }
 }
 
-/// One counting run: which strategy's cache, at which fetch fraction, for how long.
+/// One counting run: which strategy's cache, placed how, for how long.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SampleRun<'a> {
     /// Strategy whose cache is built ([`crate::cache::build_cache`]).
     pub kind: StrategyKind,
-    /// Fetch fraction the planner splits misses with.
-    pub fetch_fraction: f64,
+    /// Each layer's placement (and the fetch fraction the planner splits misses with).
+    pub placement: PlacementPolicy,
     /// Cache policy.
     pub policy: &'a CachePolicy,
     /// Cache slots.
@@ -246,7 +264,7 @@ pub fn sample_traffic(
 ) -> Result<TrafficSamples> {
     let SampleRun {
         kind,
-        fetch_fraction,
+        placement,
         policy,
         slots,
         warmup_steps,
@@ -255,19 +273,20 @@ pub fn sample_traffic(
     } = *run;
     let geometry = *source.geometry();
     let (mut cache, warmup) = strategy_cache(source, kind, policy, slots, warmup_steps, streams)?;
-    warm_up(source, &mut cache, fetch_fraction, warmup, streams)?;
+    warm_up(source, &mut cache, &placement, warmup, streams)?;
     let mut step = StepRouting::default();
     let layers = geometry.moe_layers;
     let mut counts = Vec::with_capacity(steps * layers);
     for _ in 0..steps {
         source.next_step_into(streams, &mut step)?;
         for (l, routes) in step.layers.iter().enumerate() {
-            let p = plan_layer(l, routes, &mut cache, fetch_fraction);
+            let p = plan_layer_placed(l, routes, &mut cache, placement.layer(l));
             counts.push(LayerCounts::of_plan(&p));
         }
     }
     Ok(TrafficSamples {
-        fetch_fraction,
+        fetch_fraction: placement.fetch_fraction(),
+        cpu_layers: placement.cpu_layers,
         cache_slots: cache.capacity(),
         layers,
         plans: 1,
@@ -288,7 +307,7 @@ pub fn sample_traffic_gpus(
     }
     let SampleRun {
         kind,
-        fetch_fraction,
+        placement,
         policy,
         slots,
         warmup_steps,
@@ -298,7 +317,7 @@ pub fn sample_traffic_gpus(
     let geometry = *source.geometry();
     let (mut caches, warmup) =
         strategy_caches(source, kind, policy, slots, warmup_steps, streams, layout)?;
-    warm_up_gpus(source, &mut caches, layout, fetch_fraction, warmup, streams)?;
+    warm_up_gpus(source, &mut caches, layout, &placement, warmup, streams)?;
     let mut step = StepRouting::default();
     let layers = geometry.moe_layers;
     let plans = caches.len();
@@ -306,13 +325,14 @@ pub fn sample_traffic_gpus(
     for _ in 0..steps {
         source.next_step_into(streams, &mut step)?;
         for (l, routes) in step.layers.iter().enumerate() {
-            for p in plan_layer_gpus(l, routes, &mut caches, layout, fetch_fraction) {
+            for p in plan_layer_gpus(l, routes, &mut caches, layout, &placement) {
                 counts.push(LayerCounts::of_plan(&p));
             }
         }
     }
     Ok(TrafficSamples {
-        fetch_fraction,
+        fetch_fraction: placement.fetch_fraction(),
+        cpu_layers: placement.cpu_layers,
         cache_slots: caches[0].capacity(),
         layers,
         plans,
@@ -381,13 +401,9 @@ pub struct StepEval {
     pub contention_us: f64,
 }
 
-/// Evaluate the step time of `kind` with parameters `p` on `samples`.
-pub fn evaluate(
-    p: &PerfParams,
-    kind: StrategyKind,
-    shape: &StepShape,
-    samples: &TrafficSamples,
-) -> StepEval {
+/// Evaluate the step time with parameters `p` on `samples` (each layer-step's schedule in
+/// closed form: its cost follows from its work, whatever strategy planned it).
+pub fn evaluate(p: &PerfParams, shape: &StepShape, samples: &TrafficSamples) -> StepEval {
     let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
     let plans = samples.plans.max(1);
     let layers = samples.layers.max(1);
@@ -399,7 +415,7 @@ pub fn evaluate(
     for chunk in samples.counts.chunks(layers * plans) {
         let mut t = 0.0;
         for c in chunk.chunks(plans) {
-            let lt = p.layer_time_gpus(kind, shape, c, dense);
+            let lt = p.layer_time_gpus(shape, c, dense);
             t += lt.total_us;
             critical = critical.plus(&lt.critical);
             busy = busy.plus(&lt.busy);
@@ -475,10 +491,7 @@ impl RelaxedHybrid<'_> {
             };
             layer.push(c);
             if layer.len() == plans {
-                total += self
-                    .p
-                    .layer_time_gpus(StrategyKind::Hybrid, self.shape, &layer, dense)
-                    .total_us;
+                total += self.p.layer_time_gpus(self.shape, &layer, dense).total_us;
                 layer.clear();
             }
         }
@@ -551,6 +564,9 @@ pub struct StrategyPrediction {
     pub strategy: Strategy,
     /// The strategy's kind.
     pub kind: StrategyKind,
+    /// Layer split's CPU layers (`None` for the other kinds).
+    #[serde(default)]
+    pub cpu_layers: Option<usize>,
     /// False when it cannot run (resident without the memory); it is still predicted.
     pub feasible: bool,
     /// Why it is not feasible.
@@ -609,10 +625,14 @@ pub struct Prediction {
     /// Offload's simulated miss rate (equal to the requested one, within
     /// [`MISS_RATE_TOLERANCE`], in fixed-miss-rate mode when reachable).
     pub offload_miss_rate: f64,
-    /// One entry per strategy, in [`StrategyKind::ALL`] order.
+    /// One entry per strategy, in [`StrategyKind::ALL`] order (without layer split where the
+    /// configuration leaves it out).
     pub strategies: Vec<StrategyPrediction>,
     /// How hybrid's fraction was chosen.
     pub fetch_search: FetchSearch,
+    /// How layer split's CPU layers were chosen (`None` where it was left out).
+    #[serde(default)]
+    pub layer_split: Option<LayerSplitSearch>,
     /// The legacy rule.
     pub legacy: LegacyRatio,
     /// The legacy rule's fetch fraction evaluated by the model (hybrid at that fraction), for
@@ -621,12 +641,16 @@ pub struct Prediction {
 }
 
 impl Prediction {
-    /// The prediction of one strategy.
+    /// The prediction of one strategy (every strategy is predicted but layer split where
+    /// the configuration leaves it out, [`PredictConfig::layer_split`]).
     pub fn get(&self, kind: StrategyKind) -> &StrategyPrediction {
-        self.strategies
-            .iter()
-            .find(|s| s.kind == kind)
-            .expect("every strategy is predicted")
+        self.try_get(kind)
+            .expect("every strategy is predicted (layer split unless left out)")
+    }
+
+    /// The prediction of one strategy, `None` where it was left out.
+    pub fn try_get(&self, kind: StrategyKind) -> Option<&StrategyPrediction> {
+        self.strategies.iter().find(|s| s.kind == kind)
     }
 }
 
@@ -645,12 +669,7 @@ fn quantile(confidence: f64, dof: Option<usize>) -> f64 {
 
 /// Gradient of the step time over the covariance's parameters (central differences on the
 /// same samples), in us per unit of each parameter.
-fn gradient(
-    model: &PerfModel,
-    kind: StrategyKind,
-    shape: &StepShape,
-    samples: &TrafficSamples,
-) -> Vec<f64> {
+fn gradient(model: &PerfModel, shape: &StepShape, samples: &TrafficSamples) -> Vec<f64> {
     model
         .covariance
         .params
@@ -666,7 +685,7 @@ fn gradient(
             let at = |x: f64| {
                 let mut p = model.params.clone();
                 p.set(id, x);
-                evaluate(&p, kind, shape, samples).step_us
+                evaluate(&p, shape, samples).step_us
             };
             (at(hi) - at(lo)) / (hi - lo)
         })
@@ -682,7 +701,7 @@ fn sample_on(
     model: &ModelSpec,
     config: &PredictConfig,
     kind: StrategyKind,
-    f: f64,
+    placement: PlacementPolicy,
     slots: usize,
     layout: &GpuLayout,
 ) -> Result<TrafficSamples> {
@@ -691,7 +710,7 @@ fn sample_on(
         src.as_mut(),
         &SampleRun {
             kind,
-            fetch_fraction: f,
+            placement,
             policy: &config.policy,
             slots,
             warmup_steps: config.warmup_steps,
@@ -722,7 +741,15 @@ pub fn calibrate_cache_slots_on(
 ) -> Result<(usize, f64)> {
     let total = experts_held_per_gpu(model, layout);
     let rate = |slots: usize| -> Result<f64> {
-        Ok(sample_on(model, config, StrategyKind::Offload, 1.0, slots, layout)?.miss_rate())
+        Ok(sample_on(
+            model,
+            config,
+            StrategyKind::Offload,
+            PlacementPolicy::cached(1.0),
+            slots,
+            layout,
+        )?
+        .miss_rate())
     };
     let (mut lo, mut hi) = (1usize, total);
     let (mut r_lo, mut r_hi) = (rate(lo)?, rate(hi)?);
@@ -778,16 +805,53 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     // planner, so the same counts.
     let grid: Vec<TrafficSamples> = FETCH_GRID
         .iter()
-        .map(|&f| sample_on(model, config, StrategyKind::Hybrid, f, slots, &p.layout))
+        .map(|&f| {
+            sample_on(
+                model,
+                config,
+                StrategyKind::Hybrid,
+                PlacementPolicy::cached(f),
+                slots,
+                &p.layout,
+            )
+        })
         .collect::<Result<_>>()?;
-    let offload = sample_on(model, config, StrategyKind::Offload, 1.0, slots, &p.layout)?;
-    let cpu = sample_on(model, config, StrategyKind::Cpu, 0.0, slots, &p.layout)?;
-    let resident = sample_on(model, config, StrategyKind::Resident, 1.0, slots, &p.layout)?;
+    let offload = sample_on(
+        model,
+        config,
+        StrategyKind::Offload,
+        PlacementPolicy::cached(1.0),
+        slots,
+        &p.layout,
+    )?;
+    let cpu = sample_on(
+        model,
+        config,
+        StrategyKind::Cpu,
+        PlacementPolicy::cached(0.0),
+        slots,
+        &p.layout,
+    )?;
+    let resident = sample_on(
+        model,
+        config,
+        StrategyKind::Resident,
+        PlacementPolicy::cached(1.0),
+        slots,
+        &p.layout,
+    )?;
 
     let (hybrid, search) = match config.hybrid_fetch {
         FetchFraction::Fixed(f) => {
-            let s = sample_on(model, config, StrategyKind::Hybrid, f, slots, &p.layout)?;
-            let t = evaluate(p, StrategyKind::Hybrid, &shape, &s).step_us;
+            let s = sample_on(
+                model,
+                config,
+                StrategyKind::Hybrid,
+                PlacementPolicy::cached(f),
+                slots,
+                &p.layout,
+            )?;
+            let t = evaluate(p, &shape, &s).step_us;
             let search = FetchSearch {
                 grid: vec![FetchPoint {
                     fetch_fraction: f,
@@ -809,8 +873,15 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     let legacy = legacy_for(p, config);
     let legacy_fraction_step_us = match legacy.fetch_fraction {
         Some(f) => {
-            let s = sample_on(model, config, StrategyKind::Hybrid, f, slots, &p.layout)?;
-            Some(evaluate(p, StrategyKind::Hybrid, &shape, &s).step_us)
+            let s = sample_on(
+                model,
+                config,
+                StrategyKind::Hybrid,
+                PlacementPolicy::cached(f),
+                slots,
+                &p.layout,
+            )?;
+            Some(evaluate(p, &shape, &s).step_us)
         }
         None => None,
     };
@@ -825,6 +896,13 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     let link_bytes_per_expert =
         slot_bytes as f64 * (p.layout.count() / samples_plans(&p.layout)) as f64;
     let resident_room = p.gpu_memory_bytes - p.gpu_reserve_bytes;
+    let split = match config.layer_split {
+        Some(n) => Some(search_layer_split(
+            model, config, n, p, &shape, slots, held,
+        )?),
+        None => None,
+    };
+    let fixed = |n: usize| CpuLayers::Fixed(n);
     let mut strategies = Vec::new();
     for kind in StrategyKind::ALL {
         let (samples, strategy, f) = match kind {
@@ -838,9 +916,29 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
             ),
             StrategyKind::Resident => (&resident, Strategy::Resident, 1.0),
             StrategyKind::Cpu => (&cpu, Strategy::Cpu, 0.0),
+            StrategyKind::LayerSplit => match &split {
+                Some((_, resident_rest, _)) => (
+                    resident_rest,
+                    Strategy::LayerSplit {
+                        cpu_layers: fixed(resident_rest.cpu_layers),
+                    },
+                    1.0,
+                ),
+                None => continue,
+            },
+            StrategyKind::LayerSplitCached => match &split {
+                Some((_, _, cached)) => (
+                    cached,
+                    Strategy::LayerSplitCached {
+                        cpu_layers: fixed(cached.cpu_layers),
+                    },
+                    1.0,
+                ),
+                None => continue,
+            },
         };
-        let ev = evaluate(p, kind, &shape, samples);
-        let g = gradient(perf, kind, &shape, samples);
+        let ev = evaluate(p, &shape, samples);
+        let g = gradient(perf, &shape, samples);
         let params_var = perf.covariance.quadratic_form(&g).max(0.0);
         let mut top_params: Vec<(ParamId, f64)> = perf
             .covariance
@@ -882,6 +980,18 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
                     slots as f64 * slot_bytes as f64 / crate::host::GIB
                 )),
             )
+        } else if let Some((search, _, _)) = split.as_ref().filter(|(s, _, _)| {
+            kind == StrategyKind::LayerSplit && samples.cpu_layers < s.min_cpu_layers
+        }) {
+            (
+                false,
+                Some(format!(
+                    "{} resident layers need {} expert slots; the GPU's expert memory holds {slots}: at least {} layers must be on the CPU",
+                    model.geometry.moe_layers - samples.cpu_layers,
+                    (model.geometry.moe_layers - samples.cpu_layers) * search.slots_per_layer,
+                    search.min_cpu_layers
+                )),
+            )
         } else {
             (true, None)
         };
@@ -889,6 +999,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         strategies.push(StrategyPrediction {
             strategy,
             kind,
+            cpu_layers: strategy.cpu_layers().map(|_| samples.cpu_layers),
             feasible,
             note,
             fetch_fraction: f,
@@ -929,9 +1040,195 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         offload_miss_rate: offload.miss_rate(),
         strategies,
         fetch_search: search,
+        layer_split: split.map(|(s, _, _)| s),
         legacy,
         legacy_fraction_step_us,
     })
+}
+
+/// Per layer of `s`, summed over its steps: the layer time (us), the misses and the distinct
+/// experts.
+fn layer_sums(p: &PerfParams, shape: &StepShape, s: &TrafficSamples) -> Vec<(f64, f64, f64)> {
+    let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
+    let layers = s.layers.max(1);
+    let mut sums = vec![(0.0, 0.0, 0.0); layers];
+    for (i, c) in s.counts.chunks(s.plans.max(1)).enumerate() {
+        let x = &mut sums[i % layers];
+        x.0 += p.layer_time_gpus(shape, c, dense).total_us;
+        x.1 += c.iter().map(|c| c.misses()).sum::<f64>();
+        x.2 += c.iter().map(|c| c.unique()).sum::<f64>();
+    }
+    sums
+}
+
+/// One point of layer split's step time over its CPU layers.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct SplitPoint {
+    /// Layers (the first ones) whose experts run on the CPU.
+    pub cpu_layers: usize,
+    /// Predicted step time, in us.
+    pub step_us: f64,
+    /// Expert-level miss rate (the CPU layers' experts count as misses).
+    pub miss_rate: f64,
+}
+
+/// How layer split's CPU layers were chosen (for both layer splits).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct LayerSplitSearch {
+    /// Expert slots one resident layer takes on a GPU.
+    pub slots_per_layer: usize,
+    /// The fewest CPU layers with which the other layers' experts fit in the GPU's expert
+    /// memory (the cache's slots).
+    pub min_cpu_layers: usize,
+    /// Layer split with the other layers resident: every feasible count (from
+    /// `min_cpu_layers` to all layers), or the one given.
+    pub resident: Vec<SplitPoint>,
+    /// Layer split with the other layers cached: the counts sampled
+    /// ([`SPLIT_CACHED_GRID`] of the layers, or the one given).
+    pub cached: Vec<SplitPoint>,
+    /// True when the count was given, not searched.
+    pub fixed: bool,
+}
+
+/// Shares of the layers at which layer split with a cache is sampled (each point is one
+/// counting run of the cache, as a point of hybrid's grid): the CPU layers free cache slots
+/// for the others, so the best count can lie anywhere between offload (none) and every
+/// layer on the CPU.
+pub const SPLIT_CACHED_GRID: [f64; 5] = [0.0, 0.25, 0.5, 0.75, 1.0];
+
+/// Layer split's CPU layers, searched as hybrid's fraction is (module docs): with the other
+/// layers resident, every count from the fewest that fits `slots` expert slots to all layers
+/// (two counting runs, every layer on the CPU and every layer resident, combined per count:
+/// a resident or CPU-only layer's work does not depend on the others); with the other layers
+/// cached, the counts of [`SPLIT_CACHED_GRID`] (one counting run each). A count given
+/// (`cpu_layers`) is used as given. Returns the search and the chosen samples of each.
+fn search_layer_split(
+    model: &ModelSpec,
+    config: &PredictConfig,
+    cpu_layers: CpuLayers,
+    p: &PerfParams,
+    shape: &StepShape,
+    slots: usize,
+    held: usize,
+) -> Result<(LayerSplitSearch, TrafficSamples, TrafficSamples)> {
+    let layers = model.geometry.moe_layers;
+    let slots_per_layer = held.div_ceil(layers.max(1)).max(1);
+    let min_cpu_layers = layers - (slots / slots_per_layer).min(layers);
+    let given = match cpu_layers {
+        CpuLayers::Fixed(n) if n > layers => {
+            return Err(ModelError::invalid(
+                "--cpu-layers",
+                format!("{n} is more than the model's {layers} MoE layers"),
+            ))
+        }
+        CpuLayers::Fixed(n) => Some(n),
+        CpuLayers::Auto => None,
+    };
+    let policy = |cpu_layers: usize, rest: LayerPlacement| PlacementPolicy { cpu_layers, rest };
+    let run = |kind: StrategyKind, placement: PlacementPolicy| {
+        sample_on(model, config, kind, placement, slots, &p.layout)
+    };
+    let point = |s: &TrafficSamples| SplitPoint {
+        cpu_layers: s.cpu_layers,
+        step_us: evaluate(p, shape, s).step_us,
+        miss_rate: s.miss_rate(),
+    };
+    let best = |points: &[SplitPoint]| {
+        points
+            .iter()
+            .enumerate()
+            .min_by(|a, b| a.1.step_us.total_cmp(&b.1.step_us))
+            .map(|(i, _)| i)
+            .unwrap_or(0)
+    };
+
+    // The other layers resident.
+    let on_cpu = run(
+        StrategyKind::LayerSplit,
+        policy(layers, LayerPlacement::Resident),
+    )?;
+    let on_gpu = run(
+        StrategyKind::LayerSplit,
+        policy(0, LayerPlacement::Resident),
+    )?;
+    let combined = |n: usize| {
+        let per_step = layers * on_cpu.plans.max(1);
+        let mut s = on_gpu.clone();
+        for (i, c) in s.counts.iter_mut().enumerate() {
+            if (i % per_step) / on_cpu.plans.max(1) < n {
+                *c = on_cpu.counts[i];
+            }
+        }
+        s.cpu_layers = n;
+        s
+    };
+    let counts: Vec<usize> = match given {
+        Some(n) => vec![n],
+        None => (min_cpu_layers..=layers).collect(),
+    };
+    // Per layer, summed over steps: time, misses and distinct experts of each run; a count's
+    // step is the CPU run's first layers and the resident run's others.
+    let (a, b) = (layer_sums(p, shape, &on_cpu), layer_sums(p, shape, &on_gpu));
+    let steps = on_gpu.steps().max(1) as f64;
+    let resident: Vec<SplitPoint> = counts
+        .iter()
+        .map(|&n| {
+            let pick = |l: usize| if l < n { &a[l] } else { &b[l] };
+            let (mut t, mut misses, mut unique) = (0.0, 0.0, 0.0);
+            for l in 0..layers {
+                let x = pick(l);
+                t += x.0;
+                misses += x.1;
+                unique += x.2;
+            }
+            SplitPoint {
+                cpu_layers: n,
+                step_us: t / steps,
+                miss_rate: if unique > 0.0 { misses / unique } else { 0.0 },
+            }
+        })
+        .collect();
+    let chosen_resident = combined(resident[best(&resident)].cpu_layers);
+
+    // The other layers cached, every miss gathered.
+    let cached_counts: Vec<usize> = match given {
+        Some(n) => vec![n],
+        None => {
+            let mut c: Vec<usize> = SPLIT_CACHED_GRID
+                .iter()
+                .map(|x| (x * layers as f64).round() as usize)
+                .collect();
+            c.dedup();
+            c
+        }
+    };
+    let cached_samples = cached_counts
+        .iter()
+        .map(|&n| {
+            run(
+                StrategyKind::LayerSplitCached,
+                policy(
+                    n,
+                    LayerPlacement::Cached {
+                        fetch_fraction: 1.0,
+                    },
+                ),
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let cached: Vec<SplitPoint> = cached_samples.iter().map(point).collect();
+    let chosen_cached = cached_samples[best(&cached)].clone();
+    Ok((
+        LayerSplitSearch {
+            slots_per_layer,
+            min_cpu_layers,
+            resident,
+            cached,
+            fixed: given.is_some(),
+        },
+        chosen_resident,
+        chosen_cached,
+    ))
 }
 
 /// Plans per layer-step of `layout` (at least 1).
@@ -969,7 +1266,7 @@ fn search_fetch(
         .iter()
         .map(|s| FetchPoint {
             fetch_fraction: s.fetch_fraction,
-            step_us: evaluate(p, StrategyKind::Hybrid, shape, s).step_us,
+            step_us: evaluate(p, shape, s).step_us,
             miss_rate: s.miss_rate(),
         })
         .collect();
@@ -998,11 +1295,11 @@ fn search_fetch(
         model,
         config,
         StrategyKind::Hybrid,
-        relaxed_optimum,
+        PlacementPolicy::cached(relaxed_optimum),
         slots,
         &p.layout,
     )?;
-    let t_opt = evaluate(p, StrategyKind::Hybrid, shape, &at_opt).step_us;
+    let t_opt = evaluate(p, shape, &at_opt).step_us;
     let (chosen, samples) = if t_opt < points[best].step_us {
         (relaxed_optimum, at_opt)
     } else {
@@ -1265,5 +1562,57 @@ mod tests {
         assert!(o4.tok_s_total > o1.tok_s_total && o4.tok_s_per_stream < o1.tok_s_per_stream);
         let unique = |s: &StrategyPrediction| s.counts.unique();
         assert!(unique(o4) <= 4.0 * unique(o1) + 1e-9);
+    }
+
+    /// Layer split on a GPU that holds half the experts: resident layers fit only from the
+    /// count that frees enough slots, the search picks the fastest feasible count, a given
+    /// count below it is predicted but infeasible, and N is in the row.
+    #[test]
+    fn layer_split_searches_n_under_the_gpu_memory() {
+        let mut m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        m.geometry.moe_layers = 8;
+        let perf = PerfModel::from_host(&big_gpu()).unwrap();
+        let per_layer = m.geometry.experts;
+        let mut c = quick(1);
+        c.layer_split = Some(CpuLayers::Auto);
+        c.cache = Some(CacheSize::Slots(per_layer * 5 + per_layer / 2));
+        let p = predict(&m, &perf, &c).unwrap();
+        let ls = p.layer_split.clone().unwrap();
+        assert_eq!(ls.slots_per_layer, per_layer);
+        assert_eq!(ls.min_cpu_layers, 3, "5.5 layers fit: 3 on the CPU");
+        assert_eq!(ls.resident.len(), 8 - 3 + 1);
+        let split = p.get(StrategyKind::LayerSplit);
+        assert!(split.feasible);
+        let n = split.cpu_layers.unwrap();
+        let best = ls
+            .resident
+            .iter()
+            .min_by(|a, b| a.step_us.total_cmp(&b.step_us))
+            .unwrap();
+        assert_eq!(n, best.cpu_layers);
+        assert!((split.step_us - best.step_us).abs() < 1e-9 * best.step_us);
+        assert_eq!(split.strategy.cpu_layers(), Some(CpuLayers::Fixed(n)));
+        // The CPU layers' experts are CPU work, the others hits.
+        assert!(split.counts.cpu > 0.0 && split.counts.fetched == 0.0);
+        let cached = p.get(StrategyKind::LayerSplitCached);
+        assert!(cached.feasible && ls.cached.len() == SPLIT_CACHED_GRID.len());
+        // A given count below the least that fits: predicted, not feasible, said why.
+        c.layer_split = Some(CpuLayers::Fixed(1));
+        let q = predict(&m, &perf, &c).unwrap();
+        let s = q.get(StrategyKind::LayerSplit);
+        assert!(!s.feasible && s.cpu_layers == Some(1));
+        assert!(
+            s.note.as_deref().unwrap_or("").contains("at least 3"),
+            "{:?}",
+            s.note
+        );
+        assert_ne!(decide(&q).kind, StrategyKind::LayerSplit);
+        c.layer_split = Some(CpuLayers::Fixed(9));
+        let e = predict(&m, &perf, &c).unwrap_err().to_string();
+        assert!(e.contains("--cpu-layers"), "{e}");
+        // Left out: no rows, no search.
+        c.layer_split = None;
+        let r = predict(&m, &perf, &c).unwrap();
+        assert!(r.layer_split.is_none() && r.try_get(StrategyKind::LayerSplit).is_none());
     }
 }

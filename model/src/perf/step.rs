@@ -1,7 +1,8 @@
-//! The per-layer critical path of a decode step, for every strategy.
+//! The per-layer critical path of a decode step: the closed form of the layer schedule.
 //!
-//! One MoE layer of a decode step, as the runtime executes it (the dependency graph whose
-//! longest path this module computes in closed form):
+//! One MoE layer of a decode step, as the runtime executes it (the graph of
+//! [`crate::schedule::LayerSchedule`], whose longest path this module computes in closed
+//! form for any number of GPUs, [`PerfParams::schedule_time`]):
 //!
 //! 1. **dense** on the GPU: attention, router, shared experts. Routing is known only after
 //!    it, so nothing of the layer's experts starts before it ends.
@@ -31,10 +32,14 @@
 //!    the GPU side and the CPU path are done.
 //!
 //! So a layer takes `dense + max(max(gather, hits + early + launch) + last - launch, cpu +
-//! sync) + combine` on one GPU (`launch` 0 on several), the terms that do not exist in a
-//! strategy zero, plus the strategy's calibrated overhead: offload is `dense + max(gather,
-//! hits + early + launch) + last - launch`, resident `dense + hits`,
-//! cpu `dense + max(hits, cpu + sync) + combine`. The GPU side takes each chunk's copies to
+//! sync) + combine` on one GPU (`launch` 0 on several), the terms of work the layer does not
+//! have zero, plus the calibrated residual of its work ([`crate::schedule::LayerWork`]: a
+//! fixed cost of the operations present, whatever strategy planned them): a layer that
+//! gathers every miss is `dense + max(gather, hits + early + launch) + last - launch`, a
+//! resident one `dense + hits`, one with every miss on the CPU `dense + max(hits, cpu +
+//! sync) + combine`. On G GPUs each runs this graph on its own link, stream and CPU workers,
+//! the layer ends when the slowest is done, and the GPUs' partial outputs are combined
+//! (`peer`) before the residual. The GPU side takes each chunk's copies to
 //! land no later than the launches before it end (a chunk's launch is a few us, the next
 //! chunk's copies tens), which is what the runtime's chunk sizes are chosen for. The fetched
 //! experts may run while the CPU is still busy, so the CPU path and the GPU side are a max,
@@ -45,9 +50,10 @@ use std::fmt;
 
 use super::cost::{ExpertShape, FetchedKernels, GpuStreams};
 use super::PerfParams;
+use crate::placement::GpuLayout;
 use crate::plan::LayerPlan;
 use crate::preset::{DenseSpec, ModelSpec};
-use crate::strategy::StrategyKind;
+use crate::schedule::{LayerSchedule, Op, OpKind};
 
 /// What one MoE layer of one step does, as counts (means allowed).
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -277,76 +283,246 @@ pub struct LayerTime {
     pub contention_us: f64,
 }
 
+/// The durations of one GPU's operations in a [`LayerSchedule`], in us (0 where the
+/// operation is not in the schedule).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GpuTerms {
+    /// The hit experts' kernel, launch included.
+    pub hits_us: f64,
+    /// The fetched chunks' kernels ([`PerfParams::fetched_kernels`]).
+    pub fetched: FetchedKernels,
+    /// The gather, beside the CPU share where there is one (DRAM contention).
+    pub gather_us: f64,
+    /// The CPU share, beside the gather where there is one.
+    pub cpu_us: f64,
+    /// The host thread's time in the layer (`Issue`; only with a CPU share).
+    pub issue_us: f64,
+    /// The round trip of the activations and the partial output (only with a CPU share).
+    pub round_trip_us: f64,
+    /// The GPU's sum of the CPU's partial output (only with a CPU share).
+    pub combine_us: f64,
+    /// Time the gather and the CPU share lost to DRAM contention, summed.
+    pub contention_us: f64,
+}
+
+/// The durations of every operation of a [`LayerSchedule`] under one set of parameters.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleTerms {
+    /// The dense part (each GPU's), in us.
+    pub dense_us: f64,
+    /// Each GPU's operations.
+    pub gpus: Vec<GpuTerms>,
+    /// The combine of the GPUs' partial outputs (0 on one GPU), in us.
+    pub peer_us: f64,
+    /// The calibrated fixed cost of the layer's work, in us.
+    pub residual_us: f64,
+    /// Whether the last fetched chunk's launch overlaps the gather.
+    pub gated: bool,
+}
+
+impl ScheduleTerms {
+    /// The duration of `op`, in us: what [`LayerSchedule::longest_path`] takes.
+    pub fn op_us(&self, op: &Op) -> f64 {
+        let g = &self.gpus[op.gpu as usize];
+        let launch = if self.gated {
+            g.fetched.last_launch_us.min(g.fetched.last_us)
+        } else {
+            0.0
+        };
+        match op.kind {
+            OpKind::Issue => g.issue_us,
+            OpKind::Dense => self.dense_us,
+            OpKind::Hits => g.hits_us,
+            OpKind::FetchedEarly => g.fetched.early_us,
+            OpKind::LastLaunch => launch,
+            OpKind::Gather => g.gather_us,
+            OpKind::LastChunk => g.fetched.last_us - launch,
+            OpKind::CpuShare => g.cpu_us,
+            OpKind::RoundTrip => g.round_trip_us,
+            OpKind::Combine => g.combine_us,
+            OpKind::PeerCombine => self.peer_us,
+            OpKind::Residual => self.residual_us,
+        }
+    }
+}
+
 impl PerfParams {
-    /// The duration of one layer of strategy `kind` doing `counts`, in us (see the module
-    /// docs for the critical path). `kind` selects the calibrated overhead; the counts say
-    /// which paths exist.
-    pub fn layer_time(
-        &self,
-        kind: StrategyKind,
-        shape: &StepShape,
-        counts: &LayerCounts,
-    ) -> LayerTime {
+    /// The duration of one layer doing `counts` on one GPU, in us ([`PerfParams::schedule_time`]
+    /// of its [`LayerSchedule`]).
+    pub fn layer_time(&self, shape: &StepShape, counts: &LayerCounts) -> LayerTime {
         let dense = self.dense_us(&shape.dense, shape.streams, shape.context);
-        self.layer_time_with_dense(kind, shape, counts, dense)
+        self.layer_time_with_dense(shape, counts, dense)
     }
 
     /// [`PerfParams::layer_time`] with the dense time given (it is the same for every layer
     /// of a step, so callers evaluating many layers compute it once).
     pub fn layer_time_with_dense(
         &self,
-        kind: StrategyKind,
         shape: &StepShape,
         c: &LayerCounts,
         dense: f64,
     ) -> LayerTime {
-        let s = shape.expert;
-        let threads = self.cpu_threads as f64;
-        let hits = self.gpu_experts_us(c.hits, c.hit_tokens, s);
-        let k = self.fetched_kernels(c.fetched, c.fetched_tokens, s);
-        let (early, last) = (k.early_us, k.last_us);
-        let has_cpu = c.cpu > 0.0;
-        let (gather, cpu, contention) = if has_cpu && c.fetched > 0.0 {
-            let o = self.overlapped(c.fetched, c.cpu, c.cpu_tokens, s, threads);
-            (o.gather_us, o.cpu_us, o.gather_lost_us + o.cpu_lost_us)
+        let schedule = LayerSchedule::new(&GpuLayout::single(), std::slice::from_ref(c));
+        self.schedule_time(&schedule, shape, dense)
+    }
+
+    /// The duration of one layer on the parameters' GPUs ([`PerfParams::layout`]), in us:
+    /// `counts[p]` is plan `p`'s counts ([`crate::GpuLayout::plan_of`] says which plan each
+    /// GPU runs: its own when sharded, the one shared plan under tensor parallelism, whose
+    /// counts are of expert slices). On one GPU this is [`PerfParams::layer_time_with_dense`].
+    pub fn layer_time_gpus(
+        &self,
+        shape: &StepShape,
+        counts: &[LayerCounts],
+        dense: f64,
+    ) -> LayerTime {
+        let schedule = LayerSchedule::new(&self.layout, counts);
+        self.schedule_time(&schedule, shape, dense)
+    }
+
+    /// The durations of `schedule`'s operations, with `dense` us of dense part.
+    ///
+    /// On one GPU the experts are of the model's shape and the CPU share has the whole pool;
+    /// the gather and the CPU share, where both exist, contend for DRAM
+    /// ([`PerfParams::overlapped`]). On G GPUs each GPU's experts are of
+    /// [`PerfParams::gpu_expert_shape`] and its CPU share has its
+    /// [`PerfParams::gpu_cpu_threads`] workers; every gather and CPU share reads the one host
+    /// DRAM at once ([`PerfParams::overlapped_gpus`]: the contention sees the summed demand).
+    pub fn schedule_terms(
+        &self,
+        schedule: &LayerSchedule,
+        shape: &StepShape,
+        dense: f64,
+    ) -> ScheduleTerms {
+        let multi = schedule.gpus > 1;
+        let s = if multi {
+            self.gpu_expert_shape(shape.expert)
         } else {
-            (
-                self.gather_us(c.fetched, s.bytes),
-                self.cpu_share_us(c.cpu, c.cpu_tokens, s, threads),
-                0.0,
-            )
+            shape.expert
         };
-        let (sync, combine) = if has_cpu {
-            (
-                self.sync_round_trip_us(shape.streams, shape.hidden)
-                    + self.host_issue_wait_us(c, shape.streams, dense),
-                self.combine_us(),
-            )
+        let threads = |g: u32| {
+            if multi {
+                self.gpu_cpu_threads(g)
+            } else {
+                self.cpu_threads as f64
+            }
+        };
+        let over = if multi {
+            let streams: Vec<GpuStreams> = schedule
+                .counts
+                .iter()
+                .enumerate()
+                .map(|(g, c)| GpuStreams {
+                    gather_experts: c.fetched,
+                    cpu_experts: c.cpu,
+                    cpu_tokens: c.cpu_tokens,
+                    threads: threads(g as u32),
+                })
+                .collect();
+            Some(self.overlapped_gpus(&streams, s))
         } else {
-            (0.0, 0.0)
+            None
         };
-        let overhead = self.overhead.get(kind);
-        let (side, mut critical) = longer_side(
-            gather,
-            hits,
-            &k,
-            c.fetched > 0.0,
-            true,
-            has_cpu.then_some((cpu, sync)),
-        );
-        critical.dense_us = dense;
-        critical.other_us = overhead;
-        critical.gpu_us += combine;
-        let busy = TimeSplit {
-            pcie_us: gather,
-            cpu_us: cpu,
-            gpu_us: hits + early + last + combine,
-            sync_us: sync,
+        let round_trip = self.sync_round_trip_us(shape.streams, shape.hidden);
+        let gpus = schedule
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(g, c)| {
+                let t = threads(g as u32);
+                let has_cpu = c.cpu > 0.0;
+                let (gather, cpu, contention) = match &over {
+                    Some(o) => {
+                        let o = o[g];
+                        (o.gather_us, o.cpu_us, o.gather_lost_us + o.cpu_lost_us)
+                    }
+                    None if has_cpu && c.fetched > 0.0 => {
+                        let o = self.overlapped(c.fetched, c.cpu, c.cpu_tokens, s, t);
+                        (o.gather_us, o.cpu_us, o.gather_lost_us + o.cpu_lost_us)
+                    }
+                    None => (
+                        self.gather_us(c.fetched, s.bytes),
+                        self.cpu_share_us(c.cpu, c.cpu_tokens, s, t),
+                        0.0,
+                    ),
+                };
+                let cpu_only = |x: f64| if has_cpu { x } else { 0.0 };
+                GpuTerms {
+                    hits_us: self.gpu_experts_us(c.hits, c.hit_tokens, s),
+                    fetched: self.fetched_kernels(c.fetched, c.fetched_tokens, s),
+                    gather_us: gather,
+                    cpu_us: cpu,
+                    issue_us: cpu_only(self.host_layer_us(c, shape.streams)),
+                    round_trip_us: cpu_only(round_trip),
+                    combine_us: cpu_only(self.combine_us()),
+                    contention_us: contention,
+                }
+            })
+            .collect();
+        ScheduleTerms {
             dense_us: dense,
-            other_us: overhead,
-        };
+            gpus,
+            peer_us: if multi {
+                self.peer_combine_us(shape.streams, shape.hidden)
+            } else {
+                0.0
+            },
+            residual_us: self.overhead.of(schedule.work()),
+            gated: schedule.gated_last_chunk,
+        }
+    }
+
+    /// The duration of one layer's [`LayerSchedule`] and where it goes, in closed form (the
+    /// longest path of its graph, module docs and [`crate::schedule`]):
+    /// `dense + max_g(max(max(gather, hits + early + launch) + last - launch, cpu + sync) +
+    /// combine) + peer + residual`, with `launch` the gated last chunk's launch (0 where not
+    /// gated) and `sync` the round trip plus the host's time beyond the dense part. The
+    /// critical split is the slowest GPU's, the peer combine charged to `sync` (traffic
+    /// between devices, like the round trip); `busy` is the busiest GPU's per resource;
+    /// `contention_us` sums over all GPUs.
+    pub fn schedule_time(
+        &self,
+        schedule: &LayerSchedule,
+        shape: &StepShape,
+        dense: f64,
+    ) -> LayerTime {
+        let terms = self.schedule_terms(schedule, shape, dense);
+        let mut slowest: Option<(f64, TimeSplit)> = None;
+        let mut busy = TimeSplit::default();
+        let mut contention = 0.0;
+        for (c, g) in schedule.counts.iter().zip(&terms.gpus) {
+            let has_cpu = c.cpu > 0.0;
+            let sync = g.round_trip_us + (g.issue_us - dense).max(0.0);
+            let (side, mut crit) = longer_side(
+                g.gather_us,
+                g.hits_us,
+                &g.fetched,
+                c.fetched > 0.0,
+                terms.gated,
+                has_cpu.then_some((g.cpu_us, sync)),
+            );
+            let body = side + g.combine_us;
+            crit.gpu_us += g.combine_us;
+            if slowest.is_none_or(|(b, _)| body > b) {
+                slowest = Some((body, crit));
+            }
+            busy.pcie_us = busy.pcie_us.max(g.gather_us);
+            busy.cpu_us = busy.cpu_us.max(g.cpu_us);
+            busy.gpu_us = busy
+                .gpu_us
+                .max(g.hits_us + g.fetched.early_us + g.fetched.last_us + g.combine_us);
+            busy.sync_us = busy.sync_us.max(if has_cpu { sync } else { 0.0 });
+            contention += g.contention_us;
+        }
+        let (body, mut critical) = slowest.unwrap_or_default();
+        critical.dense_us = dense;
+        critical.other_us = terms.residual_us;
+        critical.sync_us += terms.peer_us;
+        busy.sync_us += terms.peer_us;
+        busy.dense_us = dense;
+        busy.other_us = terms.residual_us;
         LayerTime {
-            total_us: dense + side + combine + overhead,
+            total_us: dense + body + terms.peer_us + terms.residual_us,
             critical,
             busy,
             contention_us: contention,
@@ -393,109 +569,6 @@ fn longer_side(
     (gpu_side, split)
 }
 
-impl PerfParams {
-    /// The duration of one layer on the parameters' GPUs ([`PerfParams::layout`]), in us:
-    /// `counts[p]` is plan `p`'s counts ([`crate::GpuLayout::plan_of`] says which plan each
-    /// GPU runs: its own when sharded, the one shared plan under tensor parallelism, whose
-    /// counts are of expert slices).
-    ///
-    /// On one GPU this is [`PerfParams::layer_time_with_dense`] of `counts[0]`, unchanged.
-    /// On G GPUs every GPU runs the single-GPU graph of the module docs on its own link,
-    /// cache and stream, with experts of [`PerfParams::gpu_expert_shape`] and its CPU share
-    /// on its [`PerfParams::gpu_cpu_threads`] workers; all gathers and CPU shares read the
-    /// one host DRAM at once ([`PerfParams::overlapped_gpus`]: the contention sees the
-    /// summed demand). The dense part is replicated on every GPU (each holds the dense
-    /// weights and KV cache). The layer ends when the slowest GPU (with its CPU share and
-    /// partial sum) is done, plus the combine ([`PerfParams::peer_combine_us`]):
-    /// `dense + max_g(max(max(gather, hits + early) + last, cpu + sync) + sum) + combine +
-    /// overhead`. The critical split is the slowest GPU's, with the combine charged to
-    /// `sync` (traffic between devices, like the hybrid round trip); `busy` is the busiest
-    /// GPU's per resource, the combine in `sync`; `contention_us` sums over all streams.
-    pub fn layer_time_gpus(
-        &self,
-        kind: StrategyKind,
-        shape: &StepShape,
-        counts: &[LayerCounts],
-        dense: f64,
-    ) -> LayerTime {
-        let layout = self.layout;
-        if !layout.is_multi() {
-            return self.layer_time_with_dense(kind, shape, &counts[0], dense);
-        }
-        let s = self.gpu_expert_shape(shape.expert);
-        let gpus = layout.gpus;
-        let of = |g: u32| &counts[layout.plan_of(g).min(counts.len() - 1)];
-        let streams: Vec<GpuStreams> = (0..gpus)
-            .map(|g| {
-                let c = of(g);
-                GpuStreams {
-                    gather_experts: c.fetched,
-                    cpu_experts: c.cpu,
-                    cpu_tokens: c.cpu_tokens,
-                    threads: self.gpu_cpu_threads(g),
-                }
-            })
-            .collect();
-        let over = self.overlapped_gpus(&streams, s);
-        let overhead = self.overhead.get(kind);
-        let sync = self.sync_round_trip_us(shape.streams, shape.hidden);
-        let peer = self.peer_combine_us(shape.streams, shape.hidden);
-        let mut slowest: Option<(f64, TimeSplit)> = None;
-        let mut busy = TimeSplit::default();
-        let mut contention = 0.0;
-        for g in 0..gpus {
-            let c = of(g);
-            let o = over[g as usize];
-            let hits = self.gpu_experts_us(c.hits, c.hit_tokens, s);
-            let k = self.fetched_kernels(c.fetched, c.fetched_tokens, s);
-            let (early, last) = (k.early_us, k.last_us);
-            let has_cpu = c.cpu > 0.0;
-            let gather = o.gather_us;
-            let cpu = o.cpu_us;
-            contention += o.gather_lost_us + o.cpu_lost_us;
-            let (sync_g, sum) = if has_cpu {
-                (
-                    sync + self.host_issue_wait_us(c, shape.streams, dense),
-                    self.combine_us(),
-                )
-            } else {
-                (0.0, 0.0)
-            };
-            // The multi-GPU engine waits for each chunk's event: no gate.
-            let (side, mut crit) = longer_side(
-                gather,
-                hits,
-                &k,
-                c.fetched > 0.0,
-                false,
-                has_cpu.then_some((cpu, sync_g)),
-            );
-            let body = side + sum;
-            crit.gpu_us += sum;
-            if slowest.is_none_or(|(b, _)| body > b) {
-                slowest = Some((body, crit));
-            }
-            busy.pcie_us = busy.pcie_us.max(gather);
-            busy.cpu_us = busy.cpu_us.max(cpu);
-            busy.gpu_us = busy.gpu_us.max(hits + early + last + sum);
-            busy.sync_us = busy.sync_us.max(sync_g);
-        }
-        let (body, mut critical) = slowest.unwrap_or_default();
-        critical.dense_us = dense;
-        critical.other_us = overhead;
-        critical.sync_us += peer;
-        busy.sync_us += peer;
-        busy.dense_us = dense;
-        busy.other_us = overhead;
-        LayerTime {
-            total_us: dense + body + peer + overhead,
-            critical,
-            busy,
-            contention_us: contention,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -535,7 +608,7 @@ mod tests {
                 cpu,
                 cpu_tokens: cpu,
             };
-            let got = p.layer_time(StrategyKind::Hybrid, &shape, &c);
+            let got = p.layer_time(&shape, &c);
             // Task durations.
             let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
             let (gather, cpu_t) = if cpu > 0.0 && fetched > 0.0 {
@@ -619,7 +692,7 @@ mod tests {
             fetched_tokens: 8.0,
             ..Default::default()
         };
-        let t = p.layer_time(StrategyKind::Offload, &shape, &off);
+        let t = p.layer_time(&shape, &off);
         assert!(t.critical.pcie_us > t.critical.gpu_us);
         assert_eq!(t.critical.cpu_us, 0.0);
         let res = LayerCounts {
@@ -627,27 +700,88 @@ mod tests {
             hit_tokens: 20.0,
             ..Default::default()
         };
-        let t = p.layer_time(StrategyKind::Resident, &shape, &res);
+        let t = p.layer_time(&shape, &res);
         assert_eq!(t.critical.pcie_us, 0.0);
         assert!(t.critical.gpu_us > 0.0);
     }
 
+    /// The residual is the fixed cost of the layer's work, whatever planned it: a layer
+    /// with a gather and no CPU share pays the gather's, with a CPU share too the
+    /// gather-and-CPU one, and a resident layer neither.
     #[test]
-    fn the_overhead_of_the_strategy_is_added() {
+    fn the_residual_of_the_work_is_added() {
         let (mut p, shape) = setup();
         let c = LayerCounts {
             hits: 10.0,
             hit_tokens: 10.0,
+            fetched: 3.0,
+            fetched_tokens: 3.0,
             ..Default::default()
         };
-        let before = p.layer_time(StrategyKind::Offload, &shape, &c).total_us;
+        let before = p.layer_time(&shape, &c).total_us;
         p.overhead.offload_us = 7.0;
-        assert!(
-            (p.layer_time(StrategyKind::Offload, &shape, &c).total_us - before - 7.0).abs() < 1e-12
-        );
-        assert_eq!(
-            p.layer_time(StrategyKind::Hybrid, &shape, &c).total_us,
-            before
-        );
+        p.overhead.hybrid_us = 50.0;
+        assert!((p.layer_time(&shape, &c).total_us - before - 7.0).abs() < 1e-12);
+        let resident = LayerCounts {
+            fetched: 0.0,
+            fetched_tokens: 0.0,
+            ..c
+        };
+        let r0 = p.layer_time(&shape, &resident).total_us;
+        p.overhead.resident_us = 3.0;
+        assert!((p.layer_time(&shape, &resident).total_us - r0 - 3.0).abs() < 1e-12);
+    }
+
+    /// The closed form of any schedule (one GPU and several, sharded and tensor parallel,
+    /// with and without each kind of work) is the longest path of its operations' graph
+    /// with the same durations.
+    #[test]
+    fn the_closed_form_is_the_longest_path_of_the_schedule_on_any_gpu_count() {
+        use crate::placement::GpuPlacement;
+        let (mut p, shape) = setup();
+        p.overhead.hybrid_us = 4.0;
+        p.overhead.cpu_us = 2.0;
+        p.host.layer_us = 80.0;
+        let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
+        let layouts = [
+            GpuLayout::single(),
+            GpuLayout::new(2, GpuPlacement::Sharded).unwrap(),
+            GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap(),
+        ];
+        let c = |hits: f64, fetched: f64, cpu: f64| LayerCounts {
+            hits,
+            hit_tokens: hits * 1.2,
+            fetched,
+            fetched_tokens: fetched,
+            cpu,
+            cpu_tokens: cpu * 1.5,
+        };
+        let plans = [
+            vec![c(12.0, 8.0, 0.0), c(3.0, 0.0, 9.0)],
+            vec![c(0.0, 20.0, 0.0), c(0.0, 1.0, 0.0)],
+            vec![c(20.0, 0.0, 0.0), c(7.0, 0.0, 0.0)],
+            vec![c(12.0, 2.0, 6.0), c(2.0, 12.0, 1.0)],
+            vec![c(5.0, 0.0, 15.0), c(0.0, 0.0, 2.0)],
+        ];
+        for layout in layouts {
+            let mut q = p.clone();
+            q.layout = layout;
+            for counts in &plans {
+                let schedule = LayerSchedule::new(&layout, &counts[..layout.plans()]);
+                let got = q.schedule_time(&schedule, &shape, dense);
+                let terms = q.schedule_terms(&schedule, &shape, dense);
+                let reference = schedule.longest_path(|op| terms.op_us(op));
+                assert!(
+                    (got.total_us - reference).abs() < 1e-9 * reference,
+                    "{layout:?} {counts:?}: {} vs {reference}",
+                    got.total_us
+                );
+                assert!((got.critical.total() - got.total_us).abs() < 1e-9 * got.total_us);
+                assert_eq!(
+                    got,
+                    q.layer_time_gpus(&shape, &counts[..layout.plans()], dense)
+                );
+            }
+        }
     }
 }

@@ -544,6 +544,9 @@ mod tests {
                 ft_model::StrategyKind::Cpu => assert_eq!(c.fetched, 0),
                 ft_model::StrategyKind::Offload => assert_eq!(c.cpu, 0),
                 ft_model::StrategyKind::Hybrid => assert!(c.fetched > 0 && c.cpu > 0),
+                ft_model::StrategyKind::LayerSplit | ft_model::StrategyKind::LayerSplitCached => {
+                    unreachable!("not among the strategies of this test")
+                }
             }
             assert!(c.hits + c.misses > 0);
             seen.push(out.logits[0].clone());

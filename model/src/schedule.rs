@@ -1,0 +1,338 @@
+//! The layer schedule: one MoE layer-step's work on G GPUs, described once.
+//!
+//! Why it exists: the order of a layer's work (the dense part, the hits, the gather and the
+//! fetched chunks, the CPU share and its round trip, the combines) was written out by hand
+//! in each view of a decode step. Here it is data: a [`LayerSchedule`] lists the operations
+//! of one layer for the counts each GPU plans ([`LayerCounts`], from
+//! [`crate::plan::plan_layer_placed`]) with their dependencies. The analytic model evaluates
+//! it in closed form ([`crate::perf::PerfParams::schedule_time`], one closed form for any
+//! G); [`LayerSchedule::longest_path`] is the slow reference that closed form is tested
+//! against; the simulator times the same operations as events
+//! (`ft_sim::costs::CostModel::layer_on` takes the schedule's properties); the engine is
+//! to issue it (one engine for any G).
+//!
+//! One layer on GPU `g` (every GPU holds the dense weights and runs the same graph on its
+//! own link, stream and CPU workers):
+//!
+//! ```text
+//!   layer start ──► Dense ──┬──► Hits ──► FetchedEarly ──► [LastLaunch] ──► LastChunk ──┐
+//!        │                  ├──► Gather ───────────────────────────────────────┘        │
+//!        └──► Issue ────────┴──► CpuShare ──► RoundTrip ───────────────► Combine ◄──────┘
+//!                                                                           │
+//!                        (all GPUs) ──► PeerCombine (G > 1) ──► Residual ◄──┘
+//! ```
+//!
+//! - `Issue`: the host thread's own time in the layer (planning, submitting); it is one of
+//!   the CPU pool's workers, so the CPU share waits for it ([`crate::perf::HostCost`]).
+//! - `FetchedEarly`: the fetched chunks before the last ([`crate::plan::fetch_chunk_bounds`]),
+//!   each as its copies land beside the gather of the next; `LastChunk` needs the whole
+//!   gather. Where the last chunk is gated on a flag the copy stream sets
+//!   ([`LayerSchedule::gated_last_chunk`], one GPU), its launch (`LastLaunch`) is paid when
+//!   the stream reaches it, beside the gather.
+//! - `Combine`: the GPU sums the CPU's partial output into the layer's (a CPU share only);
+//!   on one GPU it is folded into the last fetched chunk's launch where there is one
+//!   ([`LayerSchedule::folded_combine`]; the same time, one launch fewer for the engine).
+//! - `PeerCombine`: the GPUs' partial outputs summed over the interconnect (G > 1).
+//! - `Residual`: the calibrated fixed cost of a layer with this work
+//!   ([`crate::perf::StrategyOverheads::of`], keyed by [`LayerWork`], never by a strategy's
+//!   name).
+//!
+//! Operations without work (no hits, no fetched expert, no CPU share) are left out.
+
+use serde::{Deserialize, Serialize};
+
+use crate::perf::step::LayerCounts;
+use crate::placement::GpuLayout;
+
+/// One operation of a layer's schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpKind {
+    /// The host thread's planning and submitting of the layer (serial with its CPU share).
+    Issue,
+    /// Attention, router and shared experts on the GPU.
+    Dense,
+    /// The hit experts' kernel.
+    Hits,
+    /// The fetched chunks before the last, back to back on the GPU stream.
+    FetchedEarly,
+    /// The last fetched chunk's launch, paid beside the gather (gated chunk only).
+    LastLaunch,
+    /// The gather of the fetched misses over the link.
+    Gather,
+    /// The last fetched chunk's kernel, after the whole gather.
+    LastChunk,
+    /// The CPU's share of the experts.
+    CpuShare,
+    /// The activations to the host and the partial output back, with the event round trip.
+    RoundTrip,
+    /// The GPU's sum of the CPU's partial output.
+    Combine,
+    /// The sum of the GPUs' partial outputs over the interconnect (several GPUs).
+    PeerCombine,
+    /// The calibrated fixed cost of the layer's work.
+    Residual,
+}
+
+/// An operation, the GPU it belongs to (0 for the layer-wide ones) and the operations it
+/// waits for (indices into [`LayerSchedule::ops`], all earlier).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Op {
+    /// What it does.
+    pub kind: OpKind,
+    /// Its GPU.
+    pub gpu: u32,
+    /// The operations that must end before it starts.
+    pub after: Vec<usize>,
+}
+
+/// Which optional operations a layer holds: what its calibrated fixed cost is keyed by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LayerWork {
+    /// Only GPU compute of resident experts (and the dense part).
+    GpuOnly,
+    /// A gather of misses, no CPU share.
+    Gather,
+    /// A CPU share, no gather.
+    CpuShare,
+    /// A gather and a CPU share.
+    GatherAndCpuShare,
+}
+
+impl LayerWork {
+    /// Every kind of work, in report order.
+    pub const ALL: [LayerWork; 4] = [
+        LayerWork::GpuOnly,
+        LayerWork::Gather,
+        LayerWork::CpuShare,
+        LayerWork::GatherAndCpuShare,
+    ];
+
+    /// The work of a layer whose GPUs plan `counts` (a gather or a CPU share on any GPU).
+    pub fn of(counts: &[LayerCounts]) -> Self {
+        let gather = counts.iter().any(|c| c.fetched > 0.0);
+        let cpu = counts.iter().any(|c| c.cpu > 0.0);
+        match (gather, cpu) {
+            (false, false) => LayerWork::GpuOnly,
+            (true, false) => LayerWork::Gather,
+            (false, true) => LayerWork::CpuShare,
+            (true, true) => LayerWork::GatherAndCpuShare,
+        }
+    }
+
+    /// Name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerWork::GpuOnly => "gpu-only",
+            LayerWork::Gather => "gather",
+            LayerWork::CpuShare => "cpu-share",
+            LayerWork::GatherAndCpuShare => "gather+cpu-share",
+        }
+    }
+}
+
+/// One layer-step's operations on the GPUs of a layout, with their dependencies.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerSchedule {
+    /// GPUs the layer runs on.
+    pub gpus: u32,
+    /// What each GPU computes (`counts[g]`; [`GpuLayout::plan_of`] maps a GPU to its plan).
+    pub counts: Vec<LayerCounts>,
+    /// Whether the last fetched chunk is gated on a flag the copy stream sets, so that its
+    /// launch overlaps the gather: where one host thread drives one GPU (G = 1).
+    pub gated_last_chunk: bool,
+    /// Whether the CPU's partial sum is folded into the last fetched chunk's launch: on one
+    /// GPU where the layer has both (the time is the same; the engine saves a launch).
+    pub folded_combine: bool,
+    /// The operations, in an order where every operation comes after those it waits for.
+    pub ops: Vec<Op>,
+}
+
+impl LayerSchedule {
+    /// The schedule of one layer on the GPUs of `layout`, plan `p` doing `plans[p]` (one
+    /// plan on one GPU and under tensor parallelism, one per GPU when sharded).
+    pub fn new(layout: &GpuLayout, plans: &[LayerCounts]) -> Self {
+        let gpus = layout.gpus.max(1);
+        let single = !layout.is_multi();
+        let counts: Vec<LayerCounts> = (0..gpus)
+            .map(|g| plans[layout.plan_of(g).min(plans.len().saturating_sub(1))])
+            .collect();
+        let mut ops: Vec<Op> = Vec::new();
+        let mut push = |kind: OpKind, gpu: u32, after: Vec<usize>| {
+            ops.push(Op { kind, gpu, after });
+            ops.len() - 1
+        };
+        let mut ends = Vec::with_capacity(gpus as usize);
+        let mut folded = false;
+        for (g, c) in counts.iter().enumerate() {
+            let g = g as u32;
+            let has_cpu = c.cpu > 0.0;
+            let has_fetched = c.fetched > 0.0;
+            let issue = has_cpu.then(|| push(OpKind::Issue, g, vec![]));
+            let dense = push(OpKind::Dense, g, vec![]);
+            let mut stream = dense;
+            if c.hits > 0.0 {
+                stream = push(OpKind::Hits, g, vec![stream]);
+            }
+            if has_fetched {
+                if crate::plan::fetch_chunk_bounds(c.fetched.round().max(1.0) as usize).len() > 1 {
+                    stream = push(OpKind::FetchedEarly, g, vec![stream]);
+                }
+                let gather = push(OpKind::Gather, g, vec![dense]);
+                if single {
+                    stream = push(OpKind::LastLaunch, g, vec![stream]);
+                }
+                stream = push(OpKind::LastChunk, g, vec![stream, gather]);
+            }
+            if has_cpu {
+                let cpu = push(
+                    OpKind::CpuShare,
+                    g,
+                    vec![dense, issue.expect("pushed with the CPU share")],
+                );
+                let trip = push(OpKind::RoundTrip, g, vec![cpu]);
+                stream = push(OpKind::Combine, g, vec![stream, trip]);
+                folded |= single && has_fetched;
+            }
+            ends.push(stream);
+        }
+        let last = if single {
+            ends
+        } else {
+            vec![push(OpKind::PeerCombine, 0, ends)]
+        };
+        push(OpKind::Residual, 0, last);
+        LayerSchedule {
+            gpus,
+            counts,
+            gated_last_chunk: single,
+            folded_combine: folded,
+            ops,
+        }
+    }
+
+    /// The work the layer holds ([`LayerWork::of`] its GPUs' counts).
+    pub fn work(&self) -> LayerWork {
+        LayerWork::of(&self.counts)
+    }
+
+    /// The slow reference of the closed form: the end of the last operation when each
+    /// starts as soon as all it waits for have ended, with `duration(op)` in us.
+    pub fn longest_path(&self, duration: impl Fn(&Op) -> f64) -> f64 {
+        let mut end = vec![0.0f64; self.ops.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            let start = op.after.iter().map(|&j| end[j]).fold(0.0, f64::max);
+            end[i] = start + duration(op);
+        }
+        end.iter().copied().fold(0.0, f64::max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::GpuPlacement;
+
+    fn counts(hits: f64, fetched: f64, cpu: f64) -> LayerCounts {
+        LayerCounts {
+            hits,
+            hit_tokens: hits,
+            fetched,
+            fetched_tokens: fetched,
+            cpu,
+            cpu_tokens: cpu,
+        }
+    }
+
+    fn kinds(s: &LayerSchedule) -> Vec<OpKind> {
+        s.ops.iter().map(|o| o.kind).collect()
+    }
+
+    #[test]
+    fn the_schedule_holds_the_work_there_is_in_dependency_order() {
+        use OpKind::*;
+        let one = GpuLayout::single();
+        let s = LayerSchedule::new(&one, &[counts(5.0, 6.0, 2.0)]);
+        assert_eq!(
+            kinds(&s),
+            vec![
+                Issue,
+                Dense,
+                Hits,
+                FetchedEarly,
+                Gather,
+                LastLaunch,
+                LastChunk,
+                CpuShare,
+                RoundTrip,
+                Combine,
+                Residual
+            ]
+        );
+        assert!(s.gated_last_chunk && s.folded_combine);
+        assert_eq!(s.work(), LayerWork::GatherAndCpuShare);
+        for (i, op) in s.ops.iter().enumerate() {
+            assert!(op.after.iter().all(|&j| j < i), "{op:?}");
+        }
+        // Resident work: the dense part, the hits, the residual.
+        let r = LayerSchedule::new(&one, &[counts(9.0, 0.0, 0.0)]);
+        assert_eq!(kinds(&r), vec![Dense, Hits, Residual]);
+        assert_eq!(r.work(), LayerWork::GpuOnly);
+        // One fetched expert: one chunk, no early part.
+        let f = LayerSchedule::new(&one, &[counts(0.0, 1.0, 0.0)]);
+        assert_eq!(
+            kinds(&f),
+            vec![Dense, Gather, LastLaunch, LastChunk, Residual]
+        );
+        assert!(!f.folded_combine);
+        // Two GPUs: no gate, no fold, a peer combine after both.
+        let two = GpuLayout::new(2, GpuPlacement::Sharded).unwrap();
+        let t = LayerSchedule::new(&two, &[counts(1.0, 3.0, 1.0), counts(2.0, 0.0, 0.0)]);
+        assert!(!t.gated_last_chunk && !t.folded_combine);
+        assert_eq!(t.gpus, 2);
+        let peer = t
+            .ops
+            .iter()
+            .position(|o| o.kind == PeerCombine)
+            .expect("a peer combine");
+        assert_eq!(t.ops[peer].after.len(), 2);
+        assert!(!kinds(&t).contains(&LastLaunch));
+        // Tensor parallel: one plan, run by every GPU.
+        let tp = GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap();
+        let p = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 0.0)]);
+        assert_eq!(p.counts, vec![counts(1.0, 2.0, 0.0); 2]);
+    }
+
+    #[test]
+    fn the_longest_path_waits_for_every_predecessor() {
+        let s = LayerSchedule::new(&GpuLayout::single(), &[counts(2.0, 4.0, 1.0)]);
+        // Every operation 1 us: the longest chain is Dense, Hits, FetchedEarly, LastLaunch,
+        // LastChunk, Combine, Residual.
+        assert_eq!(s.longest_path(|_| 1.0), 7.0);
+        // A slow CPU share makes its chain the longest: Issue/Dense, CpuShare, RoundTrip,
+        // Combine, Residual.
+        let t = s.longest_path(|o| {
+            if o.kind == OpKind::CpuShare {
+                100.0
+            } else {
+                1.0
+            }
+        });
+        assert_eq!(t, 1.0 + 100.0 + 1.0 + 1.0 + 1.0);
+    }
+
+    #[test]
+    fn work_is_keyed_by_the_operations_present() {
+        assert_eq!(LayerWork::of(&[counts(3.0, 0.0, 0.0)]), LayerWork::GpuOnly);
+        assert_eq!(LayerWork::of(&[counts(0.0, 1.0, 0.0)]), LayerWork::Gather);
+        assert_eq!(LayerWork::of(&[counts(0.0, 0.0, 1.0)]), LayerWork::CpuShare);
+        assert_eq!(
+            LayerWork::of(&[counts(0.0, 1.0, 0.0), counts(0.0, 0.0, 1.0)]),
+            LayerWork::GatherAndCpuShare
+        );
+        let names: std::collections::BTreeSet<_> =
+            LayerWork::ALL.iter().map(|w| w.name()).collect();
+        assert_eq!(names.len(), LayerWork::ALL.len());
+    }
+}
