@@ -1326,4 +1326,35 @@ mod tests {
             TraceFormat::Binary
         );
     }
+
+    /// The input the trace fuzzer found (a binary step whose stream count asked for about
+    /// 50 GB) is an error naming the limit, with nothing allocated for it.
+    #[test]
+    fn the_fuzzers_stream_count_input_is_an_error() {
+        let data = include_bytes!("../../../fuzz/regressions/trace-binary-stream-count.ftrt");
+        let geometry = MoeGeometry {
+            hidden: 64,
+            intermediate: 64,
+            experts: 16,
+            top_k: 2,
+            moe_layers: 2,
+            shared_experts: 0,
+        };
+        let mut reader =
+            TraceReader::from_reader(std::io::Cursor::new(data.to_vec()), "fuzz", &geometry)
+                .unwrap();
+        let mut error = None;
+        for _ in 0..64 {
+            match reader.read_step() {
+                Ok(Some(_)) => continue,
+                Ok(None) => break,
+                Err(e) => {
+                    error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let error = error.expect("the crafted stream count is refused");
+        assert!(error.contains("limit"), "{error}");
+    }
 }
