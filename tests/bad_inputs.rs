@@ -637,7 +637,7 @@ fn build() -> List {
         ],
         "teleport",
     );
-    l.add(&["run", "--strategy", "offload"], "--model");
+    l.add(&["run", "--strategy", "offload"], "--cache-slots");
     l.add(
         &["run", "--model", &zero_toml, "--strategy", "offload"],
         &zero_toml,

@@ -81,7 +81,10 @@ fn a_config_json_imports_and_predicts_like_its_toml() {
     let (c, _) = predict(dir.path().to_str().unwrap(), "rtx4090-2x-xeon4310");
     assert_eq!(a["prediction"]["strategies"], b["prediction"]["strategies"]);
     assert_eq!(a["prediction"]["strategies"], c["prediction"]["strategies"]);
-    assert_eq!(a["prediction"]["strategies"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        a["prediction"]["strategies"].as_array().unwrap().len(),
+        ft_model::StrategyKind::ALL.len()
+    );
 
     // The JSON twin of the import.
     let out = ft(&["model", "import", &config, "--json"]);
@@ -164,7 +167,10 @@ fn a_gguf_header_imports_and_predicts_with_its_caveat() {
 
     // Predicting for a format ft has no kernel for says where the CPU rate comes from.
     let (p, err) = predict(gguf, "rtx4090-2x-xeon4310");
-    assert_eq!(p["prediction"]["strategies"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        p["prediction"]["strategies"].as_array().unwrap().len(),
+        ft_model::StrategyKind::ALL.len()
+    );
     assert!(
         err.contains("no CPU kernel for q4_k") && err.contains("cpu.moe_gbs bench (46.12 GB/s"),
         "{err}"
@@ -242,7 +248,7 @@ fn host_init_writes_a_host_that_reads_back_and_predicts() {
     let (pred, err) = predict("qwen3.8-flash-next", p);
     assert_eq!(
         pred["prediction"]["strategies"].as_array().unwrap().len(),
-        4
+        ft_model::StrategyKind::ALL.len()
     );
     assert!(err.contains("derived, not measured"), "{err}");
 }
