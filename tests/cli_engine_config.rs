@@ -9,40 +9,6 @@ use common::{assert_ok, write};
 use std::path::Path;
 use std::process::Output;
 
-/// A tiny model: 16 experts of 64 x 32 in nvfp4, top-2, 2 layers (a few KB of experts).
-const TINY: &str = r#"
-name = "tiny-engine"
-format = "nvfp4"
-[geometry]
-hidden = 64
-intermediate = 32
-experts = 16
-top_k = 2
-moe_layers = 2
-"#;
-
-/// Flags that keep one probe to a couple of seconds on a 2-core machine.
-const PROBE_FAST: &[&str] = &[
-    "--device",
-    "host",
-    "--threads",
-    "1",
-    "--streams",
-    "1,2",
-    "--context",
-    "16",
-    "--long-context",
-    "256",
-    "--hybrid-fractions",
-    "0.5",
-    "--steps",
-    "4",
-    "--warmup",
-    "2",
-    "--budget-s",
-    "1.5",
-];
-
 fn ft(cache: &Path, args: &[&str]) -> Output {
     common::ft_env(args, &[("FT_CACHE_DIR", cache)])
 }
@@ -56,7 +22,7 @@ fn json(out: &Output) -> serde_json::Value {
 fn run_probe_and_serve_take_the_same_engine_settings() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    let m = &write(dir.path(), "tiny.toml", TINY);
+    let m = &write(dir.path(), "tiny.toml", common::TINY_MODEL);
     let file = &write(dir.path(), "engine.toml", "[engine]\nfetch-chunks = 2\n");
     let asked = serde_json::json!({"fetch-chunks": 2});
 
@@ -90,7 +56,7 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
 
     // ft probe records it in its report and in the profile key.
     let mut probe = vec!["probe", "--model", m, "--json", "--engine-config", file];
-    probe.extend_from_slice(PROBE_FAST);
+    probe.extend_from_slice(common::PROBE_FAST);
     let p = json(&ft(&cache, &probe));
     assert_eq!(p["engine"], asked);
     let paths = p["key"]["host"]["gpu_paths"].as_str().unwrap().to_string();
@@ -138,7 +104,7 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
     // A probe with other settings finds the cached profile stale (its key's GPU paths
     // differ) and probes again; the server with those settings then finds it.
     let mut probe4 = vec!["probe", "--model", m, "--json", "--fetch-chunks", "4"];
-    probe4.extend_from_slice(PROBE_FAST);
+    probe4.extend_from_slice(common::PROBE_FAST);
     let p4 = json(&ft(&cache, &probe4));
     assert_eq!(p4["reused"], false, "another key, so probed");
     let reasons = p4["reprobe_reasons"].to_string();

@@ -9,40 +9,6 @@ use common::{assert_ok, stderr};
 use std::path::Path;
 use std::process::Output;
 
-/// A tiny model: 16 experts of 64 x 32 in nvfp4, top-2, 2 layers (a few KB of experts).
-const TINY: &str = r#"
-name = "tiny"
-format = "nvfp4"
-[geometry]
-hidden = 64
-intermediate = 32
-experts = 16
-top_k = 2
-moe_layers = 2
-"#;
-
-/// Flags that keep one probe to a couple of seconds on a 2-core machine.
-const FAST: &[&str] = &[
-    "--device",
-    "host",
-    "--threads",
-    "1",
-    "--streams",
-    "1,2",
-    "--context",
-    "16",
-    "--long-context",
-    "256",
-    "--hybrid-fractions",
-    "0.5",
-    "--steps",
-    "4",
-    "--warmup",
-    "2",
-    "--budget-s",
-    "1.5",
-];
-
 fn ft(cache: &Path, args: &[&str]) -> Output {
     common::ft_env(args, &[("FT_CACHE_DIR", cache)])
 }
@@ -55,7 +21,7 @@ fn json(out: &Output) -> serde_json::Value {
 #[test]
 fn probe_fits_caches_reuses_and_exports() {
     let dir = tempfile::tempdir().unwrap();
-    let m = &common::write(dir.path(), "tiny.toml", TINY);
+    let m = &common::write(dir.path(), "tiny.toml", common::TINY_MODEL);
     let cache = dir.path().join("cache");
     let copy = dir.path().join("copy.json");
     let bb = dir.path().join("benchbw.json");
@@ -71,7 +37,7 @@ fn probe_fits_caches_reuses_and_exports() {
         "--export-freetoken",
         b,
     ];
-    args.extend_from_slice(FAST);
+    args.extend_from_slice(common::PROBE_FAST);
     let r = json(&ft(&cache, &args));
     assert_eq!(r["reused"], false);
     let outcome = &r["outcome"];
@@ -146,7 +112,7 @@ fn probe_fits_caches_reuses_and_exports() {
 
     // The human table names the parameters and the residuals.
     let mut table = vec!["probe", "--model", m, "--force"];
-    table.extend_from_slice(FAST);
+    table.extend_from_slice(common::PROBE_FAST);
     let out = ft(&cache, &table);
     assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
@@ -246,13 +212,13 @@ fn probe_fits_caches_reuses_and_exports() {
 #[test]
 fn a_second_thread_count_calibrates_the_slowdown_there() {
     let dir = tempfile::tempdir().unwrap();
-    let m = &common::write(dir.path(), "tiny.toml", TINY);
+    let m = &common::write(dir.path(), "tiny.toml", common::TINY_MODEL);
     let cache = dir.path().join("cache");
     let copy = dir.path().join("copy.json");
     let c = copy.to_str().unwrap();
     let mut args = vec!["probe", "--model", m, "--json", "--profile-out", c];
-    // FAST with two serving threads and a second count of one.
-    let mut fast = FAST.to_vec();
+    // common::PROBE_FAST with two serving threads and a second count of one.
+    let mut fast = common::PROBE_FAST.to_vec();
     let t = fast.iter().position(|a| *a == "--threads").unwrap();
     fast[t + 1] = "2";
     args.extend_from_slice(&fast);
@@ -323,7 +289,7 @@ fn bad_input_is_an_error_naming_it() {
         "{err}"
     );
 
-    let m = &common::write(dir.path(), "tiny.toml", TINY);
+    let m = &common::write(dir.path(), "tiny.toml", common::TINY_MODEL);
     let out = ft(
         dir.path(),
         &[

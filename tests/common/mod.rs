@@ -96,3 +96,38 @@ pub fn assert_ok(out: &Output) {
         stderr(out)
     );
 }
+
+/// A tiny model: 16 experts of 64 x 32 in nvfp4, top-2, 2 layers (a few KB of experts), small
+/// enough for a probe on the host device in a second.
+pub const TINY_MODEL: &str = r#"
+name = "tiny"
+format = "nvfp4"
+[geometry]
+hidden = 64
+intermediate = 32
+experts = 16
+top_k = 2
+moe_layers = 2
+"#;
+
+/// Flags that keep one probe to a couple of seconds on a 2-core machine.
+pub const PROBE_FAST: &[&str] = &[
+    "--device",
+    "host",
+    "--threads",
+    "1",
+    "--streams",
+    "1,2",
+    "--context",
+    "16",
+    "--long-context",
+    "256",
+    "--hybrid-fractions",
+    "0.5",
+    "--steps",
+    "4",
+    "--warmup",
+    "2",
+    "--budget-s",
+    "1.5",
+];
