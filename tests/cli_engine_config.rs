@@ -4,19 +4,7 @@
 //! other.
 
 mod common;
-use common::{assert_ok, write};
-
-use std::path::Path;
-use std::process::Output;
-
-fn ft(cache: &Path, args: &[&str]) -> Output {
-    common::ft_env(args, &[("FT_CACHE_DIR", cache)])
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert_ok(out);
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
-}
+use common::write;
 
 #[test]
 fn run_probe_and_serve_take_the_same_engine_settings() {
@@ -27,7 +15,7 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
     let asked = serde_json::json!({"fetch-chunks": 2});
 
     // ft run records what it ran with.
-    let run = json(&ft(
+    let run = common::json_ok(&common::ft_cached(
         &cache,
         &[
             "run",
@@ -57,7 +45,7 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
     // ft probe records it in its report and in the profile key.
     let mut probe = vec!["probe", "--model", m, "--json", "--engine-config", file];
     probe.extend_from_slice(common::PROBE_FAST);
-    let p = json(&ft(&cache, &probe));
+    let p = common::json_ok(&common::ft_cached(&cache, &probe));
     assert_eq!(p["engine"], asked);
     let paths = p["key"]["host"]["gpu_paths"].as_str().unwrap().to_string();
     assert!(paths.contains("fetch-chunks 2"), "{paths}");
@@ -78,9 +66,9 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
             "--json",
         ];
         a.extend_from_slice(extra);
-        let out = ft(&cache, &a);
+        let out = common::ft_cached(&cache, &a);
         (
-            json(&out),
+            common::json_ok(&out),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
@@ -105,7 +93,7 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
     // differ) and probes again; the server with those settings then finds it.
     let mut probe4 = vec!["probe", "--model", m, "--json", "--fetch-chunks", "4"];
     probe4.extend_from_slice(common::PROBE_FAST);
-    let p4 = json(&ft(&cache, &probe4));
+    let p4 = common::json_ok(&common::ft_cached(&cache, &probe4));
     assert_eq!(p4["reused"], false, "another key, so probed");
     let reasons = p4["reprobe_reasons"].to_string();
     assert!(reasons.contains("stale"), "{reasons}");

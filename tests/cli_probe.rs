@@ -7,16 +7,6 @@ mod common;
 use common::{assert_ok, stderr};
 
 use std::path::Path;
-use std::process::Output;
-
-fn ft(cache: &Path, args: &[&str]) -> Output {
-    common::ft_env(args, &[("FT_CACHE_DIR", cache)])
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    assert_ok(out);
-    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
-}
 
 #[test]
 fn probe_fits_caches_reuses_and_exports() {
@@ -38,7 +28,7 @@ fn probe_fits_caches_reuses_and_exports() {
         b,
     ];
     args.extend_from_slice(common::PROBE_FAST);
-    let r = json(&ft(&cache, &args));
+    let r = common::json_ok(&common::ft_cached(&cache, &args));
     assert_eq!(r["reused"], false);
     let outcome = &r["outcome"];
     assert!(outcome["wall_s"].as_f64().unwrap() < 20.0);
@@ -96,7 +86,7 @@ fn probe_fits_caches_reuses_and_exports() {
     assert!(doc.matches_gpu(Some(r["device"]["name"].as_str().unwrap())));
 
     // A second run reuses the fresh profile without measuring.
-    let r2 = json(&ft(&cache, &args));
+    let r2 = common::json_ok(&common::ft_cached(&cache, &args));
     assert_eq!(r2["reused"], true);
     assert!(r2["outcome"].is_null());
     assert_eq!(r2["estimates"], r["estimates"]);
@@ -105,7 +95,7 @@ fn probe_fits_caches_reuses_and_exports() {
     let mut stale = a.clone();
     stale["key"]["program_version"] = serde_json::json!("0.0.0-old");
     std::fs::write(cached, serde_json::to_vec(&stale).unwrap()).unwrap();
-    let r3 = json(&ft(&cache, &args));
+    let r3 = common::json_ok(&common::ft_cached(&cache, &args));
     assert_eq!(r3["reused"], false);
     let why = r3["reprobe_reasons"].to_string();
     assert!(why.contains("program version"), "{why}");
@@ -113,7 +103,7 @@ fn probe_fits_caches_reuses_and_exports() {
     // The human table names the parameters and the residuals.
     let mut table = vec!["probe", "--model", m, "--force"];
     table.extend_from_slice(common::PROBE_FAST);
-    let out = ft(&cache, &table);
+    let out = common::ft_cached(&cache, &table);
     assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     for needle in [
@@ -151,8 +141,8 @@ fn probe_fits_caches_reuses_and_exports() {
         "1",
         "--json",
     ];
-    let run = ft(&cache, &run_args);
-    let v = json(&run);
+    let run = common::ft_cached(&cache, &run_args);
+    let v = common::json_ok(&run);
     let f = v["fetch_fraction"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&f), "{f}");
     // The profile kept its CPU check at the run's one thread: the fraction is decided at the
@@ -185,7 +175,7 @@ fn probe_fits_caches_reuses_and_exports() {
             "--json",
         ];
         a.extend_from_slice(extra);
-        json(&ft(&cache, &a))["prediction"]["fetch_search"]["chosen"]
+        common::json_ok(&common::ft_cached(&cache, &a))["prediction"]["fetch_search"]["chosen"]
             .as_f64()
             .unwrap()
     };
@@ -197,7 +187,7 @@ fn probe_fits_caches_reuses_and_exports() {
     // --no-cpu-check: the fraction at the probed speed, no speed reported.
     let mut probed = run_args.clone();
     probed.push("--no-cpu-check");
-    let w = json(&ft(&cache, &probed));
+    let w = common::json_ok(&common::ft_cached(&cache, &probed));
     assert!(w["auto_cpu_speed"].is_null(), "{}", w["auto_cpu_speed"]);
     let f0 = w["fetch_fraction"].as_f64().unwrap();
     assert!(
@@ -223,7 +213,7 @@ fn a_second_thread_count_calibrates_the_slowdown_there() {
     fast[t + 1] = "2";
     args.extend_from_slice(&fast);
     args.extend_from_slice(&["--slowdown-threads", "1"]);
-    let r = json(&ft(&cache, &args));
+    let r = common::json_ok(&common::ft_cached(&cache, &args));
     let runs = r["outcome"]["e2e"].as_array().unwrap();
     assert!(runs.iter().any(|e| e["threads"] == 1), "{runs:?}");
     let profile: serde_json::Value =
@@ -235,7 +225,7 @@ fn a_second_thread_count_calibrates_the_slowdown_there() {
     assert_eq!(at[0]["threads"], 1);
     let measured = at[0]["slowdown"].as_f64().unwrap();
     let out = dir.path().join("t1.json");
-    let o = ft(
+    let o = common::ft_cached(
         &cache,
         &[
             "validate",
@@ -260,7 +250,7 @@ fn a_second_thread_count_calibrates_the_slowdown_there() {
     // JSON null) and reads back: a prediction from it runs.
     let knots = t1["params"]["cpu_serving_slowdown_at"].as_array().unwrap();
     assert!(knots.iter().any(|k| k["threads"] == 2), "{knots:?}");
-    let o = ft(
+    let o = common::ft_cached(
         &cache,
         &[
             "predict",
@@ -272,13 +262,17 @@ fn a_second_thread_count_calibrates_the_slowdown_there() {
         ],
     );
     assert_ok(&o);
-    assert!(json(&o)["prediction"].is_object(), "{}", stderr(&o));
+    assert!(
+        common::json_ok(&o)["prediction"].is_object(),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn bad_input_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ft(
+    let out = common::ft_cached(
         dir.path(),
         &["probe", "--model", "no-such-model", "--device", "host"],
     );
@@ -290,7 +284,7 @@ fn bad_input_is_an_error_naming_it() {
     );
 
     let m = &common::write(dir.path(), "tiny.toml", common::TINY_MODEL);
-    let out = ft(
+    let out = common::ft_cached(
         dir.path(),
         &[
             "probe",
@@ -306,7 +300,7 @@ fn bad_input_is_an_error_naming_it() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--cache-residency"));
 
     if !cfg!(feature = "cuda") {
-        let out = ft(dir.path(), &["probe", "--model", m, "--device", "cuda"]);
+        let out = common::ft_cached(dir.path(), &["probe", "--model", m, "--device", "cuda"]);
         assert_eq!(out.status.code(), Some(2));
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("CUDA"), "{err}");

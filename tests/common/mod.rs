@@ -81,6 +81,17 @@ pub fn ft_env<K: AsRef<OsStr>, V: AsRef<OsStr>>(args: &[&str], env: &[(K, V)]) -
     c.output().expect("ft runs")
 }
 
+/// Run `ft` with `args` and its profile cache in `cache` (`FT_CACHE_DIR`).
+pub fn ft_cached(cache: &Path, args: &[&str]) -> Output {
+    ft_env(args, &[("FT_CACHE_DIR", cache)])
+}
+
+/// Assert that `ft` succeeded and parse its stdout as JSON.
+pub fn json_ok(out: &Output) -> serde_json::Value {
+    assert_ok(out);
+    serde_json::from_slice(&out.stdout).expect("stdout is JSON")
+}
+
 /// Its stderr, as text.
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
