@@ -69,6 +69,9 @@ while (( n <= GPU_LONGEST )); do GPU_STEPS="$GPU_STEPS,$n" n=$(( 2 * n )); done
 [[ "${GPU_STEPS##*,}" == "$GPU_LONGEST" ]] || GPU_STEPS="$GPU_STEPS,$GPU_LONGEST"
 GPU_WARM=$(( 4 * GPU_LONGEST ))
 GPU_CONTEXT=1024   # ft run's default, given to the simulator beside it too
+# One seed for both: the simulator and the engine then draw the same routes, and their miss-rate
+# trajectories compare window by window rather than as two samples of the same process.
+GPU_SEED="${FT_GPU_SEED:-0}"
 gpu_usable() {
     case "${FT_GPU:-auto}" in
     0) return 1 ;;
@@ -107,7 +110,7 @@ if gpu_usable; then
         runtime_host "$FT" "$OUT" "$DEVICE" "$GPU_HOST" "${FT_PROBE_BUDGET_S:-20}"
         echo "cache-history: simulating $SIM_HOST for the runtime half" >&2
         sim_half "$SIM_HOST" gpu "$OUT/models/runtime.toml" "$GPU_STEPS" "$GPU_WARM" --cache-slots "$GPU_SLOTS" \
-            --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARM + GPU_LONGEST ))"
+            --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARM + GPU_LONGEST ))" --seed "$GPU_SEED"
         # `ft run` records every step (its hits and misses, its wall time), so one cold run
         # per strategy gives the runtime's trajectory directly; the warm run measures the
         # steady state after the same warm-up as the simulator's.
@@ -129,7 +132,7 @@ if gpu_usable; then
                     runtime_run "$FT" "$OUT" cache-history "$phase.$s.$b" "$phase,$s,$b,run.$phase.$s.$b.json" \
                         --device "$DEVICE" --model "$MODEL" --layers "$GPU_LAYERS" --strategy "$s" "${fetch[@]}" \
                         --streams "$b" --cache-slots "$GPU_SLOTS" --context "$GPU_CONTEXT" \
-                        --steps "$GPU_LONGEST" --warmup "$w"
+                        --steps "$GPU_LONGEST" --warmup "$w" --seed "$GPU_SEED"
                     done_runs=$(( done_runs + 1 ))
                 done
             done

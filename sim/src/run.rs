@@ -1,7 +1,7 @@
 //! One simulated configuration, end to end: build the cache and routing, run the decode
 //! process, and summarise the measured steps.
 
-use rand::{Rng, SeedableRng};
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use ft_model::cache::{build_cache, CachePolicy};
@@ -115,10 +115,12 @@ pub struct SimResult {
     pub events: u64,
 }
 
-/// The routing seed of a run: the first draw of the run's generator, so that one `seed`
-/// fixes everything (the cache-size calibration uses the same routing).
+/// The routing seed of a run: the run's seed itself, as `ft run`, `ft probe` and `ft predict
+/// --seed` route with it, so that one seed draws the same routes in the simulator, the model's
+/// traffic and the engine (their miss-rate trajectories then compare step by step). The
+/// simulator's jitter takes its own stream from the same seed (the scheduler's generator).
 pub fn routing_seed(seed: u64) -> u64 {
-    rand::rngs::StdRng::seed_from_u64(seed).random()
+    seed
 }
 
 /// The routing source of a run.
@@ -327,7 +329,7 @@ fn run_planner(
 ) -> Result<SimResult> {
     let policy = cfg.strategy.policy(planner.layers())?;
     let mut sched: Scheduler<LaneEvent> = Scheduler::new(cfg.seed);
-    // Keep the generator's stream aligned with `routing_seed`: its first draw is the seed.
+    // The jitter's stream starts after one draw, as it always has (a seed's jitter is unchanged).
     let _: u64 = sched.rng().random();
     let mut proc = DecodeProcess::new(
         costs,
