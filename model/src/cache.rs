@@ -27,6 +27,7 @@ use thiserror::Error;
 
 use crate::error::{ModelError, Result};
 use crate::geometry::{ExpertId, MoeGeometry};
+use crate::plan::AdmissionPolicy;
 use crate::strategy::StrategyKind;
 
 /// Bytes in one GiB (`--cache-gb` counts in GiB).
@@ -303,6 +304,8 @@ pub struct ExpertCache {
     tick: u64,
     /// Tick of each expert's last lookup (hit or miss), 0 if never.
     last_request: Vec<u64>,
+    /// Which misses a partial fetch admits ([`crate::plan::plan_layer`] reads it).
+    admission: AdmissionPolicy,
     stats: CacheStats,
 }
 
@@ -374,6 +377,7 @@ impl ExpertCache {
             order,
             tick: 0,
             last_request: vec![0; total],
+            admission: AdmissionPolicy::default(),
             stats: CacheStats::default(),
         };
         if let CachePolicy::StaticHot { hot } = policy {
@@ -411,6 +415,18 @@ impl ExpertCache {
     /// The policy.
     pub fn policy(&self) -> &CachePolicy {
         &self.policy
+    }
+
+    /// Which misses a layer that fetches only part of them admits, and whether the misses it
+    /// computes on the CPU count as requests ([`AdmissionPolicy`]; the default until
+    /// [`ExpertCache::set_admission`]).
+    pub fn admission(&self) -> AdmissionPolicy {
+        self.admission
+    }
+
+    /// Choose the admission policy [`crate::plan::plan_layer`] applies with this cache.
+    pub fn set_admission(&mut self, admission: AdmissionPolicy) {
+        self.admission = admission;
     }
 
     /// Slots in the pool.
@@ -493,6 +509,15 @@ impl ExpertCache {
     pub fn last_request(&self, id: ExpertId) -> Option<u64> {
         let t = self.last_request[self.flat(id)?];
         (t != 0).then_some(t)
+    }
+
+    /// Set an expert's last request back to `prev` (what [`ExpertCache::last_request`] gave
+    /// before its lookup): the plan forgets the request of a miss computed on the CPU when the
+    /// admission says CPU work is no part of the cache's history.
+    pub(crate) fn restore_request(&mut self, id: ExpertId, prev: Option<u64>) {
+        if let Some(f) = self.flat(id) {
+            self.last_request[f] = prev.unwrap_or(0);
+        }
     }
 
     /// Request an expert: a hit returns its slot and counts as a use for the policy (recency
