@@ -16,7 +16,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use ft_kernels::ActivationPath;
-use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::cache::{CacheOptions, CachePolicy, CacheSize};
 use ft_model::perf::CpuSpeedSource;
 use ft_model::profile::CpuCheck;
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
@@ -104,9 +104,9 @@ pub struct Args {
     /// Expert cache size in GiB (2^30 bytes).
     #[arg(long)]
     cache_gb: Option<f64>,
-    /// Cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    policy: String,
+    /// The cache's policy, topology and admission.
+    #[command(flatten)]
+    cache_args: crate::cache_args::CacheArgs,
     /// Routing: a preset (uniform, mild, typical, skewed), a process TOML or a trace file.
     #[arg(long, default_value = "typical")]
     routing: String,
@@ -365,6 +365,9 @@ pub struct RunReport {
     pub staging_slots: usize,
     /// Cache policy.
     pub policy: String,
+    /// The cache's options (policy, topology, slots per layer, admission).
+    #[serde(default)]
+    pub cache_options: CacheOptions,
     /// Routing.
     pub routing: String,
     /// Seed.
@@ -509,13 +512,13 @@ impl AutoHost {
         args: &Args,
         model: &ModelSpec,
         slots: usize,
-        policy: &CachePolicy,
+        policy: &CacheOptions,
     ) -> Result<f64> {
         let config = ft_model::perf::PredictConfig {
             streams: args.streams,
             context: args.context,
             cache: Some(CacheSize::Slots(slots.max(1))),
-            policy: policy.clone(),
+            cache_options: policy.clone(),
             routing: args.routing.clone(),
             seed: Some(args.seed),
             warmup_steps: args.warmup,
@@ -534,7 +537,7 @@ impl AutoHost {
         args: &Args,
         model: &ModelSpec,
         slots: usize,
-        policy: &CachePolicy,
+        policy: &CacheOptions,
     ) -> Result<(f64, String)> {
         let f = Self::fraction(&self.perf, args, model, slots, policy)?;
         Ok((f, self.source_of(&self.perf)))
@@ -560,7 +563,7 @@ fn resolve_auto_at_check(
     args: &Args,
     model: &ModelSpec,
     slots: usize,
-    policy: &CachePolicy,
+    policy: &CacheOptions,
 ) -> Result<()> {
     let Some((speed, probe)) = CpuCheck::speed_against(&host.cpu_checks, now)
         .context("setting the CPU check before the first round against --host's")?
@@ -702,7 +705,7 @@ fn resolve_variant(
     spec: &VariantSpec,
     model: &ModelSpec,
     cache_slots: usize,
-    policy: &CachePolicy,
+    policy: &CacheOptions,
     auto_host: &mut Option<AutoHost>,
     notes: &mut Vec<String>,
 ) -> Result<Variant> {
@@ -847,7 +850,11 @@ pub fn run(args: Args) -> Result<()> {
         None => full.clone(),
     };
     let g = model.geometry;
-    let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let size_flag = [(args.cache_slots.is_some(), "--cache-slots")]
+        .into_iter()
+        .chain([(args.cache_gb.is_some(), "--cache-gb")])
+        .find_map(|(given, flag)| given.then_some(flag));
+    let policy = args.cache_args.options(size_flag)?;
     let specs = variant_specs(&args)?;
     // The kind that sizes the cache: the first that needs one (cpu keeps a cache only when
     // given one), so a missing size is reported against it.
@@ -863,6 +870,7 @@ pub fn run(args: Args) -> Result<()> {
             }
             0
         }
+        (_, None, None) if policy.slots_per_layer.is_some() => policy.fit_slots(0, g.moe_layers)?,
         (_, Some(n), _) => CacheSize::Slots(n).slots(model.expert_bytes(), g.total_experts())?,
         // Under tensor parallelism a GPU's budget holds slices (GpuLayout::slots_per_gpu).
         (_, None, Some(x)) if layout.is_multi() => {
@@ -911,7 +919,7 @@ pub fn run(args: Args) -> Result<()> {
     let cfg = EngineConfig {
         strategy,
         cache_slots,
-        policy: policy.clone(),
+        cache_options: policy.clone(),
         max_streams: args.streams,
         max_context: args.context + args.warmup + args.steps,
         threads,
@@ -965,7 +973,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let (warm, measured) = routing.split_at(args.warmup);
-    let popularity = if matches!(&policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+    let popularity = if matches!(&policy.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
         && sk != StrategyKind::Resident
     {
         let mut src: Box<dyn RoutingSource> = routing::resolve(&args.routing, &g, Some(args.seed))?;
@@ -1229,7 +1237,8 @@ pub fn run(args: Args) -> Result<()> {
             context: args.context,
             cache_slots: engine.cache_slots(),
             staging_slots: engine.staging_slots(),
-            policy: policy.to_string(),
+            policy: policy.policy.to_string(),
+            cache_options: policy.clone(),
             routing: args.routing.clone(),
             seed: args.seed,
             memory,
@@ -1327,7 +1336,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         s.warmup_steps,
         r.cache_slots,
         r.cache_slots as f64 * r.expert_bytes as f64 / GIB,
-        r.policy,
+        r.cache_options,
         r.staging_slots,
         r.routing
     )?;

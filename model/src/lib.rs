@@ -24,7 +24,7 @@ pub mod schedule;
 pub mod strategy;
 pub mod traffic;
 
-pub use cache::{CachePolicy, CacheSize, CacheTopology, ExpertCache, SlotId};
+pub use cache::{CacheOptions, CachePolicy, CacheSize, CacheTopology, ExpertCache, SlotId};
 pub use error::ModelError;
 pub use format::{ExpertFormat, GgmlQuant};
 pub use geometry::{ExpertId, MoeGeometry};

@@ -45,7 +45,8 @@ use crate::strategy::{FetchFraction, LayerPlacement, Strategy};
 
 /// The order in which a layer that fetches only `F` of its `m` misses picks them (the first
 /// `F` cross the link and are admitted, the rest are computed on the CPU). Offload (`F = m`)
-/// and cpu (`F = 0`) are the same under every order, apart from the issue order of fetches.
+/// fetches every miss under every order, but admits them in this order, which sets their
+/// recency among themselves and so what is evicted later; cpu (`F = 0`) admits none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AdmissionOrder {
