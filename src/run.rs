@@ -16,7 +16,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use ft_kernels::ActivationPath;
-use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::cache::{CacheOptions, CachePolicy, CacheSize};
 use ft_model::perf::CpuSpeedSource;
 use ft_model::profile::CpuCheck;
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
@@ -109,9 +109,9 @@ pub struct Args {
     /// Expert cache size in GiB (2^30 bytes).
     #[arg(long)]
     cache_gb: Option<f64>,
-    /// Cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    policy: String,
+    /// The cache's policy, topology and admission.
+    #[command(flatten)]
+    cache_args: crate::cache_args::CacheArgs,
     /// Routing: a preset (uniform, mild, typical, skewed), a process TOML or a trace file.
     #[arg(long, default_value = "typical")]
     routing: String,
@@ -373,6 +373,9 @@ pub struct RunReport {
     pub staging_slots: usize,
     /// Cache policy.
     pub policy: String,
+    /// The cache's options (policy, topology, slots per layer, admission).
+    #[serde(default)]
+    pub cache_options: CacheOptions,
     /// Routing.
     pub routing: String,
     /// Seed.
@@ -531,13 +534,13 @@ impl AutoHost {
         args: &Args,
         model: &ModelSpec,
         slots: usize,
-        policy: &CachePolicy,
+        policy: &CacheOptions,
     ) -> Result<f64> {
         let config = ft_model::perf::PredictConfig {
             streams: args.streams,
             context: args.context,
             cache: Some(CacheSize::Slots(slots.max(1))),
-            policy: policy.clone(),
+            cache_options: policy.clone(),
             routing: args.routing.clone(),
             seed: Some(args.seed),
             warmup_steps: args.warmup,
@@ -556,7 +559,7 @@ impl AutoHost {
         args: &Args,
         model: &ModelSpec,
         slots: usize,
-        policy: &CachePolicy,
+        policy: &CacheOptions,
     ) -> Result<(f64, String)> {
         let f = Self::fraction(&self.perf, args, model, slots, policy)?;
         Ok((f, self.source_of(&self.perf)))
@@ -572,7 +575,7 @@ impl AutoHost {
         model: &ModelSpec,
         kind: StrategyKind,
         slots: usize,
-        policy: &CachePolicy,
+        cache_options: &CacheOptions,
     ) -> Result<(usize, String)> {
         let cache = match kind {
             StrategyKind::LayerSplitCached => Some(CacheSize::Slots(slots.max(1))),
@@ -586,7 +589,7 @@ impl AutoHost {
             streams: args.streams,
             context: args.context,
             cache,
-            policy: policy.clone(),
+            cache_options: cache_options.clone(),
             routing: args.routing.clone(),
             seed: Some(args.seed),
             warmup_steps: args.warmup,
@@ -623,7 +626,7 @@ fn resolve_auto_at_check(
     args: &Args,
     model: &ModelSpec,
     slots: usize,
-    policy: &CachePolicy,
+    policy: &CacheOptions,
 ) -> Result<()> {
     let Some((speed, probe)) = CpuCheck::speed_against(&host.cpu_checks, now)
         .context("setting the CPU check before the first round against --host's")?
@@ -815,7 +818,7 @@ fn resolve_variant(
     spec: &VariantSpec,
     model: &ModelSpec,
     cache_slots: usize,
-    policy: &CachePolicy,
+    policy: &CacheOptions,
     auto_host: &mut Option<AutoHost>,
     notes: &mut Vec<String>,
 ) -> Result<Variant> {
@@ -1019,7 +1022,11 @@ pub fn run(args: Args) -> Result<()> {
         None => full.clone(),
     };
     let g = model.geometry;
-    let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let size_flag = [(args.cache_slots.is_some(), "--cache-slots")]
+        .into_iter()
+        .chain([(args.cache_gb.is_some(), "--cache-gb")])
+        .find_map(|(given, flag)| given.then_some(flag));
+    let policy = args.cache_args.options(size_flag)?;
     let specs = variant_specs(&args)?;
     // The kind that sizes the cache: the first that needs one (cpu keeps a cache only when
     // given one), so a missing size is reported against it.
@@ -1041,6 +1048,9 @@ pub fn run(args: Args) -> Result<()> {
         | StrategyKind::Hybrid
         | StrategyKind::Cpu
         | StrategyKind::LayerSplitCached => match (args.cache_slots, args.cache_gb) {
+            (None, None) if policy.slots_per_layer.is_some() => {
+                policy.fit_slots(0, g.moe_layers)?
+            }
             (Some(n), _) => CacheSize::Slots(n).slots(model.expert_bytes(), g.total_experts())?,
             // Under tensor parallelism a GPU's budget holds slices (GpuLayout::slots_per_gpu).
             (None, Some(x)) if layout.is_multi() => {
@@ -1089,7 +1099,7 @@ pub fn run(args: Args) -> Result<()> {
     let cfg = EngineConfig {
         strategy,
         cache_slots,
-        policy: policy.clone(),
+        cache_options: policy.clone(),
         max_streams: args.streams,
         max_context: args.context + args.warmup + args.steps,
         threads,
@@ -1143,7 +1153,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let (warm, measured) = routing.split_at(args.warmup);
-    let popularity = if matches!(&policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+    let popularity = if matches!(&policy.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
         && sk != StrategyKind::Resident
     {
         let mut src: Box<dyn RoutingSource> = routing::resolve(&args.routing, &g, Some(args.seed))?;
@@ -1405,7 +1415,8 @@ pub fn run(args: Args) -> Result<()> {
             context: args.context,
             cache_slots: engine.cache_slots(),
             staging_slots: engine.staging_slots(),
-            policy: policy.to_string(),
+            policy: policy.policy.to_string(),
+            cache_options: policy.clone(),
             routing: args.routing.clone(),
             seed: args.seed,
             memory,
@@ -1503,7 +1514,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         s.warmup_steps,
         r.cache_slots,
         r.cache_slots as f64 * r.expert_bytes as f64 / GIB,
-        r.policy,
+        r.cache_options,
         r.staging_slots,
         r.routing
     )?;

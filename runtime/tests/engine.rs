@@ -54,7 +54,7 @@ fn config(strategy: Strategy, slots: usize, streams: usize) -> EngineConfig {
     EngineConfig {
         strategy,
         cache_slots: slots,
-        policy: CachePolicy::Lru,
+        cache_options: Default::default(),
         max_streams: streams,
         max_context: 64,
         threads: 1,

@@ -74,7 +74,7 @@ pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::SlotId;
-use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
+use ft_model::cache::{CacheOptions, CachePolicy, ExpertCache};
 use ft_model::plan::{
     fetch_chunk_bounds_at_most, fetch_fraction, plan_layer_placed, MAX_FETCH_CHUNKS,
 };
@@ -124,8 +124,9 @@ pub struct EngineConfig {
     pub strategy: Strategy,
     /// Slots of the expert cache (ignored by `resident`, which holds every expert).
     pub cache_slots: usize,
-    /// Replacement policy of the cache.
-    pub policy: CachePolicy,
+    /// The cache's policy, topology and admission (a per-layer cache's slots are
+    /// `cache_slots` rounded down to a multiple of the layers, or its slots per layer).
+    pub cache_options: CacheOptions,
     /// Most streams a step may have.
     pub max_streams: usize,
     /// Longest context a stream may have, tokens.
@@ -187,7 +188,7 @@ impl Default for EngineConfig {
         EngineConfig {
             strategy: Strategy::Offload,
             cache_slots: 0,
-            policy: CachePolicy::Lru,
+            cache_options: CacheOptions::default(),
             max_streams: 1,
             max_context: 1024,
             threads: std::thread::available_parallelism()
@@ -290,15 +291,26 @@ fn cache_and_staging(model: &ModelSpec, config: &EngineConfig) -> (usize, usize)
         .strategy
         .fixed_fetch_fraction()
         .is_none_or(|f| f > 0.0);
+    // A size the options cannot fit is refused when the cache is built.
+    let slots = config
+        .cache_options
+        .fit_slots(config.cache_slots, g.moe_layers)
+        .unwrap_or(config.cache_slots);
     let staging = if uses_link
-        && (matches!(config.policy, CachePolicy::StaticHot { .. })
-            || config.cache_slots < union_max)
+        && (matches!(config.cache_options.policy, CachePolicy::StaticHot { .. })
+            || slots
+                / config
+                    .cache_options
+                    .topology
+                    .partitions(g.moe_layers)
+                    .max(1)
+                < union_max)
     {
         union_max
     } else {
         0
     };
-    (config.cache_slots, staging)
+    (slots, staging)
 }
 
 /// Rows of the expert steps' inputs and outputs at `streams` streams.
@@ -933,7 +945,9 @@ impl Engine {
         }
         let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
         device.warm_up_kernels(&[&template])?;
-        let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
+        let cache = config
+            .cache_options
+            .build(kind, &g, cache_slots, popularity.as_deref())?;
         let mut engine = Engine {
             device: device.clone(),
             model: model.clone(),
@@ -1029,9 +1043,8 @@ impl Engine {
     /// freshly started engine has, without refilling the bank.
     pub fn reset_cache(&mut self) -> Result<()> {
         self.device.synchronize()?;
-        self.cache = build_cache(
+        self.cache = self.config.cache_options.build(
             self.config.strategy.kind(),
-            &self.config.policy,
             &self.model.geometry,
             self.cache_slots,
             self.popularity.as_deref(),

@@ -46,7 +46,7 @@
 
 use std::ops::Range;
 
-use ft_model::cache::{build_cache, ExpertCache};
+use ft_model::cache::ExpertCache;
 use ft_model::plan::plan_layer;
 use ft_model::routing::TokenRoute;
 use ft_model::{GpuLayout, GpuPlacement, ModelSpec};
@@ -378,7 +378,7 @@ impl MultiEngine {
             gpus.push(GpuPart {
                 device: device.clone(),
                 slice_bank,
-                cache: build_cache(kind, &config.policy, &g, cache_slots, None)?,
+                cache: config.cache_options.build(kind, &g, cache_slots, None)?,
                 slots,
                 cache_slots,
                 staging_slots,
