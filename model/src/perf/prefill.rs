@@ -299,13 +299,10 @@ mod tests {
         (p, m)
     }
 
-    fn placed(layers: usize, cpu_layers: usize, rest: LayerPlacement) -> PlacementPolicy {
-        let _ = layers;
+    fn placed(cpu_layers: usize, rest: LayerPlacement) -> PlacementPolicy {
         PlacementPolicy { cpu_layers, rest }
     }
 
-    /// The slow reference: every chunk's layers walked token by token on a real draw would
-    /// be the simulator's job; here the closed form is checked against its own pieces.
     #[test]
     fn chunk_union_is_every_expert_for_a_long_chunk_and_k_for_one_token() {
         assert!((chunk_union(128.0, 8.0, 1.0) - 8.0).abs() < 1e-9);
@@ -317,7 +314,6 @@ mod tests {
     fn offload_prefill_streams_the_misses_and_a_full_cache_streams_nothing() {
         let (p, m) = setup();
         let off = placed(
-            m.geometry.moe_layers,
             0,
             LayerPlacement::Cached {
                 fetch_fraction: 1.0,
@@ -350,7 +346,6 @@ mod tests {
     fn cpu_prefill_is_cpu_bound_and_slower_when_the_cpu_serves_slower() {
         let (p, m) = setup();
         let cpu = placed(
-            m.geometry.moe_layers,
             0,
             LayerPlacement::Cached {
                 fetch_fraction: 0.0,
