@@ -67,6 +67,11 @@ pub const DEFAULT_MIN_SENSITIVITY: f64 = 5e-3;
 /// Nelder-Mead's iterations per round (two rounds).
 pub const DEFAULT_MAX_ITERS: u64 = 600;
 
+/// The largest factor a fit may put on a rate (and the smallest, its inverse): a CPU side
+/// serving at 20 times its bench, or a link at a twentieth of its rate, is a wrong host
+/// input, not an engine term; a fit that reaches it is marked at its bound.
+pub const MAX_FACTOR: f64 = 20.0;
+
 /// Nelder-Mead's stopping tolerance on the simplex's cost spread.
 const SD_TOLERANCE: f64 = 1e-12;
 
@@ -123,7 +128,8 @@ pub struct TermEstimate {
     pub unit: String,
     /// Whether the runs identified it (it was fitted).
     pub identified: bool,
-    /// A fixed cost the fit put at 0 (its bound: costs are never negative).
+    /// The fit put it at its bound: a fixed cost at 0 (costs are never negative), a factor
+    /// at [`MAX_FACTOR`] or its inverse.
     pub at_bound: bool,
 }
 
@@ -272,6 +278,143 @@ impl Calibration {
     }
 }
 
+/// What a calibrated profile keeps of its calibration (the profile's engine-terms section):
+/// where the runs and the host came from, the host values that were derived, and the fit's
+/// report. The fitted values themselves are in the profile's parameters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationRecord {
+    /// The observations file.
+    pub observations: String,
+    /// What the host model came from (a host file, a `benchbw.json`, a profile).
+    pub host_inputs: String,
+    /// Host values that were derived rather than given, each `key = value unit (how)`.
+    #[serde(default)]
+    pub derived: Vec<String>,
+    /// Every term considered, fitted or not.
+    pub terms: Vec<TermEstimate>,
+    /// Every run.
+    pub runs: Vec<RunFit>,
+    /// What the runs identify.
+    pub identifiability: Identifiability,
+    /// How the fit ended.
+    pub fit: FitSummary,
+}
+
+impl Calibration {
+    /// The record a profile keeps of this calibration.
+    pub fn record(
+        &self,
+        observations: String,
+        host_inputs: String,
+        derived: Vec<String>,
+    ) -> CalibrationRecord {
+        CalibrationRecord {
+            observations,
+            host_inputs,
+            derived,
+            terms: self.terms.clone(),
+            runs: self.runs.clone(),
+            identifiability: self.identifiability.clone(),
+            fit: self.fit.clone(),
+        }
+    }
+}
+
+/// A finite number `>= lo` (and `<= hi`), or an error naming `field`.
+fn check_range(field: String, v: f64, lo: f64, hi: f64) -> Result<()> {
+    if !(v.is_finite() && v >= lo && v <= hi) {
+        return Err(ModelError::invalid(
+            field,
+            format!("{v} is outside [{lo}, {hi}]"),
+        ));
+    }
+    Ok(())
+}
+
+impl CalibrationRecord {
+    /// Check the record as read from a profile: every number finite and in its range, the
+    /// fitted terms those marked identified, the run count the fit's, at most
+    /// [`crate::observe::MAX_OBSERVATIONS`] runs. Errors name the field
+    /// (`calibration.terms[2].value`).
+    pub fn validate(&self) -> Result<()> {
+        use crate::limits::MAX_FIXED_US;
+        let at = |what: String| format!("calibration.{what}");
+        if self.runs.len() > crate::observe::MAX_OBSERVATIONS {
+            return Err(ModelError::invalid(
+                at("runs".into()),
+                format!(
+                    "{} runs, more than {}",
+                    self.runs.len(),
+                    crate::observe::MAX_OBSERVATIONS
+                ),
+            ));
+        }
+        if self.fit.runs != self.runs.len() || self.fit.dof > self.fit.runs {
+            return Err(ModelError::invalid(
+                at("fit.runs".into()),
+                format!(
+                    "{} runs and {} degrees of freedom for {} runs listed",
+                    self.fit.runs,
+                    self.fit.dof,
+                    self.runs.len()
+                ),
+            ));
+        }
+        for (i, t) in self.terms.iter().enumerate() {
+            let (lo, hi) = if t.term.is_factor() {
+                (1.0 / MAX_FACTOR, MAX_FACTOR)
+            } else {
+                (0.0, MAX_FIXED_US)
+            };
+            check_range(at(format!("terms[{i}].value")), t.value, lo, hi)?;
+            if let Some(se) = t.se {
+                check_range(at(format!("terms[{i}].se")), se, 0.0, f64::MAX)?;
+            }
+            if t.identified != self.identifiability.fitted.contains(&t.term) {
+                return Err(ModelError::invalid(
+                    at(format!("terms[{i}].identified")),
+                    format!(
+                        "{} is marked {} but the fitted terms are {:?}",
+                        t.term,
+                        if t.identified {
+                            "identified"
+                        } else {
+                            "not identified"
+                        },
+                        self.identifiability.fitted
+                    ),
+                ));
+            }
+        }
+        for (i, r) in self.runs.iter().enumerate() {
+            let hi = crate::observe::MAX_OBSERVED_TOK_S * 1e3;
+            for (name, v) in [
+                ("measured", Some(r.measured)),
+                ("host_only", Some(r.host_only)),
+                ("calibrated", Some(r.calibrated)),
+                ("leave_one_out", r.leave_one_out),
+            ] {
+                if let Some(v) = v {
+                    check_range(at(format!("runs[{i}].{name}")), v, f64::MIN_POSITIVE, hi)?;
+                }
+            }
+        }
+        let f = &self.fit;
+        for (name, v) in [
+            ("rms_host_only", f.rms_host_only),
+            ("rms_calibrated", f.rms_calibrated),
+            ("rms_leave_one_out", f.rms_leave_one_out.unwrap_or(0.0)),
+            ("sigma", f.sigma),
+        ] {
+            check_range(at(format!("fit.{name}")), v, 0.0, f64::MAX)?;
+        }
+        let c = self.identifiability.condition;
+        check_range(at("identifiability.condition".into()), c, 0.0, f64::MAX)?;
+        Ok(())
+    }
+}
+
 /// The search coordinate of a term's value.
 fn to_x(t: Term, v: f64) -> f64 {
     if t.is_factor() {
@@ -281,10 +424,11 @@ fn to_x(t: Term, v: f64) -> f64 {
     }
 }
 
-/// A term's value at search coordinate `x` (factors `exp(x)`, costs `scale |x|`).
+/// A term's value at search coordinate `x` (factors `exp(x)` within
+/// [`MAX_FACTOR`]`^-1..=`[`MAX_FACTOR`], costs `scale |x|`).
 fn from_x(t: Term, x: f64) -> f64 {
     if t.is_factor() {
-        x.clamp(-20.0, 20.0).exp()
+        x.exp().clamp(1.0 / MAX_FACTOR, MAX_FACTOR)
     } else {
         t.scale() * x.abs()
     }
@@ -572,7 +716,12 @@ pub fn calibrate(
                 se: i.and_then(|i| se[i]),
                 unit: t.unit().into(),
                 identified: i.is_some(),
-                at_bound: i.is_some() && !t.is_factor() && value < 1e-6 * t.scale(),
+                at_bound: i.is_some()
+                    && if t.is_factor() {
+                        value >= MAX_FACTOR * (1.0 - 1e-9) || value <= (1.0 + 1e-9) / MAX_FACTOR
+                    } else {
+                        value < 1e-6 * t.scale()
+                    },
             }
         })
         .collect();

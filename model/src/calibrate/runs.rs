@@ -8,6 +8,7 @@
 //! counts, exactly as `ft predict` evaluates a strategy.
 
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 
 use crate::cache::CachePolicy;
 use crate::error::{ModelError, Result};
@@ -15,7 +16,7 @@ use crate::host::GIB;
 use crate::observe::{Measure, Observation, ObservedCache, ObservedStrategy};
 use crate::perf::predict::{evaluate, sample_traffic, SampleRun, TrafficSamples};
 use crate::perf::prefill::{end_to_end, prefill, MeasureSpec, PrefillConfig};
-use crate::perf::{PerfParams, StepShape};
+use crate::perf::{LayerCounts, PerfParams, StepShape};
 use crate::preset::ModelSpec;
 use crate::routing;
 use crate::strategy::{CpuLayers, FetchFraction, PlacementPolicy, Strategy};
@@ -102,6 +103,35 @@ pub struct RunModel {
     pub spec: MeasureSpec,
     /// The counting simulation's layer-steps.
     pub samples: TrafficSamples,
+    /// One GPU: the distinct layer-steps of `samples` with their count per step (the mean
+    /// step time is linear in them, so the fit evaluates each once).
+    unique: Option<Vec<(LayerCounts, f64)>>,
+}
+
+/// The distinct layer-steps of one-GPU samples, each with its count per step.
+fn distinct(samples: &TrafficSamples) -> Option<Vec<(LayerCounts, f64)>> {
+    if samples.plans != 1 {
+        return None;
+    }
+    let steps = samples.steps().max(1) as f64;
+    let mut seen: HashMap<[u64; 6], usize> = HashMap::new();
+    let mut out: Vec<(LayerCounts, f64)> = Vec::new();
+    for c in &samples.counts {
+        let key = [
+            c.hits.to_bits(),
+            c.hit_tokens.to_bits(),
+            c.fetched.to_bits(),
+            c.fetched_tokens.to_bits(),
+            c.cpu.to_bits(),
+            c.cpu_tokens.to_bits(),
+        ];
+        let i = *seen.entry(key).or_insert_with(|| {
+            out.push((*c, 0.0));
+            out.len() - 1
+        });
+        out[i].1 += 1.0 / steps;
+    }
+    Some(out)
 }
 
 impl RunModel {
@@ -139,6 +169,7 @@ impl RunModel {
             slots,
             residency: (slots as f64 / total).min(1.0),
             spec,
+            unique: distinct(&samples),
             samples,
         })
     }
@@ -177,9 +208,23 @@ impl RunModel {
         )
     }
 
-    /// Decode step time at `p`, in us.
+    /// Decode step time at `p`, in us: the mean over the sampled steps, as
+    /// [`crate::perf::predict::evaluate`] gives it (on one GPU from the distinct layer-steps,
+    /// each evaluated once; a test checks the two agree).
     pub fn step_us(&self, p: &PerfParams) -> f64 {
-        evaluate(p, &self.shape, &self.samples).step_us
+        let Some(unique) = &self.unique else {
+            return evaluate(p, &self.shape, &self.samples).step_us;
+        };
+        let dense = p.dense_us(&self.shape.dense, self.shape.streams, self.shape.context);
+        unique
+            .iter()
+            .map(|(c, w)| {
+                let c = p.engine.apply_miss_factor(c);
+                w * p
+                    .layer_time_gpus(&self.shape, std::slice::from_ref(&c), dense)
+                    .total_us
+            })
+            .sum()
     }
 
     /// Predicted tok/s per stream in the run's own measure at `p` (prefill only where the
@@ -200,5 +245,41 @@ impl RunModel {
             .unwrap_or(f64::INFINITY),
         };
         end_to_end(step, pre, self.streams, &self.spec).tok_s_per_stream
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSpec;
+    use crate::perf::EngineTerms;
+
+    #[test]
+    fn the_distinct_layer_steps_give_evaluate_s_mean() {
+        let mut m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        m.geometry.moe_layers = 4;
+        let mut p = PerfParams::from_host(&HostSpec::field_report()).unwrap();
+        let sampling = SamplingConfig {
+            warmup_steps: 10,
+            steps: 30,
+            seed: Some(3),
+            ..SamplingConfig::default()
+        };
+        let hybrid = Strategy::Hybrid {
+            fetch: FetchFraction::Fixed(0.4),
+        };
+        let r = RunModel::new(&m, hybrid, 2, 2048, 600, MeasureSpec::decode(), &sampling).unwrap();
+        let unique = r.unique.as_ref().unwrap().len();
+        assert!(unique < r.samples.counts.len(), "{unique}");
+        for miss in [1.0, 0.6] {
+            p.engine = EngineTerms {
+                hybrid_miss_factor: miss,
+                rest_stream_us: 7.0,
+                ..EngineTerms::default()
+            };
+            let slow = evaluate(&p, &r.shape, &r.samples).step_us;
+            let fast = r.step_us(&p);
+            assert!((slow - fast).abs() <= 1e-9 * slow, "{slow} {fast}");
+        }
     }
 }
