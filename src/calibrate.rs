@@ -379,7 +379,7 @@ fn write_table(
         let note = if !t.identified {
             "not identified (held neutral)"
         } else if t.at_bound {
-            "at its bound (0)"
+            "at its bound"
         } else {
             ""
         };

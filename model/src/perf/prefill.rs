@@ -286,6 +286,44 @@ pub fn end_to_end(step_us: f64, prefill_us: f64, streams: usize, spec: &MeasureS
     }
 }
 
+/// One strategy of a prediction in a measure.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StrategyMeasure {
+    /// The strategy as `ft predict` names it (with its chosen fetch fraction or N).
+    pub strategy: String,
+    /// Its prefill's bound.
+    pub prefill_bound: Resource,
+    /// The prediction in the measure.
+    pub end_to_end: EndToEnd,
+}
+
+/// Every feasible strategy of `pred` in `spec`'s measure: each one's prefill on the
+/// prediction's cache, its decode step, and the two combined ([`end_to_end`]).
+pub fn measure_prediction(
+    p: &PerfParams,
+    model: &ModelSpec,
+    pred: &super::Prediction,
+    spec: &MeasureSpec,
+    config: &PrefillConfig,
+) -> Result<Vec<StrategyMeasure>> {
+    spec.validate()?;
+    let total = model.geometry.total_experts().max(1) as f64;
+    let residency = (pred.cache_slots as f64 / total).min(1.0);
+    pred.strategies
+        .iter()
+        .filter(|s| s.feasible)
+        .map(|s| {
+            let placement = s.strategy.policy(model.geometry.moe_layers)?;
+            let pre = prefill(p, model, &placement, residency, spec.prompt_tokens, config)?;
+            Ok(StrategyMeasure {
+                strategy: s.strategy.cli_name(),
+                prefill_bound: pre.bound,
+                end_to_end: end_to_end(s.step_us, pre.total_us, pred.config.streams, spec),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
