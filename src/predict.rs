@@ -100,9 +100,46 @@ pub struct Args {
         conflicts_with = "cpu_speed"
     )]
     pub cpu_check: Option<String>,
+    /// What tok/s measures: decode (decode steps only), server-gen (the server's generation
+    /// rate, other streams' prefills in it) or client-e2e (a client's output tokens over the
+    /// whole request, prefill included); `docs/calibrate.md`.
+    #[arg(long, default_value = "decode")]
+    pub measure: ft_model::observe::Measure,
+    /// Prompt tokens per request (for --measure server-gen and client-e2e).
+    #[arg(long, default_value_t = 1200)]
+    pub prompt_tokens: usize,
+    /// Output tokens per request (for --measure server-gen and client-e2e).
+    #[arg(long, default_value_t = 256)]
+    pub output_tokens: usize,
     /// Print JSON instead of the table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Every strategy of `pred` in the measure `args` ask for (`None` for decode).
+fn measured(
+    args: &Args,
+    plan: &Plan,
+    pred: &Prediction,
+) -> Result<Option<Vec<ft_model::perf::prefill::StrategyMeasure>>> {
+    use ft_model::perf::prefill::{measure_prediction, MeasureSpec, PrefillConfig};
+    if args.measure == ft_model::observe::Measure::Decode {
+        return Ok(None);
+    }
+    let spec = MeasureSpec {
+        measure: args.measure,
+        prompt_tokens: args.prompt_tokens,
+        output_tokens: args.output_tokens,
+    };
+    let m = measure_prediction(
+        plan.params(),
+        &plan.model,
+        pred,
+        &spec,
+        &PrefillConfig::default(),
+    )
+    .context("--measure")?;
+    Ok(Some(m))
 }
 
 /// Everything a prediction was made from, resolved and validated.
@@ -355,11 +392,13 @@ pub fn run(args: Args) -> Result<()> {
     let plan = args.plan()?;
     let pred = plan.predict()?;
     let decision = decide(&pred);
+    let measure = measured(&args, &plan, &pred)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let doc = serde_json::json!({
             "prediction": pred,
             "decision": decision,
+            "measure": measure,
             "cpu_check": plan.cpu_check,
             "profile_untrusted": plan.profile_untrusted,
             "warnings": plan.warnings,
@@ -368,6 +407,21 @@ pub fn run(args: Args) -> Result<()> {
         writeln!(out)?;
     } else {
         write_table(&mut out, &plan, &pred, &decision)?;
+        for m in measure.iter().flatten() {
+            let e = &m.end_to_end;
+            writeln!(
+                out,
+                "{} ({} prompt, {} output tokens): {:<22} {:>7.2} tok/s per stream, ttft {:.2} s (prefill {:.2} s, {}-bound)",
+                args.measure,
+                e.spec.prompt_tokens,
+                e.spec.output_tokens,
+                m.strategy,
+                e.tok_s_per_stream,
+                e.ttft_us / 1e6,
+                e.prefill_us / 1e6,
+                m.prefill_bound
+            )?;
+        }
     }
     Ok(())
 }

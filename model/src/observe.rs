@@ -120,6 +120,41 @@ pub enum Measure {
     ClientE2e,
 }
 
+impl Measure {
+    /// Every measure, in the order of the docs.
+    pub const ALL: [Measure; 3] = [Measure::Decode, Measure::ServerGen, Measure::ClientE2e];
+
+    /// The measure's name (`decode`, `server-gen`, `client-e2e`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Measure::Decode => "decode",
+            Measure::ServerGen => "server-gen",
+            Measure::ClientE2e => "client-e2e",
+        }
+    }
+}
+
+impl std::fmt::Display for Measure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Measure {
+    type Err = ModelError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        Measure::ALL
+            .into_iter()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| ModelError::UnknownName {
+                kind: "measure",
+                name: s.to_string(),
+                known: "decode, server-gen, client-e2e".into(),
+            })
+    }
+}
+
 /// Whether tok/s is per stream or summed over streams.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "kebab-case")]
