@@ -222,6 +222,7 @@ pub fn run(args: Args) -> Result<()> {
         ("cache_gb", args.cache_gb.map(|g| g.to_string())),
         ("max_streams", Some(args.streams.to_string())),
         ("context", Some(context.to_string())),
+        ("total_context", Some((context * args.streams).to_string())),
     ];
     let template = Template::load(&args.template, &sets, &flags)?;
     let candidates = candidates(&args, &template)?;

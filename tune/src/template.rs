@@ -20,7 +20,8 @@
 //! Placeholders are `{name}` (`{{` and `}}` write braces). tune fills `{ft}` (this binary),
 //! `{port}`, `{strategy}`, `{fetch_fraction}`, `{cpu_layers}`, `{strategy_args}` (the
 //! strategy's `args`, only as a whole argument of `command`) per run, and `{model}`,
-//! `{threads}`, `{cache_gb}`, `{max_streams}`, `{context}` from its flags; `[vars]` gives
+//! `{threads}`, `{cache_gb}`, `{max_streams}`, `{context}` (one stream's) and
+//! `{total_context}` (`{context}` times `{max_streams}`) from its flags; `[vars]` gives
 //! defaults for those and defines any other name, and `--set name=value` overrides both. A
 //! placeholder that is none of these is refused by name when the template is loaded, and so
 //! is one without a value for a strategy tune would run, before any engine starts.
@@ -55,7 +56,14 @@ pub const PER_RUN: &[&str] = &[
 ];
 
 /// Placeholders tune fills from its flags when given; `[vars]` and `--set` may default them.
-pub const FROM_FLAGS: &[&str] = &["model", "threads", "cache_gb", "max_streams", "context"];
+pub const FROM_FLAGS: &[&str] = &[
+    "model",
+    "threads",
+    "cache_gb",
+    "max_streams",
+    "context",
+    "total_context",
+];
 
 /// The strategy names a template may map (the observations file's names).
 pub const STRATEGY_NAMES: &[&str] = &[
@@ -687,6 +695,33 @@ args = ["--n-cpu-moe", "{cpu_layers}"]
             .unwrap_err()
             .to_string();
         assert!(e.contains("--set") && e.contains("port"), "{e}");
+    }
+
+    #[test]
+    fn the_shipped_templates_load_and_render_every_strategy() {
+        let flags = [
+            ("model", Some("m".to_string())),
+            ("threads", Some("4".to_string())),
+            ("cache_gb", Some("2".to_string())),
+            ("max_streams", Some("2".to_string())),
+            ("context", Some("2000".to_string())),
+            ("total_context", Some("4000".to_string())),
+        ];
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/templates");
+        let mut seen = Vec::new();
+        for e in std::fs::read_dir(&dir).unwrap() {
+            let p = e.unwrap().path();
+            let t = Template::load(&p, &[], &flags).unwrap();
+            seen.push(t.file.name.clone());
+            let l = t
+                .launch(&ObservedStrategy::LayerSplit { cpu_layers: 7 }, 1, "ft")
+                .map(|l| l.flags);
+            if t.strategies().any(|s| s == "layer-split") {
+                assert_eq!(l.unwrap(), ["--n-cpu-moe", "7"]);
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, ["freetoken", "ft-serve", "llama-server"]);
     }
 
     #[test]
