@@ -17,6 +17,7 @@ macro_rules! outln {
 mod bench;
 mod bench_bw;
 mod bench_cpu;
+mod calibrate;
 mod engine_args;
 mod experiment;
 mod explain;
@@ -64,6 +65,8 @@ enum Command {
     Run(Box<run::Args>),
     /// Predict decode tok/s per strategy (analytic model), the choice and the legacy ratio.
     Predict(predict::Args),
+    /// Fit an engine's terms to its measured runs and write a calibrated profile.
+    Calibrate(calibrate::Args),
     /// Explain, in numbers, the model's choice and where the legacy ratio's verdict differs.
     Explain(predict::Args),
     /// Plot a CSV as an SVG: scatter, line, histogram or CDF, with marks and a y = x line.
@@ -129,6 +132,7 @@ fn main() -> ExitCode {
             Some(Command::Simulate(args)) => simulate::run(args),
             Some(Command::Run(args)) => run::run(*args),
             Some(Command::Predict(args)) => predict::run(args),
+            Some(Command::Calibrate(args)) => calibrate::run(args),
             Some(Command::Explain(args)) => explain::run(args),
             Some(Command::Plot(args)) => plot::run(args),
             Some(Command::Serve(args)) => serve::run(args),

@@ -7,6 +7,7 @@
 //! the simulator call the same code for these, their miss rates agree by construction.
 
 pub mod cache;
+pub mod calibrate;
 pub mod error;
 pub mod format;
 pub mod geometry;

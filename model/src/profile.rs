@@ -340,6 +340,13 @@ pub struct Profile {
     /// gave), but `ft predict` warns on stderr and in `--json`, and `ft serve` re-probes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub untrusted: Option<String>,
+    /// The engine-terms section of a profile `ft calibrate` wrote: the runs it was
+    /// calibrated to, which terms they identified and how well it fits them
+    /// ([`crate::calibrate::CalibrationRecord`]). The fitted terms themselves are in
+    /// [`Profile::params`] (`engine`, `overhead`, `cpu_serving_slowdown`, `gather_gbs`), so
+    /// every reader uses them; absent in a probed or host-spec profile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<crate::calibrate::CalibrationRecord>,
 }
 
 /// One short timing of the CPU side's own work: one layer of `experts` experts at
@@ -447,6 +454,7 @@ impl Profile {
             probe_steal_fraction: None,
             cpu_checks: Vec::new(),
             untrusted: None,
+            calibration: None,
         })
     }
 
@@ -691,6 +699,31 @@ impl Profile {
                     ),
                 ));
             }
+        }
+        for (name, v) in [
+            ("overhead.offload_us", p.overhead.offload_us),
+            ("overhead.hybrid_us", p.overhead.hybrid_us),
+            ("overhead.resident_us", p.overhead.resident_us),
+            ("overhead.cpu_us", p.overhead.cpu_us),
+            ("engine.rest_stream_us", p.engine.rest_stream_us),
+            (
+                "engine.rest_context_us_per_ktok",
+                p.engine.rest_context_us_per_ktok,
+            ),
+        ] {
+            if v > lim::MAX_FIXED_US {
+                return Err(ModelError::invalid(
+                    format!("params.{name}"),
+                    format!(
+                        "{v} is beyond the physical ceiling {} \
+                         (ft_model::limits::MAX_FIXED_US): a broken profile, not a slow engine",
+                        lim::MAX_FIXED_US
+                    ),
+                ));
+            }
+        }
+        if let Some(c) = &self.calibration {
+            c.validate()?;
         }
         check_covariance("covariance", &self.covariance)?;
         if let Some(fit) = &self.fit {

@@ -2033,6 +2033,7 @@ pub fn fit_profile(
         probe_steal_fraction: outcome.host_steal_fraction,
         cpu_checks: probe_cpu_checks(outcome),
         untrusted: None,
+        calibration: None,
     };
     // What every reader checks (`Profile::validate`), checked before it is stored: a fit
     // that a reader would refuse is an error here, not a cache entry re-probed forever.

@@ -308,6 +308,7 @@ mod tests {
             probe_steal_fraction: None,
             cpu_checks: Vec::new(),
             untrusted: None,
+            calibration: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("h200.json");

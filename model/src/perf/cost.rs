@@ -590,11 +590,15 @@ impl PerfParams {
     /// (two flops per weight and stream) is far below the GPU's rate, and the `dense` probe
     /// shows no cost per stream beyond the KV bytes (18.4 us at 1 and at 4 streams of one
     /// token on the H200, 2026-12-05). An earlier per-stream compute term at the expert
-    /// kernels' token rate (a different kernel's cost) put 15 us per stream there.
+    /// kernels' token rate (a different kernel's cost) put 15 us per stream there. An
+    /// engine's own per-stream and per-context costs, where `ft calibrate` fitted them, are
+    /// added ([`crate::perf::EngineTerms::rest_us`]; zero for ft's runtime).
     pub fn dense_us(&self, dense: &DenseSpec, streams: f64, context: f64) -> f64 {
         let w = dense.weight_bytes_per_layer as f64;
         let kv = streams * context * dense.kv_bytes_per_token as f64;
-        self.dense_layer_us + (w + kv) / (self.dense_rate_gbs() * BYTES_PER_US_PER_GBS)
+        self.dense_layer_us
+            + (w + kv) / (self.dense_rate_gbs() * BYTES_PER_US_PER_GBS)
+            + self.engine.rest_us(streams, context)
     }
 
     /// Time of the GPU summing the CPU's partial output into the layer's, in us (one launch).

@@ -21,8 +21,9 @@ pub mod cost;
 pub mod decide;
 pub mod fit;
 pub mod legacy;
-mod linalg;
+pub(crate) mod linalg;
 pub mod predict;
+pub mod prefill;
 pub mod step;
 
 use serde::{Deserialize, Serialize};
@@ -94,6 +95,105 @@ impl StrategyOverheads {
         }
     }
 }
+
+/// Terms of an engine's step that only its end-to-end runs show, fitted by `ft calibrate`
+/// ([`crate::calibrate`]) on top of the host model. The other calibrated engine terms live
+/// where the model already has a parameter for them: the CPU side's serving rate in
+/// [`PerfParams::cpu_serving_slowdown`] (a rate `r` times the bench's is a slowdown of
+/// `1 / r - 1`), the fixed cost per layer-step in [`PerfParams::overhead`] (keyed by the
+/// layer's [`LayerWork`]) and the link's effective rate in [`PerfParams::gather_gbs`].
+/// The defaults (no extra cost, hybrid missing as offload does) are ft's own runtime, which
+/// its probes describe without them.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineTerms {
+    /// The rest of the step (attention, sampling, the engine's own per-token work) per
+    /// stream, in us per layer: added to the dense part of every layer for each stream.
+    pub rest_stream_us: f64,
+    /// The rest of the step's growth with context, in us per layer, per stream and per 1,000
+    /// tokens of context (attention an engine computes more slowly than its KV bytes stream).
+    pub rest_context_us_per_ktok: f64,
+    /// Hybrid's miss rate relative to offload's at the same cache, dimensionless (1: the
+    /// counting simulation's own hybrid cache; below 1 the engine's hybrid cache keeps the
+    /// hot experts longer, above 1 it admits worse). Applied to the misses of every layer
+    /// with a CPU share ([`EngineTerms::apply_miss_factor`]).
+    pub hybrid_miss_factor: f64,
+}
+
+impl Default for EngineTerms {
+    fn default() -> Self {
+        EngineTerms {
+            rest_stream_us: 0.0,
+            rest_context_us_per_ktok: 0.0,
+            hybrid_miss_factor: 1.0,
+        }
+    }
+}
+
+impl EngineTerms {
+    /// The rest of the step's time per layer at `streams` streams of `context` tokens, in us.
+    pub fn rest_us(&self, streams: f64, context: f64) -> f64 {
+        streams * (self.rest_stream_us + self.rest_context_us_per_ktok * context / 1000.0)
+    }
+
+    /// A layer-step's counts with its misses scaled by [`EngineTerms::hybrid_miss_factor`]
+    /// where it has a CPU share and a gather (hybrid's work): the experts (and their tokens)
+    /// move between the hits and the misses, the misses keep their split between the link and
+    /// the CPU, and the union of the layer's experts is unchanged. Other layers are as given.
+    pub fn apply_miss_factor(&self, c: &LayerCounts) -> LayerCounts {
+        let m = self.hybrid_miss_factor;
+        if m == 1.0 || c.cpu <= 0.0 || c.fetched <= 0.0 {
+            return *c;
+        }
+        let misses = c.fetched + c.cpu;
+        let union = misses + c.hits;
+        let target = (misses * m).clamp(0.0, union);
+        let k = target / misses;
+        let miss_tokens = c.fetched_tokens + c.cpu_tokens;
+        let all_tokens = miss_tokens + c.hit_tokens;
+        let kt = if miss_tokens > 0.0 {
+            (miss_tokens * k).min(all_tokens) / miss_tokens
+        } else {
+            k
+        };
+        LayerCounts {
+            hits: union - target,
+            hit_tokens: all_tokens - miss_tokens * kt,
+            fetched: c.fetched * k,
+            fetched_tokens: c.fetched_tokens * kt,
+            cpu: c.cpu * k,
+            cpu_tokens: c.cpu_tokens * kt,
+        }
+    }
+
+    /// Check the terms: finite, costs not negative, the miss factor positive; errors name
+    /// the field.
+    pub fn validate(&self) -> Result<()> {
+        for (name, v) in [
+            ("rest_stream_us", self.rest_stream_us),
+            ("rest_context_us_per_ktok", self.rest_context_us_per_ktok),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(ModelError::invalid(
+                    format!("perf.engine.{name}"),
+                    format!("{v} is not a finite number >= 0"),
+                ));
+            }
+        }
+        let m = self.hybrid_miss_factor;
+        if !(m.is_finite() && m > 0.0 && m <= MAX_HYBRID_MISS_FACTOR) {
+            return Err(ModelError::invalid(
+                "perf.engine.hybrid_miss_factor",
+                format!("{m} is outside (0, {MAX_HYBRID_MISS_FACTOR}]"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The largest [`EngineTerms::hybrid_miss_factor`] a profile may hold: a hybrid cache missing
+/// 20 times as often as offload's at the same size is a broken cache, not a term.
+pub const MAX_HYBRID_MISS_FACTOR: f64 = 20.0;
 
 /// The host thread's own time per layer, in us: planning the layer, submitting its GPU
 /// work (the dense launches, the gather's copies, events, the expert launches) and, after a
@@ -265,6 +365,10 @@ pub struct PerfParams {
     /// Residual per-layer cost of each strategy, in us. Probe `step` (calibration runs).
     #[serde(default)]
     pub overhead: StrategyOverheads,
+    /// Terms of the serving engine that only its end-to-end runs show ([`EngineTerms`]):
+    /// `ft calibrate`. Defaults (ft's own runtime) in a host spec and a probed profile.
+    #[serde(default)]
+    pub engine: EngineTerms,
     /// Relative standard deviation of one measured decode run, dimensionless.
     /// Probe `step`: dispersion of repeated runs (the host spec's value before that).
     pub run_noise_rel: f64,
@@ -723,6 +827,7 @@ impl PerfParams {
             cpu_serving_slowdown: 0.0,
             cpu_serving_slowdown_at: Vec::new(),
             overhead: StrategyOverheads::default(),
+            engine: EngineTerms::default(),
             run_noise_rel: e.run_noise_rel,
             bench_expert: ExpertShape::of(&tuning),
             bench_experts: host.tuning_experts()?,
@@ -944,6 +1049,7 @@ impl PerfParams {
                 ));
             }
         }
+        self.engine.validate()?;
         if !(0.0..=1.0).contains(&self.cpu_thread_exponent) {
             return Err(ModelError::invalid(
                 "perf.cpu_thread_exponent",

@@ -415,7 +415,13 @@ pub fn evaluate(p: &PerfParams, shape: &StepShape, samples: &TrafficSamples) -> 
     for chunk in samples.counts.chunks(layers * plans) {
         let mut t = 0.0;
         for c in chunk.chunks(plans) {
-            let lt = p.layer_time_gpus(shape, c, dense);
+            let lt = if p.engine.hybrid_miss_factor == 1.0 {
+                p.layer_time_gpus(shape, c, dense)
+            } else {
+                let scaled: Vec<LayerCounts> =
+                    c.iter().map(|x| p.engine.apply_miss_factor(x)).collect();
+                p.layer_time_gpus(shape, &scaled, dense)
+            };
             t += lt.total_us;
             critical = critical.plus(&lt.critical);
             busy = busy.plus(&lt.busy);
