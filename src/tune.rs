@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ft_model::observe::{Measure, ObservedCache, ObservedStrategy};
-use ft_tune::calib::{Measured, Target, DEFAULT_REL_NOISE, INTERVAL_Z};
+use ft_model::perf::PerfModel;
+use ft_model::profile::Profile;
+use ft_model::ModelSpec;
+use ft_tune::calib::{Calibrator, Measured, Target, DEFAULT_REL_NOISE, INTERVAL_Z};
 use ft_tune::template::{Template, STRATEGY_NAMES};
 use ft_tune::tuning::{self, Ended, TuneConfig, TuneReport, DEFAULT_MAX_RUNS};
 
@@ -90,6 +93,17 @@ pub struct Args {
     /// Model id sent in requests (default: the first of /v1/models).
     #[arg(long)]
     pub served_model: Option<String>,
+    /// Host inputs for the calibrated model: a host preset or host TOML (`ft host init`).
+    /// Without it or --profile, each configuration is judged by its own runs alone.
+    #[arg(long, conflicts_with = "profile")]
+    pub host: Option<String>,
+    /// A profile (JSON: `ft probe`'s, or `ft calibrate --out`'s) as the host model.
+    #[arg(long)]
+    pub profile: Option<PathBuf>,
+    /// The served model's geometry for the calibrated model: a preset, a model TOML, a
+    /// config.json or a GGUF file (default: --model).
+    #[arg(long)]
+    pub geometry: Option<String>,
     /// Relative run-to-run noise assumed for a configuration run once.
     #[arg(long, default_value_t = DEFAULT_REL_NOISE)]
     pub rel_noise: f64,
@@ -211,6 +225,37 @@ fn validate(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The calibrated model where host inputs are given, else the runs alone.
+fn calibrator(args: &Args) -> Result<Box<dyn Calibrator>> {
+    let measured = Measured {
+        rel_noise: args.rel_noise,
+    };
+    let base = match (&args.host, &args.profile) {
+        (None, None) => return Ok(Box::new(measured)),
+        (Some(h), _) => {
+            let spec = ft_sim::hosts::resolve_spec(h).with_context(|| format!("--host {h}"))?;
+            PerfModel::from_host(&spec).with_context(|| format!("--host {h}"))?
+        }
+        (None, Some(p)) => {
+            let label = format!("profile {}", p.display());
+            Profile::read(p)
+                .with_context(|| format!("--profile {}", p.display()))?
+                .perf_model(&label)
+        }
+    };
+    let Some(geometry) = args.geometry.as_ref().or(args.model.as_ref()) else {
+        bail!("invalid --geometry: the calibrated model needs the served model's geometry (--geometry, or a --model ft can read)");
+    };
+    let model = ModelSpec::resolve(geometry).with_context(|| {
+        format!("--geometry {geometry} (the served model's geometry: a preset, a model TOML, a config.json or a GGUF file)")
+    })?;
+    Ok(Box::new(ft_tune::model_calib::Model::new(
+        model,
+        base,
+        args.rel_noise,
+    )))
+}
+
 /// Run `ft tune`.
 pub fn run(args: Args) -> Result<()> {
     validate(&args)?;
@@ -246,12 +291,12 @@ pub fn run(args: Args) -> Result<()> {
                 MeasureArg::ClientE2e => Measure::ClientE2e,
                 MeasureArg::Decode => Measure::Decode,
             },
+            cache: args
+                .cache_gb
+                .map(ObservedCache::Gib)
+                .or(args.cache_residency.map(ObservedCache::Residency)),
         },
         warmup: args.warmup,
-        cache: args
-            .cache_gb
-            .map(ObservedCache::Gib)
-            .or(args.cache_residency.map(ObservedCache::Residency)),
         threads: args.threads,
         port: args.port,
         budget: Duration::from_secs_f64(args.budget_s),
@@ -271,9 +316,7 @@ pub fn run(args: Args) -> Result<()> {
             args.out.display()
         );
     }
-    let calibrator = Measured {
-        rel_noise: args.rel_noise,
-    };
+    let calibrator = calibrator(&args)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -281,7 +324,7 @@ pub fn run(args: Args) -> Result<()> {
     let report = rt.block_on(tuning::until_signal(tuning::tune(
         &template,
         &cfg,
-        &calibrator,
+        calibrator.as_ref(),
         prior,
     )))?;
     let json = serde_json::to_string_pretty(&report)?;
@@ -338,15 +381,25 @@ fn table(r: &TuneReport) -> String {
         "\nat {} stream(s), tok/s per stream ({:.0}% interval: ± {INTERVAL_Z} se):\n",
         t.streams, 95.0
     );
+    let host_only = r.candidates.iter().any(|c| c.host_only.is_some());
     for c in &r.candidates {
+        let h = match c.host_only {
+            Some(h) if host_only => format!("  host inputs only {h:.2}"),
+            _ => String::new(),
+        };
         match (&c.estimate, c.interval) {
             (Some(e), Some((lo, hi))) => {
+                let basis = if e.runs > 0 {
+                    format!("{} run(s)", e.runs)
+                } else {
+                    "predicted".to_string()
+                };
                 s += &format!(
-                    "  {:<16} {:>9.2}  [{:.2}, {:.2}]  {} run(s)\n",
-                    c.config, e.tok_s, lo, hi, e.runs
+                    "  {:<16} {:>9.2}  [{:.2}, {:.2}]  {basis}{h}\n",
+                    c.config, e.tok_s, lo, hi
                 )
             }
-            _ => s += &format!("  {:<16} {:>9}  (not run)\n", c.config, "?"),
+            _ => s += &format!("  {:<16} {:>9}  (not run){h}\n", c.config, "?"),
         }
     }
     match &r.choice {

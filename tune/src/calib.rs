@@ -7,7 +7,7 @@
 //! model, so it is also the reference a model-based calibrator is checked against on the
 //! configurations both can see.
 
-use ft_model::observe::{Measure, Observation, ObservedStrategy};
+use ft_model::observe::{Measure, Observation, ObservedCache, ObservedStrategy};
 use serde::Serialize;
 
 use crate::error::Result;
@@ -35,6 +35,8 @@ pub struct Target {
     pub output_tokens: usize,
     /// What tok/s measures.
     pub measure: Measure,
+    /// The engine's expert cache (for cached strategies).
+    pub cache: Option<ObservedCache>,
 }
 
 /// One candidate's estimate at the target.
@@ -70,6 +72,17 @@ pub trait Calibrator {
         candidates: &[ObservedStrategy],
         target: &Target,
     ) -> Result<Vec<Option<Estimate>>>;
+
+    /// Each candidate's prediction at `target` from host inputs alone (no runs), where the
+    /// calibrator has a host model: the bench-only answer the runs are set against.
+    fn host_only(
+        &self,
+        candidates: &[ObservedStrategy],
+        target: &Target,
+    ) -> Result<Vec<Option<f64>>> {
+        let _ = target;
+        Ok(vec![None; candidates.len()])
+    }
 }
 
 /// Whether two configurations are the same (fetch fractions compared with a tolerance).
@@ -165,6 +178,7 @@ mod tests {
             prompt_tokens: 0,
             output_tokens: 16,
             measure: Measure::ClientE2e,
+            cache: None,
         };
         let cands = [
             ObservedStrategy::Offload,

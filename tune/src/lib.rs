@@ -13,12 +13,14 @@
 //! - [`tuning`]: the loop (start, wait, the field report's protocol through
 //!   `ft_serve::loadgen`, stop, record, calibrate, decide, next) within a wall budget;
 //! - [`calib`]: the seam between runs and estimates, and the model-free reference;
+//! - [`model_calib`]: estimates from `ft_model::calibrate` fitted to the runs;
 //! - [`plan`]: the choice, whether it is settled, and the next run;
 //! - [`obsfile`]: runs written as rows of the observations CSV (`ft_model::observe`).
 
 pub mod calib;
 pub mod engine;
 pub mod error;
+pub mod model_calib;
 pub mod obsfile;
 pub mod plan;
 pub mod template;

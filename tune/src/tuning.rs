@@ -14,7 +14,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ft_model::observe::{Measure, Observation, ObservedCache, ObservedStrategy};
+use ft_model::observe::{Measure, Observation, ObservedStrategy};
 use ft_serve::loadgen::{self, EndpointKind, ReplayConfig, ReplayReport};
 use serde::Serialize;
 use tracing::info;
@@ -39,8 +39,6 @@ pub struct TuneConfig {
     pub target: Target,
     /// Unscored warm-up requests per run.
     pub warmup: usize,
-    /// The engine's expert cache, as the observations record it (for cached strategies).
-    pub cache: Option<ObservedCache>,
     /// The engine's CPU threads, recorded in the observations.
     pub threads: Option<usize>,
     /// The engine's port (0: a free one per run).
@@ -106,6 +104,8 @@ pub struct CandidateRow {
     pub config: String,
     /// Its estimate at the target, if any.
     pub estimate: Option<Estimate>,
+    /// Its prediction from host inputs alone, where the calibrator has a host model.
+    pub host_only: Option<f64>,
     /// The interval's bounds.
     pub interval: Option<(f64, f64)>,
 }
@@ -245,7 +245,7 @@ fn observations_of(
             output_tokens,
             context: (prompt_tokens + output_tokens / 2).max(1),
             cache: if strategy.needs_cache() {
-                cfg.cache
+                cfg.target.cache
             } else {
                 None
             },
@@ -366,7 +366,7 @@ pub async fn tune(
         return Err(TuneError::invalid("--strategies", "no candidate to run"));
     }
     for c in &cfg.candidates {
-        if c.needs_cache() && cfg.cache.is_none() {
+        if c.needs_cache() && cfg.target.cache.is_none() {
             return Err(TuneError::invalid(
                 "--cache-gb",
                 format!(
@@ -452,12 +452,15 @@ pub async fn tune(
         obsfile::write(&obs_path, &runs, &comment)?;
     }
     let (est, standing) = assess(calibrator, &runs, cfg, &names)?;
+    let host_only = calibrator.host_only(&cfg.candidates, &cfg.target)?;
     let candidates = names
         .iter()
         .zip(&est)
-        .map(|(n, e)| CandidateRow {
+        .zip(host_only)
+        .map(|((n, e), h)| CandidateRow {
             config: n.clone(),
             estimate: *e,
+            host_only: h,
             interval: e.map(|e| e.interval()),
         })
         .collect();
