@@ -795,8 +795,8 @@ fn probe_once(
                 })
                 .collect(),
             StrategyKind::Resident => continue,
-            // The engine does not run layer split yet; its layers' costs are those of the
-            // work the other strategies calibrate.
+            // Layer split's layers are resident or CPU-only work, whose costs the other
+            // strategies calibrate (and its resident slots need an engine of their own).
             StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => continue,
             StrategyKind::Offload | StrategyKind::Cpu => vec![Strategy::from_kind(*kind, None)],
         };
@@ -823,7 +823,10 @@ fn probe_once(
             StrategyKind::Hybrid => middle_fraction.map(|f| Strategy::Hybrid {
                 fetch: ft_model::FetchFraction::Fixed(f),
             }),
-            _ => None,
+            StrategyKind::Offload
+            | StrategyKind::Resident
+            | StrategyKind::LayerSplit
+            | StrategyKind::LayerSplitCached => None,
         })
         .collect();
     for &t in &extra_threads {
