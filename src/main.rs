@@ -33,6 +33,7 @@ mod routing;
 mod run;
 mod serve;
 mod simulate;
+mod tune;
 mod validate;
 mod version;
 
@@ -85,6 +86,8 @@ enum Command {
     Host(host_cmd::Args),
     /// Routing statistics (cache hit rates, hot lists, reuse), process fitting, trace import.
     Routing(routing::Args),
+    /// Probe a served engine end to end, strategy by strategy, and decide from the runs.
+    Tune(Box<tune::Args>),
 }
 
 /// An outcome that is not an error but must change the exit code (a check that failed).
@@ -140,6 +143,7 @@ fn main() -> ExitCode {
             Some(Command::Model(args)) => model_cmd::run(args),
             Some(Command::Host(args)) => host_cmd::run(args),
             Some(Command::Routing(args)) => routing::run(args),
+            Some(Command::Tune(args)) => tune::run(*args),
             None => {
                 use clap::CommandFactory;
                 let _ = Cli::command().print_help();
