@@ -20,6 +20,7 @@ pub mod placement;
 pub mod plan;
 pub mod preset;
 pub mod profile;
+pub mod profile_select;
 pub mod resolve;
 pub mod routing;
 pub mod schedule;
