@@ -24,6 +24,7 @@ pub mod profile_select;
 pub mod resolve;
 pub mod routing;
 pub mod schedule;
+pub mod stats;
 pub mod strategy;
 pub mod traffic;
 
