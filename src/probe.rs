@@ -25,7 +25,7 @@ use ft_model::perf::fit::{
 use ft_model::perf::legacy::{fraction_q16, BenchBw, LegacyRatio, FRACTION_ONE};
 use ft_model::perf::predict::PredictConfig;
 use ft_model::perf::{decide, predict, Decision, ExpertShape, Prediction};
-use ft_model::profile::{self, Lookup, Profile, ProfileKey};
+use ft_model::profile::{self, Profile, ProfileKey};
 use ft_model::{ExpertFormat, ModelSpec, StrategyKind};
 use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceConfig};
@@ -357,49 +357,6 @@ impl Args {
     }
 }
 
-/// The cached profile of `key` in `dir` when its key matches and its fit is trusted (`Ok`),
-/// else why it cannot be used, one phrase per reason (`stale: ...` per mismatch, `no cached
-/// profile`, `corrupt: ...`, `untrusted: ...`), each also logged. The one lookup `ft probe`
-/// and `ft serve` share; through this entry (the server's) a profile whose fit missed its
-/// own validation runs (`Profile::trust_issue`) is re-probed, never served from.
-pub fn cached_profile(
-    dir: &Path,
-    key: &ProfileKey,
-) -> Result<std::result::Result<Profile, Vec<String>>> {
-    cached_profile_as(dir, key, false)
-}
-
-/// [`cached_profile`], reusing an untrusted profile where `keep_untrusted` (`ft probe`: the
-/// user sees the mark and `--force` re-probes; a server re-probes instead).
-fn cached_profile_as(
-    dir: &Path,
-    key: &ProfileKey,
-    keep_untrusted: bool,
-) -> Result<std::result::Result<Profile, Vec<String>>> {
-    Ok(match profile::load(dir, key)? {
-        Lookup::Fresh(p) => match p.trust_issue() {
-            None => Ok(*p),
-            Some(_) if keep_untrusted => Ok(*p),
-            Some(why) => {
-                tracing::warn!(path = %dir.join(key.file_name()).display(), "untrusted cached profile, re-probing: {why}");
-                Err(vec![format!("untrusted: {why}")])
-            }
-        },
-        Lookup::Stale { path, mismatches } => Err(mismatches
-            .iter()
-            .map(|m| {
-                tracing::info!(path = %path.display(), "stale profile: {m}");
-                format!("stale: {m}")
-            })
-            .collect()),
-        Lookup::Missing { .. } => Err(vec!["no cached profile".to_string()]),
-        Lookup::Corrupt { path, reason } => {
-            tracing::warn!(path = %path.display(), "corrupt profile, re-probing: {reason}");
-            Err(vec![format!("corrupt: {reason}")])
-        }
-    })
-}
-
 /// Write `bytes` to `path` atomically: a temporary file beside it, synced, renamed over it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
@@ -452,7 +409,7 @@ pub fn run(args: Args) -> Result<()> {
         reasons.push("--force".to_string());
         None
     } else {
-        match cached_profile_as(&dir, &key, true)? {
+        match ft_model::profile_select::cached(&dir, &key, true)? {
             Ok(p) => Some(p),
             Err(why) => {
                 reasons = why;

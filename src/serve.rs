@@ -33,15 +33,15 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use ft_model::cache::CacheSize;
-use ft_model::perf::fit::{FitConfig, ProbeSamples};
 use ft_model::perf::predict::default_cache_slots;
-use ft_model::perf::{CpuSpeedSource, PerfModel, PredictConfig};
-use ft_model::profile::{self, CpuCheck, Profile, ProfileKey};
+use ft_model::perf::{CpuSpeedSource, PredictConfig};
+use ft_model::profile::CpuCheck;
+use ft_model::profile_select::PerfSource;
 use ft_model::routing::RoutingProcess;
 use ft_model::{FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{BankSource, EngineConfig, EngineSettings};
-use ft_runtime::probe as rprobe;
-use ft_runtime::{Device, DeviceKind, DeviceSpec};
+use ft_runtime::profile_select::{self, Selection};
+use ft_runtime::Device;
 use ft_serve::backend::engine::EngineBackend;
 use ft_serve::backend::reference::{ReferenceConfig, ReferenceMoe};
 use ft_serve::backend::StepBackend;
@@ -49,7 +49,7 @@ use ft_serve::monitor::CheckConfig;
 use ft_serve::perf_adapter::PerfPredictor;
 use ft_serve::predict::{Corrected, Decision, Predictor};
 use ft_serve::scheduler::{SchedulerConfig, SelfCheck};
-use tracing::{info, warn};
+use tracing::info;
 
 /// Context length the start-up prediction is made at, tokens: the field report's protocol
 /// (prompts of about 1.2K tokens, 256 output tokens) sits between 1.2K and 1.45K.
@@ -242,155 +242,24 @@ fn cpu_speed_at_start(
     Ok(Some((speed, now, then)))
 }
 
-/// What the start-up prediction rests on ([`perf_model`]).
-struct PerfSource {
-    perf: PerfModel,
-    samples: ProbeSamples,
-    /// Where it came from, in words.
-    label: String,
-    /// The profile's CPU checks (empty for a host spec or an older profile): what the check
-    /// at start is set against.
-    cpu_checks: Vec<CpuCheck>,
-}
-
-/// Where the predictions come from (see the module docs); `device` is the engine's device,
-/// opened before the prediction (`None` for the reference backend).
+/// Where the predictions come from (see the module docs and
+/// `ft_runtime::profile_select`); `device` is the engine's device, opened before the
+/// prediction (`None` for the reference backend).
 fn perf_model(
     args: &Args,
     model: &ModelSpec,
     device: Option<&Device>,
     settings: &EngineSettings,
 ) -> Result<PerfSource> {
-    // A profile fitted at another thread count than this server's CPU pool is re-expressed at
-    // the pool's (`Profile::at_threads`): a profile probed by `ft probe --threads 15` predicts
-    // a 13-worker pool's CPU share at 13 workers.
-    let pool_threads = args.threads.unwrap_or_else(default_pool_threads) as u32;
-    let from_profile = |p: Profile, label: String| -> Result<PerfSource> {
-        if p.params.cpu_threads == pool_threads {
-            return Ok(PerfSource {
-                perf: p.perf_model(&label),
-                samples: p.samples.clone(),
-                cpu_checks: p.cpu_checks.clone(),
-                label,
-            });
-        }
-        let probed = p.params.cpu_threads;
-        let q = p
-            .at_threads(pool_threads)
-            .with_context(|| format!("{label}: re-expressing it at {pool_threads} threads"))?;
-        let label = format!(
-            "{label}, re-expressed at the pool's {pool_threads} threads (fitted at {probed})"
-        );
-        info!("{label}");
-        Ok(PerfSource {
-            perf: q.perf_model(&label),
-            samples: q.samples.clone(),
-            cpu_checks: q.cpu_checks.clone(),
-            label,
-        })
+    let sel = Selection {
+        profile: args.profile.as_deref(),
+        host: args.host.as_deref(),
+        threads: args.threads.unwrap_or_else(default_pool_threads) as u32,
+        fallback_host: ft_model::hosts::DEFAULT_HOST,
+        probe: true,
+        cache_options: &args.cache_args.options(None)?,
     };
-    let spec_model = |name: &str, why: &str| -> Result<PerfSource> {
-        let host = ft_sim::hosts::resolve(name).with_context(|| format!("--host {name}"))?;
-        if !why.is_empty() {
-            warn!(
-                "{why}: predicting from the perf model with host spec '{}'",
-                host.name
-            );
-        }
-        let perf = PerfModel::from_host(&host).with_context(|| format!("--host {name}"))?;
-        Ok(PerfSource {
-            perf,
-            samples: ProbeSamples::default(),
-            label: format!("host spec {}", host.name),
-            cpu_checks: Vec::new(),
-        })
-    };
-    if let Some(path) = &args.profile {
-        let p = Profile::read(path).with_context(|| format!("--profile {}", path.display()))?;
-        let want = ProfileKey::new(p.key.host.clone(), model);
-        let mism = p.key.mismatches(&want);
-        if !mism.is_empty() {
-            warn!(
-                "--profile {}: its key differs from this model ({}); using it as given",
-                path.display(),
-                mism.iter()
-                    .map(|m| m.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        return from_profile(p, format!("profile {}", path.display()));
-    }
-    if let Some(name) = &args.host {
-        return spec_model(name, "");
-    }
-    let Some(device) = device else {
-        return spec_model(
-            ft_sim::hosts::DEFAULT_HOST,
-            "the reference backend has no device to probe",
-        );
-    };
-    let key = ProfileKey::new(
-        rprobe::host_fingerprint(
-            device,
-            &rprobe::CpuTopology::detect(),
-            ft_kernels::ActivationPath::preferred(model.format),
-            settings,
-            &args.cache_args.options(None)?,
-        ),
-        model,
-    );
-    let dir = profile::profile_dir()?;
-    let why = match crate::probe::cached_profile(&dir, &key) {
-        Ok(Ok(p)) => {
-            let label = format!(
-                "cached profile {} (key matches this host, model and version)",
-                dir.join(key.file_name()).display()
-            );
-            return from_profile(p, label);
-        }
-        Ok(Err(reasons)) => format!(
-            "no usable cached profile for this host, model and version ({})",
-            reasons.join("; ")
-        ),
-        Err(e) => format!("the profile cache cannot be read ({e:#})"),
-    };
-    if device.kind() != DeviceKind::Cuda {
-        return spec_model(
-            ft_sim::hosts::DEFAULT_HOST,
-            &format!("{why}, and the host-emulated device has nothing real to probe"),
-        );
-    }
-    info!(
-        "{why}: probing this machine (ft probe, at most {:.0} s)",
-        rprobe::ProbeConfig::default().budget_s
-    );
-    let config = rprobe::ProbeConfig {
-        threads: pool_threads as usize,
-        engine: *settings,
-        cache_options: args.cache_args.options(None)?,
-        ..rprobe::ProbeConfig::default()
-    };
-    let t0 = std::time::Instant::now();
-    let probed = rprobe::run(device, model, &config, &mut |_, _| {}).and_then(|outcome| {
-        rprobe::fit_profile(device, &outcome, key.host.clone(), &FitConfig::default())
-    });
-    match probed {
-        Ok((profile, _, _)) => {
-            let path = profile::store(&dir, &profile)?;
-            let label = format!(
-                "profile probed at start in {:.1} s (stored as {})",
-                t0.elapsed().as_secs_f64(),
-                path.display()
-            );
-            info!("{label}");
-            from_profile(profile, label)
-        }
-        Err(e) => spec_model(
-            ft_sim::hosts::DEFAULT_HOST,
-            &format!("{why}, and probing failed ({e})"),
-        ),
-    }
+    Ok(profile_select::select(&sel, model, device, settings)?)
 }
 
 fn forced(kind: StrategyKind, fetch: FetchFraction, decision: &Decision) -> Strategy {
@@ -449,11 +318,11 @@ pub fn run(args: Args) -> Result<()> {
     // The engine's device, opened first: the prediction may probe it.
     let device = match args.backend {
         BackendArg::Engine => {
-            let kind = match args.device {
-                DeviceArg::Cuda => DeviceKind::Cuda,
-                DeviceArg::Host => DeviceKind::Host,
+            let name = match args.device {
+                DeviceArg::Cuda => "cuda",
+                DeviceArg::Host => "host",
             };
-            Some(Device::open(&DeviceSpec::of_kind(kind)).context("--device")?)
+            Some(profile_select::open_device(name).context("--device")?)
         }
         BackendArg::Reference => None,
     };

@@ -10,8 +10,11 @@
 //! temporary folder, which is also `FT_CACHE_DIR`, so no case reads or writes the user's
 //! profile cache.
 //!
-//! The HTTP half of the list belongs with the server's tests; [`run_limited`] is the shared
-//! piece (any command under the same limits).
+//! The HTTP half ([`every_bad_http_request_is_refused_cleanly_under_2_gib`]) runs one `ft
+//! serve` under the same limit and sends it a table of malformed requests: each must get its
+//! status with a JSON error body (or, for a client that never finishes its headers, the
+//! connection closed at the header timeout), the server must go on serving, and SIGTERM must
+//! stop it cleanly within its shutdown deadline.
 
 use std::io::Read as _;
 use std::os::unix::process::CommandExt as _;
@@ -45,12 +48,9 @@ pub struct Limited {
     pub timed_out: bool,
 }
 
-/// Run `cmd` under an address-space limit of `as_bytes` and a wall-time bound, stdin closed;
-/// killed at the bound. The piece the CLI and HTTP bad-input lists share.
-pub fn run_limited(mut cmd: Command, as_bytes: u64, timeout: Duration) -> Limited {
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+/// Limit the address space of the child `cmd` starts to `as_bytes` (`RLIMIT_AS`, set in the
+/// child before `exec`). The piece the CLI and HTTP bad-input lists share.
+pub fn limit_address_space(cmd: &mut Command, as_bytes: u64) {
     // SAFETY: the closure runs in the forked child before exec and calls only setrlimit,
     // which is async-signal-safe; it touches no memory shared with the parent.
     unsafe {
@@ -65,6 +65,15 @@ pub fn run_limited(mut cmd: Command, as_bytes: u64, timeout: Duration) -> Limite
             Ok(())
         });
     }
+}
+
+/// Run `cmd` under an address-space limit of `as_bytes` and a wall-time bound, stdin closed;
+/// killed at the bound.
+pub fn run_limited(mut cmd: Command, as_bytes: u64, timeout: Duration) -> Limited {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    limit_address_space(&mut cmd, as_bytes);
     let start = Instant::now();
     let mut child = cmd.spawn().expect("the command starts");
     // Drain both pipes on threads so that a chatty child never blocks on a full pipe.
@@ -737,10 +746,13 @@ fn build() -> List {
         ],
         &zero_json,
     );
-    l.add(&["validate", "get", &zero_json, "a"], &zero_json);
-    l.add(&["validate", "get", &garbage_json, "a"], &garbage_json);
-    l.add(&["validate", "get", &dir_json, "a"], &dir_json);
-    l.add(&["validate", "get", &good, "no.such.path"], "no.such.path");
+    l.add(&["validate", "get", &zero_json, "/a"], &zero_json);
+    l.add(&["validate", "get", &garbage_json, "/a"], &garbage_json);
+    l.add(&["validate", "get", &dir_json, "/a"], &dir_json);
+    l.add(
+        &["validate", "get", &good, "/no/such/path"],
+        "/no/such/path",
+    );
     l.add(
         &[
             "validate",
@@ -934,4 +946,288 @@ fn implausible_inputs_warn_on_stderr_and_in_json() {
     assert!(err.contains("UNTRUSTED") && err.contains(&path), "{err}");
     // The profile's own model is the default --model: no refusal without --model.
     assert_eq!(v["prediction"]["model"], "qwen3.8-flash-next");
+}
+
+/// One malformed HTTP request and what the server must answer: a status with a JSON error
+/// body, or (`None`) the connection closed without a response, within [`HTTP_CASE_TIMEOUT`].
+struct HttpCase {
+    /// What the case is, for the failure message.
+    what: &'static str,
+    /// The bytes the client sends (and then it waits, its side left open).
+    request: Vec<u8>,
+    /// The status the server must answer with.
+    status: Option<u16>,
+}
+
+/// How long one HTTP case may wait for its answer, s: the server's header and body timeouts
+/// in this test are 1 s each.
+const HTTP_CASE_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A POST of `body` to `path` with a matching Content-Length.
+fn post(path: &str, body: &[u8]) -> Vec<u8> {
+    let mut r = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    r.extend_from_slice(body);
+    r
+}
+
+/// A request head alone (`Connection: close`).
+fn head(line: &str, headers: &str) -> Vec<u8> {
+    format!("{line}\r\nHost: x\r\nConnection: close\r\n{headers}\r\n").into_bytes()
+}
+
+fn http_cases() -> Vec<HttpCase> {
+    let c = |what, request, status| HttpCase {
+        what,
+        request,
+        status,
+    };
+    let nested = format!("{{\"prompt\": {}", "[".repeat(50_000));
+    let mut invalid_utf8 = b"{\"prompt\": \"".to_vec();
+    invalid_utf8.extend_from_slice(&[0xff, 0xfe, 0xfd]);
+    invalid_utf8.extend_from_slice(b"\"}");
+    let chunk = "x".repeat(40_000);
+    let chunked = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+        chunk.len(),
+        chunk.len()
+    );
+    vec![
+        c(
+            "truncated JSON",
+            post("/v1/completions", b"{\"prompt\": \"x\","),
+            Some(400),
+        ),
+        c(
+            "unknown field",
+            post("/v1/completions", b"{\"prompt\": \"x\", \"bogus\": 1}"),
+            Some(400),
+        ),
+        c(
+            "wrong type",
+            post("/v1/chat/completions", b"{\"messages\": \"x\"}"),
+            Some(400),
+        ),
+        c("empty body", post("/v1/completions", b""), Some(400)),
+        c(
+            "JSON array body",
+            post("/v1/completions", b"[1, 2, 3]"),
+            Some(400),
+        ),
+        c(
+            "invalid UTF-8",
+            post("/v1/completions", &invalid_utf8),
+            Some(400),
+        ),
+        c(
+            "50,000-deep nesting",
+            post("/v1/completions", nested.as_bytes()),
+            Some(400),
+        ),
+        c(
+            "negative temperature",
+            post(
+                "/v1/completions",
+                b"{\"prompt\": \"x\", \"temperature\": -1}",
+            ),
+            Some(400),
+        ),
+        c(
+            "max_tokens past the context",
+            post(
+                "/v1/completions",
+                b"{\"prompt\": \"x\", \"max_tokens\": 100000000}",
+            ),
+            Some(400),
+        ),
+        c(
+            "max_tokens beyond u64",
+            post(
+                "/v1/completions",
+                b"{\"prompt\": \"x\", \"max_tokens\": 1e400}",
+            ),
+            Some(400),
+        ),
+        c(
+            "n > 1",
+            post("/v1/completions", b"{\"prompt\": \"x\", \"n\": 2}"),
+            Some(400),
+        ),
+        c(
+            "unknown model",
+            post(
+                "/v1/completions",
+                b"{\"prompt\": \"x\", \"model\": \"gpt-9\"}",
+            ),
+            Some(404),
+        ),
+        c(
+            "wrong method",
+            head("GET /v1/completions HTTP/1.1", ""),
+            Some(405),
+        ),
+        c(
+            "unknown path",
+            head("DELETE /nowhere HTTP/1.1", ""),
+            Some(404),
+        ),
+        c(
+            "unparsable request line",
+            b"BOGUS\0 / HTTP/1.1\r\n\r\n".to_vec(),
+            Some(400),
+        ),
+        c(
+            "Content-Length 10^12",
+            head(
+                "POST /v1/completions HTTP/1.1",
+                "Content-Type: application/json\r\nContent-Length: 1000000000000\r\n",
+            ),
+            Some(413),
+        ),
+        c(
+            "chunked body over the limit",
+            chunked.into_bytes(),
+            Some(413),
+        ),
+        c(
+            "body shorter than its Content-Length",
+            {
+                let mut r = head(
+                    "POST /v1/completions HTTP/1.1",
+                    "Content-Type: application/json\r\nContent-Length: 100\r\n",
+                );
+                r.extend_from_slice(b"{\"prompt\"");
+                r
+            },
+            Some(408),
+        ),
+        c(
+            "headers never finished",
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le".to_vec(),
+            None,
+        ),
+    ]
+}
+
+/// Send one case on a fresh connection and read until the server closes it: the status
+/// (`None`: closed without a response) and the body.
+fn send(addr: &str, case: &HttpCase) -> (Option<u16>, String, Duration) {
+    use std::io::Write as _;
+    let start = Instant::now();
+    let mut s = std::net::TcpStream::connect(addr).expect("the server accepts");
+    s.set_read_timeout(Some(HTTP_CASE_TIMEOUT)).unwrap();
+    // A server that answers before the whole request is in may close under the writer.
+    let _ = s.write_all(&case.request);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let status = raw
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|r| r.get(..3))
+        .and_then(|c| c.parse().ok());
+    let body = raw
+        .find("\r\n\r\n")
+        .map_or(String::new(), |i| raw[i + 4..].to_string());
+    (status, body, start.elapsed())
+}
+
+/// The malformed requests against a real `ft serve` under the CLI list's 2 GiB limit: each
+/// gets its status and a JSON error body (or, never finishing its headers, is disconnected at
+/// the header timeout), a good request is served after them all, and SIGTERM stops the
+/// server with exit 0 within its shutdown deadline.
+#[test]
+fn every_bad_http_request_is_refused_cleanly_under_2_gib() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ft"));
+    cmd.args([
+        "serve",
+        "--backend",
+        "reference",
+        "--port",
+        "0",
+        "--json",
+        "--header-timeout-s",
+        "1",
+        "--body-timeout-s",
+        "1",
+        "--max-body-bytes",
+        "65536",
+        "--shutdown-deadline-s",
+        "2",
+    ])
+    .env("FT_CACHE_DIR", dir.path())
+    .env_remove("RUST_LOG")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    limit_address_space(&mut cmd, ADDRESS_SPACE_BYTES);
+    let mut child = cmd.spawn().expect("ft serve starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut stderr = child.stderr.take().unwrap();
+    let err = std::thread::spawn(move || {
+        let mut v = String::new();
+        let _ = stderr.read_to_string(&mut v);
+        v
+    });
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("the start-up line");
+    let v: serde_json::Value = serde_json::from_str(&line)
+        .unwrap_or_else(|e| panic!("{e}: '{line}' (server stderr: {:?})", child.try_wait()));
+    let addr = v["listening"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("http://")
+        .to_string();
+
+    let cases = http_cases();
+    assert!(cases.len() >= 15);
+    for case in &cases {
+        let (status, body, took) = send(&addr, case);
+        assert_eq!(status, case.status, "{}: {body}", case.what);
+        assert!(took < HTTP_CASE_TIMEOUT, "{}: {took:?}", case.what);
+        if status.is_some() {
+            let e: serde_json::Value = serde_json::from_str(body.trim())
+                .unwrap_or_else(|e| panic!("{}: not a JSON body ({e}): {body}", case.what));
+            assert!(
+                e["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{}: {e}",
+                case.what
+            );
+        }
+    }
+    // Still serving.
+    let good = HttpCase {
+        what: "a good request",
+        request: post(
+            "/v1/completions",
+            b"{\"prompt\": \"hello\", \"max_tokens\": 2}",
+        ),
+        status: Some(200),
+    };
+    let (status, body, _) = send(&addr, &good);
+    assert_eq!(status, Some(200), "{body}");
+
+    // SIGTERM: exit 0 within the deadline (2 s) and a margin for the loaded CI machine.
+    let t = Instant::now();
+    // SAFETY: kill(2) on the child's own pid, which this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("ft serve did not stop within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let err = err.join().unwrap();
+    assert_eq!(status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -478,7 +478,7 @@ fn plan_and_collect_build_the_csv_from_the_grids_documents() {
         d.join(format!("predictions/{config}.json"))
             .to_str()
             .unwrap(),
-        "prediction.fetch_search.chosen",
+        "/prediction/fetch_search/chosen",
     ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "0.4");
     std::fs::create_dir_all(d.join("runs")).unwrap();

@@ -74,12 +74,12 @@ explain() { # HOST-OR-FILE LABEL THREADS
         >> "$OUT/raw/model.jsonl"
 }
 for p in "${PRESETS[@]}"; do
-    cp "$ROOT/sim/hosts/$p.toml" "$OUT/hosts/$p.toml"
+    cp "$ROOT/model/hosts/$p.toml" "$OUT/hosts/$p.toml"
     explain "$p" "$p" engine
 done
 for t in "${THREADS[@]}"; do
     f="$OUT/hosts/$GPU_HOST-$t-threads.toml"
-    { cat "$ROOT/sim/hosts/$GPU_HOST.toml"; printf '\n[engine]\ncpu_threads = %s\n' "$t"; } > "$f"
+    { cat "$ROOT/model/hosts/$GPU_HOST.toml"; printf '\n[engine]\ncpu_threads = %s\n' "$t"; } > "$f"
     explain "$f" "$GPU_HOST" "$t"
 done
 

@@ -50,18 +50,18 @@ repredict_grid() {
         # The traffic simulation counts the steps the runs decoded, of the routing they decoded
         # (their reports say which).
         run_doc="$dir/runs/$config-hybrid.json"
-        f_run=$("$ft" validate get "$run_doc" fetch_fraction)
-        steps=$("$ft" validate get "$run_doc" summary.steps)
-        warmup=$("$ft" validate get "$run_doc" summary.warmup_steps)
-        seed=$("$ft" validate get "$run_doc" seed)
+        f_run=$("$ft" validate get "$run_doc" /fetch_fraction)
+        steps=$("$ft" validate get "$run_doc" /summary/steps)
+        warmup=$("$ft" validate get "$run_doc" /summary/warmup_steps)
+        seed=$("$ft" validate get "$run_doc" /seed)
         extra=()
         if [[ -n "$extra_fn" ]]; then
             read -r -a extra < <("$extra_fn" "$dir" "$config" "$geometry" "$threads") || true
         fi
         if (( ${#extra[@]} == 0 )); then
-            speed=$("$ft" validate get "$run_doc" auto_cpu_speed 2> /dev/null || true)
+            speed=$("$ft" validate get "$run_doc" /auto_cpu_speed 2> /dev/null || true)
             if [[ -z "$speed" || "$speed" == null ]] && [[ -f "$dir/predictions/$config.json" ]]; then
-                speed=$("$ft" validate get "$dir/predictions/$config.json" cpu_check.speed 2> /dev/null || true)
+                speed=$("$ft" validate get "$dir/predictions/$config.json" /cpu_check/speed 2> /dev/null || true)
             fi
             [[ -n "$speed" && "$speed" != null ]] && extra=(--cpu-speed "$speed")
         fi
@@ -78,7 +78,7 @@ steps_of_runs() {
     doc=$(ls "$dir"/runs/*-hybrid.json 2> /dev/null | head -1)
     [[ -n "$doc" ]] || { echo "validate-h200: no run to re-analyse in $dir" >&2; return 1; }
     # shellcheck disable=SC2034 # STEPS and WARMUP are read by the scripts that source this file
-    STEPS=$("$ft" validate get "$doc" summary.steps)
+    STEPS=$("$ft" validate get "$doc" /summary/steps)
     # shellcheck disable=SC2034
-    WARMUP=$("$ft" validate get "$doc" summary.warmup_steps)
+    WARMUP=$("$ft" validate get "$doc" /summary/warmup_steps)
 }

@@ -127,7 +127,7 @@ for g in qwen3.8-flash-next bench-nvfp4 deepseek-v4-flash; do
     "$FT" validate peer --profile "$OUT/profiles/$g.json" --field fraction > "$OUT/profiles/$g.legacy-fraction"
     # The probe repeats itself (twice at most) while it is disturbed: the hypervisor
     # stealing more than 2%, or the bank's read rate moving by more than 15% while it ran.
-    get() { "$FT" validate get "$OUT/probes/$g.json" "outcome.$1" 2>/dev/null || echo "unrecorded"; }
+    get() { "$FT" validate get "$OUT/probes/$g.json" "/outcome/$1" 2>/dev/null || echo "unrecorded"; }
     echo "probe $g: $(( SECONDS - t0 )) s cumulative; $(get attempts) probe(s), steal $(get host_steal_fraction), bank read $(get stream_read_start_gbs) -> $(get stream_read_gbs) GB/s; $(cat "$OUT/profiles/$g.peer.txt")" >> "$OUT/env.txt"
 done
 
@@ -142,7 +142,7 @@ STEAL_RERUN="${FT_STEAL_RERUN:-0.02}"
 max_steal() { # config: the largest host steal share of its run documents (0 where unrecorded)
     local s v m=0
     for s in offload hybrid hybrid-legacy cpu; do
-        v=$("$FT" validate get "$OUT/runs/$1-$s.json" host_steal_fraction 2>/dev/null) || v=0
+        v=$("$FT" validate get "$OUT/runs/$1-$s.json" /host_steal_fraction 2>/dev/null) || v=0
         m=$(awk -v a="$m" -v b="$v" 'BEGIN { b += 0; print (b > a) ? b : a }')
     done
     echo "$m"
@@ -204,7 +204,7 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
         interleave="offload,hybrid=hybrid:auto,hybrid-legacy=hybrid:$f_legacy,cpu"
     else
         predict_config "$config" || continue
-        f_model=$("$FT" validate get "$OUT/predictions/$config.json" prediction.fetch_search.chosen)
+        f_model=$("$FT" validate get "$OUT/predictions/$config.json" /prediction/fetch_search/chosen)
         interleave="offload,hybrid=hybrid:$f_model,hybrid-legacy=hybrid:$f_legacy,cpu"
     fi
     run_config "$config" "${common[@]}" --interleave "$interleave"
@@ -229,8 +229,8 @@ while IFS=, read -r config geometry layers model_toml residency cache_slots stre
     if [[ "$CPU_CHECK" == engine ]] && [[ -f "$OUT/runs/$config-hybrid.json" ]]; then
         # From the profile and the speed of the kept runs' check before their first round,
         # with hybrid at the fraction decided there.
-        speed=$("$FT" validate get "$OUT/runs/$config-hybrid.json" auto_cpu_speed 2> /dev/null || echo null)
-        f_model=$("$FT" validate get "$OUT/runs/$config-hybrid.json" fetch_fraction)
+        speed=$("$FT" validate get "$OUT/runs/$config-hybrid.json" /auto_cpu_speed 2> /dev/null || echo null)
+        f_model=$("$FT" validate get "$OUT/runs/$config-hybrid.json" /fetch_fraction)
         extra=(--fetch-fraction "$f_model")
         [[ "$speed" != null ]] && extra+=(--cpu-speed "$speed")
         predict_config "$config" "${extra[@]}" || continue

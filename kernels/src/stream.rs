@@ -103,10 +103,7 @@ impl StreamRead {
     }
 }
 
-/// Median of `v` (mean of the middle two for an even count); 0 for an empty slice.
-pub fn median(v: &[f64]) -> f64 {
-    quantile(v, 0.5)
-}
+pub use ft_model::stats::{median, quantile};
 
 /// The median of `reps` timings of `f` after one warm-up call whose result is dropped
 /// (`f` is passed the call's index, 0 for the warm-up): the first call of a timed piece pays
@@ -115,18 +112,6 @@ pub fn warm_median<E>(reps: usize, mut f: impl FnMut(usize) -> Result<f64, E>) -
     f(0)?;
     let t = (1..=reps).map(&mut f).collect::<Result<Vec<_>, E>>()?;
     Ok(median(&t))
-}
-
-/// Linear-interpolated quantile `q` in [0, 1] of `v`; 0 for an empty slice.
-pub fn quantile(v: &[f64], q: f64) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    let pos = q.clamp(0.0, 1.0) * (s.len() - 1) as f64;
-    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
-    s[lo] + (s[hi] - s[lo]) * (pos - lo as f64)
 }
 
 /// Allocate `bytes` and touch every page from the pool's threads (each its own share, so that

@@ -15,6 +15,9 @@ pub enum ModelError {
         name: String,
         known: String,
     },
+    /// A host name that is neither a preset nor a readable file.
+    #[error("unknown host '{name}': not a preset ({known}) and not a file")]
+    UnknownHost { name: String, known: String },
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -30,6 +30,8 @@ use std::path::Path;
 
 use ft_model::{ExpertFormat, ExpertId, MoeGeometry};
 use rayon::prelude::*;
+use safetensors::tensor::Metadata;
+use safetensors::Dtype;
 use serde::{Deserialize, Serialize};
 
 use crate::device::{Device, HostBuffer};
@@ -234,7 +236,7 @@ impl HostBank {
                 for (m, which) in MATRICES.iter().enumerate() {
                     let name = tensor_name(layer, expert, which);
                     let info = tensors
-                        .get(&name)
+                        .info(&name)
                         .ok_or_else(|| st_err(format!("tensor '{name}' is missing")))?;
                     let (rows, cols) = layout.matrix_shape(m);
                     let mbytes = format.matrix_bytes(rows, cols) as usize;
@@ -250,7 +252,7 @@ impl HostBank {
                     let dst = &mut bank.buffer.as_mut_slice()[off..off + mbytes];
                     decode_tensor(
                         &name,
-                        &info.dtype,
+                        info.dtype,
                         &info.shape,
                         &raw,
                         format,
@@ -441,37 +443,18 @@ pub fn fill_expert(layout: &BankLayout, seed: u64, id: ExpertId, out: &mut [u8])
     .map_err(|e| RuntimeError::Kernel(e.to_string()))
 }
 
-/// One entry of a safetensors header.
-#[derive(Debug, Deserialize)]
-struct TensorEntry {
-    dtype: String,
-    shape: Vec<usize>,
-    data_offsets: (usize, usize),
-}
-
-/// Parse a safetensors JSON header (tensor name -> entry; `__metadata__` skipped).
-fn parse_header(
-    head: &[u8],
-) -> std::result::Result<std::collections::HashMap<String, TensorEntry>, String> {
-    let v: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(head).map_err(|e| format!("bad header: {e}"))?;
-    let mut out = std::collections::HashMap::new();
-    for (k, val) in v {
-        if k == "__metadata__" {
-            continue;
-        }
-        let e: TensorEntry =
-            serde_json::from_value(val).map_err(|e| format!("bad header entry '{k}': {e}"))?;
-        out.insert(k, e);
-    }
-    Ok(out)
+/// Parse a safetensors JSON header with the `safetensors` crate's own types (tensor name ->
+/// dtype, shape and byte range; `__metadata__` kept apart). The tensors are then read one by
+/// one from their byte ranges, so the file is never held whole.
+fn parse_header(head: &[u8]) -> std::result::Result<Metadata, String> {
+    serde_json::from_slice(head).map_err(|e| format!("bad header: {e}"))
 }
 
 /// Turn one checkpoint tensor into a matrix of `format` in `dst`.
 #[allow(clippy::too_many_arguments)]
 fn decode_tensor(
     name: &str,
-    dtype: &str,
+    dtype: Dtype,
     shape: &[usize],
     raw: &[u8],
     format: ExpertFormat,
@@ -480,7 +463,7 @@ fn decode_tensor(
     dst: &mut [u8],
 ) -> std::result::Result<(), String> {
     let floats: Vec<f32> = match dtype {
-        "U8" | "I8" => {
+        Dtype::U8 | Dtype::I8 => {
             if raw.len() != dst.len() {
                 return Err(format!(
                     "'{name}' holds {} bytes; a {rows}x{cols} {format} matrix has {}",
@@ -491,21 +474,21 @@ fn decode_tensor(
             dst.copy_from_slice(raw);
             return Ok(());
         }
-        "F32" => raw
+        Dtype::F32 => raw
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect(),
-        "BF16" => raw
+        Dtype::BF16 => raw
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
-        "F16" => raw
+        Dtype::F16 => raw
             .chunks_exact(2)
             .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
             .collect(),
         other => {
             return Err(format!(
-                "'{name}' has dtype {other}; accepted: U8/I8 (encoded bytes), F32, BF16, F16"
+                "'{name}' has dtype {other:?}; accepted: U8/I8 (encoded bytes), F32, BF16, F16"
             ))
         }
     };
@@ -631,7 +614,7 @@ mod tests {
         encoded_layer0: bool,
     ) -> Vec<Vec<f32>> {
         use safetensors::tensor::TensorView;
-        use safetensors::Dtype;
+
         let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut floats = Vec::new();
         let layout = BankLayout::new(format, g).unwrap();
@@ -704,6 +687,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The header as read here (its bytes only) holds what the crate's own reader of the
+    /// whole file finds: every tensor's dtype, shape and byte range.
+    #[test]
+    fn the_header_read_alone_matches_the_crates_whole_file_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("experts.safetensors");
+        let g = geo();
+        write_checkpoint(&path, &g, ExpertFormat::Int8, true);
+        let bytes = std::fs::read(&path).unwrap();
+        let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+        let mine = parse_header(&bytes[8..8 + n]).unwrap();
+        let (n2, whole) = safetensors::SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(n, n2);
+        let (a, b) = (mine.tensors(), whole.tensors());
+        assert_eq!(a.len(), b.len());
+        assert!(!a.is_empty());
+        for (name, info) in &b {
+            let m = a[name];
+            assert_eq!(
+                (m.dtype, &m.shape, m.data_offsets),
+                (info.dtype, &info.shape, info.data_offsets),
+                "{name}"
+            );
+        }
+        assert!(parse_header(b"{not json").is_err());
     }
 
     #[test]

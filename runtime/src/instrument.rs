@@ -691,7 +691,6 @@ impl Stats {
         v.sort_by(f64::total_cmp);
         let n = v.len();
         let mean = v.iter().sum::<f64>() / n as f64;
-        let rank = |p: f64| v[((p * n as f64).ceil() as usize).clamp(1, n) - 1];
         let stddev = if n > 1 {
             (v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
         } else {
@@ -699,8 +698,8 @@ impl Stats {
         };
         Stats {
             mean,
-            p50: rank(0.5),
-            p90: rank(0.9),
+            p50: ft_model::stats::nearest_rank(&v, 0.5),
+            p90: ft_model::stats::nearest_rank(&v, 0.9),
             min: v[0],
             max: v[n - 1],
             stddev,

@@ -19,6 +19,7 @@ pub mod instrument;
 pub mod numerics;
 pub mod nvrtc;
 pub mod probe;
+pub mod profile_select;
 pub mod slots;
 
 pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Event, HostBuffer, Stream};
