@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use ft_model::cache::{build_cache, CachePolicy, CacheSize};
+use ft_model::cache::{CachePolicy, CacheSize};
 use ft_model::perf::{predict, Prediction};
 use ft_model::preset::ModelSpec;
 use ft_model::strategy::{CpuLayers, FetchFraction, Strategy, StrategyKind};
@@ -43,7 +43,7 @@ pub struct SweepPoint {
 }
 
 /// The sweepable keys of `--sweep KEY=...`.
-pub const SWEEP_KEYS: [&str; 14] = [
+pub const SWEEP_KEYS: [&str; 16] = [
     "host",
     "model",
     "streams",
@@ -55,6 +55,8 @@ pub const SWEEP_KEYS: [&str; 14] = [
     "context",
     "routing",
     "policy",
+    "topology",
+    "admission",
     "seed",
     "steps",
     "jitter",
@@ -117,7 +119,9 @@ pub fn apply(point: &mut SweepPoint, key: &str, v: &str) -> Result<()> {
             ft_model::limits::check_context("--sweep context", c.workload.prompt_tokens)?;
         }
         "routing" => c.routing = v.to_string(),
-        "policy" => c.policy = v.parse()?,
+        "policy" => c.cache_options.policy = v.parse()?,
+        "topology" => c.cache_options.topology = v.parse()?,
+        "admission" => c.cache_options.admission = v.parse()?,
         "seed" => c.seed = parse(key, v)?,
         "steps" => {
             c.steps = parse(key, v)?;
@@ -295,7 +299,7 @@ pub fn run_sweep(
             p.config.streams,
             &p.config.routing,
             p.config.seed,
-            &p.config.policy,
+            &p.config.cache_options,
             p.config.warmup_steps,
             p.config.steps,
             p.config.workload,
@@ -402,7 +406,7 @@ pub fn run_sweep(
                 streams: c.streams,
                 strategy,
                 cache_slots: slots,
-                policy: c.policy.clone(),
+                cache_options: c.cache_options.clone(),
                 routing: c.routing.clone(),
                 warmup_steps: c.warmup_steps,
                 steps: c.steps,
@@ -421,7 +425,7 @@ pub fn run_sweep(
         let (p, s) = (&points[i], &sims[i]);
         match p.strategy {
             StrategyKind::Resident => false,
-            StrategyKind::Cpu => matches!(&s.policy, CachePolicy::StaticHot { .. }),
+            StrategyKind::Cpu => matches!(&s.cache_options.policy, CachePolicy::StaticHot { .. }),
             StrategyKind::Offload
             | StrategyKind::Hybrid
             | StrategyKind::LayerSplit
@@ -437,7 +441,7 @@ pub fn run_sweep(
             &s.routing,
             s.seed,
             s.streams,
-            &s.policy,
+            &s.cache_options,
             s.strategy,
             slots,
             s.warmup_steps,
@@ -498,8 +502,9 @@ pub fn run_sweep(
                     slots
                 } else {
                     let s = &sims[i];
-                    build_cache(p.strategy, &s.policy, &model.geometry, s.cache_slots, None)?;
-                    s.cache_slots
+                    s.cache_options
+                        .build(p.strategy, &model.geometry, s.cache_slots, None)?
+                        .capacity()
                 };
                 let sim = simulate_replay(costs, &sims[i], trace.clone(), warmup, slots)?;
                 let m = needs_prediction(p)
