@@ -40,6 +40,7 @@ use std::str::FromStr;
 use crate::cache::{ExpertCache, SlotId};
 use crate::error::{ModelError, Result};
 use crate::geometry::ExpertId;
+use crate::perf::LayerCounts;
 use crate::routing::TokenRoute;
 use crate::strategy::{FetchFraction, LayerPlacement, Strategy};
 
@@ -431,6 +432,212 @@ pub fn plan_layer(
         .collect();
     plan.cpu.sort_unstable_by_key(|w| w.id);
     plan
+}
+
+/// What a layer plan holds, counted: experts and (token, expert) routings of each group.
+/// [`plan_layer_counts`] gives it without building the plan's token lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanCounts {
+    /// Hits.
+    pub hits: usize,
+    /// Routings served by the hits.
+    pub hit_tokens: usize,
+    /// Misses fetched into cache slots.
+    pub fetched: usize,
+    /// Routings served by them.
+    pub fetched_tokens: usize,
+    /// Misses staged uncached.
+    pub uncached: usize,
+    /// Routings served by them.
+    pub uncached_tokens: usize,
+    /// Misses computed on the CPU.
+    pub cpu: usize,
+    /// Routings served by them.
+    pub cpu_tokens: usize,
+}
+
+impl PlanCounts {
+    /// The counts of a plan.
+    pub fn of_plan(plan: &LayerPlan) -> Self {
+        let t = |w: &[ExpertWork]| w.iter().map(|e| e.tokens.len()).sum::<usize>();
+        PlanCounts {
+            hits: plan.hits.len(),
+            hit_tokens: t(&plan.hits),
+            fetched: plan.fetched.len(),
+            fetched_tokens: plan.fetched.iter().map(|e| e.tokens.len()).sum(),
+            uncached: plan.uncached.len(),
+            uncached_tokens: t(&plan.uncached),
+            cpu: plan.cpu.len(),
+            cpu_tokens: t(&plan.cpu),
+        }
+    }
+
+    /// Experts crossing the link (fetched or staged).
+    pub fn link_experts(&self) -> usize {
+        self.fetched + self.uncached
+    }
+
+    /// Experts that were not resident.
+    pub fn misses(&self) -> usize {
+        self.link_experts() + self.cpu
+    }
+
+    /// The counts the cost terms take ([`LayerCounts::of_plan`] of the plan).
+    pub fn layer_counts(&self) -> LayerCounts {
+        LayerCounts {
+            hits: self.hits as f64,
+            hit_tokens: self.hit_tokens as f64,
+            fetched: self.link_experts() as f64,
+            fetched_tokens: (self.fetched_tokens + self.uncached_tokens) as f64,
+            cpu: self.cpu as f64,
+            cpu_tokens: self.cpu_tokens as f64,
+        }
+    }
+}
+
+/// A miss of [`plan_layer_counts`]: what its priority needs (step 3 of the module docs).
+#[derive(Debug, Clone, Copy)]
+struct CountedMiss {
+    prev: Option<u64>,
+    expert: u32,
+    tokens: u32,
+}
+
+/// The buffers [`plan_layer_counts`] reuses from call to call, so that planning a layer
+/// allocates nothing once they have grown to the largest layer.
+#[derive(Debug, Clone, Default)]
+pub struct PlanScratch {
+    /// Every routed expert of the layer, sorted.
+    routed: Vec<u32>,
+    /// The union, ascending.
+    union: Vec<u32>,
+    /// Tokens routed to each expert of `union`.
+    tokens: Vec<u32>,
+    misses: Vec<CountedMiss>,
+}
+
+impl PlanScratch {
+    /// The last planned layer's union (ascending) and the tokens routed to each expert.
+    pub fn union_tokens(&self) -> impl Iterator<Item = (u32, usize)> + '_ {
+        self.union
+            .iter()
+            .zip(&self.tokens)
+            .map(|(&e, &t)| (e, t as usize))
+    }
+
+    fn union_of(&mut self, routes: &[TokenRoute]) {
+        self.routed.clear();
+        for r in routes {
+            // As `union_of` pairs them: an expert without a weight is not routed.
+            self.routed
+                .extend_from_slice(&r.experts[..r.experts.len().min(r.weights.len())]);
+        }
+        self.routed.sort_unstable();
+        self.union.clear();
+        self.tokens.clear();
+        for &e in &self.routed {
+            if self.union.last() == Some(&e) {
+                *self.tokens.last_mut().expect("pushed with the union") += 1;
+            } else {
+                self.union.push(e);
+                self.tokens.push(1);
+            }
+        }
+    }
+}
+
+/// [`plan_layer_placed`], counted: the same lookups, admissions and evictions in the same
+/// order, so the cache ends in the same state, but only the counts of the plan come back
+/// and nothing is allocated once `scratch` is warm. The simulator and the counting
+/// simulation, which need no token lists, plan with it; a test holds it to
+/// [`plan_layer_placed`].
+pub fn plan_layer_counts(
+    layer: usize,
+    routes: &[TokenRoute],
+    cache: &mut ExpertCache,
+    placement: LayerPlacement,
+    scratch: &mut PlanScratch,
+) -> PlanCounts {
+    scratch.union_of(routes);
+    let (experts, routings) = (scratch.union.len(), scratch.routed.len());
+    let fetch_fraction = match placement {
+        LayerPlacement::Cached { fetch_fraction } => fetch_fraction,
+        LayerPlacement::Resident => {
+            return PlanCounts {
+                hits: experts,
+                hit_tokens: routings,
+                ..PlanCounts::default()
+            }
+        }
+        LayerPlacement::CpuOnly => {
+            return PlanCounts {
+                cpu: experts,
+                cpu_tokens: routings,
+                ..PlanCounts::default()
+            }
+        }
+    };
+    let mut c = PlanCounts::default();
+    let PlanScratch {
+        union,
+        tokens,
+        misses,
+        ..
+    } = scratch;
+    misses.clear();
+    for (&e, &t) in union.iter().zip(tokens.iter()) {
+        let id = ExpertId::new(layer, e as usize);
+        let prev = cache.last_request(id);
+        if cache.lookup(id).is_some() {
+            c.hits += 1;
+            c.hit_tokens += t as usize;
+        } else {
+            misses.push(CountedMiss {
+                prev,
+                expert: e,
+                tokens: t,
+            });
+        }
+    }
+    let admission = cache.admission();
+    let n_fetch = fetch_count(fetch_fraction, misses.len());
+    // plan_layer's orders; the expert breaks every tie, so an unstable sort gives the same
+    // order, and with nothing fetched the order changes nothing.
+    match admission.order {
+        _ if n_fetch == 0 => {}
+        AdmissionOrder::Tokens => misses.sort_unstable_by(|a, b| {
+            (b.tokens.cmp(&a.tokens))
+                .then(b.prev.cmp(&a.prev))
+                .then(a.expert.cmp(&b.expert))
+        }),
+        AdmissionOrder::Recent => misses.sort_unstable_by(|a, b| {
+            (b.prev.cmp(&a.prev))
+                .then(b.tokens.cmp(&a.tokens))
+                .then(a.expert.cmp(&b.expert))
+        }),
+        AdmissionOrder::Order => {}
+    }
+    let pinned = |x: ExpertId| x.layer as usize == layer && union.binary_search(&x.expert).is_ok();
+    for m in &misses[..n_fetch] {
+        match cache.admit(ExpertId::new(layer, m.expert as usize), pinned) {
+            Ok(_) => {
+                c.fetched += 1;
+                c.fetched_tokens += m.tokens as usize;
+            }
+            Err(_) => {
+                c.uncached += 1;
+                c.uncached_tokens += m.tokens as usize;
+            }
+        }
+    }
+    for m in &misses[n_fetch..] {
+        c.cpu += 1;
+        c.cpu_tokens += m.tokens as usize;
+        if !admission.cpu_history {
+            cache.restore_request(ExpertId::new(layer, m.expert as usize), m.prev);
+        }
+    }
+    c
 }
 
 /// Most chunks a layer's fetched experts are gathered and computed in (one device buffer of
@@ -911,6 +1118,96 @@ mod tests {
         let hybrid = miss(0.5, recent);
         assert!(hybrid < offload - 0.01, "hybrid {hybrid} offload {offload}");
         assert_eq!(miss(0.5, AdmissionPolicy::default()), hybrid);
+    }
+
+    /// The counted planner against the plan it counts: same counts, same cache after every
+    /// layer, for every placement, policy, admission, cache size and fetch fraction.
+    #[test]
+    fn counted_plan_matches_the_plan() {
+        let g = geo(16, 3, 4);
+        let policies = [
+            CachePolicy::Lru,
+            CachePolicy::Lfu { decay_every: 13 },
+            CachePolicy::StaticHot { hot: Vec::new() },
+        ];
+        let admissions = [
+            AdmissionPolicy::default(),
+            AdmissionPolicy {
+                order: AdmissionOrder::Recent,
+                cpu_history: false,
+            },
+            AdmissionPolicy {
+                order: AdmissionOrder::Order,
+                cpu_history: true,
+            },
+        ];
+        let mut scratch = PlanScratch::default();
+        let mut checked = 0usize;
+        for (policy, admission) in policies.iter().flat_map(|p| admissions.map(|a| (p, a))) {
+            for slots in [0, 3, 7, 64] {
+                for f in [0.0, 0.3, 0.5, 1.0] {
+                    let mut rng = StdRng::seed_from_u64(slots as u64 * 17 + (f * 8.0) as u64);
+                    let mut fast = ExpertCache::new(policy, &g, slots).unwrap();
+                    fast.set_admission(admission);
+                    let mut slow = fast.clone();
+                    for step in 0..20 {
+                        let streams = rng.random_range(1..=6);
+                        for layer in 0..g.moe_layers {
+                            let placement = match (step + layer) % 7 {
+                                0 => LayerPlacement::Resident,
+                                1 => LayerPlacement::CpuOnly,
+                                _ => LayerPlacement::Cached { fetch_fraction: f },
+                            };
+                            let routes: Vec<TokenRoute> = (0..streams)
+                                .map(|_| {
+                                    let mut ids = Vec::new();
+                                    while ids.len() < g.top_k {
+                                        let e = (rng.random_range(0..256u32) as f64).sqrt() as u32;
+                                        if !ids.contains(&e) {
+                                            ids.push(e);
+                                        }
+                                    }
+                                    route(&ids)
+                                })
+                                .collect();
+                            let plan = plan_layer_placed(layer, &routes, &mut slow, placement);
+                            let c = plan_layer_counts(
+                                layer,
+                                &routes,
+                                &mut fast,
+                                placement,
+                                &mut scratch,
+                            );
+                            let at =
+                                format!("{policy:?} {admission} slots={slots} f={f} step={step}");
+                            assert_eq!(c, PlanCounts::of_plan(&plan), "{at}");
+                            assert_eq!(c.layer_counts(), LayerCounts::of_plan(&plan), "{at}");
+                            let ra: Vec<_> = fast.resident().collect();
+                            let rb: Vec<_> = slow.resident().collect();
+                            assert_eq!(ra, rb, "{at}");
+                            assert_eq!(fast.stats(), slow.stats(), "{at}");
+                            for e in 0..g.experts {
+                                let id = ExpertId::new(layer, e);
+                                assert_eq!(fast.last_request(id), slow.last_request(id), "{at}");
+                            }
+                            let union: Vec<(u32, usize)> = plan
+                                .hits
+                                .iter()
+                                .chain(&plan.uncached)
+                                .chain(&plan.cpu)
+                                .map(|w| (w.id.expert, w.tokens.len()))
+                                .chain(plan.fetched.iter().map(|w| (w.id.expert, w.tokens.len())))
+                                .collect::<BTreeMap<_, _>>()
+                                .into_iter()
+                                .collect();
+                            assert_eq!(scratch.union_tokens().collect::<Vec<_>>(), union);
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(checked, 3 * 3 * 4 * 4 * 20 * 4);
     }
 
     #[test]

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use ft_model::cache::ExpertCache;
 use ft_model::placement::GpuLayout;
-use ft_model::plan::plan_layer_placed;
+use ft_model::plan::{plan_layer_counts, PlanScratch};
 use ft_model::routing::{RoutingSource, StepRouting};
 use ft_model::traffic::plan_layer_gpus;
 
@@ -69,15 +69,13 @@ impl PlanTrace {
         let layers = routing.geometry().moe_layers;
         let mut counts = Vec::with_capacity(steps * layers);
         let mut routes = StepRouting::default();
+        let mut scratch = PlanScratch::default();
         for _ in 0..steps {
             routing.next_step_into(streams, &mut routes)?;
             for (l, r) in routes.layers.iter().enumerate() {
-                counts.push(LayerCounts::of_plan(&plan_layer_placed(
-                    l,
-                    r,
-                    cache,
-                    policy.layer(l),
-                )));
+                counts.push(
+                    plan_layer_counts(l, r, cache, policy.layer(l), &mut scratch).layer_counts(),
+                );
             }
         }
         Ok(PlanTrace {
@@ -99,14 +97,12 @@ impl PlanTrace {
         streams: usize,
     ) -> Self {
         let mut counts = Vec::with_capacity(steps.len() * layers);
+        let mut scratch = PlanScratch::default();
         for step in steps {
             for (l, r) in step.layers.iter().enumerate() {
-                counts.push(LayerCounts::of_plan(&plan_layer_placed(
-                    l,
-                    r,
-                    cache,
-                    policy.layer(l),
-                )));
+                counts.push(
+                    plan_layer_counts(l, r, cache, policy.layer(l), &mut scratch).layer_counts(),
+                );
             }
         }
         PlanTrace {
@@ -224,6 +220,8 @@ pub enum Planner {
         policy: PlacementPolicy,
         /// This step's routes.
         routes: StepRouting,
+        /// The planner's buffers (one GPU).
+        scratch: PlanScratch,
     },
     /// The counts of a recorded [`PlanTrace`], from its start.
     Replay {
@@ -259,6 +257,7 @@ impl Planner {
             layout,
             policy,
             routes: StepRouting::default(),
+            scratch: PlanScratch::default(),
         }
     }
 
@@ -309,15 +308,20 @@ impl Planner {
                 layout,
                 policy,
                 routes,
+                scratch,
                 ..
             } => {
                 if caches.len() == 1 {
-                    out.push(LayerCounts::of_plan(&plan_layer_placed(
-                        l,
-                        &routes.layers[l],
-                        &mut caches[0],
-                        policy.layer(l),
-                    )));
+                    out.push(
+                        plan_layer_counts(
+                            l,
+                            &routes.layers[l],
+                            &mut caches[0],
+                            policy.layer(l),
+                            scratch,
+                        )
+                        .layer_counts(),
+                    );
                 } else {
                     for p in plan_layer_gpus(l, &routes.layers[l], caches, layout, policy) {
                         out.push(LayerCounts::of_plan(&p));

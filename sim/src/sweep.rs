@@ -419,15 +419,24 @@ pub fn run_sweep(
         .collect();
     // Planning is host-independent but for the host's GPUs: group the points by what their
     // plans depend on, plan each group once and replay it for every point of the group.
-    let trace_key = |i: usize| {
+    // The cache size does not change the plans of `resident` (every expert is held) nor of
+    // `cpu` on a cache that starts empty (nothing is ever admitted, every lookup misses).
+    let slots_matter = |i: usize| {
         let (p, s) = (&points[i], &sims[i]);
-        let slots = if p.strategy == StrategyKind::Resident {
-            0
-        } else {
-            s.cache_slots
-        };
+        match p.strategy {
+            StrategyKind::Resident => false,
+            StrategyKind::Cpu => matches!(&s.cache_options.policy, CachePolicy::StaticHot { .. }),
+            StrategyKind::Offload
+            | StrategyKind::Hybrid
+            | StrategyKind::LayerSplit
+            | StrategyKind::LayerSplitCached => true,
+        }
+    };
+    let trace_key = |i: usize| {
+        let s = &sims[i];
+        let slots = if slots_matter(i) { s.cache_slots } else { 0 };
         key(&(
-            &p.model,
+            &points[i].model,
             s.layout,
             &s.routing,
             s.seed,
@@ -487,6 +496,16 @@ pub fn run_sweep(
             for &i in members {
                 let p = &points[i];
                 let costs = &costs_by[&(p.host.clone(), p.model.clone())];
+                // A group of several cache sizes reports each member's own, checked as
+                // planning it would have.
+                let slots = if slots_matter(i) || p.strategy == StrategyKind::Resident {
+                    slots
+                } else {
+                    let s = &sims[i];
+                    s.cache_options
+                        .build(p.strategy, &model.geometry, s.cache_slots, None)?
+                        .capacity()
+                };
                 let sim = simulate_replay(costs, &sims[i], trace.clone(), warmup, slots)?;
                 let m = needs_prediction(p)
                     .then(|| &predictions[&pred_key(p)])
