@@ -38,7 +38,7 @@ use ft_model::perf::{CpuSpeedSource, PredictConfig};
 use ft_model::profile::CpuCheck;
 use ft_model::profile_select::PerfSource;
 use ft_model::routing::RoutingProcess;
-use ft_model::{FetchFraction, ModelSpec, Strategy, StrategyKind};
+use ft_model::{CpuLayers, FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{BankSource, EngineConfig, EngineSettings};
 use ft_runtime::profile_select::{self, Selection};
 use ft_runtime::Device;
@@ -68,19 +68,27 @@ fn default_pool_threads() -> usize {
     cores.saturating_sub(1 + HTTP_WORKERS).max(1)
 }
 
-/// `--moe-strategy`: auto or a strategy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// `--moe-strategy` (`--strategy`): auto, or a strategy as `ft run` names it (`offload`,
+/// `hybrid[:F]`, `resident`, `cpu`, `layer-split:N`, `layer-split-cached:N`; an `auto` F
+/// or N is the performance model's).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum StrategyArg {
     /// The model's choice.
     Auto,
-    /// Every miss over PCIe.
-    Offload,
-    /// A fetch fraction over PCIe, the rest on the CPU.
-    Hybrid,
-    /// Every expert on the GPU.
-    Resident,
-    /// Every miss on the CPU.
-    Cpu,
+    /// This strategy.
+    Given(Strategy),
+}
+
+impl std::str::FromStr for StrategyArg {
+    type Err = ft_model::ModelError;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("auto") {
+            Ok(StrategyArg::Auto)
+        } else {
+            s.parse().map(StrategyArg::Given)
+        }
+    }
 }
 
 /// `--device`.
@@ -107,8 +115,14 @@ pub struct Args {
     /// Model: a preset name or a model TOML file.
     #[arg(long, default_value = "qwen3.8-flash-next")]
     pub model: String,
-    /// MoE strategy (`--moe-backend` is the reference engine's name for it).
-    #[arg(long, alias = "moe-backend", value_enum, default_value = "auto")]
+    /// MoE strategy: auto, offload, hybrid[:F], resident, cpu, layer-split:N or
+    /// layer-split-cached:N (`--moe-backend` is the reference engine's name for it).
+    #[arg(
+        long,
+        visible_alias = "strategy",
+        alias = "moe-backend",
+        default_value = "auto"
+    )]
     pub moe_strategy: StrategyArg,
     /// Hybrid's fetch fraction: a number in [0, 1] or `auto` (the model's optimum).
     #[arg(long, default_value = "auto")]
@@ -262,15 +276,35 @@ fn perf_model(
     Ok(profile_select::select(&sel, model, device, settings)?)
 }
 
-fn forced(kind: StrategyKind, fetch: FetchFraction, decision: &Decision) -> Strategy {
-    match (kind, fetch) {
-        (StrategyKind::Hybrid, FetchFraction::Auto) => decision
-            .estimate(StrategyKind::Hybrid)
-            .map(|e| e.strategy)
-            .unwrap_or(Strategy::Hybrid {
-                fetch: FetchFraction::Fixed(0.5),
-            }),
-        (k, f) => Strategy::from_kind(k, Some(f)),
+/// A forced strategy with its `auto` parameter (hybrid's F, layer split's N) taken from the
+/// decision's estimate of it.
+fn forced(strategy: Strategy, decision: &Decision) -> Strategy {
+    let estimated = |k: StrategyKind| decision.estimate(k).map(|e| e.strategy);
+    match strategy {
+        Strategy::Hybrid {
+            fetch: FetchFraction::Auto,
+        } => estimated(StrategyKind::Hybrid).unwrap_or(Strategy::Hybrid {
+            fetch: FetchFraction::Fixed(0.5),
+        }),
+        // Without an estimate the engine refuses the unresolved N, naming the flag.
+        Strategy::LayerSplit {
+            cpu_layers: CpuLayers::Auto,
+        }
+        | Strategy::LayerSplitCached {
+            cpu_layers: CpuLayers::Auto,
+        } => estimated(strategy.kind()).unwrap_or(strategy),
+        Strategy::Offload
+        | Strategy::Resident
+        | Strategy::Cpu
+        | Strategy::Hybrid {
+            fetch: FetchFraction::Fixed(_),
+        }
+        | Strategy::LayerSplit {
+            cpu_layers: CpuLayers::Fixed(_),
+        }
+        | Strategy::LayerSplitCached {
+            cpu_layers: CpuLayers::Fixed(_),
+        } => strategy,
     }
 }
 
@@ -308,6 +342,14 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let fetch = FetchFraction::parse("--fetch-fraction", &args.fetch_fraction)?;
+    // The strategy asked for, hybrid's fraction from --fetch-fraction where it names none.
+    let requested = match args.moe_strategy {
+        StrategyArg::Auto => None,
+        StrategyArg::Given(Strategy::Hybrid {
+            fetch: FetchFraction::Auto,
+        }) => Some(Strategy::Hybrid { fetch }),
+        StrategyArg::Given(s) => Some(s),
+    };
     let settings = args.engine.settings()?;
     let http = ft_serve::http::HttpConfig::from_flags(
         args.header_timeout_s,
@@ -342,12 +384,12 @@ pub fn run(args: Args) -> Result<()> {
             .cache_args
             .options(args.cache_gb.map(|_| "--cache-gb"))?,
         routing: args.routing.clone(),
-        hybrid_fetch: match fetch {
-            FetchFraction::Fixed(f) if args.moe_strategy == StrategyArg::Hybrid => {
-                FetchFraction::Fixed(f)
-            }
+        hybrid_fetch: match requested {
+            Some(Strategy::Hybrid { fetch }) => fetch,
             _ => FetchFraction::Auto,
         },
+        // Layer split is predicted (its N searched or taken) where it was asked for.
+        layer_split: requested.and_then(|s| s.cpu_layers()),
         ..PredictConfig::default()
     };
     let slots = match cache {
@@ -371,13 +413,10 @@ pub fn run(args: Args) -> Result<()> {
         "prediction took {:.2} s ({source})",
         t0.elapsed().as_secs_f64()
     );
-    let auto = args.moe_strategy == StrategyArg::Auto;
-    let choose = |decision: &Decision| match args.moe_strategy {
-        StrategyArg::Auto => decision.choice,
-        StrategyArg::Offload => Strategy::Offload,
-        StrategyArg::Hybrid => forced(StrategyKind::Hybrid, fetch, decision),
-        StrategyArg::Resident => Strategy::Resident,
-        StrategyArg::Cpu => Strategy::Cpu,
+    let auto = requested.is_none();
+    let choose = |decision: &Decision| match requested {
+        None => decision.choice,
+        Some(s) => forced(s, decision),
     };
     let mut strategy = choose(&decision);
     let mut line = decision.log_line(if auto { None } else { Some(&strategy) });
@@ -466,7 +505,13 @@ pub fn run(args: Args) -> Result<()> {
                     .predict(args.expected_streams)
                     .context("predicting the strategies after the CPU check")?;
                 let now_choice = choose(&decision);
-                if now_choice != strategy {
+                let other_slots =
+                    now_choice.kind().takes_cpu_layers() || strategy.kind().takes_cpu_layers();
+                if now_choice != strategy && other_slots {
+                    // Layer split's resident layers are the engine's own slots: another N
+                    // needs another engine.
+                    warn!("the CPU check would change the strategy from {strategy} to {now_choice}; keeping {strategy} (layer split's resident slots are fixed at start)");
+                } else if now_choice != strategy {
                     info!("the CPU check changes the strategy from {strategy} to {now_choice}");
                     engine
                         .set_strategy(now_choice)

@@ -486,3 +486,20 @@ fn bad_arguments_are_named() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
 }
+
+/// `--strategy layer-split:N` serves: the first layer's experts on the CPU, the other's
+/// resident, greedy completions as deterministic as any other strategy's.
+#[test]
+fn serve_runs_layer_split() {
+    let dir = tempfile::tempdir().unwrap();
+    let srv = serve(dir.path(), &["--strategy", "layer-split:1", "--json"]);
+    let start: serde_json::Value = serde_json::from_str(&srv.stdout[0]).unwrap();
+    assert_eq!(start["auto"], false);
+    assert_eq!(start["strategy"]["kind"], "layer-split", "{start}");
+    assert_eq!(start["strategy"]["cpu_layers"]["fixed"], 1, "{start}");
+    let body = r#"{"prompt": "Hello", "max_tokens": 8, "temperature": 0, "ignore_eos": true}"#;
+    let (s, a) = request(&srv.addr, "POST", "/v1/completions", body);
+    assert_eq!(s, 200, "{a}");
+    let v: serde_json::Value = serde_json::from_str(&a).unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+}
