@@ -44,7 +44,9 @@ fn offload_is_pcie_bound_and_hybrid_wins_at_one_and_two_streams() {
     // Hybrid exceeds offload's bound: its CPU-computed experts never cross the link.
     assert!(hyb.tok_s_per_stream > bound_tok_s);
     assert!(hyb.tok_s_per_stream > off.tok_s_per_stream * (1.0 + fr::HYBRID_GAIN_2 / 2.0));
-    // Hybrid misses more than offload on the same cache (only fetched misses enter it).
+    // Here hybrid misses a little more than offload on the same cache (only the misses it
+    // fetches enter it); with a small per-layer cache and `recent` admission it can miss
+    // less (`ft_model::plan`).
     assert!(hyb.miss_rate > off.miss_rate);
     assert_eq!(two.best, "hybrid");
 
