@@ -75,6 +75,11 @@ pub struct Args {
     /// Prompt tokens per prefill chunk.
     #[arg(long, default_value_t = ft_model::perf::prefill::DEFAULT_PREFILL_CHUNK_TOKENS)]
     pub prefill_chunk: usize,
+    /// Fit only these terms (a comma list; default all: cpu-serving-rate, link-rate,
+    /// rest-per-stream, fixed-gather, fixed-gather-and-cpu, fixed-cpu, fixed-gpu-only,
+    /// rest-per-context, hybrid-miss-factor).
+    #[arg(long, value_delimiter = ',')]
+    pub terms: Vec<ft_model::calibrate::Term>,
     /// Skip the leave-one-out refits.
     #[arg(long)]
     pub no_loo: bool,
@@ -303,6 +308,11 @@ pub fn run(args: Args) -> Result<()> {
             },
         },
         leave_one_out: !args.no_loo,
+        terms: if args.terms.is_empty() {
+            ft_model::calibrate::Term::ALL.to_vec()
+        } else {
+            args.terms.clone()
+        },
         ..CalibrateConfig::default()
     };
     let cal = calibrate(&model, &host.base, &observations, &config)

@@ -166,6 +166,21 @@ impl Term {
     }
 }
 
+impl std::str::FromStr for Term {
+    type Err = crate::error::ModelError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Term::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| crate::error::ModelError::UnknownName {
+                kind: "engine term",
+                name: s.to_string(),
+                known: Term::ALL.map(|t| t.name()).join(", "),
+            })
+    }
+}
+
 impl fmt::Display for Term {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
