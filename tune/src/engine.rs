@@ -38,7 +38,7 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// Grace between SIGTERM and SIGKILL when an engine is dropped without a stop (an error
 /// path): short, because the caller is already failing.
-const DROP_GRACE: Duration = Duration::from_secs(2);
+pub const DROP_GRACE: Duration = Duration::from_secs(2);
 
 /// How long the group may take to vanish after SIGKILL (the kernel reaps at once; this only
 /// covers a loaded machine).

@@ -416,11 +416,10 @@ pub async fn tune(
         let index = records.len() + 1;
         info!(run = index, config = %names[next], why = %st.why, "next run");
         let t0 = Instant::now();
-        let run = tokio::time::timeout(
-            remaining,
-            run_one(template, cfg, &strategy, index, deadline),
-        )
-        .await;
+        // A run cut at the budget's end is stopped with the drop's grace: keep it inside.
+        let cut = remaining.saturating_sub(crate::engine::DROP_GRACE + Duration::from_secs(1));
+        let run =
+            tokio::time::timeout(cut, run_one(template, cfg, &strategy, index, deadline)).await;
         let (launch, ready_s, report, stopped) = match run {
             Ok(r) => r?,
             // The budget ended mid-run: the engine was dropped (and stopped) with the future.
