@@ -17,6 +17,7 @@ macro_rules! outln {
 mod bench;
 mod bench_bw;
 mod bench_cpu;
+mod cache_args;
 mod engine_args;
 mod experiment;
 mod explain;

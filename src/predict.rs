@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 
-use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::cache::CacheSize;
 use ft_model::perf::breakeven::{break_evens, BreakEvens};
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::predict::{MissMode, PredictConfig};
@@ -57,9 +57,9 @@ pub struct Args {
     /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
     #[arg(long, default_value = "typical")]
     pub routing: String,
-    /// Cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    pub policy: String,
+    /// The cache's policy, topology and admission.
+    #[command(flatten)]
+    pub cache_args: crate::cache_args::CacheArgs,
     /// Hybrid's fetch fraction: auto (the model's optimum) or a number in [0, 1].
     #[arg(long, default_value = "auto")]
     pub fetch_fraction: String,
@@ -284,12 +284,18 @@ impl Args {
             (_, Some(g)) => Some(CacheSize::GiB(g)),
             _ => None,
         };
-        let policy: CachePolicy = self.policy.parse().context("--policy")?;
+        let size_flag = [
+            (self.cache_slots.is_some(), "--cache-slots"),
+            (self.cache_gb.is_some(), "--cache-gb"),
+            (self.miss_rate.is_some(), "--miss-rate"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag));
         let config = PredictConfig {
             streams: self.streams,
             context: self.context,
             cache,
-            policy,
+            cache_options: self.cache_args.options(size_flag)?,
             routing: self.routing.clone(),
             seed: self.seed,
             warmup_steps: self.warmup,
@@ -409,7 +415,7 @@ pub fn header(plan: &Plan, pred: &Prediction) -> String {
         pred.config.streams,
         pred.config.context,
         pred.cache_slots,
-        pred.config.policy,
+        pred.config.cache_options,
         miss,
         pred.config.routing,
         100.0 * pred.offload_miss_rate

@@ -145,6 +145,9 @@ pub struct Args {
     /// `--fetch-chunks N`), as `ft run` and `ft serve` take them; part of the profile key.
     #[command(flatten)]
     engine: crate::engine_args::EngineArgs,
+    /// The cache the end-to-end probe runs and the export predicts with.
+    #[command(flatten)]
+    cache_args: crate::cache_args::CacheArgs,
 }
 
 /// Residuals of one probe, summarised (statrs), relative: `(predicted - measured) / measured`.
@@ -347,6 +350,7 @@ impl Args {
             max_ceiling_drift: self.max_ceiling_drift,
             attempts: self.attempts,
             engine: self.engine.settings()?,
+            cache_options: self.cache_args.options(None)?,
         };
         c.validate()?;
         Ok(c)
@@ -433,7 +437,13 @@ pub fn run(args: Args) -> Result<()> {
     let cpu = CpuTopology::detect();
     let gpu_act = ft_kernels::ActivationPath::preferred(model.format);
     let key = ProfileKey::new(
-        rprobe::host_fingerprint(&device, &cpu, gpu_act, &config.engine),
+        rprobe::host_fingerprint(
+            &device,
+            &cpu,
+            gpu_act,
+            &config.engine,
+            &config.cache_options,
+        ),
         &model,
     );
     let dir = profile::profile_dir()?;
@@ -1048,6 +1058,7 @@ fn export_freetoken(
         streams: args.export_streams,
         context: args.export_context,
         cache,
+        cache_options: args.cache_args.options(None)?,
         threshold: args.threshold,
         bench: profile.bench_bw,
         ..PredictConfig::default()

@@ -16,12 +16,13 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use ft_kernels::ActivationPath;
-use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::cache::{CacheOptions, CachePolicy, CacheSize};
 use ft_model::perf::CpuSpeedSource;
 use ft_model::profile::CpuCheck;
 use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
 use ft_model::{
-    ExpertFormat, FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy, StrategyKind,
+    CpuLayers, ExpertFormat, FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy,
+    StrategyKind,
 };
 use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceConfig};
@@ -60,15 +61,19 @@ pub struct Args {
     /// Model: a preset name, a model TOML file, a Hugging Face config.json or a GGUF file.
     #[arg(long, default_value = crate::predict::DEFAULT_MODEL)]
     model: String,
-    /// offload, hybrid, resident or cpu.
+    /// offload, hybrid[:F], resident, cpu, layer-split:N (the experts of the first N layers
+    /// on the CPU, the others resident on the GPU: llama.cpp's `--n-cpu-moe N`) or
+    /// layer-split-cached:N (the others cached, every miss gathered); N may be auto (the
+    /// performance model of --host chooses it under the GPU memory budget).
     #[arg(long, required_unless_present_any = ["probe_overhead", "interleave"], conflicts_with = "interleave")]
     strategy: Option<String>,
     /// Decode several strategies on one engine instead of --strategy, in turn and in rounds
     /// (`--repeat` rounds, each from an empty cache, the order rotated every round), so that
     /// a slow stretch of a shared machine falls on all of them alike and the host bank is
-    /// filled once: a comma-separated list of `[LABEL=]STRATEGY[:F]`, e.g.
-    /// `offload,hybrid:0.35,rules=hybrid:0.39,cpu` (F: hybrid's fetch fraction or auto;
-    /// LABEL names the variant's report, default the strategy). Not with resident.
+    /// filled once: a comma-separated list of `[LABEL=]STRATEGY[:P]`, e.g.
+    /// `offload,hybrid:0.35,rules=hybrid:0.39,cpu,layer-split-cached:4` (P: hybrid's fetch
+    /// fraction or auto, layer-split-cached's CPU layers; LABEL names the variant's report,
+    /// default the strategy). Not with resident or layer-split (slots of their own).
     #[arg(long, value_delimiter = ',', conflicts_with_all = ["fetch_fraction", "compare_numerics", "trace_out", "stamps_out"])]
     interleave: Vec<String>,
     /// With --interleave: write each variant's report (the --json document of a plain run)
@@ -104,9 +109,9 @@ pub struct Args {
     /// Expert cache size in GiB (2^30 bytes).
     #[arg(long)]
     cache_gb: Option<f64>,
-    /// Cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    policy: String,
+    /// The cache's policy, topology and admission.
+    #[command(flatten)]
+    cache_args: crate::cache_args::CacheArgs,
     /// Routing: a preset (uniform, mild, typical, skewed), a process TOML or a trace file.
     #[arg(long, default_value = "typical")]
     routing: String,
@@ -330,8 +335,11 @@ pub struct RunReport {
     pub strategy: String,
     /// Fetch fraction the plans used.
     pub fetch_fraction: f64,
-    /// Where it came from.
+    /// Where it came from (for layer split: its CPU layers and where they came from).
     pub fetch_source: String,
+    /// Layer split's CPU layers (the first ones); absent for the other strategies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_layers: Option<usize>,
     /// For an auto fraction decided at the CPU check before the first round (`--host` a
     /// profile with its checks): the CPU side's speed then against the probe's, which the
     /// performance model's CPU side was scaled by.
@@ -365,6 +373,9 @@ pub struct RunReport {
     pub staging_slots: usize,
     /// Cache policy.
     pub policy: String,
+    /// The cache's options (policy, topology, slots per layer, admission).
+    #[serde(default)]
+    pub cache_options: CacheOptions,
     /// Routing.
     pub routing: String,
     /// Seed.
@@ -439,13 +450,18 @@ fn check_memory(
     let one = EngineMemory::of(&model.with_layers(1), cfg);
     let per_layer = match kind {
         DeviceKind::Host => {
-            one.bank_bytes
-                + one.dense_bytes
-                + if cfg.strategy.kind() == StrategyKind::Resident {
-                    one.slot_bytes
-                } else {
-                    0
+            // The emulated device's slots that grow with the layers: resident's, and layer
+            // split's resident layers (one layer's experts each).
+            let slots_per_layer = match cfg.strategy.kind() {
+                StrategyKind::Resident | StrategyKind::LayerSplit => {
+                    EngineMemory::of(&model.with_layers(1), &resident_cfg(cfg)).slot_bytes
                 }
+                StrategyKind::Offload
+                | StrategyKind::Hybrid
+                | StrategyKind::Cpu
+                | StrategyKind::LayerSplitCached => 0,
+            };
+            one.bank_bytes + one.dense_bytes + slots_per_layer
         }
         DeviceKind::Cuda => one.bank_bytes,
     };
@@ -476,6 +492,14 @@ fn check_memory(
     )
 }
 
+/// `cfg` with every expert resident: what one layer's resident slots take.
+fn resident_cfg(cfg: &EngineConfig) -> EngineConfig {
+    EngineConfig {
+        strategy: Strategy::Resident,
+        ..cfg.clone()
+    }
+}
+
 /// The performance model that resolves `--fetch-fraction auto` (`--host`), and the probe's
 /// CPU checks a check before the first round is set against.
 struct AutoHost {
@@ -489,8 +513,9 @@ impl AutoHost {
     fn of_args(args: &Args) -> Result<AutoHost> {
         let Some(host) = &args.host else {
             bail!(
-                "--fetch-fraction auto needs the performance model's parameters: give --host HOST \
-                 (a host preset, a host TOML or a profile JSON), or a number between 0 and 1"
+                "an auto fetch fraction or number of CPU layers needs the performance model's \
+                 parameters: give --host HOST (a host preset, a host TOML or a profile JSON), or \
+                 a number (--fetch-fraction F, layer-split:N)"
             );
         };
         let h = ft_sim::hosts::resolve_host(host).with_context(|| format!("--host {host}"))?;
@@ -509,13 +534,13 @@ impl AutoHost {
         args: &Args,
         model: &ModelSpec,
         slots: usize,
-        policy: &CachePolicy,
+        policy: &CacheOptions,
     ) -> Result<f64> {
         let config = ft_model::perf::PredictConfig {
             streams: args.streams,
             context: args.context,
             cache: Some(CacheSize::Slots(slots.max(1))),
-            policy: policy.clone(),
+            cache_options: policy.clone(),
             routing: args.routing.clone(),
             seed: Some(args.seed),
             warmup_steps: args.warmup,
@@ -534,10 +559,51 @@ impl AutoHost {
         args: &Args,
         model: &ModelSpec,
         slots: usize,
-        policy: &CachePolicy,
+        policy: &CacheOptions,
     ) -> Result<(f64, String)> {
         let f = Self::fraction(&self.perf, args, model, slots, policy)?;
         Ok((f, self.source_of(&self.perf)))
+    }
+
+    /// Layer split's best number of CPU layers by this host's model for the run (`kind` one of
+    /// the layer splits), as `ft predict --strategy KIND:auto` finds it: among the counts
+    /// whose resident layers fit the GPU memory budget of the host (`layer-split`), or with
+    /// the run's cache of `slots` (`layer-split-cached`).
+    fn cpu_layers(
+        &self,
+        args: &Args,
+        model: &ModelSpec,
+        kind: StrategyKind,
+        slots: usize,
+        cache_options: &CacheOptions,
+    ) -> Result<(usize, String)> {
+        let cache = match kind {
+            StrategyKind::LayerSplitCached => Some(CacheSize::Slots(slots.max(1))),
+            StrategyKind::LayerSplit
+            | StrategyKind::Offload
+            | StrategyKind::Hybrid
+            | StrategyKind::Resident
+            | StrategyKind::Cpu => None,
+        };
+        let config = ft_model::perf::PredictConfig {
+            streams: args.streams,
+            context: args.context,
+            cache,
+            cache_options: cache_options.clone(),
+            routing: args.routing.clone(),
+            seed: Some(args.seed),
+            warmup_steps: args.warmup,
+            steps: args.steps,
+            layer_split: Some(CpuLayers::Auto),
+            ..Default::default()
+        };
+        let pred = ft_model::perf::predict(model, &self.perf, &config)
+            .with_context(|| format!("predicting {kind}'s best number of CPU layers"))?;
+        let n = pred
+            .try_get(kind)
+            .and_then(|p| p.cpu_layers)
+            .with_context(|| format!("the performance model has no {kind} prediction"))?;
+        Ok((n, self.source_of(&self.perf)))
     }
 
     /// Where an auto fraction decided by `perf` (this host's model, or it rescaled) came from.
@@ -560,7 +626,7 @@ fn resolve_auto_at_check(
     args: &Args,
     model: &ModelSpec,
     slots: usize,
-    policy: &CachePolicy,
+    policy: &CacheOptions,
 ) -> Result<()> {
     let Some((speed, probe)) = CpuCheck::speed_against(&host.cpu_checks, now)
         .context("setting the CPU check before the first round against --host's")?
@@ -583,7 +649,10 @@ fn resolve_auto_at_check(
     let source = host.source_of(&scaled);
     let f = AutoHost::fraction(&scaled, args, model, slots, policy)?;
     tracing::info!("{source}: fetch fraction {f:.3}");
-    for v in variants.iter_mut().filter(|v| v.auto) {
+    for v in variants
+        .iter_mut()
+        .filter(|v| v.auto && v.strategy.kind() == StrategyKind::Hybrid)
+    {
         v.fetch = f;
         v.strategy = Strategy::Hybrid {
             fetch: FetchFraction::fixed(v.label.as_str(), f)?,
@@ -603,6 +672,8 @@ struct VariantSpec {
     kind: StrategyKind,
     /// Hybrid's fetch fraction as given (a number or auto).
     fetch: Option<String>,
+    /// Layer split's CPU layers as given (a number or auto).
+    cpu_layers: Option<String>,
     /// The flag it came from, for errors.
     flag: &'static str,
 }
@@ -616,8 +687,14 @@ struct Variant {
     fetch: f64,
     /// Where it came from (given, auto with its host, the strategy's own).
     fetch_source: String,
-    /// Given as auto (decided by `--host`'s performance model).
+    /// Hybrid's fraction given as auto (decided by `--host`'s performance model).
     auto: bool,
+    /// Layer split's CPU layers (`None` for the other strategies).
+    cpu_layers: Option<usize>,
+    /// Whether some layer gathers misses over the link.
+    gathers: bool,
+    /// Whether some layer computes experts on the CPU.
+    uses_cpu: bool,
     /// The CPU speed against the probe's that an auto fraction was decided at (the check
     /// before the first round), if it was.
     auto_cpu_speed: Option<f64>,
@@ -630,22 +707,37 @@ fn parse_variant_spec(item: &str) -> Result<VariantSpec> {
         Some((l, r)) => (Some(l.trim()), r.trim()),
         None => (None, item),
     };
-    let (kind, fetch) = match rest.split_once(':') {
+    let (kind, param) = match rest.split_once(':') {
         Some((k, f)) => (k.trim(), Some(f.trim().to_string())),
         None => (rest, None),
     };
     let kind: StrategyKind = kind
         .parse()
         .with_context(|| format!("--interleave '{item}'"))?;
-    if kind == StrategyKind::Resident {
-        bail!("--interleave '{item}': resident needs an engine of its own (every expert cached); run it with --strategy resident");
-    }
-    if fetch.is_some() && kind != StrategyKind::Hybrid {
-        bail!("--interleave '{item}': only hybrid takes a fetch fraction (STRATEGY:F)");
-    }
-    if kind == StrategyKind::Hybrid && fetch.is_none() {
-        bail!("--interleave '{item}': hybrid needs its fetch fraction, e.g. hybrid:0.4 or hybrid:auto");
-    }
+    let (fetch, cpu_layers) = match (kind, param) {
+        (StrategyKind::Resident, _) => bail!(
+            "--interleave '{item}': resident needs an engine of its own (every expert cached); \
+             run it with --strategy resident"
+        ),
+        (StrategyKind::LayerSplit, _) => bail!(
+            "--interleave '{item}': layer-split needs an engine of its own (its resident layers' \
+             slots); run it with --strategy layer-split:N"
+        ),
+        (StrategyKind::Hybrid, None) => bail!(
+            "--interleave '{item}': hybrid needs its fetch fraction, e.g. hybrid:0.4 or hybrid:auto"
+        ),
+        (StrategyKind::Hybrid, Some(f)) => (Some(f), None),
+        (StrategyKind::LayerSplitCached, None) => bail!(
+            "--interleave '{item}': layer-split-cached needs its CPU layers, e.g. \
+             layer-split-cached:4"
+        ),
+        (StrategyKind::LayerSplitCached, Some(n)) => (None, Some(n)),
+        (StrategyKind::Offload | StrategyKind::Cpu, Some(_)) => bail!(
+            "--interleave '{item}': only hybrid takes a fetch fraction (STRATEGY:F), and \
+             layer-split-cached its CPU layers (STRATEGY:N)"
+        ),
+        (StrategyKind::Offload | StrategyKind::Cpu, None) => (None, None),
+    };
     let label = label.map_or_else(|| kind.to_string(), str::to_string);
     if label.is_empty()
         || !label
@@ -658,6 +750,7 @@ fn parse_variant_spec(item: &str) -> Result<VariantSpec> {
         label,
         kind,
         fetch,
+        cpu_layers,
         flag: "--interleave",
     })
 }
@@ -666,17 +759,40 @@ fn parse_variant_spec(item: &str) -> Result<VariantSpec> {
 /// distinct).
 fn variant_specs(args: &Args) -> Result<Vec<VariantSpec>> {
     if args.interleave.is_empty() {
-        let kind: StrategyKind = args
-            .strategy
-            .as_deref()
-            .unwrap_or_default()
-            .parse()
-            .context("--strategy")?;
+        let given = args.strategy.as_deref().unwrap_or_default();
+        let (name, param) = match given.split_once(':') {
+            Some((k, p)) => (k, Some(p.to_string())),
+            None => (given, None),
+        };
+        let kind: StrategyKind = name.parse().context("--strategy")?;
+        let (fetch, cpu_layers, flag) = match (kind, param) {
+            (StrategyKind::Hybrid, Some(_)) if args.fetch_fraction.is_some() => bail!(
+                "--strategy {given}: give hybrid's fetch fraction once (hybrid:F or \
+                 --fetch-fraction F)"
+            ),
+            (StrategyKind::Hybrid, Some(f)) => (Some(f), None, "--strategy"),
+            (StrategyKind::LayerSplit | StrategyKind::LayerSplitCached, n) => (
+                args.fetch_fraction.clone(),
+                Some(n.unwrap_or_else(|| "auto".into())),
+                "--strategy",
+            ),
+            (StrategyKind::Offload | StrategyKind::Resident | StrategyKind::Cpu, Some(p)) => {
+                bail!("--strategy {given}: {kind} takes no parameter (got '{p}')")
+            }
+            (
+                StrategyKind::Hybrid
+                | StrategyKind::Offload
+                | StrategyKind::Resident
+                | StrategyKind::Cpu,
+                None,
+            ) => (args.fetch_fraction.clone(), None, "--fetch-fraction"),
+        };
         return Ok(vec![VariantSpec {
             label: kind.to_string(),
             kind,
-            fetch: args.fetch_fraction.clone(),
-            flag: "--fetch-fraction",
+            fetch,
+            cpu_layers,
+            flag,
         }]);
     }
     let specs = args
@@ -695,48 +811,103 @@ fn variant_specs(args: &Args) -> Result<Vec<VariantSpec>> {
     Ok(specs)
 }
 
-/// Resolve a variant's fetch fraction (`auto` by the performance model of `--host`, read
-/// into `auto_host` at the first variant that needs it).
+/// Resolve a variant's fetch fraction and CPU layers (`auto` by the performance model of
+/// `--host`, read into `auto_host` at the first variant that needs it).
 fn resolve_variant(
     args: &Args,
     spec: &VariantSpec,
     model: &ModelSpec,
     cache_slots: usize,
-    policy: &CachePolicy,
+    policy: &CacheOptions,
     auto_host: &mut Option<AutoHost>,
     notes: &mut Vec<String>,
 ) -> Result<Variant> {
-    let own = || {
-        Strategy::from_kind(spec.kind, None)
-            .fixed_fetch_fraction()
-            .unwrap_or(1.0)
-    };
-    let (fetch, fetch_source, auto) = match (spec.kind, spec.fetch.as_deref()) {
-        (StrategyKind::Hybrid, None) => bail!("hybrid needs --fetch-fraction F (0 to 1) or auto"),
-        (StrategyKind::Hybrid, Some(s)) => match FetchFraction::parse(spec.flag, s)? {
-            FetchFraction::Fixed(f) => (f, "given".to_string(), false),
-            FetchFraction::Auto => {
-                let host = match auto_host {
-                    Some(h) => h,
-                    None => auto_host.insert(AutoHost::of_args(args)?),
-                };
-                let (f, source) = host.resolve(args, model, cache_slots, policy)?;
-                (f, source, true)
-            }
-        },
-        (k, Some(_)) => {
-            notes.push(format!(
-                "--fetch-fraction ignored: {k} has a fixed fraction"
-            ));
-            (own(), "strategy".into(), false)
+    let host = |slot: &mut Option<AutoHost>| -> Result<()> {
+        if slot.is_none() {
+            *slot = Some(AutoHost::of_args(args)?);
         }
-        (_, None) => (own(), "strategy".into(), false),
+        Ok(())
     };
-    let strategy = match spec.kind {
-        StrategyKind::Hybrid => Strategy::Hybrid {
-            fetch: FetchFraction::fixed(spec.flag, fetch)?,
+    let (strategy, fetch_source, auto) = match spec.kind {
+        StrategyKind::Hybrid => match spec.fetch.as_deref() {
+            None => bail!("hybrid needs --fetch-fraction F (0 to 1) or auto"),
+            Some(s) => match FetchFraction::parse(spec.flag, s)? {
+                FetchFraction::Fixed(f) => (
+                    Strategy::Hybrid {
+                        fetch: FetchFraction::Fixed(f),
+                    },
+                    "given".to_string(),
+                    false,
+                ),
+                FetchFraction::Auto => {
+                    host(auto_host)?;
+                    let h = auto_host.as_ref().expect("read above");
+                    let (f, source) = h.resolve(args, model, cache_slots, policy)?;
+                    (
+                        Strategy::Hybrid {
+                            fetch: FetchFraction::fixed(spec.flag, f)?,
+                        },
+                        source,
+                        true,
+                    )
+                }
+            },
         },
-        k => Strategy::from_kind(k, None),
+        StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => {
+            let given = spec.cpu_layers.as_deref().unwrap_or("auto");
+            let field = format!("{} {}'s CPU layers", spec.flag, spec.kind);
+            let (n, source) = match CpuLayers::parse(&field, given)? {
+                CpuLayers::Fixed(n) => (n, "given".to_string()),
+                CpuLayers::Auto => {
+                    host(auto_host)?;
+                    let h = auto_host.as_ref().expect("read above");
+                    h.cpu_layers(args, model, spec.kind, cache_slots, policy)?
+                }
+            };
+            if n > model.geometry.moe_layers {
+                bail!(
+                    "{field}: {n} is more than the run's {} MoE layers",
+                    model.geometry.moe_layers
+                );
+            }
+            if spec.fetch.is_some() {
+                notes.push(format!(
+                    "--fetch-fraction ignored: {}'s cached layers gather every miss",
+                    spec.kind
+                ));
+            }
+            (
+                Strategy::from_parts(spec.kind, None, Some(CpuLayers::Fixed(n))),
+                format!("{n} CPU layers: {source}"),
+                false,
+            )
+        }
+        StrategyKind::Offload | StrategyKind::Resident | StrategyKind::Cpu => {
+            if spec.fetch.is_some() {
+                notes.push(format!(
+                    "--fetch-fraction ignored: {} has a fixed fraction",
+                    spec.kind
+                ));
+            }
+            (
+                Strategy::from_kind(spec.kind, None),
+                "strategy".into(),
+                false,
+            )
+        }
+    };
+    let layers = model.geometry.moe_layers;
+    let placement = strategy
+        .policy(layers)
+        .with_context(|| format!("{} {}", spec.flag, spec.label))?;
+    let fetch = placement.fetch_fraction();
+    let cached = placement.cpu_layers < layers;
+    let (gathers, cached_cpu) = match placement.rest {
+        ft_model::LayerPlacement::Cached { fetch_fraction } => (
+            cached && fetch_fraction > 0.0,
+            cached && fetch_fraction < 1.0,
+        ),
+        ft_model::LayerPlacement::Resident | ft_model::LayerPlacement::CpuOnly => (false, false),
     };
     Ok(Variant {
         label: spec.label.clone(),
@@ -745,6 +916,10 @@ fn resolve_variant(
         fetch_source,
         auto,
         auto_cpu_speed: None,
+        cpu_layers: strategy.cpu_layers().map(|_| placement.cpu_layers),
+        // Resident runs on a cache that holds every expert: nothing to gather.
+        gathers: gathers && spec.kind != StrategyKind::Resident,
+        uses_cpu: cached_cpu || placement.cpu_layers > 0,
     })
 }
 
@@ -847,7 +1022,11 @@ pub fn run(args: Args) -> Result<()> {
         None => full.clone(),
     };
     let g = model.geometry;
-    let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let size_flag = [(args.cache_slots.is_some(), "--cache-slots")]
+        .into_iter()
+        .chain([(args.cache_gb.is_some(), "--cache-gb")])
+        .find_map(|(given, flag)| given.then_some(flag));
+    let policy = args.cache_args.options(size_flag)?;
     let specs = variant_specs(&args)?;
     // The kind that sizes the cache: the first that needs one (cpu keeps a cache only when
     // given one), so a missing size is reported against it.
@@ -856,26 +1035,38 @@ pub fn run(args: Args) -> Result<()> {
         .map(|v| v.kind)
         .find(|&k| k != StrategyKind::Cpu)
         .unwrap_or(StrategyKind::Cpu);
-    let cache_slots = match (sk, args.cache_slots, args.cache_gb) {
-        (StrategyKind::Resident, s, gb) => {
-            if s.is_some() || gb.is_some() {
-                notes.push("resident holds every expert: the cache size flags were ignored".into());
+    let cache_slots = match sk {
+        StrategyKind::Resident | StrategyKind::LayerSplit => {
+            if args.cache_slots.is_some() || args.cache_gb.is_some() {
+                notes.push(format!(
+                    "{sk} holds its GPU layers' experts resident: the cache size flags were ignored"
+                ));
             }
             0
         }
-        (_, Some(n), _) => CacheSize::Slots(n).slots(model.expert_bytes(), g.total_experts())?,
-        // Under tensor parallelism a GPU's budget holds slices (GpuLayout::slots_per_gpu).
-        (_, None, Some(x)) if layout.is_multi() => {
-            if !(x.is_finite() && x >= 0.0) {
-                bail!("--cache-gb {x}: must be a non-negative number of GiB");
+        StrategyKind::Offload
+        | StrategyKind::Hybrid
+        | StrategyKind::Cpu
+        | StrategyKind::LayerSplitCached => match (args.cache_slots, args.cache_gb) {
+            (None, None) if policy.slots_per_layer.is_some() => {
+                policy.fit_slots(0, g.moe_layers)?
             }
-            layout
-                .slots_per_gpu((x * GIB) as u64, model.expert_bytes())
-                .min(g.total_experts() as usize)
-        }
-        (_, None, Some(x)) => CacheSize::GiB(x).slots(model.expert_bytes(), g.total_experts())?,
-        (StrategyKind::Cpu, None, None) => 0,
-        (k, None, None) => bail!("{k} needs a cache size: give --cache-slots N or --cache-gb X"),
+            (Some(n), _) => CacheSize::Slots(n).slots(model.expert_bytes(), g.total_experts())?,
+            // Under tensor parallelism a GPU's budget holds slices (GpuLayout::slots_per_gpu).
+            (None, Some(x)) if layout.is_multi() => {
+                if !(x.is_finite() && x >= 0.0) {
+                    bail!("--cache-gb {x}: must be a non-negative number of GiB");
+                }
+                layout
+                    .slots_per_gpu((x * GIB) as u64, model.expert_bytes())
+                    .min(g.total_experts() as usize)
+            }
+            (None, Some(x)) => CacheSize::GiB(x).slots(model.expert_bytes(), g.total_experts())?,
+            (None, None) if sk == StrategyKind::Cpu => 0,
+            (None, None) => {
+                bail!("{sk} needs a cache size: give --cache-slots N or --cache-gb X")
+            }
+        },
     };
     let mut auto_host = None;
     let mut variants = specs
@@ -903,15 +1094,12 @@ pub fn run(args: Args) -> Result<()> {
     }
     // The engine is built for the first variant that gathers (its staging slots serve every
     // variant), else the first.
-    let primary = variants
-        .iter()
-        .find(|v| v.fetch > 0.0)
-        .unwrap_or(&variants[0]);
+    let primary = variants.iter().find(|v| v.gathers).unwrap_or(&variants[0]);
     let (strategy, fetch) = (primary.strategy, primary.fetch);
     let cfg = EngineConfig {
         strategy,
         cache_slots,
-        policy: policy.clone(),
+        cache_options: policy.clone(),
         max_streams: args.streams,
         max_context: args.context + args.warmup + args.steps,
         threads,
@@ -965,7 +1153,7 @@ pub fn run(args: Args) -> Result<()> {
         }
     };
     let (warm, measured) = routing.split_at(args.warmup);
-    let popularity = if matches!(&policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+    let popularity = if matches!(&policy.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
         && sk != StrategyKind::Resident
     {
         let mut src: Box<dyn RoutingSource> = routing::resolve(&args.routing, &g, Some(args.seed))?;
@@ -1034,7 +1222,7 @@ pub fn run(args: Args) -> Result<()> {
     tracing::info!(device = %device.info().name, model = %model.name, %strategy, "building the engine");
     let mut engine =
         Engine::new(&device, &model, &cfg, popularity).context("building the engine")?;
-    let linear = if fetch > 0.0 && sk != StrategyKind::Resident {
+    let linear = if variants.iter().any(|v| v.gathers) {
         Some(engine.measure_linear_h2d_gbs(LINEAR_PROBE_BYTES, LINEAR_PROBE_REPS)?)
     } else {
         None
@@ -1056,10 +1244,7 @@ pub fn run(args: Args) -> Result<()> {
         (0..n).map(|_| Vec::with_capacity(args.repeat)).collect();
     let mut steal = vec![ft_runtime::instrument::StealMeter::default(); n];
     // The CPU's same-run ceiling, read before each round (runs with a CPU share).
-    let with_cpu = auto_host.is_some()
-        || variants
-            .iter()
-            .any(|v| v.fetch < 1.0 && v.strategy.kind() != StrategyKind::Resident);
+    let with_cpu = auto_host.is_some() || variants.iter().any(|v| v.uses_cpu);
     let mut bank_reads = if with_cpu {
         Some(BankReads::new(threads)?)
     } else {
@@ -1167,7 +1352,7 @@ pub fn run(args: Args) -> Result<()> {
             None
         };
         let summary = decoded.summary.clone();
-        let pcie = linear.filter(|_| v.fetch > 0.0).map(|gbs| {
+        let pcie = linear.filter(|_| v.gathers).map(|gbs| {
             let bound = summary.gathered_bytes_per_step / (gbs * 1e3);
             PcieBound {
                 linear_h2d_gbs: gbs,
@@ -1215,6 +1400,7 @@ pub fn run(args: Args) -> Result<()> {
             strategy: v.strategy.to_string(),
             fetch_fraction: v.fetch,
             fetch_source: v.fetch_source.clone(),
+            cpu_layers: v.cpu_layers,
             auto_cpu_speed: v.auto_cpu_speed,
             device: device.info(),
             threads,
@@ -1229,7 +1415,8 @@ pub fn run(args: Args) -> Result<()> {
             context: args.context,
             cache_slots: engine.cache_slots(),
             staging_slots: engine.staging_slots(),
-            policy: policy.to_string(),
+            policy: policy.policy.to_string(),
+            cache_options: policy.clone(),
             routing: args.routing.clone(),
             seed: args.seed,
             memory,
@@ -1327,7 +1514,7 @@ fn print_table(out: &mut impl Write, r: &RunReport) -> Result<()> {
         s.warmup_steps,
         r.cache_slots,
         r.cache_slots as f64 * r.expert_bytes as f64 / GIB,
-        r.policy,
+        r.cache_options,
         r.staging_slots,
         r.routing
     )?;

@@ -38,7 +38,7 @@ use ft_model::perf::predict::default_cache_slots;
 use ft_model::perf::{CpuSpeedSource, PerfModel, PredictConfig};
 use ft_model::profile::{self, CpuCheck, Profile, ProfileKey};
 use ft_model::routing::RoutingProcess;
-use ft_model::{CachePolicy, FetchFraction, ModelSpec, Strategy, StrategyKind};
+use ft_model::{FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{BankSource, EngineConfig, EngineSettings};
 use ft_runtime::probe as rprobe;
 use ft_runtime::{Device, DeviceKind, DeviceSpec};
@@ -195,6 +195,9 @@ pub struct Args {
     /// with them.
     #[command(flatten)]
     pub engine: crate::engine_args::EngineArgs,
+    /// The cache served, predicted and probed with (policy, topology, admission).
+    #[command(flatten)]
+    pub cache_args: crate::cache_args::CacheArgs,
     /// Seconds a client has to send a request's headers (also how long a kept-alive
     /// connection may idle); slower clients are disconnected.
     #[arg(long, default_value_t = ft_serve::http::HEADER_TIMEOUT_S)]
@@ -333,6 +336,7 @@ fn perf_model(
             &rprobe::CpuTopology::detect(),
             ft_kernels::ActivationPath::preferred(model.format),
             settings,
+            &args.cache_args.options(None)?,
         ),
         model,
     );
@@ -364,6 +368,7 @@ fn perf_model(
     let config = rprobe::ProbeConfig {
         threads: pool_threads as usize,
         engine: *settings,
+        cache_options: args.cache_args.options(None)?,
         ..rprobe::ProbeConfig::default()
     };
     let t0 = std::time::Instant::now();
@@ -464,7 +469,9 @@ pub fn run(args: Args) -> Result<()> {
         streams: args.expected_streams,
         context,
         cache,
-        policy: CachePolicy::Lru,
+        cache_options: args
+            .cache_args
+            .options(args.cache_gb.map(|_| "--cache-gb"))?,
         routing: args.routing.clone(),
         hybrid_fetch: match fetch {
             FetchFraction::Fixed(f) if args.moe_strategy == StrategyArg::Hybrid => {
@@ -478,6 +485,9 @@ pub fn run(args: Args) -> Result<()> {
         Some(c) => c.slots(model.expert_bytes(), model.geometry.total_experts())?,
         None => default_cache_slots(&model, &perf.params, args.expected_streams, context),
     };
+    let slots = predict_config
+        .cache_options
+        .fit_slots(slots, model.geometry.moe_layers)?;
     let mut predictor = PerfPredictor::new(
         model.clone(),
         perf.clone(),
@@ -516,7 +526,7 @@ pub fn run(args: Args) -> Result<()> {
         if args.json {
             outln!(
                 "{}",
-                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "engine": settings, "decision": decision})
+                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "engine": settings, "cache": predict_config.cache_options, "decision": decision})
             )?;
         } else {
             outln!("decision: {line}")?;
@@ -528,6 +538,7 @@ pub fn run(args: Args) -> Result<()> {
         BackendArg::Reference => {
             let mut cfg = ReferenceConfig::tiny(args.seed);
             cfg.max_context = args.context_limit;
+            cfg.cache_options = predict_config.cache_options.clone();
             cfg.max_streams = args.max_streams;
             Box::new(ReferenceMoe::new(cfg, strategy)?)
         }
@@ -539,7 +550,7 @@ pub fn run(args: Args) -> Result<()> {
             let mut cfg = EngineConfig {
                 strategy,
                 cache_slots: slots,
-                policy: CachePolicy::Lru,
+                cache_options: predict_config.cache_options.clone(),
                 max_streams: args.max_streams.max(args.prefill_chunk),
                 max_context: args.context_limit,
                 seed: args.seed,

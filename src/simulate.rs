@@ -10,7 +10,6 @@
 use anyhow::{bail, Context, Result};
 use std::io::Write;
 
-use ft_model::cache::CachePolicy;
 use ft_model::strategy::{CpuLayers, FetchFraction, Strategy, StrategyKind};
 use ft_sim::compare::{compare, CacheChoice, CompareConfig, Comparison};
 use ft_sim::field_report as fr;
@@ -63,9 +62,9 @@ pub struct Args {
     /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
     #[arg(long, default_value = "typical")]
     routing: String,
-    /// Cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    policy: String,
+    /// The cache's policy, topology and admission.
+    #[command(flatten)]
+    cache_args: crate::cache_args::CacheArgs,
     /// Measured decode steps.
     #[arg(long, default_value_t = ft_sim::compare::DEFAULT_STEPS)]
     steps: u64,
@@ -187,14 +186,21 @@ impl Args {
         if streams == 0 {
             bail!("--streams: must be at least 1");
         }
-        let policy: CachePolicy = self.policy.parse().context("--policy")?;
+        let size_flag = [
+            (self.cache_slots.is_some(), "--cache-slots"),
+            (self.cache_gb.is_some(), "--cache-gb"),
+            (self.miss_rate.is_some(), "--miss-rate"),
+        ]
+        .into_iter()
+        .find_map(|(given, flag)| given.then_some(flag));
+        let cache_options = self.cache_args.options(size_flag)?;
         Ok(CompareConfig {
             streams,
             strategies: self.strategies()?,
             fetch: FetchFraction::parse("--fetch-fraction", &self.fetch_fraction)?,
             cpu_layers: self.cpu_layers()?,
             cache: self.cache()?,
-            policy,
+            cache_options,
             routing: self.routing.clone(),
             warmup_steps: self.warmup,
             steps: self.steps,

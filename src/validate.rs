@@ -728,7 +728,6 @@ pub fn simulate_rows(
     warmup: u64,
     seed: u64,
 ) -> Result<usize> {
-    use ft_model::cache::CachePolicy;
     use ft_model::FetchFraction;
     use ft_sim::compare::{compare, CacheChoice, CompareConfig};
     let mut hosts: BTreeMap<String, Option<ft_sim::hosts::SimHost>> = BTreeMap::new();
@@ -761,7 +760,7 @@ pub fn simulate_rows(
             cache: CacheChoice::Slots {
                 slots: r.cache_slots,
             },
-            policy: CachePolicy::Lru,
+            cache_options: Default::default(),
             routing: "typical".into(),
             warmup_steps: warmup,
             steps,

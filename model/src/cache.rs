@@ -27,6 +27,7 @@ use thiserror::Error;
 
 use crate::error::{ModelError, Result};
 use crate::geometry::{ExpertId, MoeGeometry};
+use crate::plan::AdmissionPolicy;
 use crate::strategy::StrategyKind;
 
 /// Bytes in one GiB (`--cache-gb` counts in GiB).
@@ -303,6 +304,8 @@ pub struct ExpertCache {
     tick: u64,
     /// Tick of each expert's last lookup (hit or miss), 0 if never.
     last_request: Vec<u64>,
+    /// Which misses a partial fetch admits ([`crate::plan::plan_layer`] reads it).
+    admission: AdmissionPolicy,
     stats: CacheStats,
 }
 
@@ -374,6 +377,7 @@ impl ExpertCache {
             order,
             tick: 0,
             last_request: vec![0; total],
+            admission: AdmissionPolicy::default(),
             stats: CacheStats::default(),
         };
         if let CachePolicy::StaticHot { hot } = policy {
@@ -411,6 +415,18 @@ impl ExpertCache {
     /// The policy.
     pub fn policy(&self) -> &CachePolicy {
         &self.policy
+    }
+
+    /// Which misses a layer that fetches only part of them admits, and whether the misses it
+    /// computes on the CPU count as requests ([`AdmissionPolicy`]; the default until
+    /// [`ExpertCache::set_admission`]).
+    pub fn admission(&self) -> AdmissionPolicy {
+        self.admission
+    }
+
+    /// Choose the admission policy [`crate::plan::plan_layer`] applies with this cache.
+    pub fn set_admission(&mut self, admission: AdmissionPolicy) {
+        self.admission = admission;
     }
 
     /// Slots in the pool.
@@ -493,6 +509,15 @@ impl ExpertCache {
     pub fn last_request(&self, id: ExpertId) -> Option<u64> {
         let t = self.last_request[self.flat(id)?];
         (t != 0).then_some(t)
+    }
+
+    /// Set an expert's last request back to `prev` (what [`ExpertCache::last_request`] gave
+    /// before its lookup): the plan forgets the request of a miss computed on the CPU when the
+    /// admission says CPU work is no part of the cache's history.
+    pub(crate) fn restore_request(&mut self, id: ExpertId, prev: Option<u64>) {
+        if let Some(f) = self.flat(id) {
+            self.last_request[f] = prev.unwrap_or(0);
+        }
     }
 
     /// Request an expert: a hit returns its slot and counts as a use for the policy (recency
@@ -886,6 +911,121 @@ pub fn build_cache_with(
         }
     }
     Ok(cache)
+}
+
+/// Everything about the expert cache but its size: the replacement policy, how the slots are
+/// shared between layers (with, for a per-layer cache, its slots per layer) and which misses a
+/// partial fetch admits. One value of this type goes from the command line (`--cache-policy`,
+/// `--cache-topology`, `--cache-slots-per-layer`, `--admission`) into every view that builds
+/// a cache (predict, simulate, run, probe, serve), and into their reports.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default, rename_all = "kebab-case")]
+pub struct CacheOptions {
+    /// Replacement policy.
+    pub policy: CachePolicy,
+    /// How the slots are shared between layers.
+    pub topology: CacheTopology,
+    /// Slots of each layer (`--cache-slots-per-layer`): the cache is this many times the
+    /// layer count, whatever size was given otherwise. `None`: the given size, which a
+    /// per-layer cache rounds down to a multiple of the layer count.
+    pub slots_per_layer: Option<usize>,
+    /// Which misses a hybrid layer admits ([`AdmissionPolicy`]).
+    pub admission: AdmissionPolicy,
+}
+
+impl From<CachePolicy> for CacheOptions {
+    /// A global pool with the default admission, replacing by `policy`.
+    fn from(policy: CachePolicy) -> Self {
+        CacheOptions {
+            policy,
+            ..CacheOptions::default()
+        }
+    }
+}
+
+impl From<&CachePolicy> for CacheOptions {
+    fn from(policy: &CachePolicy) -> Self {
+        policy.clone().into()
+    }
+}
+
+impl From<&CacheOptions> for CacheOptions {
+    fn from(options: &CacheOptions) -> Self {
+        options.clone()
+    }
+}
+
+impl fmt::Display for CacheOptions {
+    /// `lru global tokens`, `lru per-layer(64/layer) recent,cached-history`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} {}", self.policy, self.topology)?;
+        if let Some(n) = self.slots_per_layer {
+            write!(f, "({n}/layer)")?;
+        }
+        write!(f, " {}", self.admission)
+    }
+}
+
+impl CacheOptions {
+    /// The cache's slots in all for a model of `layers` MoE layers, from the `slots` a size
+    /// gave: `slots_per_layer x layers` when slots per layer are set; for a per-layer cache,
+    /// `slots` rounded down to a multiple of `layers`; else `slots`. Errors name the flag: 0
+    /// slots per layer, or a per-layer cache smaller than one slot per layer.
+    pub fn fit_slots(&self, slots: usize, layers: usize) -> Result<usize> {
+        let layers = layers.max(1);
+        if let Some(n) = self.slots_per_layer {
+            if n == 0 {
+                return Err(ModelError::invalid(
+                    "--cache-slots-per-layer",
+                    "0 slots per layer hold no expert",
+                ));
+            }
+            return n.checked_mul(layers).ok_or_else(|| {
+                ModelError::invalid(
+                    "--cache-slots-per-layer",
+                    format!("{n} slots for each of {layers} layers overflow"),
+                )
+            });
+        }
+        match self.topology {
+            CacheTopology::Global => Ok(slots),
+            CacheTopology::PerLayer if slots < layers => Err(ModelError::invalid(
+                "--cache-topology",
+                format!(
+                    "a per-layer cache of {slots} slots has less than one slot for each of \
+                     {layers} layers"
+                ),
+            )),
+            CacheTopology::PerLayer => Ok(slots / layers * layers),
+        }
+    }
+
+    /// The cache a strategy starts from ([`build_cache_with`]) with these options: `slots`
+    /// fitted by [`CacheOptions::fit_slots`] (not for `resident`, which holds every expert),
+    /// the topology, and the admission set.
+    pub fn build(
+        &self,
+        strategy: StrategyKind,
+        geometry: &MoeGeometry,
+        slots: usize,
+        popularity: Option<&[f64]>,
+    ) -> Result<ExpertCache> {
+        let slots = if strategy == StrategyKind::Resident {
+            slots
+        } else {
+            self.fit_slots(slots, geometry.moe_layers)?
+        };
+        let mut cache = build_cache_with(
+            strategy,
+            &self.policy,
+            self.topology,
+            geometry,
+            slots,
+            popularity,
+        )?;
+        cache.set_admission(self.admission);
+        Ok(cache)
+    }
 }
 
 /// A cache size as the command line gives it.

@@ -24,12 +24,12 @@ pub mod schedule;
 pub mod strategy;
 pub mod traffic;
 
-pub use cache::{CachePolicy, CacheSize, CacheTopology, ExpertCache, SlotId};
+pub use cache::{CacheOptions, CachePolicy, CacheSize, CacheTopology, ExpertCache, SlotId};
 pub use error::ModelError;
 pub use format::{ExpertFormat, GgmlQuant};
 pub use geometry::{ExpertId, MoeGeometry};
 pub use placement::{GpuLayout, GpuPlacement};
-pub use plan::{plan_layer, LayerPlan};
+pub use plan::{plan_layer, AdmissionOrder, AdmissionPolicy, LayerPlan};
 pub use preset::{DenseSpec, ModelSpec};
 pub use routing::{RoutingProcess, RoutingSource, StepRouting, TokenRoute};
 pub use strategy::{

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::{build_cache, CachePolicy, CacheStats, ExpertCache};
+use crate::cache::{CacheOptions, CachePolicy, CacheStats, ExpertCache};
 use crate::error::{ModelError, Result};
 use crate::geometry::MoeGeometry;
 use crate::placement::GpuLayout;
@@ -311,12 +311,12 @@ pub fn measure_popularity(
 }
 
 /// The counting simulation of a strategy from a cold start: builds the strategy's cache
-/// ([`build_cache`]; a static-hot policy without a hot set takes the most requested experts
+/// ([`CacheOptions::build`]; a static-hot policy without a hot set takes the most requested experts
 /// of the warm-up steps, which then count as its warm-up), then runs [`run_traffic`].
 pub fn strategy_traffic(
     source: &mut dyn RoutingSource,
     strategy: &Strategy,
-    policy: &CachePolicy,
+    cache: impl Into<CacheOptions>,
     slots: usize,
     config: &TrafficConfig,
 ) -> Result<TrafficStats> {
@@ -324,7 +324,7 @@ pub fn strategy_traffic(
     let (mut cache, warmup_steps) = strategy_cache(
         source,
         strategy.kind(),
-        policy,
+        cache,
         slots,
         config.warmup_steps,
         config.streams,
@@ -342,27 +342,30 @@ pub fn strategy_traffic(
 ///
 /// A static hot set given without experts is chosen from the popularity measured over the
 /// warm-up steps, which are then spent (0 left); every other cache is built as
-/// [`build_cache`] builds it and keeps its whole warm-up.
+/// [`CacheOptions::build`] builds it and keeps its whole warm-up.
 pub fn strategy_cache(
     source: &mut dyn RoutingSource,
     kind: crate::strategy::StrategyKind,
-    policy: &CachePolicy,
+    cache: impl Into<CacheOptions>,
     slots: usize,
     warmup_steps: usize,
     streams: usize,
 ) -> Result<(ExpertCache, usize)> {
+    let options: CacheOptions = cache.into();
     let geometry: MoeGeometry = *source.geometry();
-    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
-        && kind != crate::strategy::StrategyKind::Resident;
-    if needs_popularity {
+    if needs_popularity(&options, kind) {
         let pop = measure_popularity(source, warmup_steps, streams)?;
-        Ok((build_cache(kind, policy, &geometry, slots, Some(&pop))?, 0))
+        Ok((options.build(kind, &geometry, slots, Some(&pop))?, 0))
     } else {
-        Ok((
-            build_cache(kind, policy, &geometry, slots, None)?,
-            warmup_steps,
-        ))
+        Ok((options.build(kind, &geometry, slots, None)?, warmup_steps))
     }
+}
+
+/// Whether a strategy's cache needs a routing popularity to start from (a static hot set
+/// given without experts, for any strategy but resident).
+fn needs_popularity(options: &CacheOptions, kind: crate::strategy::StrategyKind) -> bool {
+    matches!(&options.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
+        && kind != crate::strategy::StrategyKind::Resident
 }
 
 /// The caches several GPUs start from ([`crate::GpuLayout::plans`] of them, one per plan),
@@ -373,31 +376,30 @@ pub fn strategy_cache(
 pub fn strategy_caches(
     source: &mut dyn RoutingSource,
     kind: crate::strategy::StrategyKind,
-    policy: &CachePolicy,
+    cache: impl Into<CacheOptions>,
     slots: usize,
     warmup_steps: usize,
     streams: usize,
     layout: &GpuLayout,
 ) -> Result<(Vec<ExpertCache>, usize)> {
+    let options: CacheOptions = cache.into();
     if layout.plans() == 1 {
-        let (cache, left) = strategy_cache(source, kind, policy, slots, warmup_steps, streams)?;
+        let (cache, left) = strategy_cache(source, kind, options, slots, warmup_steps, streams)?;
         return Ok((vec![cache], left));
     }
     let geometry: MoeGeometry = *source.geometry();
-    let needs_popularity = matches!(policy, CachePolicy::StaticHot { hot } if hot.is_empty())
-        && kind != crate::strategy::StrategyKind::Resident;
-    if needs_popularity {
+    if needs_popularity(&options, kind) {
         let pop = measure_popularity(source, warmup_steps, streams)?;
         let caches = (0..layout.gpus)
             .map(|g| {
                 let mine = layout.popularity_on(g, &pop, geometry.experts);
-                build_cache(kind, policy, &geometry, slots, Some(&mine))
+                options.build(kind, &geometry, slots, Some(&mine))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok((caches, 0))
     } else {
         let caches = (0..layout.plans())
-            .map(|_| build_cache(kind, policy, &geometry, slots, None))
+            .map(|_| options.build(kind, &geometry, slots, None))
             .collect::<Result<Vec<_>>>()?;
         Ok((caches, warmup_steps))
     }
@@ -659,7 +661,8 @@ mod tests {
         let slots = 128;
         let policy = CachePolicy::StaticHot { hot: Vec::new() };
         let mut cache =
-            build_cache(crate::StrategyKind::Offload, &policy, &g, slots, Some(&pop)).unwrap();
+            crate::cache::build_cache(crate::StrategyKind::Offload, &policy, &g, slots, Some(&pop))
+                .unwrap();
         // Expected hits per expert request: the hot set's share of each layer's popularity.
         let hot: Vec<usize> = cache.resident().map(|(_, id)| id.flat(64)).collect();
         let expected = hot.iter().map(|&f| pop[f]).sum::<f64>() / g.moe_layers as f64;

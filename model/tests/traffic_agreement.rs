@@ -48,10 +48,11 @@ fn sampled_counts_equal_the_traffic_simulation() {
         let mut a = resolve("typical", &g, Some(5)).unwrap();
         let t = strategy_traffic(a.as_mut(), &strategy, &policy, 96, &config).unwrap();
         let mut b = resolve("typical", &g, Some(5)).unwrap();
+        let options = ft_model::CacheOptions::from(&policy);
         let run = SampleRun {
             kind: strategy.kind(),
             placement: ft_model::PlacementPolicy::cached(f),
-            policy: &policy,
+            cache: &options,
             slots: 96,
             warmup_steps: config.warmup_steps,
             steps: config.steps,

@@ -26,8 +26,6 @@ pub enum StampedKernel {
     GateUp,
     /// An `ft_experts_down*` block.
     Down,
-    /// A block of the one-launch layer (`ft_experts_layer_1`).
-    Layer,
 }
 
 impl StampedKernel {
@@ -35,7 +33,6 @@ impl StampedKernel {
         match code {
             1 => Some(StampedKernel::GateUp),
             2 => Some(StampedKernel::Down),
-            3 => Some(StampedKernel::Layer),
             _ => None,
         }
     }
@@ -45,7 +42,6 @@ impl StampedKernel {
         match self {
             StampedKernel::GateUp => "gate-up",
             StampedKernel::Down => "down",
-            StampedKernel::Layer => "layer",
         }
     }
 }
@@ -57,7 +53,7 @@ pub struct BlockStamp {
     pub kernel: StampedKernel,
     /// Its multiprocessor.
     pub sm: u32,
-    /// Its block index (x, y); the one-launch layer's ticket in x.
+    /// Its block index (x, y).
     pub block: (u32, u32),
     /// It started.
     pub entry_ns: u64,
@@ -150,7 +146,7 @@ pub struct LaunchTimeline {
     /// From the previous launch's last block's end to this one's first start (`None` for
     /// the first launch of a batch).
     pub gap_before_ns: Option<f64>,
-    /// Its gate/up blocks (or the one-launch layer's).
+    /// Its gate/up blocks.
     pub gate_up: Option<PhaseStats>,
     /// Its down blocks.
     pub down: Option<PhaseStats>,
@@ -223,14 +219,12 @@ fn cut_by_grid(mut blocks: Vec<&BlockStamp>) -> Vec<Vec<&BlockStamp>> {
 /// kernel start after every block of its previous launch on the stream has started (a
 /// launch, chained or dependent or not, is scheduled no earlier than that), so each
 /// kernel's records sorted by start fall into its launches in order, cut where a block
-/// index repeats; the n-th launch of gate/up (or of the one-launch layer) and the n-th of
+/// index repeats; the n-th launch of gate/up and the n-th of
 /// down make the n-th layer. Launches may overlap (a chained gate/up starts while the
 /// down kernel before it ends): the gap before such a launch is negative.
 pub fn launches(records: &[BlockStamp]) -> Vec<LaunchTimeline> {
     let of = |k: StampedKernel| records.iter().filter(|b| b.kernel == k).collect::<Vec<_>>();
-    let mut first = of(StampedKernel::GateUp);
-    first.extend(of(StampedKernel::Layer));
-    let firsts = cut_by_grid(first);
+    let firsts = cut_by_grid(of(StampedKernel::GateUp));
     let downs = cut_by_grid(of(StampedKernel::Down));
     let mut out = Vec::with_capacity(firsts.len().max(downs.len()));
     let mut prev_end: Option<u64> = None;
@@ -344,7 +338,7 @@ pub struct BatchTimeline {
     pub median_span_ns: f64,
     /// The previous launch's last end to this one's first start.
     pub median_gap_ns: f64,
-    /// The gate/up (or one-launch layer) phase, the median of each field over the measured
+    /// The gate/up phase, the median of each field over the measured
     /// launches.
     pub gate_up: Option<PhaseStats>,
     /// The down phase, likewise.

@@ -214,9 +214,12 @@ pub fn compare_numerics(
         &fresh.outputs,
         warmed,
     );
+    use ft_model::StrategyKind as K;
+    // Offload and resident compute every expert on the GPU already; layer split's resident
+    // layers live in slots an offload engine does not have, so it cannot switch.
     let vs_offload = match strategy.kind() {
-        ft_model::StrategyKind::Offload | ft_model::StrategyKind::Resident => None,
-        _ => {
+        K::Offload | K::Resident | K::LayerSplit => None,
+        K::Hybrid | K::Cpu | K::LayerSplitCached => {
             engine.set_strategy(ft_model::Strategy::Offload)?;
             let off = decode(engine, warm, measured, &opts, &mut |_, _| {})?;
             Some(Deviation::between(
@@ -228,7 +231,7 @@ pub fn compare_numerics(
     };
     // Without CPU work every expert runs the same GPU kernel wherever it sits; with it, only
     // the int8 path is the same computation on both sides.
-    let uses_cpu = strategy.fixed_fetch_fraction().is_none_or(|f| f < 1.0);
+    let uses_cpu = engine.placement().cpu_layers > 0 || engine.fetch_fraction() < 1.0;
     let same_kernels =
         !uses_cpu || (cfg.gpu_path == ActivationPath::Int8 && cfg.cpu_path == ActivationPath::Int8);
     Ok(NumericsReport {

@@ -59,7 +59,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use ft_kernels::{ActivationPath, ExpertWork};
-use ft_model::cache::CachePolicy;
+use ft_model::cache::CacheOptions;
 use ft_model::host::{CpuSpec, EngineSpec, GpuSpec, HostSpec, PcieSpec, GIB};
 use ft_model::perf::fit::{
     fit, CpuStepSample, DenseSample, FitConfig, FitReport, GatherSample, GpuExpertSample,
@@ -228,6 +228,9 @@ pub struct ProbeConfig {
     /// The engine's settings the end-to-end probe runs with: those of the engine the
     /// profile will predict ([`EngineSettings`], part of the profile key).
     pub engine: EngineSettings,
+    /// The cache the end-to-end probe runs with (policy, topology, admission; part of the
+    /// profile key).
+    pub cache_options: CacheOptions,
 }
 
 impl Default for ProbeConfig {
@@ -253,6 +256,7 @@ impl Default for ProbeConfig {
             max_ceiling_drift: 0.15,
             attempts: 2,
             engine: EngineSettings::default(),
+            cache_options: CacheOptions::default(),
         }
     }
 }
@@ -409,14 +413,22 @@ impl CpuTopology {
 /// device reports them, the CPU model, hardware threads and NUMA nodes), serving with
 /// `gpu_act` on a CUDA device (recorded beside its kernel and copy paths: a profile that
 /// timed the f32 GPU path does not predict the int8 one) and with the engine's `settings`
-/// on any device (a profile that timed other fetch chunks timed another engine).
+/// on any device (a profile that timed other fetch chunks timed another engine), and with
+/// the cache's options where they are not the default (a profile of another admission or
+/// topology measured other misses; the default's key is as it was before the options).
 pub fn host_fingerprint(
     device: &Device,
     cpu: &CpuTopology,
     gpu_act: ActivationPath,
     settings: &EngineSettings,
+    cache: &CacheOptions,
 ) -> HostFingerprint {
     let info = device.info();
+    let cache = if *cache == CacheOptions::default() {
+        String::new()
+    } else {
+        format!("; cache {cache}")
+    };
     HostFingerprint {
         gpu_name: info.name.clone(),
         gpu_driver: info
@@ -427,8 +439,8 @@ pub fn host_fingerprint(
         threads: cpu.threads,
         numa_nodes: cpu.numa_nodes,
         gpu_paths: match info.cuda_tuning {
-            Some(t) => format!("{t}, {gpu_act} activations; engine {settings}"),
-            None => format!("engine {settings}"),
+            Some(t) => format!("{t}, {gpu_act} activations; engine {settings}{cache}"),
+            None => format!("engine {settings}{cache}"),
         },
     }
 }
@@ -743,7 +755,7 @@ fn probe_once(
     let engine_config = EngineConfig {
         strategy: Strategy::Offload,
         cache_slots,
-        policy: CachePolicy::Lru,
+        cache_options: config.cache_options.clone(),
         max_streams,
         max_context: config.context + config.warmup_steps + config.steps + 1,
         threads,
@@ -795,8 +807,8 @@ fn probe_once(
                 })
                 .collect(),
             StrategyKind::Resident => continue,
-            // The engine does not run layer split yet; its layers' costs are those of the
-            // work the other strategies calibrate.
+            // Layer split's layers are resident or CPU-only work, whose costs the other
+            // strategies calibrate (and its resident slots need an engine of their own).
             StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => continue,
             StrategyKind::Offload | StrategyKind::Cpu => vec![Strategy::from_kind(*kind, None)],
         };
@@ -823,7 +835,10 @@ fn probe_once(
             StrategyKind::Hybrid => middle_fraction.map(|f| Strategy::Hybrid {
                 fetch: ft_model::FetchFraction::Fixed(f),
             }),
-            _ => None,
+            StrategyKind::Offload
+            | StrategyKind::Resident
+            | StrategyKind::LayerSplit
+            | StrategyKind::LayerSplitCached => None,
         })
         .collect();
     for &t in &extra_threads {
@@ -2211,7 +2226,13 @@ mod tests {
         fit_profile(
             d,
             out,
-            host_fingerprint(d, &cpu, act, &EngineSettings::default()),
+            host_fingerprint(
+                d,
+                &cpu,
+                act,
+                &EngineSettings::default(),
+                &CacheOptions::default(),
+            ),
             &FitConfig::default(),
         )
         .unwrap()

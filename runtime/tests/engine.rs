@@ -5,10 +5,11 @@
 
 use ft_kernels::ActivationPath;
 use ft_model::cache::{build_cache, CachePolicy};
-use ft_model::plan::plan_layer;
+use ft_model::plan::plan_layer_placed;
 use ft_model::routing::{self, StepRouting};
 use ft_model::{
-    DenseSpec, ExpertFormat, FetchFraction, ModelSpec, MoeGeometry, Strategy, StrategyKind,
+    CpuLayers, DenseSpec, ExpertFormat, FetchFraction, ModelSpec, MoeGeometry, Strategy,
+    StrategyKind,
 };
 use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, HostDeviceConfig};
@@ -53,7 +54,7 @@ fn config(strategy: Strategy, slots: usize, streams: usize) -> EngineConfig {
     EngineConfig {
         strategy,
         cache_slots: slots,
-        policy: CachePolicy::Lru,
+        cache_options: Default::default(),
         max_streams: streams,
         max_context: 64,
         threads: 1,
@@ -90,6 +91,21 @@ fn hybrid(f: f64) -> Strategy {
     }
 }
 
+fn layer_split(n: usize) -> Strategy {
+    Strategy::LayerSplit {
+        cpu_layers: CpuLayers::Fixed(n),
+    }
+}
+
+fn layer_split_cached(n: usize) -> Strategy {
+    Strategy::LayerSplitCached {
+        cpu_layers: CpuLayers::Fixed(n),
+    }
+}
+
+/// Every strategy's per-layer counts (hits, fetched, CPU, tokens, bytes) are the model's
+/// plan of the same routing ([`plan_layer_placed`] with the strategy's policy on a cache of
+/// our own): the engine's traffic is the model's.
 fn every_strategy_matches_plan_layer_counts(d: &Device) {
     let model = tiny();
     let (streams, slots) = (3, 20);
@@ -99,6 +115,8 @@ fn every_strategy_matches_plan_layer_counts(d: &Device) {
         hybrid(0.5),
         Strategy::Resident,
         Strategy::Cpu,
+        layer_split(2),
+        layer_split_cached(2),
     ] {
         let cfg = config(strategy, slots, streams);
         let mut engine = Engine::new(d, &model, &cfg, None).unwrap();
@@ -119,10 +137,10 @@ fn every_strategy_matches_plan_layer_counts(d: &Device) {
             None,
         )
         .unwrap();
-        let f = strategy.fixed_fetch_fraction().unwrap();
+        let policy = strategy.policy(model.geometry.moe_layers).unwrap();
         for (r, routing) in run.records.iter().zip(&steps) {
             for (l, lr) in r.layers.iter().enumerate() {
-                let plan = plan_layer(l, &routing.layers[l], &mut cache, f);
+                let plan = plan_layer_placed(l, &routing.layers[l], &mut cache, policy.layer(l));
                 let c = lr.counts;
                 assert_eq!(
                     c.hits as usize,
@@ -180,8 +198,23 @@ fn every_strategy_matches_plan_layer_counts(d: &Device) {
             StrategyKind::Offload => assert!(s.miss_rate > 0.0 && s.cpu_per_layer == 0.0),
             StrategyKind::Cpu => assert!(s.fetched_per_layer == 0.0 && s.cpu_per_layer > 0.0),
             StrategyKind::Hybrid => assert!(s.fetched_per_layer > 0.0 && s.cpu_per_layer > 0.0),
-            StrategyKind::LayerSplit | StrategyKind::LayerSplitCached => {
-                unreachable!("the engine does not run layer split yet")
+            StrategyKind::LayerSplit => {
+                assert!(s.fetched_per_layer == 0.0 && s.cpu_per_layer > 0.0);
+                // The first two layers on the CPU, the others all hits.
+                for r in &run.records {
+                    for (l, lr) in r.layers.iter().enumerate() {
+                        assert_eq!((lr.counts.hits == 0, lr.counts.cpu > 0), (l < 2, l < 2));
+                    }
+                }
+            }
+            StrategyKind::LayerSplitCached => {
+                assert!(s.fetched_per_layer > 0.0 && s.cpu_per_layer > 0.0);
+                for r in &run.records {
+                    for lr in &r.layers[..2] {
+                        assert_eq!((lr.counts.hits, lr.counts.fetched), (0, 0));
+                    }
+                    assert!(r.layers[2..].iter().all(|lr| lr.counts.cpu == 0));
+                }
             }
         }
     }
@@ -191,8 +224,16 @@ fn offload_and_resident_match_the_f64_reference(d: &Device) {
     let model = tiny();
     let streams = 2;
     let steps = routing_for(&model, streams, 3);
-    for strategy in [Strategy::Offload, Strategy::Resident] {
-        let cfg = config(strategy, 12, streams);
+    for strategy in [
+        Strategy::Offload,
+        Strategy::Resident,
+        layer_split(2),
+        layer_split_cached(3),
+        layer_split(6),
+    ] {
+        let mut cfg = config(strategy, 12, streams);
+        // f32 on both sides: the CPU layers compare at the GPU's tolerance.
+        cfg.cpu_path = ActivationPath::F32;
         let mut engine = Engine::new(d, &model, &cfg, None).unwrap();
         let run = decode(&mut engine, &[], &steps, &options(), &mut |_, _| {}).unwrap();
         for (i, (out, routing)) in run.outputs.iter().zip(&steps).enumerate() {
@@ -286,6 +327,51 @@ fn hybrid_w4a8_is_bit_identical_fresh_and_warmed(d: &Device) {
         !dev.bit_identical && dev.max_rel_l2 > 1e-6 && dev.max_rel_l2 < 5e-2,
         "{dev:?}"
     );
+}
+
+/// With int8 activations on both sides every placement computes the same bits: layer split
+/// (resident and cached) decodes exactly what offload decodes. Its resident slots are its
+/// own: an engine switches between cached strategies but not into or out of layer split.
+fn layer_split_decodes_offloads_bits(d: &Device) {
+    let model = tiny();
+    let streams = 2;
+    let all = routing_for(&model, streams, 5);
+    let (warm, request) = all.split_at(2);
+    let int8 = |strategy| {
+        let mut cfg = config(strategy, 30, streams);
+        cfg.gpu_path = ActivationPath::Int8;
+        cfg
+    };
+    let mut off = Engine::new(d, &model, &int8(Strategy::Offload), None).unwrap();
+    let want = decode(&mut off, warm, request, &options(), &mut |_, _| {}).unwrap();
+    for strategy in [layer_split(0), layer_split(3), layer_split_cached(4)] {
+        let mut engine = Engine::new(d, &model, &int8(strategy), None).unwrap();
+        let got = decode(&mut engine, warm, request, &options(), &mut |_, _| {}).unwrap();
+        let dev = Deviation::between(
+            format!("{strategy} vs offload"),
+            &got.outputs,
+            &want.outputs,
+        );
+        assert!(dev.bit_identical, "{dev:?}");
+    }
+    // layer-split-cached shares offload's slots; layer split's resident layers do not.
+    off.set_strategy(layer_split_cached(2)).unwrap();
+    let e = off.set_strategy(layer_split(2)).unwrap_err().to_string();
+    assert!(e.contains("resident slots"), "{e}");
+    let mut ls = Engine::new(d, &model, &int8(layer_split(2)), None).unwrap();
+    assert_eq!(ls.resident_slots(), 4 * 24);
+    ls.set_strategy(layer_split(2)).unwrap();
+    assert!(ls.set_strategy(layer_split(3)).is_err());
+    // N unresolved or past the layers: refused, naming the flag.
+    let auto = Strategy::LayerSplit {
+        cpu_layers: CpuLayers::Auto,
+    };
+    for s in [auto, layer_split(7)] {
+        let e = Engine::new(d, &model, &int8(s), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--strategy"), "{e}");
+    }
 }
 
 fn cpu_and_hybrid_at_zero_agree(d: &Device) {
@@ -576,6 +662,7 @@ on_devices!(
     offload_and_resident_match_the_f64_reference,
     hybrid_w4a8_is_bit_identical_fresh_and_warmed,
     cpu_and_hybrid_at_zero_agree,
+    layer_split_decodes_offloads_bits,
     cpu_layers_decode_the_same_bits_in_every_pool_wait,
     fetch_chunks_and_gathers_decode_the_same_bits,
     chrome_trace_has_a_lane_per_resource,

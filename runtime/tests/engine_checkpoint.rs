@@ -4,7 +4,6 @@
 //! error naming the file and the tensor, before any step runs.
 
 use ft_kernels::ActivationPath;
-use ft_model::cache::CachePolicy;
 use ft_model::routing;
 use ft_model::{
     DenseSpec, ExpertFormat, ExpertId, FetchFraction, ModelSpec, MoeGeometry, Strategy,
@@ -51,7 +50,7 @@ fn config(strategy: Strategy) -> EngineConfig {
     EngineConfig {
         strategy,
         cache_slots: 12,
-        policy: CachePolicy::Lru,
+        cache_options: Default::default(),
         max_streams: 2,
         max_context: 32,
         threads: 1,

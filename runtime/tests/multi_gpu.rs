@@ -64,7 +64,7 @@ fn config(strategy: Strategy, slots: usize, threads: usize, gpu: ActivationPath)
     EngineConfig {
         strategy,
         cache_slots: slots,
-        policy: CachePolicy::Lru,
+        cache_options: Default::default(),
         max_streams: 3,
         max_context: 64,
         threads,

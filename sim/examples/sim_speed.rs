@@ -48,7 +48,7 @@ fn main() {
             fetch: FetchFraction::Fixed(0.3),
         },
         cache_slots: 8000,
-        policy: Default::default(),
+        cache_options: Default::default(),
         routing: "typical".into(),
         warmup_steps: 64,
         steps: 256,

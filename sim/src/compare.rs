@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use ft_model::cache::{CachePolicy, CacheSize};
+use ft_model::cache::{CacheOptions, CacheSize};
 use ft_model::perf::predict::{
     calibrate_cache_slots_on, default_cache_slots, MissMode, PredictConfig,
 };
@@ -66,8 +66,9 @@ pub struct CompareConfig {
     pub cpu_layers: CpuLayers,
     /// The cache size.
     pub cache: CacheChoice,
-    /// Replacement policy.
-    pub policy: CachePolicy,
+    /// The cache's policy, topology and admission.
+    #[serde(default)]
+    pub cache_options: CacheOptions,
     /// Routing preset, process TOML or trace.
     pub routing: String,
     /// Unmeasured steps first.
@@ -99,7 +100,7 @@ impl CompareConfig {
                 rate: fr::OFFLOAD_MISS_RATE,
                 streams: Some(fr::MISS_RATE_STREAMS),
             },
-            policy: CachePolicy::Lru,
+            cache_options: CacheOptions::default(),
             routing: "typical".to_string(),
             warmup_steps: DEFAULT_WARMUP_STEPS,
             steps: DEFAULT_STEPS,
@@ -137,7 +138,7 @@ impl CompareConfig {
             streams,
             context: self.model_context(),
             cache,
-            policy: self.policy.clone(),
+            cache_options: self.cache_options.clone(),
             routing: self.routing.clone(),
             seed: Some(routing_seed(self.seed)),
             warmup_steps: self.warmup_steps as usize,
@@ -311,7 +312,34 @@ pub fn resolve_cache(
     let layout = perf.params.layout;
     // On several GPUs a size is each GPU's, in slots of its share of an expert.
     let eb = layout.bytes_per_gpu(model.expert_bytes());
-    let (slots, how) = match cfg.cache {
+    let (slots, how) = match (cfg.cache_options.slots_per_layer, cfg.cache) {
+        (Some(n), _) => (
+            CacheSize::Slots(n.saturating_mul(model.geometry.moe_layers)).slots(eb, total)?,
+            format!("given (--cache-slots-per-layer {n})"),
+        ),
+        (None, cache) => cache_slots_of(model, perf, cfg, cache, eb, total)?,
+    };
+    let slots = cfg
+        .cache_options
+        .fit_slots(slots, model.geometry.moe_layers)?;
+    Ok(CacheView {
+        slots,
+        gib: slots as f64 * eb as f64 / ft_model::host::GIB,
+        how,
+    })
+}
+
+/// The slots and how they were chosen, for a cache sized by `cache`.
+fn cache_slots_of(
+    model: &ModelSpec,
+    perf: &PerfModel,
+    cfg: &CompareConfig,
+    cache: CacheChoice,
+    eb: u64,
+    total: u64,
+) -> Result<(usize, String)> {
+    let layout = perf.params.layout;
+    Ok(match cache {
         CacheChoice::Slots { slots } => (
             CacheSize::Slots(slots).slots(eb, total)?,
             "given (--cache-slots)".to_string(),
@@ -335,8 +363,8 @@ pub fn resolve_cache(
                 format!(
                     "sized so that offload misses {:.1}% at {at} stream(s) (got {:.1}%); the \
                      other strategies' miss rates follow from the same cache and routing \
-                     through their own histories (hybrid admits only its fetched misses, so \
-                     it misses more)",
+                     through their own histories (hybrid admits only the misses it fetches, \
+                     chosen by its admission policy)",
                     100.0 * rate,
                     100.0 * got
                 ),
@@ -346,11 +374,6 @@ pub fn resolve_cache(
             default_cache_slots(model, &perf.params, cfg.streams, cfg.model_context()),
             "what the GPU holds after its reserve, the dense weights and the KV cache".to_string(),
         ),
-    };
-    Ok(CacheView {
-        slots,
-        gib: slots as f64 * eb as f64 / ft_model::host::GIB,
-        how,
     })
 }
 
@@ -395,7 +418,7 @@ pub fn compare_with(
                 streams: cfg.streams,
                 strategy,
                 cache_slots: cache.slots,
-                policy: cfg.policy.clone(),
+                cache_options: cfg.cache_options.clone(),
                 routing: cfg.routing.clone(),
                 warmup_steps: cfg.warmup_steps,
                 steps: cfg.steps,

@@ -4,12 +4,12 @@
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use ft_model::cache::{build_cache, CachePolicy};
+use ft_model::cache::CacheOptions;
 use ft_model::placement::GpuLayout;
 use ft_model::preset::ModelSpec;
 use ft_model::routing::{self, RoutingSource};
 use ft_model::strategy::{PlacementPolicy, Strategy, StrategyKind};
-use ft_model::traffic::{measure_popularity, strategy_caches};
+use ft_model::traffic::strategy_caches;
 
 use crate::costs::CostModel;
 use std::sync::Arc;
@@ -31,8 +31,9 @@ pub struct SimConfig {
     /// Expert cache slots, of each GPU's cache on several (ignored by `resident`, which
     /// holds every expert).
     pub cache_slots: usize,
-    /// Cache replacement policy.
-    pub policy: CachePolicy,
+    /// The cache's policy, topology and admission.
+    #[serde(default)]
+    pub cache_options: CacheOptions,
     /// Routing: a preset name, a process TOML or a trace file.
     pub routing: String,
     /// Unmeasured steps first (they fill the cache).
@@ -169,51 +170,23 @@ pub fn prepare_with(
         ));
     }
     let policy = cfg.strategy.policy(model.geometry.moe_layers)?;
-    let g = model.geometry;
-    let mut warmup = cfg.warmup_steps;
-    if cfg.layout.plans() > 1 {
-        // ft-model's per-GPU caches (a static hot set per GPU of its own experts).
-        let (caches, left) = strategy_caches(
-            source.as_mut(),
-            cfg.strategy.kind(),
-            &cfg.policy,
-            cfg.cache_slots,
-            warmup as usize,
-            cfg.streams,
-            &cfg.layout,
-        )?;
-        return Ok(Prepared {
-            routing: source,
-            cache: caches[0].clone(),
-            caches,
-            policy,
-            warmup_steps: left as u64,
-        });
-    }
-    let needs_popularity = matches!(&cfg.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
-        && cfg.strategy.kind() != StrategyKind::Resident;
-    let popularity = if needs_popularity {
-        // As ft-model's traffic does: the hot set is the warm-up's most requested experts,
-        // and those steps were the warm-up.
-        let p = measure_popularity(source.as_mut(), warmup as usize, cfg.streams)?;
-        warmup = 0;
-        Some(p)
-    } else {
-        None
-    };
-    let cache = build_cache(
+    // ft-model's caches, one per GPU plan: a static hot set without experts is the warm-up's
+    // most requested experts (of each GPU's own experts), and those steps were the warm-up.
+    let (caches, left) = strategy_caches(
+        source.as_mut(),
         cfg.strategy.kind(),
-        &cfg.policy,
-        &g,
+        &cfg.cache_options,
         cfg.cache_slots,
-        popularity.as_deref(),
+        cfg.warmup_steps as usize,
+        cfg.streams,
+        &cfg.layout,
     )?;
     Ok(Prepared {
         routing: source,
-        caches: vec![cache.clone()],
-        cache,
+        cache: caches[0].clone(),
+        caches,
         policy,
-        warmup_steps: warmup,
+        warmup_steps: left as u64,
     })
 }
 

@@ -43,7 +43,7 @@ pub struct SweepPoint {
 }
 
 /// The sweepable keys of `--sweep KEY=...`.
-pub const SWEEP_KEYS: [&str; 14] = [
+pub const SWEEP_KEYS: [&str; 16] = [
     "host",
     "model",
     "streams",
@@ -55,6 +55,8 @@ pub const SWEEP_KEYS: [&str; 14] = [
     "context",
     "routing",
     "policy",
+    "topology",
+    "admission",
     "seed",
     "steps",
     "jitter",
@@ -117,7 +119,9 @@ pub fn apply(point: &mut SweepPoint, key: &str, v: &str) -> Result<()> {
             ft_model::limits::check_context("--sweep context", c.workload.prompt_tokens)?;
         }
         "routing" => c.routing = v.to_string(),
-        "policy" => c.policy = v.parse()?,
+        "policy" => c.cache_options.policy = v.parse()?,
+        "topology" => c.cache_options.topology = v.parse()?,
+        "admission" => c.cache_options.admission = v.parse()?,
         "seed" => c.seed = parse(key, v)?,
         "steps" => {
             c.steps = parse(key, v)?;
@@ -295,7 +299,7 @@ pub fn run_sweep(
             p.config.streams,
             &p.config.routing,
             p.config.seed,
-            &p.config.policy,
+            &p.config.cache_options,
             p.config.warmup_steps,
             p.config.steps,
             p.config.workload,
@@ -402,7 +406,7 @@ pub fn run_sweep(
                 streams: c.streams,
                 strategy,
                 cache_slots: slots,
-                policy: c.policy.clone(),
+                cache_options: c.cache_options.clone(),
                 routing: c.routing.clone(),
                 warmup_steps: c.warmup_steps,
                 steps: c.steps,
@@ -428,7 +432,7 @@ pub fn run_sweep(
             &s.routing,
             s.seed,
             s.streams,
-            &s.policy,
+            &s.cache_options,
             s.strategy,
             slots,
             s.warmup_steps,

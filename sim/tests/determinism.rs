@@ -23,7 +23,7 @@ fn cfg(seed: u64, jitter: f64) -> SimConfig {
             fetch: FetchFraction::Fixed(0.5),
         },
         cache_slots: 2000,
-        policy: Default::default(),
+        cache_options: Default::default(),
         routing: "typical".into(),
         warmup_steps: 16,
         steps: 40,
@@ -58,7 +58,7 @@ fn replayed_plans_time_exactly_as_live_ones() {
     let (c, m) = setup();
     for policy in ["lru", "lfu", "static-hot"] {
         let mut k = cfg(3, 0.05);
-        k.policy = policy.parse().unwrap();
+        k.cache_options.policy = policy.parse().unwrap();
         let live = simulate(&c, &m, &k).unwrap();
         let (trace, warmup, slots) = plan_trace(&m, &k).unwrap();
         let replay = simulate_replay(&c, &k, Arc::new(trace.clone()), warmup, slots).unwrap();

@@ -2,7 +2,7 @@
 //! and 4, the traffic each link carries against naive counts, the single-GPU case left as
 //! it was, and the errors of layouts a host or geometry cannot take.
 
-use ft_model::cache::CachePolicy;
+use ft_model::cache::CacheOptions;
 use ft_model::host::HostSpec;
 use ft_model::perf::predict::{sample_traffic, sample_traffic_gpus, SampleRun};
 use ft_model::perf::{predict, PerfModel, PerfParams, StepShape};
@@ -86,11 +86,11 @@ fn simulator_and_model_agree_on_two_and_four_gpus() {
     );
 }
 
-fn run<'a>(kind: StrategyKind, f: f64, policy: &'a CachePolicy, slots: usize) -> SampleRun<'a> {
+fn run<'a>(kind: StrategyKind, f: f64, cache: &'a CacheOptions, slots: usize) -> SampleRun<'a> {
     SampleRun {
         kind,
         placement: ft_model::PlacementPolicy::cached(f),
-        policy,
+        cache,
         slots,
         warmup_steps: 30,
         steps: 60,
@@ -108,7 +108,7 @@ fn uniform(m: &ModelSpec) -> Box<dyn RoutingSource> {
 #[test]
 fn sharded_two_gpus_halve_each_link_under_a_uniform_router() {
     let m = ModelSpec::preset(MODEL).unwrap();
-    let lru = CachePolicy::Lru;
+    let lru = CacheOptions::default();
     let slots = (m.geometry.total_experts() / 5) as usize;
     let two = GpuLayout::new(2, GpuPlacement::Sharded).unwrap();
     let one = sample_traffic(
@@ -170,7 +170,7 @@ fn sharded_two_gpus_halve_each_link_under_a_uniform_router() {
 #[test]
 fn tensor_parallel_fetches_the_same_experts_with_half_the_bytes_per_link() {
     let m = ModelSpec::preset(MODEL).unwrap();
-    let lru = CachePolicy::Lru;
+    let lru = CacheOptions::default();
     let slots = (m.geometry.total_experts() / 5) as usize;
     let tp = GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap();
     let r = run(StrategyKind::Hybrid, 0.5, &lru, slots);
@@ -248,7 +248,7 @@ fn one_gpu_predictions_are_the_single_gpu_functions_bit_for_bit() {
                 &SampleRun {
                     kind,
                     placement: ft_model::PlacementPolicy::cached(f),
-                    policy: &cfg.policy,
+                    cache: &cfg.cache_options,
                     slots,
                     warmup_steps: cfg.warmup_steps,
                     steps: cfg.steps,
@@ -304,7 +304,7 @@ fn layouts_the_geometry_or_host_cannot_take_are_named() {
         streams: 1,
         strategy: ft_model::Strategy::Offload,
         cache_slots: 100,
-        policy: CachePolicy::Lru,
+        cache_options: CacheOptions::default(),
         routing: "typical".into(),
         warmup_steps: 1,
         steps: 1,

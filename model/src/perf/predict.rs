@@ -48,7 +48,7 @@ use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
 use super::legacy::{BenchBw, LegacyRatio, DEFAULT_THRESHOLD};
 use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
 use super::{ParamId, PerfModel, PerfParams};
-use crate::cache::{CachePolicy, CacheSize};
+use crate::cache::{CacheOptions, CacheSize};
 use crate::error::{ModelError, Result};
 use crate::placement::GpuLayout;
 use crate::plan::plan_layer_placed;
@@ -101,8 +101,9 @@ pub struct PredictConfig {
     /// GPU expert cache size; `None`: what the GPU's memory holds after the dense weights,
     /// the KV cache and the reserve ([`default_cache_slots`]).
     pub cache: Option<CacheSize>,
-    /// Cache replacement policy.
-    pub policy: CachePolicy,
+    /// The cache's policy, topology and admission.
+    #[serde(default)]
+    pub cache_options: CacheOptions,
     /// Routing: a preset name, a process TOML file or a trace ([`routing::resolve`]).
     pub routing: String,
     /// Seed replacing the routing process's.
@@ -139,7 +140,7 @@ impl Default for PredictConfig {
             streams: 1,
             context: 1024,
             cache: None,
-            policy: CachePolicy::Lru,
+            cache_options: CacheOptions::default(),
             routing: "typical".to_string(),
             seed: None,
             warmup_steps: 100,
@@ -244,8 +245,8 @@ pub struct SampleRun<'a> {
     pub kind: StrategyKind,
     /// Each layer's placement (and the fetch fraction the planner splits misses with).
     pub placement: PlacementPolicy,
-    /// Cache policy.
-    pub policy: &'a CachePolicy,
+    /// The cache's policy, topology and admission.
+    pub cache: &'a CacheOptions,
     /// Cache slots.
     pub slots: usize,
     /// Steps before counting.
@@ -265,14 +266,14 @@ pub fn sample_traffic(
     let SampleRun {
         kind,
         placement,
-        policy,
+        cache,
         slots,
         warmup_steps,
         steps,
         streams,
     } = *run;
     let geometry = *source.geometry();
-    let (mut cache, warmup) = strategy_cache(source, kind, policy, slots, warmup_steps, streams)?;
+    let (mut cache, warmup) = strategy_cache(source, kind, cache, slots, warmup_steps, streams)?;
     warm_up(source, &mut cache, &placement, warmup, streams)?;
     let mut step = StepRouting::default();
     let layers = geometry.moe_layers;
@@ -308,7 +309,7 @@ pub fn sample_traffic_gpus(
     let SampleRun {
         kind,
         placement,
-        policy,
+        cache,
         slots,
         warmup_steps,
         steps,
@@ -316,7 +317,7 @@ pub fn sample_traffic_gpus(
     } = *run;
     let geometry = *source.geometry();
     let (mut caches, warmup) =
-        strategy_caches(source, kind, policy, slots, warmup_steps, streams, layout)?;
+        strategy_caches(source, kind, cache, slots, warmup_steps, streams, layout)?;
     warm_up_gpus(source, &mut caches, layout, &placement, warmup, streams)?;
     let mut step = StepRouting::default();
     let layers = geometry.moe_layers;
@@ -711,7 +712,7 @@ fn sample_on(
         &SampleRun {
             kind,
             placement,
-            policy: &config.policy,
+            cache: &config.cache_options,
             slots,
             warmup_steps: config.warmup_steps,
             steps: config.steps,
@@ -800,6 +801,9 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
             None => default_cache_slots(model, p, config.streams, config.context),
         },
     };
+    let slots = config
+        .cache_options
+        .fit_slots(slots, model.geometry.moe_layers)?;
 
     // Hybrid's grid doubles as offload (f = 1) and cpu (f = 0): the same cold cache and
     // planner, so the same counts.

@@ -8,9 +8,11 @@
 //!    and each stream's KV bytes at its context length ([`crate::dense::DenseBuffers`]). It
 //!    is split at the router: the attention-and-router share runs first (the routing is only
 //!    known after it), the shared experts' share after the routed experts' gathers started.
-//! 2. **Plan** (host): [`ft_model::plan::plan_layer`] says which experts hit, which misses
-//!    are gathered into which slot (evicting whom) and which are computed on the CPU; the
-//!    strategy only sets the fetch fraction (offload and resident 1, cpu 0, hybrid `f`).
+//! 2. **Plan** (host): [`ft_model::plan::plan_layer_placed`] says, for the layer's
+//!    placement under the strategy's policy ([`Strategy::policy`]), which experts hit, which
+//!    misses are gathered into which slot (evicting whom) and which are computed on the CPU:
+//!    a cached layer by the fetch fraction (offload and resident 1, cpu 0, hybrid `f`), a
+//!    resident layer (layer split) from its own slots, a CPU-only layer on the CPU.
 //!    Routing comes from a routing source and is known to the host; the engine still orders
 //!    each layer's gathers after that layer's router on the device (a stream wait), as an
 //!    engine that reads the router's output would.
@@ -50,6 +52,11 @@
 //! - `resident`: every expert in device memory (refused, with the layers that would fit,
 //!   when it does not).
 //! - `cpu`: every miss on the CPU (the cache holds only what a static hot set puts there).
+//! - `layer-split:N`: the first N layers' experts on the CPU (CPU-only layers: no cache, no
+//!   gathers), every other layer's experts loaded once into slots of their own after the
+//!   cache's ([`SlotCounts`]) and computed there, never looked up or evicted; refused, with
+//!   the N that would fit, when they do not fit.
+//! - `layer-split-cached:N`: the first N layers on the CPU, the others cached as offload.
 
 mod decode;
 pub mod multi;
@@ -66,10 +73,15 @@ pub use settings::{EngineSettings, REMOVED_ENGINE_ENVS};
 pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
-use ft_model::cache::{build_cache, CachePolicy, ExpertCache};
-use ft_model::plan::{fetch_chunk_bounds_at_most, fetch_fraction, plan_layer, MAX_FETCH_CHUNKS};
+use ft_model::cache::SlotId;
+use ft_model::cache::{CacheOptions, CachePolicy, ExpertCache};
+use ft_model::plan::{
+    fetch_chunk_bounds_at_most, fetch_fraction, plan_layer_placed, MAX_FETCH_CHUNKS,
+};
 use ft_model::profile::CpuCheck;
-use ft_model::{ModelSpec, Strategy, StrategyKind};
+use ft_model::{
+    CpuLayers, ExpertId, LayerPlacement, ModelSpec, PlacementPolicy, Strategy, StrategyKind,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::bank::HostBank;
@@ -112,8 +124,9 @@ pub struct EngineConfig {
     pub strategy: Strategy,
     /// Slots of the expert cache (ignored by `resident`, which holds every expert).
     pub cache_slots: usize,
-    /// Replacement policy of the cache.
-    pub policy: CachePolicy,
+    /// The cache's policy, topology and admission (a per-layer cache's slots are
+    /// `cache_slots` rounded down to a multiple of the layers, or its slots per layer).
+    pub cache_options: CacheOptions,
     /// Most streams a step may have.
     pub max_streams: usize,
     /// Longest context a stream may have, tokens.
@@ -175,7 +188,7 @@ impl Default for EngineConfig {
         EngineConfig {
             strategy: Strategy::Offload,
             cache_slots: 0,
-            policy: CachePolicy::Lru,
+            cache_options: CacheOptions::default(),
             max_streams: 1,
             max_context: 1024,
             threads: std::thread::available_parallelism()
@@ -199,7 +212,8 @@ impl Default for EngineConfig {
 pub struct EngineMemory {
     /// The host bank (every expert of every layer), host memory.
     pub bank_bytes: u64,
-    /// Expert cache slots (with staging slots), device memory.
+    /// Expert slots (the cache, staging slots, layer split's resident layers), device
+    /// memory.
     pub slot_bytes: u64,
     /// Dense weights and KV regions, device memory.
     pub dense_bytes: u64,
@@ -221,28 +235,82 @@ impl EngineMemory {
     }
 }
 
-/// Slots of the cache proper and staging slots for a model and config.
-fn slot_counts(model: &ModelSpec, config: &EngineConfig) -> (usize, usize) {
+/// The slots of an engine's slot pool, in this order: the cache proper, staging slots for
+/// experts the cache refuses, and layer split's resident layers (every expert of each GPU
+/// layer in a slot of its own, loaded once; never looked up in the cache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SlotCounts {
+    pub cache: usize,
+    pub staging: usize,
+    pub resident: usize,
+}
+
+impl SlotCounts {
+    /// Every slot.
+    pub fn total(&self) -> usize {
+        self.cache + self.staging + self.resident
+    }
+}
+
+/// The slots of a model and config.
+pub(crate) fn slot_counts(model: &ModelSpec, config: &EngineConfig) -> SlotCounts {
     let g = &model.geometry;
     let total = g.experts * g.moe_layers;
-    if config.strategy.kind() == StrategyKind::Resident {
-        return (total, 0);
+    let (cache, staging) = match config.strategy {
+        Strategy::Resident => (total, 0),
+        Strategy::LayerSplit { cpu_layers } => {
+            // `auto` sizes as the most GPU layers (the engine refuses it unresolved).
+            let n = match cpu_layers {
+                CpuLayers::Fixed(n) => n.min(g.moe_layers),
+                CpuLayers::Auto => 0,
+            };
+            return SlotCounts {
+                cache: 0,
+                staging: 0,
+                resident: g.experts * (g.moe_layers - n),
+            };
+        }
+        Strategy::Offload
+        | Strategy::Hybrid { .. }
+        | Strategy::Cpu
+        | Strategy::LayerSplitCached { .. } => cache_and_staging(model, config),
+    };
+    SlotCounts {
+        cache,
+        staging,
+        resident: 0,
     }
+}
+
+/// Slots of the cache proper and staging slots of a cached strategy.
+fn cache_and_staging(model: &ModelSpec, config: &EngineConfig) -> (usize, usize) {
+    let g = &model.geometry;
     // Experts one layer can route to at once: the most the plan may stage uncached.
     let union_max = g.experts.min(g.top_k * config.max_streams.max(1));
     let uses_link = config
         .strategy
         .fixed_fetch_fraction()
         .is_none_or(|f| f > 0.0);
+    // A size the options cannot fit is refused when the cache is built.
+    let slots = config
+        .cache_options
+        .fit_slots(config.cache_slots, g.moe_layers)
+        .unwrap_or(config.cache_slots);
     let staging = if uses_link
-        && (matches!(config.policy, CachePolicy::StaticHot { .. })
-            || config.cache_slots < union_max)
+        && (matches!(config.cache_options.policy, CachePolicy::StaticHot { .. })
+            || slots
+                / config
+                    .cache_options
+                    .topology
+                    .partitions(g.moe_layers)
+                    .max(1)
+                < union_max)
     {
         union_max
     } else {
         0
     };
-    (config.cache_slots, staging)
+    (slots, staging)
 }
 
 /// Rows of the expert steps' inputs and outputs at `streams` streams.
@@ -258,12 +326,12 @@ impl EngineMemory {
     pub fn of(model: &ModelSpec, config: &EngineConfig) -> EngineMemory {
         let g = &model.geometry;
         let stride = SlotPool::stride_for(model.expert_bytes()) as u64;
-        let (cache, staging) = slot_counts(model, config);
+        let slots = slot_counts(model, config);
         let row = (g.hidden * F32_BYTES) as u64;
         let rows = max_rows(model, config) as u64;
         EngineMemory {
             bank_bytes: stride * g.total_experts(),
-            slot_bytes: stride * (cache + staging).max(1) as u64,
+            slot_bytes: stride * slots.total().max(1) as u64,
             dense_bytes: DenseBuffers::bytes_needed(
                 &model.dense(),
                 g.moe_layers,
@@ -556,6 +624,9 @@ pub struct Engine {
     device: Device,
     model: ModelSpec,
     config: EngineConfig,
+    /// Each layer's placement ([`Strategy::policy`]).
+    placement: PlacementPolicy,
+    /// The cached layers' fetch fraction ([`PlacementPolicy::fetch_fraction`]).
     fetch: f64,
     alpha: f32,
     popularity: Option<Vec<f64>>,
@@ -563,6 +634,8 @@ pub struct Engine {
     slots: SlotPool,
     cache_slots: usize,
     staging_slots: usize,
+    /// Slots of layer split's resident layers, after the cache's and the staging slots.
+    resident_slots: usize,
     cache: ExpertCache,
     dense: DenseBuffers,
     /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
@@ -768,21 +841,39 @@ impl Engine {
         model.validate()?;
         let g = model.geometry;
         config.check(model)?;
-        let fetch = resolve_fetch(&config.strategy)?;
-        let (cache_slots, staging_slots) = slot_counts(model, config);
+        let placement = resolve_policy(&config.strategy, g.moe_layers)?;
+        let counts = slot_counts(model, config);
+        let (cache_slots, staging_slots) = (counts.cache, counts.staging);
         let expert_bytes = model.expert_bytes();
         let kind = config.strategy.kind();
 
         // The slots come first; keep room for the engine's other device buffers too.
         let planned = EngineMemory::of(model, config);
         let reserve = config.reserve_bytes + planned.dense_bytes + planned.activation_bytes;
-        let slots = match SlotPool::new(
-            device,
-            expert_bytes,
-            (cache_slots + staging_slots).max(1),
-            reserve,
-        ) {
+        let slots = match SlotPool::new(device, expert_bytes, counts.total().max(1), reserve) {
             Ok(s) => s,
+            Err(RuntimeError::OutOfMemory { available, .. })
+                if kind == StrategyKind::LayerSplit =>
+            {
+                let per_layer = SlotPool::stride_for(expert_bytes) as u64 * g.experts as u64;
+                let fit = ((available / per_layer.max(1)) as usize).min(g.moe_layers);
+                return Err(RuntimeError::OutOfMemory {
+                    what: format!(
+                        "{} ({} resident layers x {} experts of {expert_bytes} bytes)",
+                        config.strategy,
+                        g.moe_layers - placement.cpu_layers,
+                        g.experts
+                    ),
+                    requested: per_layer * (g.moe_layers - placement.cpu_layers) as u64,
+                    available,
+                    hint: format!(
+                        "; {fit} of the {} layers' experts fit: put the others on the CPU with \
+                         --strategy layer-split:{}",
+                        g.moe_layers,
+                        g.moe_layers - fit
+                    ),
+                });
+            }
             Err(RuntimeError::OutOfMemory { available, .. }) if kind == StrategyKind::Resident => {
                 let per_layer = SlotPool::stride_for(expert_bytes) as u64 * g.experts as u64;
                 let fit = available / per_layer.max(1);
@@ -854,18 +945,22 @@ impl Engine {
         }
         let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
         device.warm_up_kernels(&[&template])?;
-        let cache = build_cache(kind, &config.policy, &g, cache_slots, popularity.as_deref())?;
+        let cache = config
+            .cache_options
+            .build(kind, &g, cache_slots, popularity.as_deref())?;
         let mut engine = Engine {
             device: device.clone(),
             model: model.clone(),
             config: config.clone(),
-            fetch,
+            placement,
+            fetch: placement.fetch_fraction(),
             alpha: residual_scale(g.moe_layers),
             popularity,
             bank,
             slots,
             cache_slots,
             staging_slots,
+            resident_slots: counts.resident,
             cache,
             dense,
             dense_out,
@@ -898,9 +993,21 @@ impl Engine {
         Ok(engine)
     }
 
+    /// Whether some layer computes experts on the CPU: a CPU-only layer, or cached layers
+    /// that gather less than every miss.
+    fn uses_cpu(&self) -> bool {
+        let layers = self.model.geometry.moe_layers;
+        let cached_cpu = self.placement.cpu_layers < layers
+            && match self.placement.rest {
+                LayerPlacement::Cached { fetch_fraction } => fetch_fraction < 1.0,
+                LayerPlacement::Resident | LayerPlacement::CpuOnly => false,
+            };
+        self.placement.cpu_layers > 0 || cached_cpu
+    }
+
     /// Create the CPU executor if the strategy computes anything on the CPU.
     fn ensure_executor(&mut self) -> Result<()> {
-        if self.exec.is_none() && self.fetch < 1.0 {
+        if self.exec.is_none() && self.uses_cpu() {
             self.exec = Some(CpuExecutor::new(
                 self.config.threads,
                 self.config.pool_wait,
@@ -909,9 +1016,20 @@ impl Engine {
         Ok(())
     }
 
-    /// Copy every expert the cache holds (resident, a static hot set) into its slot.
+    /// Copy every expert the cache holds (resident, a static hot set) and every expert of
+    /// layer split's resident layers into its slot.
     fn load_resident(&mut self) -> Result<()> {
-        let moves: Vec<_> = self.cache.resident().map(|(slot, id)| (id, slot)).collect();
+        let g = self.model.geometry;
+        let mut moves: Vec<_> = self.cache.resident().map(|(slot, id)| (id, slot)).collect();
+        if self.resident_slots > 0 {
+            let base = self.cache_slots + self.staging_slots;
+            moves.extend(
+                (self.placement.cpu_layers..g.moe_layers)
+                    .flat_map(|l| (0..g.experts).map(move |e| ExpertId::new(l, e)))
+                    .enumerate()
+                    .map(|(i, id)| (id, SlotId((base + i) as u32))),
+            );
+        }
         let regions = gather::regions(&self.bank, &self.slots, &moves)?;
         if !regions.is_empty() {
             self.copy
@@ -925,9 +1043,8 @@ impl Engine {
     /// freshly started engine has, without refilling the bank.
     pub fn reset_cache(&mut self) -> Result<()> {
         self.device.synchronize()?;
-        self.cache = build_cache(
+        self.cache = self.config.cache_options.build(
             self.config.strategy.kind(),
-            &self.config.policy,
             &self.model.geometry,
             self.cache_slots,
             self.popularity.as_deref(),
@@ -935,18 +1052,33 @@ impl Engine {
         self.load_resident()
     }
 
-    /// Switch to another strategy with the same cache size, starting from an empty cache.
-    /// Switching to or from `resident` (another cache size) is refused.
+    /// Switch to another strategy with the same slots, starting from an empty cache.
+    /// Switching to or from `resident` (another cache size) or between layer splits of
+    /// different resident layers is refused.
     pub fn set_strategy(&mut self, strategy: Strategy) -> Result<()> {
         let (old, new) = (self.config.strategy.kind(), strategy.kind());
-        if (old == StrategyKind::Resident) != (new == StrategyKind::Resident) {
+        let new_config = EngineConfig {
+            strategy,
+            ..self.config.clone()
+        };
+        let resident = slot_counts(&self.model, &new_config).resident;
+        if (old == StrategyKind::Resident) != (new == StrategyKind::Resident)
+            || resident != self.resident_slots
+        {
             return Err(RuntimeError::invalid(
                 "strategy",
-                format!("cannot switch an engine from {old} to {new}: the cache size differs; build a new engine"),
+                format!("cannot switch an engine from {} to {strategy}: the resident slots differ; build a new engine", self.config.strategy),
             ));
         }
-        let fetch = resolve_fetch(&strategy)?;
-        if fetch > 0.0 && self.staging_slots == 0 && self.cache_slots < self.union_max() {
+        let layers = self.model.geometry.moe_layers;
+        let placement = resolve_policy(&strategy, layers)?;
+        let fetch = placement.fetch_fraction();
+        let gathers = placement.cpu_layers < layers
+            && match placement.rest {
+                LayerPlacement::Cached { fetch_fraction } => fetch_fraction > 0.0,
+                LayerPlacement::Resident | LayerPlacement::CpuOnly => false,
+            };
+        if gathers && self.staging_slots == 0 && self.cache_slots < self.union_max() {
             return Err(RuntimeError::invalid(
                 "strategy",
                 format!(
@@ -956,6 +1088,7 @@ impl Engine {
             ));
         }
         self.config.strategy = strategy;
+        self.placement = placement;
         self.fetch = fetch;
         self.ensure_executor()?;
         self.reset_cache()
@@ -1042,9 +1175,19 @@ impl Engine {
         self.config.strategy
     }
 
-    /// The fetch fraction the plans use.
+    /// The fetch fraction the cached layers' plans use.
     pub fn fetch_fraction(&self) -> f64 {
         self.fetch
+    }
+
+    /// Each layer's placement.
+    pub fn placement(&self) -> PlacementPolicy {
+        self.placement
+    }
+
+    /// Slots holding layer split's resident layers.
+    pub fn resident_slots(&self) -> usize {
+        self.resident_slots
     }
 
     /// The device.
@@ -1146,7 +1289,9 @@ impl Engine {
         // the other fields.
         let mut planner = Planner {
             cache: &mut self.cache,
-            fetch: self.fetch,
+            placement: self.placement,
+            resident_base: self.cache_slots + self.staging_slots,
+            experts: self.model.geometry.experts,
             cx: BuildContext {
                 rows,
                 slots: &self.slots,
@@ -1387,15 +1532,32 @@ impl Engine {
 /// other fields are borrowed by the layer in flight.
 struct Planner<'a> {
     cache: &'a mut ExpertCache,
-    fetch: f64,
+    placement: PlacementPolicy,
+    /// The first slot of layer split's resident layers ([`SlotCounts`]).
+    resident_base: usize,
+    /// Experts per layer.
+    experts: usize,
     cx: BuildContext<'a>,
 }
 
 impl Planner<'_> {
-    /// Plan layer `l` (updating the cache) and turn the plan into device work.
+    /// Plan layer `l` as its placement says (updating the cache where it is cached) and
+    /// turn the plan into device work; a resident layer's experts are in their own slots.
     fn plan(&mut self, l: usize, input: &StepInput<'_>) -> Result<work::LayerWork> {
         let routes = &input.routing.layers[l];
-        let plan = plan_layer(l, routes, self.cache, self.fetch);
+        let placement = self.placement.layer(l);
+        let mut plan = plan_layer_placed(l, routes, self.cache, placement);
+        match placement {
+            LayerPlacement::Resident => {
+                let first = (l - self.placement.cpu_layers) * self.experts;
+                for h in &mut plan.hits {
+                    h.slot = Some(SlotId(
+                        (self.resident_base + first + h.id.expert as usize) as u32,
+                    ));
+                }
+            }
+            LayerPlacement::Cached { .. } | LayerPlacement::CpuOnly => {}
+        }
         build_layer(&plan, routes, &self.cx)
     }
 }
@@ -1465,6 +1627,43 @@ fn run_cpu(
         beside,
     )?;
     Ok(())
+}
+
+/// Each layer's placement under `strategy` for a model of `layers` MoE layers; an `auto`
+/// (hybrid's fraction, layer split's N) is an error naming its flag until the performance
+/// model resolves it.
+pub fn resolve_policy(strategy: &Strategy, layers: usize) -> Result<PlacementPolicy> {
+    match strategy {
+        Strategy::Hybrid { .. } => {
+            resolve_fetch(strategy)?;
+        }
+        Strategy::LayerSplit { cpu_layers } | Strategy::LayerSplitCached { cpu_layers } => {
+            match cpu_layers {
+                CpuLayers::Auto => {
+                    return Err(RuntimeError::invalid(
+                        "--strategy",
+                        format!(
+                            "{}'s 'auto' number of CPU layers must be resolved before the engine \
+                             plans; give {}:N",
+                            strategy.kind(),
+                            strategy.kind()
+                        ),
+                    ))
+                }
+                CpuLayers::Fixed(n) if *n > layers => {
+                    return Err(RuntimeError::invalid(
+                        "--strategy",
+                        format!("{strategy}: {n} CPU layers asked of a run of {layers} MoE layers"),
+                    ))
+                }
+                CpuLayers::Fixed(_) => {}
+            }
+        }
+        Strategy::Offload | Strategy::Resident | Strategy::Cpu => {}
+    }
+    strategy
+        .policy(layers)
+        .map_err(|e| RuntimeError::invalid("--strategy", e.to_string()))
 }
 
 /// The fetch fraction a strategy plans with; `auto` is an error until the performance model

@@ -46,7 +46,7 @@
 
 use std::ops::Range;
 
-use ft_model::cache::{build_cache, ExpertCache};
+use ft_model::cache::ExpertCache;
 use ft_model::plan::plan_layer;
 use ft_model::routing::TokenRoute;
 use ft_model::{GpuLayout, GpuPlacement, ModelSpec};
@@ -276,6 +276,16 @@ impl MultiEngine {
             ));
         }
         config.check(model)?;
+        if config.strategy.kind().takes_cpu_layers() {
+            return Err(RuntimeError::invalid(
+                "--gpus",
+                format!(
+                    "{} runs on one GPU for now (its resident layers are not yet placed on \
+                     several)",
+                    config.strategy
+                ),
+            ));
+        }
         // The folded combine and the gated last chunk are the single-GPU engine's pipeline
         // and do not apply here: each GPU's combine follows the peers' partial rows, not its
         // last chunk, and each chunk's kernel waits for its copies' event.
@@ -313,7 +323,8 @@ impl MultiEngine {
             }
         }
         let bank = HostBank::from_seed(&devices[0], model.format, &g, config.seed)?;
-        let (cache_slots, staging_slots) = slot_counts(model, config);
+        let counts = slot_counts(model, config);
+        let (cache_slots, staging_slots) = (counts.cache, counts.staging);
         let planned = EngineMemory::of(model, config);
         let reserve = config.reserve_bytes + planned.dense_bytes + planned.activation_bytes;
         let dense_post_bytes = (2 * g.shared_experts as u64 * g.expert_params())
@@ -367,7 +378,7 @@ impl MultiEngine {
             gpus.push(GpuPart {
                 device: device.clone(),
                 slice_bank,
-                cache: build_cache(kind, &config.policy, &g, cache_slots, None)?,
+                cache: config.cache_options.build(kind, &g, cache_slots, None)?,
                 slots,
                 cache_slots,
                 staging_slots,

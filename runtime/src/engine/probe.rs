@@ -13,7 +13,6 @@
 //! spinning and parked) so that a miss of the target can be attributed.
 
 use ft_kernels::ActivationPath;
-use ft_model::cache::CachePolicy;
 use ft_model::{DenseSpec, ExpertFormat, ModelSpec, MoeGeometry, Strategy};
 use serde::{Deserialize, Serialize};
 
@@ -119,7 +118,7 @@ pub fn probe_hybrid_overhead(
         let cfg = EngineConfig {
             strategy,
             cache_slots: 0,
-            policy: CachePolicy::Lru,
+            cache_options: Default::default(),
             max_streams: 1,
             max_context: 16 + PROBE_WARMUP + PROBE_STEPS,
             threads,

@@ -22,9 +22,8 @@
 use std::collections::HashMap;
 use std::time::Instant;
 
-use ft_model::cache::build_cache;
 use ft_model::plan::{fetch_fraction, plan_layer};
-use ft_model::{CachePolicy, ExpertCache, MoeGeometry, Strategy, TokenRoute};
+use ft_model::{CacheOptions, ExpertCache, MoeGeometry, Strategy, TokenRoute};
 use serde::{Deserialize, Serialize};
 
 use super::{BackendInfo, ExpertCounts, StepBackend, StepOutput, StepStats, StreamId, StreamStep};
@@ -54,9 +53,9 @@ pub struct ReferenceConfig {
     pub seed: u64,
     /// Expert cache slots (shared by all layers) for offload, hybrid and cpu.
     pub cache_slots: usize,
-    /// Cache policy.
+    /// The cache's policy, topology and admission.
     #[serde(default)]
-    pub policy: CachePolicy,
+    pub cache_options: CacheOptions,
     /// Longest context, tokens.
     pub max_context: usize,
     /// Most streams per step.
@@ -78,7 +77,7 @@ impl ReferenceConfig {
             layers: 4,
             seed,
             cache_slots: 16,
-            policy: CachePolicy::default(),
+            cache_options: CacheOptions::default(),
             max_context: 4096,
             max_streams: 64,
             mixer_decay: 0.9,
@@ -237,13 +236,9 @@ impl ReferenceMoe {
         strategy: &Strategy,
     ) -> Result<ExpertCache> {
         let slots = cfg.cache_slots.min(geometry.total_experts() as usize);
-        Ok(build_cache(
-            strategy.kind(),
-            &cfg.policy,
-            geometry,
-            slots,
-            None,
-        )?)
+        Ok(cfg
+            .cache_options
+            .build(strategy.kind(), geometry, slots, None)?)
     }
 
     /// The configuration.
