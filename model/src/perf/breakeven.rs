@@ -331,7 +331,7 @@ impl Scenario {
                 &SampleRun {
                     kind,
                     placement,
-                    policy: &config.policy,
+                    cache: &config.cache_options,
                     slots: pred.cache_slots,
                     warmup_steps: config.warmup_steps,
                     steps: config.steps,
@@ -1041,13 +1041,16 @@ impl Scenario {
             }
             None => super::predict::default_cache_slots(model, p, o.streams, o.context),
         };
+        let slots = config
+            .cache_options
+            .fit_slots(slots, model.geometry.moe_layers)?;
         let mut src = routing::resolve(&config.routing, &model.geometry, config.seed)?;
         let samples = sample_traffic_gpus(
             src.as_mut(),
             &SampleRun {
                 kind: strategy.kind(),
                 placement,
-                policy: &config.policy,
+                cache: &config.cache_options,
                 slots,
                 warmup_steps: config.warmup_steps,
                 steps: config.steps,
@@ -1356,7 +1359,7 @@ mod tests {
             &SampleRun {
                 kind: StrategyKind::Hybrid,
                 placement: PlacementPolicy::cached(0.4),
-                policy: &config.policy,
+                cache: &config.cache_options,
                 slots: 2000,
                 warmup_steps: 20,
                 steps: 30,
