@@ -946,8 +946,9 @@ pub struct Reconciliation {
 pub struct CaseExplanation {
     /// One per run.
     pub runs: Vec<Reconciliation>,
-    /// The inputs ranked by plausibility over the runs that need reconciling (most
-    /// plausible first): (input, runs it reconciles, median moves over those).
+    /// The inputs ranked over the runs that need reconciling, first the one accounting for
+    /// most of their gaps (log of measured over predicted, summed over the runs it
+    /// reconciles), ties by plausibility: (input, runs it reconciles, median moves).
     pub ranking: Vec<(Input, usize, f64)>,
     /// The verdict.
     pub verdict: String,
@@ -1216,25 +1217,35 @@ pub fn reconcile(
         });
     }
     let off: Vec<&Reconciliation> = runs.iter().filter(|r| !r.within_noise).collect();
-    let mut ranking: Vec<(Input, usize, f64)> = RECONCILING
+    // An input ranks by how much of the runs' gaps it accounts for (the sum of
+    // |ln(measured / predicted)| over the runs it reconciles: one run 30 times off weighs
+    // more than several a few percent off), then by the median plausible moves it needs.
+    let mut weighted: Vec<(Input, usize, f64, f64)> = RECONCILING
         .iter()
         .map(|&input| {
-            let mut m: Vec<f64> = off
+            let fits: Vec<(f64, f64)> = off
                 .iter()
-                .filter_map(|r| r.fits.iter().find(|f| f.input == input))
-                .filter(|f| f.value.is_some())
-                .map(|f| f.moves)
+                .filter_map(|r| {
+                    r.fits
+                        .iter()
+                        .find(|f| f.input == input && f.value.is_some())
+                        .map(|f| (f.moves, (1.0 + r.gap).ln().abs()))
+                })
                 .collect();
+            let mut m: Vec<f64> = fits.iter().map(|f| f.0).collect();
             m.sort_by(f64::total_cmp);
             let median = if m.is_empty() {
                 f64::INFINITY
             } else {
                 m[m.len() / 2]
             };
-            (input, m.len(), median)
+            let explained: f64 = fits.iter().map(|f| f.1).sum();
+            (input, m.len(), median, explained)
         })
         .collect();
-    ranking.sort_by(|a, b| b.1.cmp(&a.1).then(a.2.total_cmp(&b.2)));
+    weighted.sort_by(|a, b| b.3.total_cmp(&a.3).then(a.2.total_cmp(&b.2)));
+    let ranking: Vec<(Input, usize, f64)> =
+        weighted.iter().map(|&(i, n, m, _)| (i, n, m)).collect();
     let verdict = match (off.is_empty(), ranking.first()) {
         (true, _) => "Every run agrees with its bench-only prediction within the noise: the bench's view of the engine holds here.".to_string(),
         (false, Some(&(input, n, median))) if n > 0 => {
