@@ -69,7 +69,7 @@ enum Command {
     /// Fit an engine's terms to its measured runs and write a calibrated profile.
     Calibrate(calibrate::Args),
     /// Explain, in numbers, the model's choice and where the legacy ratio's verdict differs.
-    Explain(predict::Args),
+    Explain(explain::ExplainArgs),
     /// Plot a CSV as an SVG: scatter, line, histogram or CDF, with marks and a y = x line.
     Plot(plot::Args),
     /// Serve the MoE model over an OpenAI-compatible HTTP API (decides its strategy at start).

@@ -11,6 +11,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use ft_model::cache::CacheSize;
+use ft_model::perf::breakeven::{break_evens, BreakEvens};
 use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::predict::{MissMode, PredictConfig};
 use ft_model::perf::{
@@ -385,6 +386,11 @@ impl Plan {
     pub fn params(&self) -> &PerfParams {
         &self.perf.params
     }
+
+    /// How far each uncertain input must move for `pred`'s choice to flip.
+    pub fn break_evens(&self, pred: &Prediction, d: &Decision) -> Result<BreakEvens> {
+        break_evens(&self.model, &self.perf, &self.config, pred, d.kind).context("break-evens")
+    }
 }
 
 /// Run `ft predict`.
@@ -393,12 +399,14 @@ pub fn run(args: Args) -> Result<()> {
     let pred = plan.predict()?;
     let decision = decide(&pred);
     let measure = measured(&args, &plan, &pred)?;
+    let flips = plan.break_evens(&pred, &decision)?;
     let mut out = std::io::stdout().lock();
     if args.json {
         let doc = serde_json::json!({
             "prediction": pred,
             "decision": decision,
             "measure": measure,
+            "break_evens": flips,
             "cpu_check": plan.cpu_check,
             "profile_untrusted": plan.profile_untrusted,
             "warnings": plan.warnings,
@@ -422,6 +430,11 @@ pub fn run(args: Args) -> Result<()> {
                 m.prefill_bound
             )?;
         }
+        writeln!(
+            out,
+            "break-evens (where the choice flips, the rest held; the cache as it is):"
+        )?;
+        write!(out, "{}", flips.text)?;
     }
     Ok(())
 }
@@ -530,11 +543,7 @@ fn write_table(out: &mut impl Write, plan: &Plan, pred: &Prediction, d: &Decisio
         d.choice,
         100.0 * d.margin,
         runner,
-        if d.near_tie {
-            " (near tie: the intervals overlap)"
-        } else {
-            ""
-        }
+        ft_model::perf::decide::tie_note(d.near_tie, d.intervals_overlap, d.noise_margin)
     )?;
     let l = &pred.legacy;
     writeln!(

@@ -421,6 +421,15 @@ pub fn run(args: Args) -> Result<()> {
     let mut strategy = choose(&decision);
     let mut line = decision.log_line(if auto { None } else { Some(&strategy) });
     info!("decision: {line}");
+    // What would flip it: logged beside the decision, never a reason not to serve.
+    let flips = ft_model::perf::predict(&model, &perf, &predict_config).and_then(|p| {
+        let d = ft_model::perf::decide(&p);
+        ft_model::perf::breakeven::break_evens(&model, &perf, &predict_config, &p, d.kind)
+    });
+    match flips {
+        Ok(b) => info!("break-evens: {}", b.one_line()),
+        Err(e) => tracing::warn!("break-evens: not computed: {e}"),
+    }
     if args.predict_only {
         if args.json {
             outln!(
@@ -510,7 +519,7 @@ pub fn run(args: Args) -> Result<()> {
                 if now_choice != strategy && other_slots {
                     // Layer split's resident layers are the engine's own slots: another N
                     // needs another engine.
-                    warn!("the CPU check would change the strategy from {strategy} to {now_choice}; keeping {strategy} (layer split's resident slots are fixed at start)");
+                    tracing::warn!("the CPU check would change the strategy from {strategy} to {now_choice}; keeping {strategy} (layer split's resident slots are fixed at start)");
                 } else if now_choice != strategy {
                     info!("the CPU check changes the strategy from {strategy} to {now_choice}");
                     engine

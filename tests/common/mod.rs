@@ -142,3 +142,57 @@ pub const PROBE_FAST: &[&str] = &[
     "--budget-s",
     "1.5",
 ];
+
+/// A GGUF header of a small MoE model (4 MoE blocks of 32 experts, 1024 wide, experts of
+/// 512, q4_k gate/up and q6_k down as a `Q4_K_M` file has them), written with ferrox-gguf's
+/// writer; the file is extended to its full length without writing any tensor data.
+pub fn write_gguf(path: &Path) {
+    let (h, i, e, layers) = (1024u64, 512u64, 32u64, 4u64);
+    use ferrox_gguf::writer::{encode_header, TensorPlan};
+    use ferrox_gguf::{GgmlType, GgufValue};
+    let meta: std::collections::BTreeMap<String, GgufValue> = [
+        ("general.architecture", GgufValue::String("qwen3moe".into())),
+        ("general.name", GgufValue::String("walkthrough-moe".into())),
+        ("qwen3moe.expert_used_count", GgufValue::U32(4)),
+        ("qwen3moe.attention.head_count", GgufValue::U32(16)),
+        ("qwen3moe.attention.head_count_kv", GgufValue::U32(4)),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect();
+    let mut tensors = Vec::new();
+    for n in 0..layers {
+        for (role, shape, t) in [
+            ("attn_q", vec![h, h], GgmlType::Q8_0),
+            ("attn_k", vec![h, h / 4], GgmlType::Q8_0),
+            ("ffn_gate_inp", vec![h, e], GgmlType::F32),
+            ("ffn_gate_exps", vec![h, i, e], GgmlType::Q4K),
+            ("ffn_up_exps", vec![h, i, e], GgmlType::Q4K),
+            ("ffn_down_exps", vec![i, h, e], GgmlType::Q6K),
+        ] {
+            tensors.push((format!("blk.{n}.{role}.weight"), shape, t));
+        }
+    }
+    let plan: Vec<TensorPlan> = tensors
+        .into_iter()
+        .map(|(name, shape, dtype)| {
+            let (b, l) = dtype.block_layout();
+            let n: u64 = shape.iter().product();
+            TensorPlan {
+                name,
+                shape,
+                dtype,
+                byte_len: (n as usize / l) * b,
+            }
+        })
+        .collect();
+    let data: usize = plan.iter().map(|t| t.byte_len.div_ceil(32) * 32).sum();
+    let header = encode_header(&meta, &plan).unwrap();
+    std::fs::write(path, &header).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len((header.len().div_ceil(32) * 32 + data) as u64)
+        .unwrap();
+}

@@ -1,9 +1,12 @@
 //! The decision (best strategy, margin, near tie) and its explanation in numbers.
 //!
 //! The decision takes the feasible strategy of the highest predicted total tok/s. Its
-//! margin is relative to the runner-up; a **near tie** is declared when the two strategies'
-//! tok/s intervals overlap (the measurement noise and the parameters' uncertainty cannot
-//! separate them), in which case the choice stands but says so.
+//! margin is relative to the runner-up; a **near tie** is declared only when the two
+//! strategies' tok/s intervals overlap *and* the margin is inside the noise of a measured
+//! run ([`noise_margin`]: what two runs of the same decode differ by). Intervals that overlap
+//! because the parameters are uncertain (a host spec's prior is wide) while the margin is
+//! far beyond the noise are not a tie: the choice says that its margin rests on the
+//! parameters, and the break-evens ([`super::breakeven`]) say how far they must be off.
 //!
 //! The explanation says per strategy which resource bounds it and with what numbers, and,
 //! where the legacy ratio's verdict differs from the model's choice, which mechanisms the
@@ -33,8 +36,16 @@ pub struct Decision {
     pub runner_up: Option<StrategyKind>,
     /// `choice / runner-up - 1` in total tok/s (0 without a runner-up).
     pub margin: f64,
-    /// True when the choice's and the runner-up's tok/s intervals overlap.
+    /// True when the choice's and the runner-up's tok/s intervals overlap and the margin is
+    /// inside the run-to-run noise ([`Decision::noise_margin`]).
     pub near_tie: bool,
+    /// True when the choice's and the runner-up's tok/s intervals overlap.
+    #[serde(default)]
+    pub intervals_overlap: bool,
+    /// The margin two measured runs of equal speed can show at the intervals' confidence
+    /// (relative, 0.1 = 10%; [`noise_margin`]).
+    #[serde(default)]
+    pub noise_margin: f64,
     /// The legacy rule's verdict.
     pub legacy_verdict: LegacyVerdict,
     /// True when the legacy verdict names the chosen strategy.
@@ -61,9 +72,13 @@ pub fn decide(pred: &Prediction) -> Decision {
     let margin = runner
         .map(|r| best.tok_s_total / r.tok_s_total - 1.0)
         .unwrap_or(0.0);
-    let near_tie = runner
+    let intervals_overlap = runner
         .map(|r| r.tok_s_total_interval[1] >= best.tok_s_total_interval[0])
         .unwrap_or(false);
+    let noise = runner
+        .map(|r| noise_margin(best, r, pred.config.confidence))
+        .unwrap_or(0.0);
+    let near_tie = intervals_overlap && margin <= noise;
     let legacy_agrees = match pred.legacy.verdict {
         LegacyVerdict::Offload => best.kind == StrategyKind::Offload,
         LegacyVerdict::Hybrid => best.kind == StrategyKind::Hybrid,
@@ -96,9 +111,7 @@ pub fn decide(pred: &Prediction) -> Decision {
     if let Some(r) = runner {
         let _ = write!(line, ", {:+.1}% over {}", 100.0 * margin, r.kind);
     }
-    if near_tie {
-        line.push_str(" (near tie: the intervals overlap)");
-    }
+    line.push_str(&tie_note(near_tie, intervals_overlap, noise));
     Decision {
         choice: best.strategy,
         kind: best.kind,
@@ -106,9 +119,49 @@ pub fn decide(pred: &Prediction) -> Decision {
         runner_up: runner.map(|r| r.kind),
         margin,
         near_tie,
+        intervals_overlap,
+        noise_margin: noise,
         legacy_verdict: pred.legacy.verdict,
         legacy_agrees,
         log_line: line,
+    }
+}
+
+/// The relative margin two measured runs of equal speed can show at `confidence`: the
+/// run-to-run noise and the routing's sampling error of both strategies' step times,
+/// combined (`exp(q sqrt(a^2 + b^2)) - 1`, with `a` and `b` their relative standard
+/// deviations without the parameters' part, `q` the normal quantile). The parameters'
+/// uncertainty is left out on purpose: it moves both predictions together far more than
+/// it separates them, and the break-evens say what it would take.
+pub fn noise_margin(a: &StrategyPrediction, b: &StrategyPrediction, confidence: f64) -> f64 {
+    let rel = |s: &StrategyPrediction| {
+        let u = &s.uncertainty;
+        (u.run_noise_us.powi(2) + u.sampling_us.powi(2)).sqrt() / s.step_us.max(f64::MIN_POSITIVE)
+    };
+    let q = statrs::distribution::Normal::new(0.0, 1.0)
+        .map(|n| {
+            use statrs::distribution::ContinuousCDF;
+            n.inverse_cdf(0.5 + confidence.clamp(0.0, 0.999_999) / 2.0)
+        })
+        .unwrap_or(1.96);
+    (q * (rel(a).powi(2) + rel(b).powi(2)).sqrt()).exp() - 1.0
+}
+
+/// The decision's note on its confidence, for one-line reports ("" when the intervals are
+/// apart).
+pub fn tie_note(near_tie: bool, overlap: bool, noise: f64) -> String {
+    if near_tie {
+        format!(
+            " (near tie: the intervals overlap and the margin is inside the run-to-run noise of {:.1}%)",
+            100.0 * noise
+        )
+    } else if overlap {
+        format!(
+            " (the intervals overlap through the parameters' uncertainty; the margin exceeds the run-to-run noise of {:.1}%)",
+            100.0 * noise
+        )
+    } else {
+        String::new()
     }
 }
 
@@ -586,9 +639,19 @@ pub fn explain(pred: &Prediction, p: &PerfParams) -> Explanation {
     let confidence = {
         let mut t = if decision.near_tie {
             format!(
-                "Near tie: the intervals of {} and {} overlap, so the noise and the parameters' uncertainty cannot separate them.",
+                "Near tie: the intervals of {} and {} overlap and the margin of {:.1}% is inside the run-to-run noise ({:.1}%), so no measurement of one run each could separate them.",
                 decision.kind,
-                decision.runner_up.map(|k| k.name()).unwrap_or("-")
+                decision.runner_up.map(|k| k.name()).unwrap_or("-"),
+                100.0 * decision.margin,
+                100.0 * decision.noise_margin
+            )
+        } else if let (true, Some(r)) = (decision.intervals_overlap, decision.runner_up) {
+            format!(
+                "The intervals of {} and {} overlap, but the margin of {:.1}% is beyond the run-to-run noise ({:.1}%): what could reverse it is the parameters being off, by the amounts the break-evens give.",
+                decision.kind,
+                r,
+                100.0 * decision.margin,
+                100.0 * decision.noise_margin
             )
         } else if let Some(r) = decision.runner_up {
             format!(
@@ -696,5 +759,96 @@ pub fn explain(pred: &Prediction, p: &PerfParams) -> Explanation {
         reasons,
         confidence,
         text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::HostSpec;
+    use crate::perf::predict::{predict, PredictConfig};
+    use crate::perf::PerfModel;
+    use crate::preset::ModelSpec;
+
+    fn prediction() -> Prediction {
+        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let perf = PerfModel::from_host(&HostSpec::field_report()).unwrap();
+        let config = PredictConfig {
+            warmup_steps: 20,
+            steps: 30,
+            ..PredictConfig::default()
+        };
+        predict(&model, &perf, &config).unwrap()
+    }
+
+    /// Set offload's and hybrid's tok/s and intervals (total = per stream at one stream), and
+    /// make the others infeasible.
+    fn two(pred: &mut Prediction, offload: [f64; 3], hybrid: [f64; 3]) {
+        for s in &mut pred.strategies {
+            let v = match s.kind {
+                StrategyKind::Offload => offload,
+                StrategyKind::Hybrid => hybrid,
+                _ => {
+                    s.feasible = false;
+                    continue;
+                }
+            };
+            s.feasible = true;
+            s.tok_s_total = v[1];
+            s.tok_s_per_stream = v[1];
+            s.tok_s_total_interval = [v[0], v[2]];
+            s.step_us = 1e6 / v[1];
+        }
+    }
+
+    #[test]
+    fn a_wide_margin_with_overlapping_intervals_is_not_a_near_tie() {
+        let mut pred = prediction();
+        // The docs' example 3 before the fix: +36% and +55% margins labelled near ties
+        // because a host prior's intervals are wide.
+        two(&mut pred, [14.1, 19.6, 32.2], [20.0, 30.4, 40.5]);
+        let d = decide(&pred);
+        assert_eq!(d.kind, StrategyKind::Hybrid);
+        assert!(d.margin > 0.5, "{}", d.margin);
+        assert!(d.intervals_overlap);
+        assert!(
+            d.noise_margin > 0.0 && d.noise_margin < 0.2,
+            "{}",
+            d.noise_margin
+        );
+        assert!(!d.near_tie, "{}", d.log_line);
+        assert!(
+            d.log_line.contains("exceeds the run-to-run noise"),
+            "{}",
+            d.log_line
+        );
+    }
+
+    #[test]
+    fn a_margin_inside_the_noise_with_overlapping_intervals_is_a_near_tie() {
+        let mut pred = prediction();
+        two(&mut pred, [70.0, 84.0, 99.0], [72.0, 85.0, 100.0]);
+        let d = decide(&pred);
+        assert!(d.margin < d.noise_margin, "{} {}", d.margin, d.noise_margin);
+        assert!(d.near_tie, "{}", d.log_line);
+        assert!(d.log_line.contains("near tie"), "{}", d.log_line);
+        // Apart intervals are never a tie, however small the margin.
+        two(&mut pred, [83.0, 84.0, 84.5], [84.6, 85.0, 86.0]);
+        let d = decide(&pred);
+        assert!(!d.intervals_overlap && !d.near_tie, "{}", d.log_line);
+    }
+
+    #[test]
+    fn the_noise_margin_grows_with_the_run_noise() {
+        let pred = prediction();
+        let (o, h) = (
+            pred.get(StrategyKind::Offload),
+            pred.get(StrategyKind::Hybrid),
+        );
+        let m = noise_margin(o, h, 0.95);
+        let mut noisier = h.clone();
+        noisier.uncertainty.run_noise_us *= 3.0;
+        assert!(noise_margin(o, &noisier, 0.95) > m);
+        assert!(noise_margin(o, h, 0.5) < m);
     }
 }

@@ -17,6 +17,7 @@
 //! Units everywhere: times in microseconds (us), bandwidths in GB/s (1e9 bytes per second),
 //! compute rates in GMAC/s (1e9 multiply-accumulates per second), sizes in bytes.
 
+pub mod breakeven;
 pub mod cost;
 pub mod decide;
 pub mod fit;

@@ -1,0 +1,578 @@
+//! The picture of a decision (`ft explain --plot`): what each strategy's decode step is made
+//! of, and how each strategy's tok/s moves with each input that decides between them.
+//!
+//! Top: one horizontal stacked bar per strategy, its step's critical path split by the
+//! resource each part runs on (ms per step). Below: one panel per input (the CPU side's
+//! serving rate, the fixed cost per layer-step with CPU work, the miss rate, the link's
+//! rate, the context), each with one curve per strategy (tok/s of all streams against the
+//! input), the current host marked by a solid line and every break-even (where the choice
+//! flips) by a dashed one. One legend for the whole figure, above the panels, so that no
+//! legend covers a curve; every series is named by its strategy, never by a column.
+
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+use crate::ticks::{log_ticks, tick};
+use crate::{PlotError, Result};
+
+/// Width of a decision figure, in pixels.
+pub const WIDTH: u32 = 1200;
+
+/// Height of the figure's title and legend band, in pixels.
+const HEADER: u32 = 84;
+
+/// Height of one bar row, in pixels.
+const BAR_ROW: u32 = 30;
+
+/// Height of one row of panels, in pixels.
+const PANEL_HEIGHT: u32 = 340;
+
+/// Panels per row.
+const PANEL_COLUMNS: usize = 2;
+
+/// Most ticks of a log axis.
+const MAX_LOG_TICKS: usize = 12;
+
+/// Colours of the strategies, in the figure's order (colour-blind-safe: Okabe-Ito).
+const STRATEGY_COLORS: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(230, 159, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(213, 94, 0),
+    RGBColor(120, 120, 120),
+];
+
+/// Colours of the resources of the bars, by name; others take grey.
+const RESOURCE_COLORS: [(&str, RGBColor); 6] = [
+    ("pcie", RGBColor(0, 114, 178)),
+    ("cpu", RGBColor(213, 94, 0)),
+    ("gpu", RGBColor(0, 158, 115)),
+    ("sync", RGBColor(204, 121, 167)),
+    ("dense", RGBColor(150, 150, 150)),
+    ("other", RGBColor(230, 159, 0)),
+];
+
+/// The current host's mark.
+const CURRENT_COLOR: RGBColor = RGBColor(30, 30, 30);
+
+/// A break-even's mark.
+const FLIP_COLOR: RGBColor = RGBColor(200, 30, 30);
+
+/// One strategy's step, split by resource.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Bar {
+    /// The strategy.
+    pub label: String,
+    /// (resource, ms per step) in drawing order; the parts add up to the step.
+    pub parts: Vec<(String, f64)>,
+}
+
+/// One strategy's curve in a panel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Curve {
+    /// The strategy (the same name in every panel gets the same colour).
+    pub name: String,
+    /// (input value, tok/s) points, in increasing input.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// A vertical mark in a panel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mark {
+    /// Where, in the panel's x unit.
+    pub x: f64,
+    /// What it marks.
+    pub label: String,
+    /// True for the current host (solid); false for a break-even (dashed).
+    pub current: bool,
+}
+
+/// One input's panel.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Panel {
+    /// Its title.
+    pub title: String,
+    /// The x axis' label, with its unit.
+    pub x_label: String,
+    /// The y axis' label, with its unit.
+    pub y_label: String,
+    /// Logarithmic x axis (every x positive).
+    pub log_x: bool,
+    /// One curve per strategy.
+    pub curves: Vec<Curve>,
+    /// The current value and the break-evens.
+    pub marks: Vec<Mark>,
+}
+
+/// A decision's figure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Figure {
+    /// The title.
+    pub title: String,
+    /// The bars' title.
+    pub bars_title: String,
+    /// The bars' unit (x axis).
+    pub bars_unit: String,
+    /// One bar per strategy.
+    pub bars: Vec<Bar>,
+    /// One panel per input.
+    pub panels: Vec<Panel>,
+}
+
+impl Figure {
+    /// Every strategy named by a bar or a curve, in first-seen order (their colours).
+    pub fn strategies(&self) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        let names = self.bars.iter().map(|b| &b.label).chain(
+            self.panels
+                .iter()
+                .flat_map(|p| p.curves.iter().map(|c| &c.name)),
+        );
+        for n in names {
+            if !v.contains(n) {
+                v.push(n.clone());
+            }
+        }
+        v
+    }
+
+    fn invalid(&self, message: impl Into<String>) -> PlotError {
+        PlotError::Invalid {
+            figure: self.title.clone(),
+            message: message.into(),
+        }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.bars.is_empty() && self.panels.is_empty() {
+            return Err(self.invalid("nothing to draw"));
+        }
+        for p in &self.panels {
+            let xs = p
+                .curves
+                .iter()
+                .flat_map(|c| c.points.iter().map(|q| q.0))
+                .chain(p.marks.iter().map(|m| m.x));
+            for x in xs {
+                if !x.is_finite() || (p.log_x && x <= 0.0) {
+                    return Err(self.invalid(format!(
+                        "panel '{}': x = {x} cannot be placed{}",
+                        p.title,
+                        if p.log_x { " on a log axis" } else { "" }
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn draw_err(figure: &str) -> impl Fn(String) -> PlotError + '_ {
+    move |message| PlotError::Draw {
+        figure: figure.to_string(),
+        message,
+    }
+}
+
+fn resource_color(name: &str) -> RGBColor {
+    RESOURCE_COLORS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, c)| *c)
+        .unwrap_or(RGBColor(190, 190, 190))
+}
+
+/// Draw `fig` as an SVG document.
+pub fn render(fig: &Figure) -> Result<String> {
+    fig.check()?;
+    let bars_h = if fig.bars.is_empty() {
+        0
+    } else {
+        90 + BAR_ROW * fig.bars.len() as u32
+    };
+    let rows = fig.panels.len().div_ceil(PANEL_COLUMNS) as u32;
+    let height = HEADER + bars_h + rows * PANEL_HEIGHT;
+    let strategies = fig.strategies();
+    let color_of = |name: &str| {
+        let i = strategies.iter().position(|s| s == name).unwrap_or(0);
+        STRATEGY_COLORS[i % STRATEGY_COLORS.len()]
+    };
+    let err = draw_err(&fig.title);
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let (header, rest) = root.split_vertically(HEADER);
+        draw_header(&header, fig, &strategies, &color_of).map_err(&err)?;
+        let (bars, panels) = rest.split_vertically(bars_h);
+        if !fig.bars.is_empty() {
+            draw_bars(&bars, fig).map_err(&err)?;
+        }
+        if rows > 0 {
+            let areas = panels.split_evenly((rows as usize, PANEL_COLUMNS));
+            for (p, area) in fig.panels.iter().zip(areas.iter()) {
+                draw_panel(area, p, &color_of).map_err(&err)?;
+            }
+        }
+        root.present().map_err(|e| err(e.to_string()))?;
+    }
+    Ok(svg)
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// A backend pixel in `area`'s own coordinates (what its `draw` takes).
+fn local(area: &Area<'_>, (x, y): (i32, i32)) -> (i32, i32) {
+    let (bx, by) = area.get_base_pixel();
+    (x - bx, y - by)
+}
+
+fn text_style(size: u32, color: RGBColor) -> TextStyle<'static> {
+    ("sans-serif", size).into_font().color(&color)
+}
+
+/// The title, and one legend for the figure: the strategies' colours, the marks' styles.
+fn draw_header(
+    area: &Area<'_>,
+    fig: &Figure,
+    strategies: &[String],
+    color_of: &dyn Fn(&str) -> RGBColor,
+) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
+    area.draw(&Text::new(
+        fig.title.clone(),
+        (16, 12),
+        text_style(19, RGBColor(0, 0, 0)),
+    ))
+    .map_err(e)?;
+    let mut x = 16;
+    let y = 52;
+    for s in strategies {
+        let c = color_of(s);
+        area.draw(&PathElement::new(
+            vec![(x, y), (x + 24, y)],
+            c.stroke_width(3),
+        ))
+        .map_err(e)?;
+        area.draw(&Text::new(
+            s.clone(),
+            (x + 30, y - 7),
+            text_style(13, CURRENT_COLOR),
+        ))
+        .map_err(e)?;
+        x += 40 + 7 * s.len() as i32;
+    }
+    x += 12;
+    area.draw(&PathElement::new(
+        vec![(x, y - 8), (x, y + 8)],
+        CURRENT_COLOR.stroke_width(2),
+    ))
+    .map_err(e)?;
+    area.draw(&Text::new(
+        "this host",
+        (x + 6, y - 7),
+        text_style(13, CURRENT_COLOR),
+    ))
+    .map_err(e)?;
+    x += 80;
+    for (a, b) in [(-8, -4), (-1, 3), (6, 9)] {
+        area.draw(&PathElement::new(
+            vec![(x, y + a), (x, y + b)],
+            FLIP_COLOR.stroke_width(2),
+        ))
+        .map_err(e)?;
+    }
+    area.draw(&Text::new(
+        "break-even (the choice flips)",
+        (x + 6, y - 7),
+        text_style(13, FLIP_COLOR),
+    ))
+    .map_err(e)?;
+    Ok(())
+}
+
+/// One stacked horizontal bar per strategy, split by resource, with its own legend row.
+fn draw_bars(area: &Area<'_>, fig: &Figure) -> std::result::Result<(), String> {
+    let e = |e: DrawingAreaErrorKind<std::io::Error>| e.to_string();
+    let n = fig.bars.len();
+    let longest = fig
+        .bars
+        .iter()
+        .map(|b| b.parts.iter().map(|p| p.1.max(0.0)).sum::<f64>())
+        .fold(0.0, f64::max)
+        .max(1e-9);
+    let mut chart = ChartBuilder::on(area)
+        .caption(&fig.bars_title, ("sans-serif", 15))
+        .margin(10)
+        .margin_top(28)
+        .x_label_area_size(38)
+        .y_label_area_size(190)
+        .build_cartesian_2d(0.0..longest * 1.05, 0.0..n as f64)
+        .map_err(|e| e.to_string())?;
+    chart
+        .configure_mesh()
+        .disable_y_mesh()
+        .y_labels(0)
+        .x_desc(fig.bars_unit.as_str())
+        .x_label_formatter(&|v| tick(*v))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    let mut resources: Vec<&str> = Vec::new();
+    for (i, b) in fig.bars.iter().enumerate() {
+        // The first bar on top.
+        let y = (n - 1 - i) as f64;
+        let mut x0 = 0.0;
+        for (r, ms) in &b.parts {
+            if *ms <= 0.0 {
+                continue;
+            }
+            if !resources.contains(&r.as_str()) {
+                resources.push(r);
+            }
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0, y + 0.18), (x0 + ms, y + 0.82)],
+                    resource_color(r).filled(),
+                )))
+                .map_err(|e| e.to_string())?;
+            x0 += ms;
+        }
+        let (px, py) = local(area, chart.backend_coord(&(0.0, y + 0.5)));
+        area.draw(&Text::new(
+            b.label.clone(),
+            (px - 8, py),
+            text_style(13, CURRENT_COLOR).pos(Pos::new(HPos::Right, VPos::Center)),
+        ))
+        .map_err(e)?;
+        let (tx, _) = local(area, chart.backend_coord(&(x0, y + 0.5)));
+        area.draw(&Text::new(
+            format!("{} ms", tick(x0)),
+            (tx + 6, py),
+            text_style(12, CURRENT_COLOR).pos(Pos::new(HPos::Left, VPos::Center)),
+        ))
+        .map_err(e)?;
+    }
+    // The resources' legend, on the caption's line, right of it.
+    let mut x = 200;
+    for r in resources {
+        area.draw(&Rectangle::new(
+            [(x, 8), (x + 14, 20)],
+            resource_color(r).filled(),
+        ))
+        .map_err(e)?;
+        area.draw(&Text::new(
+            r.to_string(),
+            (x + 18, 8),
+            text_style(12, CURRENT_COLOR),
+        ))
+        .map_err(e)?;
+        x += 30 + 8 * r.len() as i32;
+    }
+    Ok(())
+}
+
+fn draw_panel(
+    area: &Area<'_>,
+    p: &Panel,
+    color_of: &dyn Fn(&str) -> RGBColor,
+) -> std::result::Result<(), String> {
+    let xs: Vec<f64> = p
+        .curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|q| q.0))
+        .chain(p.marks.iter().map(|m| m.x))
+        .collect();
+    let ys: Vec<f64> = p
+        .curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|q| q.1))
+        .filter(|y| y.is_finite())
+        .collect();
+    let (mut xlo, mut xhi) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+            (a.min(x), b.max(x))
+        });
+    if !(xlo.is_finite() && xhi.is_finite()) {
+        (xlo, xhi) = (if p.log_x { 1.0 } else { 0.0 }, 1.0);
+    }
+    if xhi <= xlo {
+        xhi = if p.log_x { xlo * 2.0 } else { xlo + 1.0 };
+    }
+    let yhi = ys.iter().copied().fold(0.0, f64::max).max(1e-9) * 1.08;
+    if p.log_x {
+        let ticks = log_ticks(xlo, xhi, MAX_LOG_TICKS);
+        let chart = ChartBuilder::on(area)
+            .caption(&p.title, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(42)
+            .y_label_area_size(60)
+            .build_cartesian_2d((xlo..xhi).log_scale().with_key_points(ticks), 0.0..yhi)
+            .map_err(|e| e.to_string())?;
+        fill_panel(chart, p, color_of, (xlo, xhi), yhi)
+    } else {
+        let chart = ChartBuilder::on(area)
+            .caption(&p.title, ("sans-serif", 15))
+            .margin(12)
+            .x_label_area_size(42)
+            .y_label_area_size(60)
+            .build_cartesian_2d(xlo..xhi, 0.0..yhi)
+            .map_err(|e| e.to_string())?;
+        fill_panel(chart, p, color_of, (xlo, xhi), yhi)
+    }
+}
+
+fn fill_panel<'a, X>(
+    mut chart: ChartContext<
+        'a,
+        SVGBackend<'a>,
+        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+    >,
+    p: &Panel,
+    color_of: &dyn Fn(&str) -> RGBColor,
+    _x: (f64, f64),
+    yhi: f64,
+) -> std::result::Result<(), String>
+where
+    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+{
+    chart
+        .configure_mesh()
+        .x_desc(p.x_label.as_str())
+        .y_desc(p.y_label.as_str())
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(|e| e.to_string())?;
+    for c in &p.curves {
+        let color = color_of(&c.name);
+        chart
+            .draw_series(LineSeries::new(
+                c.points.iter().copied(),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?;
+    }
+    for (k, m) in p.marks.iter().enumerate() {
+        let pts = vec![(m.x, 0.0), (m.x, yhi)];
+        if m.current {
+            chart
+                .draw_series(std::iter::once(PathElement::new(
+                    pts,
+                    CURRENT_COLOR.stroke_width(2),
+                )))
+                .map_err(|e| e.to_string())?;
+        } else {
+            chart
+                .draw_series(DashedLineSeries::new(pts, 6, 4, FLIP_COLOR.stroke_width(2)))
+                .map_err(|e| e.to_string())?;
+        }
+        let plot = chart.plotting_area().strip_coord_spec();
+        let (px, py) = local(&plot, chart.backend_coord(&(m.x, yhi)));
+        let color = if m.current { CURRENT_COLOR } else { FLIP_COLOR };
+        // Right of the line, or left of it in the right third of the panel; staggered
+        // from the top so that marks close together stay readable.
+        let right_third = px > plot.dim_in_pixel().0 as i32 * 2 / 3;
+        let (x, anchor) = if right_third {
+            (px - 4, HPos::Right)
+        } else {
+            (px + 4, HPos::Left)
+        };
+        plot.draw(&Text::new(
+            format!("{} ({})", m.label, tick(m.x)),
+            (x, py + 4 + 15 * k as i32),
+            text_style(12, color).pos(Pos::new(anchor, VPos::Top)),
+        ))
+        .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figure() -> Figure {
+        let curve = |name: &str, k: f64| Curve {
+            name: name.to_string(),
+            points: (0..20)
+                .map(|i| {
+                    let x = 0.02 * 1.4f64.powi(i);
+                    (x, 80.0 + k * x.ln())
+                })
+                .collect(),
+        };
+        Figure {
+            title: "test decision".into(),
+            bars_title: "critical path".into(),
+            bars_unit: "ms per step".into(),
+            bars: vec![
+                Bar {
+                    label: "hybrid(f=0.350)".into(),
+                    parts: vec![
+                        ("pcie".into(), 4.5),
+                        ("cpu".into(), 2.0),
+                        ("dense".into(), 3.1),
+                    ],
+                },
+                Bar {
+                    label: "offload".into(),
+                    parts: vec![("pcie".into(), 8.2), ("dense".into(), 3.1)],
+                },
+            ],
+            panels: vec![Panel {
+                title: "CPU serving rate".into(),
+                x_label: "x its bench rate".into(),
+                y_label: "tok/s".into(),
+                log_x: true,
+                curves: vec![curve("hybrid(f=0.350)", 10.0), curve("offload", 0.0)],
+                marks: vec![
+                    Mark {
+                        x: 1.0,
+                        label: "this host".into(),
+                        current: true,
+                    },
+                    Mark {
+                        x: 0.27,
+                        label: "flip to offload".into(),
+                        current: false,
+                    },
+                ],
+            }],
+        }
+    }
+
+    #[test]
+    fn a_decision_figure_names_its_series_and_labels_its_log_axis() {
+        let svg = render(&figure()).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
+        assert!(svg.trim_end().ends_with("</svg>"));
+        for name in [
+            "hybrid(f=0.350)",
+            "offload",
+            "this host",
+            "flip to offload",
+            "pcie",
+            "cpu",
+        ] {
+            assert!(svg.contains(name), "{name} missing");
+        }
+        // Labelled beyond 10 and between decades.
+        let texts: Vec<&str> = svg.lines().map(str::trim).collect();
+        for label in ["0.05", "0.1", "0.2", "1", "10"] {
+            assert!(texts.contains(&label), "{label} missing");
+        }
+    }
+
+    #[test]
+    fn a_log_axis_refuses_a_non_positive_value() {
+        let mut f = figure();
+        f.panels[0].marks[0].x = 0.0;
+        let e = render(&f).unwrap_err().to_string();
+        assert!(e.contains("log axis"), "{e}");
+    }
+}
