@@ -1,7 +1,10 @@
 //! The choice from the estimates, whether it is settled, and which run to make next.
 //!
-//! Settled: the best candidate's interval lies above every other's (intervals separated).
-//! Otherwise the next run is where it most reduces the decision's uncertainty: a candidate
+//! Settled: every strategy has been measured at least once, and the best candidate's
+//! interval lies above every other's (intervals separated). A strategy the runs never
+//! measured is run before anything is settled, whatever the calibrated model predicts for
+//! it: the terms that decide it (a CPU side's serving rate, say) are exactly the ones the
+//! other strategies' runs cannot identify, so its interval would be too narrow. Otherwise the next run is where it most reduces the decision's uncertainty: a candidate
 //! the runs say nothing of is run first (in the order given); else, of the candidates whose
 //! interval overlaps the best's, the one whose margin over (or under) the best has the
 //! largest standard error is the contender, and of the pair the one with the larger own
@@ -44,6 +47,18 @@ pub fn standing(estimates: &[Option<Estimate>], names: &[String]) -> Standing {
             settled: false,
             next: Some(i),
             why: format!("{} has no estimate yet", names[i]),
+        };
+    }
+    if let Some(i) = first_of_an_unmeasured_strategy(estimates, names) {
+        return Standing {
+            best,
+            runner_up,
+            settled: false,
+            next: Some(i),
+            why: format!(
+                "{} is predicted from other strategies' runs only: it is measured once first",
+                names[i]
+            ),
         };
     }
     let Some(b) = best else {
@@ -101,6 +116,25 @@ pub fn standing(estimates: &[Option<Estimate>], names: &[String]) -> Standing {
     }
 }
 
+/// The strategy a candidate's name names (`hybrid:0.5` -> `hybrid`).
+fn strategy_of(name: &str) -> &str {
+    name.split(':').next().unwrap_or(name)
+}
+
+/// The first candidate (in the order given) whose strategy no run has measured at the target.
+fn first_of_an_unmeasured_strategy(
+    estimates: &[Option<Estimate>],
+    names: &[String],
+) -> Option<usize> {
+    let measured = |kind: &str| {
+        estimates
+            .iter()
+            .zip(names)
+            .any(|(e, n)| strategy_of(n) == kind && e.is_some_and(|e| e.runs > 0))
+    };
+    (0..estimates.len()).find(|&i| !measured(strategy_of(&names[i])))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -117,6 +151,20 @@ mod tests {
     fn an_unmeasured_candidate_is_run_first() {
         let s = standing(&[e(10.0, 0.1, 1), None, None], &names(3));
         assert_eq!((s.next, s.settled, s.best), (Some(1), false, Some(0)));
+    }
+
+    #[test]
+    fn a_strategy_only_predicted_is_measured_before_settling() {
+        let names: Vec<String> = ["offload", "hybrid:0.3", "hybrid:0.6"]
+            .map(String::from)
+            .to_vec();
+        // hybrid is predicted far ahead with a narrow interval, but no hybrid was run.
+        let s = standing(&[e(10.0, 0.1, 1), e(30.0, 0.1, 0), e(25.0, 0.1, 0)], &names);
+        assert_eq!((s.settled, s.next), (false, Some(1)), "{}", s.why);
+        // One hybrid run stands for the strategy: the other fraction may stay predicted.
+        let s = standing(&[e(10.0, 0.1, 1), e(30.0, 0.1, 1), e(25.0, 0.1, 0)], &names);
+        assert!(s.settled, "{}", s.why);
+        assert_eq!(s.best, Some(1));
     }
 
     #[test]
