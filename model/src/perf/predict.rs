@@ -117,9 +117,9 @@ pub struct PredictConfig {
     /// Hybrid's fetch fraction: searched (`auto`) or fixed.
     pub hybrid_fetch: FetchFraction,
     /// Layer split's CPU layers (both layer splits): searched (`auto`) or fixed; `None`
-    /// leaves layer split out of the prediction, as a caller whose decision an engine runs
-    /// must (the runtime's engine does not issue layer split yet): `ft predict`, `ft explain`
-    /// and `ft simulate` ask for it.
+    /// leaves layer split out of the prediction, as a caller whose engine cannot run it
+    /// must (the multi-GPU engine refuses layer split): `ft predict`, `ft explain` and
+    /// `ft simulate` ask for it.
     #[serde(default)]
     pub layer_split: Option<CpuLayers>,
     /// Threshold of the legacy rule.
