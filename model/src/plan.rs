@@ -758,6 +758,23 @@ mod tests {
         }
     }
 
+    /// `streams` routes of `top_k` distinct experts each, drawn as the square root of a
+    /// uniform draw below `span` (low ids are routed more often).
+    fn skewed_routes(rng: &mut StdRng, streams: usize, top_k: usize, span: u32) -> Vec<TokenRoute> {
+        (0..streams)
+            .map(|_| {
+                let mut ids = Vec::new();
+                while ids.len() < top_k {
+                    let e = (rng.random_range(0..span) as f64).sqrt() as u32;
+                    if !ids.contains(&e) {
+                        ids.push(e);
+                    }
+                }
+                route(&ids)
+            })
+            .collect()
+    }
+
     /// The slow reference planner: maps and sets, brute-force fetch count, selection sort.
     fn naive_plan(
         layer: usize,
@@ -895,18 +912,7 @@ mod tests {
                     for step in 0..60 {
                         let streams = rng.random_range(1..=5);
                         for layer in 0..g.moe_layers {
-                            let routes: Vec<TokenRoute> = (0..streams)
-                                .map(|_| {
-                                    let mut ids = Vec::new();
-                                    while ids.len() < g.top_k {
-                                        let e = (rng.random_range(0..256u32) as f64).sqrt() as u32;
-                                        if !ids.contains(&e) {
-                                            ids.push(e);
-                                        }
-                                    }
-                                    route(&ids)
-                                })
-                                .collect();
+                            let routes = skewed_routes(&mut rng, streams, g.top_k, 256);
                             let a = plan_layer(layer, &routes, &mut fast, f);
                             let b = naive_plan(layer, &routes, &mut slow, f);
                             assert_eq!(a, b, "{policy:?} slots={slots} f={f} step={step}");
@@ -954,8 +960,8 @@ mod tests {
     /// policies and fetch fractions: the same plans and the same cache, step after step.
     mod admission_props {
         use super::{
-            geo, naive_plan, route, AdmissionOrder, AdmissionPolicy, CachePolicy, ExpertCache,
-            StdRng, TokenRoute,
+            geo, naive_plan, skewed_routes, AdmissionOrder, AdmissionPolicy, CachePolicy,
+            ExpertCache, StdRng,
         };
         use crate::cache::CacheTopology;
         use crate::plan::plan_layer;
@@ -994,18 +1000,7 @@ mod tests {
                 for step in 0..25 {
                     let streams = rng.random_range(1..=4);
                     for layer in 0..g.moe_layers {
-                        let routes: Vec<TokenRoute> = (0..streams)
-                            .map(|_| {
-                                let mut ids = Vec::new();
-                                while ids.len() < g.top_k {
-                                    let e = (rng.random_range(0..144u32) as f64).sqrt() as u32;
-                                    if !ids.contains(&e) {
-                                        ids.push(e);
-                                    }
-                                }
-                                route(&ids)
-                            })
-                            .collect();
+                        let routes = skewed_routes(&mut rng, streams, g.top_k, 144);
                         let a = plan_layer(layer, &routes, &mut fast, f);
                         let b = naive_plan(layer, &routes, &mut slow, f);
                         prop_assert_eq!(&a, &b, "step {}", step);
@@ -1158,18 +1153,7 @@ mod tests {
                                 1 => LayerPlacement::CpuOnly,
                                 _ => LayerPlacement::Cached { fetch_fraction: f },
                             };
-                            let routes: Vec<TokenRoute> = (0..streams)
-                                .map(|_| {
-                                    let mut ids = Vec::new();
-                                    while ids.len() < g.top_k {
-                                        let e = (rng.random_range(0..256u32) as f64).sqrt() as u32;
-                                        if !ids.contains(&e) {
-                                            ids.push(e);
-                                        }
-                                    }
-                                    route(&ids)
-                                })
-                                .collect();
+                            let routes = skewed_routes(&mut rng, streams, g.top_k, 256);
                             let plan = plan_layer_placed(layer, &routes, &mut slow, placement);
                             let c = plan_layer_counts(
                                 layer,
