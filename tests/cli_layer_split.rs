@@ -3,24 +3,7 @@
 //! experts) is what `ft predict` plans for the same routing, seed, steps and cache.
 
 mod common;
-use common::{ft, json_ok, write};
-
-const TINY: &str = r#"
-name = "tiny-split"
-format = "nvfp4"
-
-[geometry]
-hidden = 128
-intermediate = 64
-experts = 16
-top_k = 4
-moe_layers = 4
-shared_experts = 1
-
-[dense]
-weight_bytes_per_layer = 65536
-kv_bytes_per_token = 64
-"#;
+use common::{ft, json_ok, write, TINY_RUN_MODEL as TINY};
 
 /// The run and the prediction share these: 2 streams, 4 steps after 2 warm-up, context 16,
 /// the `typical` routing at seed 7.

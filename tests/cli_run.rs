@@ -1,24 +1,7 @@
 //! `ft run` end to end on the host-emulated device with a tiny model TOML.
 
 mod common;
-use common::{assert_ok, ft, write};
-
-const TINY: &str = r#"
-name = "tiny-cli"
-format = "nvfp4"
-
-[geometry]
-hidden = 128
-intermediate = 64
-experts = 16
-top_k = 4
-moe_layers = 4
-shared_experts = 1
-
-[dense]
-weight_bytes_per_layer = 65536
-kv_bytes_per_token = 64
-"#;
+use common::{assert_ok, ft, write, TINY_RUN_MODEL as TINY};
 
 /// The tiny run the tests start from: the host device, 2 streams, 4 steps after 2 warm-up,
 /// 24 cache slots, context 16, one CPU thread.
