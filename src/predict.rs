@@ -123,7 +123,7 @@ fn measured(
     plan: &Plan,
     pred: &Prediction,
 ) -> Result<Option<Vec<ft_model::perf::prefill::StrategyMeasure>>> {
-    use ft_model::perf::prefill::{measure_prediction, MeasureSpec, PrefillConfig};
+    use ft_model::perf::prefill::{measure_prediction, MeasureSpec};
     if args.measure == ft_model::observe::Measure::Decode {
         return Ok(None);
     }
@@ -137,7 +137,7 @@ fn measured(
         &plan.model,
         pred,
         &spec,
-        &PrefillConfig::default(),
+        &plan.params().engine.prefill_config(),
     )
     .context("--measure")?;
     Ok(Some(m))
