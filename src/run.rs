@@ -28,8 +28,8 @@ use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceConfig};
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
 use ft_runtime::engine::{
-    decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig, EngineMemory, EngineSettings, GpuCounts, MultiEngine,
+    decode, draw_routing, BankSource, CombineMethod, CombineOrder, DecodeOptions, Engine,
+    EngineConfig, EngineMemory, EngineSettings, GpuCounts,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
@@ -1761,8 +1761,15 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
         model = %model.name,
         "building the multi-GPU engine"
     );
-    let mut engine =
-        MultiEngine::new(&devices, layout, model, cfg).context("building the multi-GPU engine")?;
+    let mut engine = Engine::on_gpus(
+        &devices,
+        layout,
+        model,
+        cfg,
+        None,
+        BankSource::Seed(cfg.seed),
+    )
+    .context("building the multi-GPU engine")?;
     let options = DecodeOptions {
         context: args.context,
         input_seed: args.seed,
@@ -1771,15 +1778,16 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
         block_stamps: false,
     };
     let bar = crate::progress::bar((warm.len() + measured.len()) as u64, "steps");
-    let decoded = decode_multi(&mut engine, warm, measured, &options, &mut |done, _| {
+    let decoded = decode(&mut engine, warm, measured, &options, &mut |done, _| {
         bar.set_position(done as u64)
     })?;
     bar.finish_and_clear();
-    let steps: Vec<_> = decoded.steps.iter().filter(|s| !s.warmup).collect();
+    let steps: Vec<_> = decoded.records.iter().filter(|s| !s.warmup).collect();
     let ns = steps.len().max(1) as f64;
     let wall_us: f64 = steps.iter().map(|s| s.wall_us).sum();
-    let combine_us_per_step = steps.iter().map(|s| s.combine_us).sum::<f64>() / ns;
-    let counts = decoded.counts();
+    let combine_us_per_step = decoded.combine_us_per_step();
+    let cpu_us_per_step = decoded.gpu_cpu_us_per_step();
+    let counts = decoded.gpu_counts();
     let mut totals = GpuCounts::default();
     counts.iter().for_each(|c| totals.add(c));
     let workers = engine.cpu_workers();
@@ -1794,7 +1802,7 @@ fn run_multi(r: MultiRun<'_>) -> Result<()> {
             expert_bytes: engine.expert_bytes_per_gpu() as u64,
             gathered_bytes_per_step: c.gathered_bytes as f64 / ns,
             combine_bytes_per_step: c.combine_bytes as f64 / ns,
-            cpu_us_per_step: steps.iter().map(|s| s.gpus[i].cpu_us).sum::<f64>() / ns,
+            cpu_us_per_step: cpu_us_per_step[i],
             combine_us_per_step,
             counts: *c,
         })
