@@ -4,7 +4,7 @@
 //! Per step every active stream contributes one token (the runtime batches them so);
 //! routing comes from the shared [`RoutingSource`], each layer is planned by the shared
 //! [`plan_layer`] against the shared [`ExpertCache`] (so the simulator's misses are the
-//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`](crate::layer::LayerMachine) on the resources.
+//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`] on the resources (the layer's schedule, any GPU count).
 //! Context grows by one token per stream per step; a stream whose request reached its
 //! output length starts a new request (context back to the prompt length). Prompt
 //! processing is modelled as a fixed prefill time per new request, spent before the next
@@ -24,7 +24,7 @@ use ft_model::traffic::plan_layer_gpus;
 use crate::component::{Component, Control};
 use crate::costs::CostModel;
 use crate::error::{Result, SimError};
-use crate::layer::{CriticalSplit, GpuLanes, LaneEvent, LayerCosts, LayerEvent, Resources};
+use crate::layer::{CriticalSplit, LaneEvent, LayerCosts, LayerEvent, LayerMachine, Resources};
 use crate::scheduler::Scheduler;
 use crate::time::Nanos;
 use ft_model::perf::LayerCounts;
@@ -403,7 +403,7 @@ pub struct DecodeProcess<'a> {
     jitter: f64,
     warmup_steps: u64,
     measured_steps: u64,
-    lanes: GpuLanes,
+    lanes: LayerMachine,
     /// This layer's counts of each plan (reused).
     plan_counts: Vec<LayerCounts>,
     /// Tokens generated so far by each stream's current request.
@@ -432,7 +432,7 @@ impl<'a> DecodeProcess<'a> {
         measured_steps: u64,
     ) -> Self {
         DecodeProcess {
-            lanes: GpuLanes::new(costs.lane_resources(), costs.combine_ns(streams)),
+            lanes: LayerMachine::new(costs.lane_resources(), costs.combine_ns(streams)),
             plan_counts: Vec::new(),
             costs,
             dense_ns: 0.0,
@@ -470,8 +470,8 @@ impl<'a> DecodeProcess<'a> {
         &self.lanes.res[0]
     }
 
-    /// Every GPU's lane (after the run).
-    pub fn lanes(&self) -> &GpuLanes {
+    /// The layer machine of every GPU (after the run).
+    pub fn lanes(&self) -> &LayerMachine {
         &self.lanes
     }
 
@@ -536,7 +536,7 @@ impl<'a> DecodeProcess<'a> {
             costs.push(self.jitter_costs(c, s));
         }
         self.plan_counts = plans;
-        self.lanes.start(now, &costs, s);
+        self.lanes.start(now, schedule, &costs, s);
     }
 
     /// Busy time of (GPU stream, H2D link, CPU share) summed over the GPUs, ns.
@@ -614,15 +614,15 @@ impl Component<LaneEvent> for DecodeProcess<'_> {
             return Control::Continue;
         };
         if self.measuring {
-            let slow = self.lanes.machine(self.lanes.slowest());
-            let t = *slow.times();
+            let slow = self.lanes.slowest();
+            let t = *self.lanes.times(slow);
             for g in 0..self.lanes.gpus() {
-                self.counters.contended_ns += self.lanes.machine(g).times().contended_ns;
+                self.counters.contended_ns += self.lanes.times(g).contended_ns;
             }
             if t.cpu_side_end > t.gpu_side_end {
                 self.counters.cpu_critical_layers += 1;
             }
-            let mut split = t.critical(slow.costs().overhead_ns);
+            let mut split = t.critical(self.lanes.costs(slow).overhead_ns);
             if self.lanes.gpus() > 1 {
                 // The combine after the slowest GPU: traffic between devices (sync), as the
                 // analytic model charges it.
