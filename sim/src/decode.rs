@@ -337,6 +337,63 @@ impl Planner {
     }
 }
 
+/// Hybrid's miss rate relative to offload's at the same cache
+/// ([`ft_model::perf::EngineTerms::hybrid_miss_factor`], a calibrated term of an engine's
+/// runs), applied to the plans before they are timed, as the analytic model applies it to
+/// its samples ([`ft_model::perf::EngineTerms::apply_miss_factor`]): in every layer with a
+/// gather and a CPU share, experts move between the hits and the misses and the misses keep
+/// their split between the link and the CPU. The simulator moves whole experts (a gather
+/// copies whole experts): each plan's fetched and CPU counts are rounded with the fraction
+/// carried to its next layer, so their mean over a run is the model's scaled count.
+#[derive(Debug, Clone, Default)]
+struct MissFactor {
+    /// Each plan's carried fraction of (fetched, CPU) experts.
+    carry: Vec<(f64, f64)>,
+}
+
+/// `x` plus the carried fraction, rounded to a whole number; the rest stays carried.
+fn round_carried(x: f64, carry: &mut f64) -> f64 {
+    let want = x + *carry;
+    let got = want.round().max(0.0);
+    *carry = want - got;
+    got
+}
+
+impl MissFactor {
+    /// Scale the misses of `plans` (one per GPU plan) by `engine`'s factor.
+    fn apply(&mut self, engine: &ft_model::perf::EngineTerms, plans: &mut [LayerCounts]) {
+        if engine.hybrid_miss_factor == 1.0 {
+            return;
+        }
+        if self.carry.len() < plans.len() {
+            self.carry.resize(plans.len(), (0.0, 0.0));
+        }
+        for (c, carry) in plans.iter_mut().zip(self.carry.iter_mut()) {
+            if c.cpu <= 0.0 || c.fetched <= 0.0 {
+                continue;
+            }
+            let scaled = engine.apply_miss_factor(c);
+            let union = c.unique();
+            let fetched = round_carried(scaled.fetched, &mut carry.0).min(union);
+            let cpu = round_carried(scaled.cpu, &mut carry.1);
+            let cpu_fit = cpu.min(union - fetched);
+            carry.1 += cpu - cpu_fit;
+            let per = |n: f64, of: f64, tokens: f64| if of > 0.0 { tokens * n / of } else { 0.0 };
+            let fetched_tokens = per(fetched, scaled.fetched, scaled.fetched_tokens);
+            let cpu_tokens = per(cpu_fit, scaled.cpu, scaled.cpu_tokens);
+            let all_tokens = c.hit_tokens + c.fetched_tokens + c.cpu_tokens;
+            *c = LayerCounts {
+                hits: union - fetched - cpu_fit,
+                hit_tokens: (all_tokens - fetched_tokens - cpu_tokens).max(0.0),
+                fetched,
+                fetched_tokens,
+                cpu: cpu_fit,
+                cpu_tokens,
+            };
+        }
+    }
+}
+
 /// Requests of the closed loop.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -406,6 +463,8 @@ pub struct DecodeProcess<'a> {
     lanes: LayerMachine,
     /// This layer's counts of each plan (reused).
     plan_counts: Vec<LayerCounts>,
+    /// Hybrid's calibrated miss factor on each plan's counts.
+    miss_factor: MissFactor,
     /// Tokens generated so far by each stream's current request.
     generated: Vec<u64>,
     cur_layer: usize,
@@ -434,6 +493,7 @@ impl<'a> DecodeProcess<'a> {
         DecodeProcess {
             lanes: LayerMachine::new(costs.lane_resources(), costs.combine_ns(streams)),
             plan_counts: Vec::new(),
+            miss_factor: MissFactor::default(),
             costs,
             dense_ns: 0.0,
             layers: planner.layers(),
@@ -517,6 +577,8 @@ impl<'a> DecodeProcess<'a> {
         let l = self.cur_layer;
         let mut plans = std::mem::take(&mut self.plan_counts);
         self.planner.layer(l, &mut plans);
+        self.miss_factor
+            .apply(&self.costs.params.engine, &mut plans);
         if self.measuring {
             let c = &mut self.counters;
             c.layer_steps += 1;
