@@ -28,7 +28,7 @@ use crate::layer::{CriticalSplit, LaneEvent, LayerCosts, LayerEvent, LayerMachin
 use crate::scheduler::Scheduler;
 use crate::time::Nanos;
 use ft_model::perf::LayerCounts;
-use ft_model::schedule::LayerSchedule;
+use ft_model::schedule::{LayerSchedule, LayerWork};
 use ft_model::strategy::PlacementPolicy;
 
 /// Index of `sync` in a [`CriticalSplit`] (`crate::layer::CRITICAL_NAMES`).
@@ -337,6 +337,22 @@ impl Planner {
     }
 }
 
+/// What a layer's schedule depends on, for up to 16 plans: for each plan whether it has
+/// hits, fetched experts, more than one fetched chunk (`ft_model::plan::fetch_chunk_bounds`
+/// splits two or more experts) and a CPU share. `None` for more plans.
+fn structure_key(plans: &[LayerCounts]) -> Option<u64> {
+    if plans.len() > 16 {
+        return None;
+    }
+    Some(plans.iter().enumerate().fold(0u64, |k, (i, c)| {
+        let bits = u64::from(c.hits > 0.0)
+            | u64::from(c.fetched > 0.0) << 1
+            | u64::from(c.fetched.round() >= 2.0) << 2
+            | u64::from(c.cpu > 0.0) << 3;
+        k | bits << (4 * i)
+    }))
+}
+
 /// Hybrid's miss rate relative to offload's at the same cache
 /// ([`ft_model::perf::EngineTerms::hybrid_miss_factor`], a calibrated term of an engine's
 /// runs), applied to the plans before they are timed, as the analytic model applies it to
@@ -465,6 +481,10 @@ pub struct DecodeProcess<'a> {
     plan_counts: Vec<LayerCounts>,
     /// Hybrid's calibrated miss factor on each plan's counts.
     miss_factor: MissFactor,
+    /// The schedules met so far, by [`structure_key`] (a run meets a handful).
+    schedules: Vec<(u64, Arc<LayerSchedule>)>,
+    /// This layer's costs of each GPU (reused).
+    lane_costs: Vec<LayerCosts>,
     /// Tokens generated so far by each stream's current request.
     generated: Vec<u64>,
     cur_layer: usize,
@@ -494,6 +514,8 @@ impl<'a> DecodeProcess<'a> {
             lanes: LayerMachine::new(costs.lane_resources(), costs.combine_ns(streams)),
             plan_counts: Vec::new(),
             miss_factor: MissFactor::default(),
+            schedules: Vec::new(),
+            lane_costs: Vec::new(),
             costs,
             dense_ns: 0.0,
             layers: planner.layers(),
@@ -589,16 +611,48 @@ impl<'a> DecodeProcess<'a> {
                 c.cpu_experts += counts.cpu as u64;
             }
         }
-        let schedule = LayerSchedule::new(&self.costs.layout, &plans);
-        let mut costs = Vec::with_capacity(self.lanes.gpus());
+        let schedule = self.schedule_for(&plans);
+        let work = LayerWork::of(&plans);
+        let mut costs = std::mem::take(&mut self.lane_costs);
+        costs.clear();
         for g in 0..self.lanes.gpus() as u32 {
-            let c = self
-                .costs
-                .layer_on(&schedule, self.streams, self.dense_ns, g);
+            let counts = &plans[self.costs.layout.plan_of(g).min(plans.len() - 1)];
+            let c = self.costs.costs_of(
+                counts,
+                schedule.gated_last_chunk,
+                work,
+                self.streams,
+                self.dense_ns,
+                g,
+            );
             costs.push(self.jitter_costs(c, s));
         }
         self.plan_counts = plans;
         self.lanes.start(now, schedule, &costs, s);
+        self.lane_costs = costs;
+    }
+
+    /// The schedule of a layer whose GPUs plan `plans`: its operations depend only on which
+    /// work each plan holds ([`structure_key`]), so one schedule per structure is built and
+    /// shared (a debug build checks it against a fresh one).
+    fn schedule_for(&mut self, plans: &[LayerCounts]) -> Arc<LayerSchedule> {
+        let Some(key) = structure_key(plans) else {
+            return Arc::new(LayerSchedule::new(&self.costs.layout, plans));
+        };
+        let schedule = match self.schedules.iter().find(|(k, _)| *k == key) {
+            Some((_, s)) => Arc::clone(s),
+            None => {
+                let s = Arc::new(LayerSchedule::new(&self.costs.layout, plans));
+                self.schedules.push((key, Arc::clone(&s)));
+                s
+            }
+        };
+        debug_assert_eq!(
+            schedule.ops,
+            LayerSchedule::new(&self.costs.layout, plans).ops,
+            "one structure, one schedule"
+        );
+        schedule
     }
 
     /// Busy time of (GPU stream, H2D link, CPU share) summed over the GPUs, ns.

@@ -14,6 +14,8 @@
 //! completion is recognised by its generation).
 
 use ft_model::placement::GpuLayout;
+use std::sync::Arc;
+
 use ft_model::schedule::{LayerSchedule, OpKind};
 
 use crate::resources::{CpuPool, Dram, DramUser, GpuStream, Link, Phase, PhasedJob, TransferJob};
@@ -281,7 +283,7 @@ pub struct LayerMachine {
     /// Each GPU's resources (they persist across layers and steps).
     pub res: Vec<Resources>,
     lanes: Vec<Lane>,
-    schedule: Option<LayerSchedule>,
+    schedule: Option<Arc<LayerSchedule>>,
     state: Vec<OpState>,
     /// Each operation's end (valid once `Done`) and the time it was resolved (issued).
     end: Vec<Nanos>,
@@ -347,14 +349,11 @@ impl LayerMachine {
         self.combine_ns
     }
 
-    /// The schedule of the last (or current) layer.
+    /// The schedule of the last (or current) layer (its operations; the decode process
+    /// shares one per structure of work, so its counts are those of the first layer with
+    /// that structure: the durations are in [`LayerMachine::costs`]).
     pub fn schedule(&self) -> Option<&LayerSchedule> {
-        self.schedule.as_ref()
-    }
-
-    /// Take back the last layer's schedule (to reuse its buffers).
-    pub fn take_schedule(&mut self) -> Option<LayerSchedule> {
-        self.schedule.take()
+        self.schedule.as_deref()
     }
 
     fn ev(g: usize, event: LayerEvent) -> LaneEvent {
@@ -368,7 +367,7 @@ impl LayerMachine {
     pub fn start(
         &mut self,
         now: Nanos,
-        schedule: LayerSchedule,
+        schedule: Arc<LayerSchedule>,
         costs: &[LayerCosts],
         s: &mut Scheduler<LaneEvent>,
     ) {
@@ -839,7 +838,7 @@ impl crate::component::Component<LaneEvent> for LayerRunner {
             }
             let c = self.costs[self.next];
             self.next += 1;
-            self.machine.start(now, schedule_of(&c), &[c], s);
+            self.machine.start(now, Arc::new(schedule_of(&c)), &[c], s);
         }
         Control::Continue
     }
@@ -897,7 +896,7 @@ mod tests {
             let res = (0..layout.gpus).map(|_| cm.resources()).collect();
             let mut lm = LayerMachine::new(res, 7_000.0);
             let mut s = Scheduler::new(0);
-            lm.start(0, schedule, &costs, &mut s);
+            lm.start(0, Arc::new(schedule), &costs, &mut s);
             struct Run<'a>(&'a mut LayerMachine, Option<Nanos>);
             impl crate::component::Component<LaneEvent> for Run<'_> {
                 fn handle(
