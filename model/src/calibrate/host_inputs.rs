@@ -353,7 +353,7 @@ mod tests {
             assert!(e.contains(want) && e.contains("benchbw.json"), "{e}");
         }
         let path = dir.path().join("junk.json");
-        std::fs::write(&path, "[1, 2]").unwrap();
+        std::fs::write(&path, "not json {").unwrap();
         let e = read_freetoken(&path, &qwen()).unwrap_err().to_string();
         assert!(e.contains("not a FreeToken bandwidth profile"), "{e}");
     }
