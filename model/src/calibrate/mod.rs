@@ -39,6 +39,7 @@
 //! 6. **Leave-one-out.** Each run is predicted from a fit without it (terms identified again
 //!    on the rest), its error reported beside the in-sample one.
 
+pub mod host_inputs;
 pub mod runs;
 pub mod terms;
 
