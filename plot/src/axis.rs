@@ -14,6 +14,9 @@ pub const PAD: f64 = 0.05;
 /// Most ticks of a log axis: beyond it the 1-2-5 steps are thinned.
 pub const MAX_LOG_TICKS: usize = 12;
 
+/// Light grid lines between two labelled ones (more make a grey wash).
+pub const LIGHT_LINES: usize = 4;
+
 /// Labels a linear axis gets (what plotters' mesh draws by default): the tick spacing the
 /// labels' decimals follow is the span over this.
 const LINEAR_LABELS: f64 = 10.0;

@@ -116,8 +116,6 @@ const DOT: (u32, u32) = (2, 4);
 const MARK_LABEL_STEP: i32 = 16;
 /// Number of heights the marks' numbers cycle through at the top of the plot.
 const MARK_STAGGER: usize = 3;
-/// Light grid lines between two labelled ones (more make a grey wash).
-const LIGHT_LINES: usize = 4;
 /// Margin around the chart, in pixels.
 const MARGIN: u32 = 12;
 /// Height of the x axis' labels and description, in pixels.
@@ -1302,7 +1300,7 @@ where
         .y_desc(plan.ylabel.as_str())
         .x_label_formatter(&|v| axis::label(*v, r.x, xs))
         .y_label_formatter(&|v| axis::label(*v, r.y, ys))
-        .max_light_lines(LIGHT_LINES)
+        .max_light_lines(axis::LIGHT_LINES)
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(&e)?;

@@ -167,6 +167,47 @@ impl Figure {
     }
 }
 
+/// Where the best of `curves` (the highest y) changes between two neighbouring x at which
+/// every curve concerned has a point: a break-even mark where the old best and the new one
+/// cross, by linear interpolation of their difference, named for the new best. For inputs
+/// the model is evaluated at a few points only (stream counts).
+pub fn flips(curves: &[Curve]) -> Vec<Mark> {
+    let at = |c: &Curve, x: f64| c.points.iter().find(|p| p.0 == x).map(|p| p.1);
+    let best = |x: f64| {
+        curves
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| at(c, x).map(|y| (i, y)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    };
+    let mut xs: Vec<f64> = curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|p| p.0))
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let mut marks = Vec::new();
+    for w in xs.windows(2) {
+        let (Some((a, _)), Some((b, _))) = (best(w[0]), best(w[1])) else {
+            continue;
+        };
+        if a == b {
+            continue;
+        }
+        let d = |x: f64| Some(at(&curves[b], x)? - at(&curves[a], x)?);
+        let (Some(d0), Some(d1)) = (d(w[0]), d(w[1])) else {
+            continue;
+        };
+        let t = if d1 != d0 { -d0 / (d1 - d0) } else { 0.5 };
+        marks.push(Mark {
+            x: w[0] + t.clamp(0.0, 1.0) * (w[1] - w[0]),
+            label: format!("flip to {}", curves[b].name),
+            current: false,
+        });
+    }
+    marks
+}
+
 fn draw_err(figure: &str) -> impl Fn(String) -> PlotError + '_ {
     move |message| PlotError::Draw {
         figure: figure.to_string(),
@@ -297,6 +338,7 @@ fn draw_bars(area: &Area<'_>, fig: &Figure) -> std::result::Result<(), String> {
         .y_labels(0)
         .x_desc(fig.bars_unit.as_str())
         .x_label_formatter(&|v| axis::label(*v, (0.0, longest), Scale::Linear))
+        .max_light_lines(axis::LIGHT_LINES)
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(|e| e.to_string())?;
@@ -415,6 +457,7 @@ where
         .y_desc(p.y_label.as_str())
         .x_label_formatter(&|v| axis::label(*v, x, Scale::of(p.log_x)))
         .y_label_formatter(&|v| axis::label(*v, (0.0, yhi), Scale::Linear))
+        .max_light_lines(axis::LIGHT_LINES)
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(|e| e.to_string())?;
@@ -544,5 +587,46 @@ mod tests {
         f.panels[0].marks[0].x = 0.0;
         let e = render(&f).unwrap_err().to_string();
         assert!(e.contains("log axis"), "{e}");
+    }
+
+    /// The flips found by interpolation against a brute-force scan of the interpolated
+    /// curves: the best changes once, between 2 and 4 streams, where the lines cross.
+    #[test]
+    fn flips_sit_where_the_best_curve_changes() {
+        let c = |name: &str, pts: &[(f64, f64)]| Curve {
+            name: name.into(),
+            points: pts.to_vec(),
+        };
+        let curves = [
+            c(
+                "hybrid",
+                &[(1.0, 100.0), (2.0, 120.0), (4.0, 130.0), (8.0, 135.0)],
+            ),
+            c(
+                "offload",
+                &[(1.0, 60.0), (2.0, 90.0), (4.0, 150.0), (8.0, 200.0)],
+            ),
+        ];
+        let f = flips(&curves);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].label, "flip to offload");
+        assert!(!f[0].current);
+        // Slow reference: scan the piecewise-linear curves for the first x where
+        // offload is ahead.
+        let lerp = |c: &Curve, x: f64| {
+            let w = c
+                .points
+                .windows(2)
+                .find(|w| w[0].0 <= x && x <= w[1].0)
+                .unwrap();
+            w[0].1 + (x - w[0].0) / (w[1].0 - w[0].0) * (w[1].1 - w[0].1)
+        };
+        let cross = (0..=60_000)
+            .map(|i| 2.0 + i as f64 / 30_000.0)
+            .find(|&x| lerp(&curves[1], x) >= lerp(&curves[0], x))
+            .unwrap();
+        assert!((f[0].x - cross).abs() < 1e-3, "{} vs {cross}", f[0].x);
+        // No change of the best: no flip.
+        assert!(flips(&curves[..1]).is_empty());
     }
 }
