@@ -171,7 +171,10 @@ fn trim(s: String) -> String {
 /// tick spacing needs (so that neighbouring labels differ), on a log axis [`tick`].
 pub fn label(v: f64, (lo, hi): (f64, f64), scale: Scale) -> String {
     let step = (hi - lo) / LINEAR_LABELS;
-    if scale == Scale::Log || !(step > 0.0 && step.is_finite()) {
+    if scale == Scale::Log {
+        return thousands(v).unwrap_or_else(|| tick(v));
+    }
+    if !(step > 0.0 && step.is_finite()) {
         return tick(v);
     }
     if v.abs() >= 1e7 || (v != 0.0 && v.abs() < 1e-3 && step < 1e-3) {
@@ -179,6 +182,20 @@ pub fn label(v: f64, (lo, hi): (f64, f64), scale: Scale) -> String {
     }
     let decimals = (-step.log10().floor()).max(0.0) as usize;
     trim(format!("{v:.decimals$}"))
+}
+
+/// A log axis' round value of 10 000 or more with a k, M or G suffix (`30k`, `1M`, `2.5G`),
+/// where that loses nothing (a tenth of the unit at most): long runs of zeros are hard to
+/// count at a glance.
+fn thousands(v: f64) -> Option<String> {
+    let (unit, suffix) = [(1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|(u, _)| v.abs() >= *u)?;
+    if v.abs() < 1e4 {
+        return None;
+    }
+    let m = v / unit;
+    ((m * 10.0).round() == m * 10.0).then(|| format!("{}{suffix}", tick(m)))
 }
 
 /// Tick positions of a log axis over `[lo, hi]` (both positive): 1, 2 and 5 of every decade
@@ -264,6 +281,18 @@ mod tests {
         assert_eq!(label(16384.0, (0.0, 1e4), Scale::Linear), "16384");
         assert_eq!(label(-0.0001, (0.0, 1.0), Scale::Linear), "0");
         assert_eq!(label(0.25, (0.1, 10.0), Scale::Log), "0.25");
+        // Log axes of contexts and steps: round thousands and millions with a suffix.
+        let log = |v: f64| label(v, (1.0, 1e7), Scale::Log);
+        assert_eq!(
+            [
+                log(5000.0),
+                log(30_000.0),
+                log(1e6),
+                log(2.5e6),
+                log(16_384.0)
+            ],
+            ["5000", "30k", "1M", "2.5M", "16384"]
+        );
     }
 
     #[test]

@@ -21,6 +21,7 @@
 
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Serialize;
 use std::path::Path;
 
@@ -124,6 +125,8 @@ const X_LABELS: u32 = 44;
 const Y_LABELS: u32 = 70;
 /// Size of the title, in pixels.
 const TITLE: u32 = 20;
+/// Height of the band the title is drawn in, in pixels.
+const TITLE_BAND: u32 = 36;
 /// Distance of a legend inside the plot from its frame, in pixels.
 const LEGEND_INSET: i32 = 8;
 /// Step of the densified lines the legend avoids, as a share of the plot's side.
@@ -1177,7 +1180,7 @@ fn placement(plan: &Plan, r: &Ranges, legend_px: (i32, i32)) -> Legend {
             // The plot's size in pixels, less the title, margins and axis labels.
             let (w, h) = plan.size;
             let pw = w.saturating_sub(2 * MARGIN + Y_LABELS).max(1) as f64;
-            let ph = h.saturating_sub(2 * MARGIN + X_LABELS + TITLE + 10).max(1) as f64;
+            let ph = h.saturating_sub(2 * MARGIN + X_LABELS + TITLE_BAND).max(1) as f64;
             let size = (
                 (legend_px.0 + LEGEND_INSET) as f64 / pw,
                 (legend_px.1 + LEGEND_INSET) as f64 / ph,
@@ -1208,6 +1211,11 @@ fn legend_name(l: Legend) -> String {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
+/// Height of a legend drawn in rows under the chart, `width` pixels wide.
+fn outside_height(entries: &[Entry], width: i32) -> i32 {
+    legend::row_lines(entries, width) as i32 * legend::ROW_HEIGHT + 12
+}
+
 /// Draw `plan` into an SVG string; returns it and where the legend went.
 fn render(plan: &Plan) -> Result<(String, Legend)> {
     let r = ranges(plan);
@@ -1219,12 +1227,26 @@ fn render(plan: &Plan) -> Result<(String, Legend)> {
     {
         let root = SVGBackend::with_string(&mut svg, plan.size).into_drawing_area();
         root.fill(&WHITE).map_err(&err)?;
-        let (chart_area, side) = if place == Legend::Outside {
-            let split = plan.size.0 as i32 - legend_px.0 - 2 * MARGIN as i32;
-            let (a, b) = root.split_horizontally(split.max(MIN_SIDE as i32 / 2));
+        // The title over the whole width; below it the chart, and an outside legend in
+        // rows under the chart (beside it, long series names would squeeze the plot).
+        let (title_area, body) = root.split_vertically(TITLE_BAND);
+        title_area
+            .draw(&Text::new(
+                plan.title.clone(),
+                (plan.size.0 as i32 / 2, TITLE_BAND as i32 / 2 + 2),
+                ("sans-serif", TITLE)
+                    .into_font()
+                    .color(&BLACK)
+                    .pos(Pos::new(HPos::Center, VPos::Center)),
+            ))
+            .map_err(&err)?;
+        let rows_width = plan.size.0 as i32 - 2 * MARGIN as i32 - Y_LABELS as i32;
+        let (chart_area, below) = if place == Legend::Outside {
+            let h = outside_height(&entries, rows_width);
+            let (a, b) = body.split_vertically(body.dim_in_pixel().1 as i32 - h);
             (a, Some(b))
         } else {
-            (root.clone(), None)
+            (body.clone(), None)
         };
         let key = |(lo, hi): (f64, f64)| axis::log_ticks(lo, hi, axis::MAX_LOG_TICKS);
         let (x, y) = (r.x.0..r.x.1, r.y.0..r.y.1);
@@ -1252,16 +1274,17 @@ fn render(plan: &Plan) -> Result<(String, Legend)> {
                 y.log_scale().with_key_points(key(r.y)),
             )?,
         };
-        match (place, side) {
+        match (place, below) {
             (Legend::Corner(c), _) => {
                 let (x0, y0) = frame.0;
                 let plot = (frame.1 .0 - x0, frame.1 .1 - y0);
                 let (lx, ly) = c.origin(plot, legend_px, LEGEND_INSET);
                 legend::draw_column(&root, &entries, (x0 + lx, y0 + ly)).map_err(&err)?;
             }
-            (Legend::Outside, Some(side)) => {
-                let (bx, _) = side.get_base_pixel();
-                legend::draw_column(&root, &entries, (bx, frame.0 .1)).map_err(&err)?;
+            (Legend::Outside, Some(below)) => {
+                let (_, by) = below.get_base_pixel();
+                let at = (frame.0 .0, by + legend::ROW_HEIGHT / 2 + 4);
+                legend::draw_rows(&root, &entries, at, rows_width).map_err(&err)?;
             }
             _ => {}
         }
@@ -1287,7 +1310,6 @@ where
 {
     let e = draw_err(&plan.title);
     let mut chart = ChartBuilder::on(root)
-        .caption(&plan.title, ("sans-serif", TITLE))
         .margin(MARGIN)
         .x_label_area_size(X_LABELS)
         .y_label_area_size(Y_LABELS)
