@@ -153,6 +153,8 @@ done
 if [[ -s "$OUT/runtime.csv" ]]; then
     "$FT" plot "$OUT/runtime.csv" -o "$OUT/total-runtime.svg" --kind line --x streams --log-x \
         --y measured_tok_s_total,sim_tok_s_total --series strategy \
+        --label measured_tok_s_total="ft run" --label sim_tok_s_total=simulator \
+        --ylabel "tok/s over all streams" \
         --title "Total decode tok/s on the GPU machine (solid: ft run, dashed: simulator)" > /dev/null
 fi
 echo "concurrency: results in $OUT" >&2

@@ -310,7 +310,7 @@ fn draw_header(
     ))
     .map_err(e)?;
     let entries = legend_entries(strategies, color_of);
-    legend::draw_rows(area, &entries, (16, 52), WIDTH as i32 - 32).map_err(e)?;
+    legend::draw_line(area, &entries, (16, 52)).map_err(e)?;
     Ok(())
 }
 
@@ -386,13 +386,12 @@ fn draw_bars(area: &Area<'_>, fig: &Figure) -> std::result::Result<(), String> {
             swatch: Swatch::Block,
         })
         .collect();
-    let width: i32 = 40
-        + entries
-            .iter()
-            .map(|e| legend::text_width(&e.label, legend::FONT) + 50)
-            .sum::<i32>();
+    let width: i32 = entries
+        .iter()
+        .map(|e| legend::text_width(&e.label, legend::FONT) + 50)
+        .sum();
     let right = area.dim_in_pixel().0 as i32;
-    legend::draw_rows(area, &entries, ((right - width).max(0), 14), width).map_err(e)?;
+    legend::draw_line(area, &entries, ((right - width).max(0), 14)).map_err(e)?;
     Ok(())
 }
 

@@ -89,24 +89,24 @@ pub fn column_size(entries: &[Entry]) -> (i32, i32) {
     )
 }
 
-/// Width of one entry in a row legend, in pixels.
-fn row_entry_width(e: &Entry) -> i32 {
-    SWATCH + GAP + text_width(&e.label, FONT) + ROW_GAP
+/// Width of one column of a row legend, in pixels: the widest entry's, so that entries
+/// line up in a grid.
+fn row_column_width(entries: &[Entry]) -> i32 {
+    entries
+        .iter()
+        .map(|e| SWATCH + GAP + text_width(&e.label, FONT) + ROW_GAP)
+        .max()
+        .unwrap_or(1)
+}
+
+/// Entries per line of a row legend `width` pixels wide (at least one).
+fn row_columns(entries: &[Entry], width: i32) -> usize {
+    (width / row_column_width(entries)).max(1) as usize
 }
 
 /// Rows a row legend of `entries` needs within `width` pixels.
 pub fn row_lines(entries: &[Entry], width: i32) -> usize {
-    let mut lines = 1;
-    let mut x = 0;
-    for e in entries {
-        let w = row_entry_width(e);
-        if x > 0 && x + w > width {
-            lines += 1;
-            x = 0;
-        }
-        x += w;
-    }
-    lines
+    entries.len().div_ceil(row_columns(entries, width)).max(1)
 }
 
 /// Height of one line of a row legend, in pixels.
@@ -214,23 +214,38 @@ pub fn draw_column<DB: DrawingBackend>(
     Ok(())
 }
 
-/// Draw `entries` as rows of at most `width` pixels, the first row's middle at `at`.
+/// Draw `entries` as rows of at most `width` pixels, in columns as wide as the widest
+/// entry, the first row's middle at `at`.
 pub fn draw_rows<DB: DrawingBackend>(
     area: &Area<'_, DB>,
     entries: &[Entry],
     at: (i32, i32),
     width: i32,
 ) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
-    let (mut x, mut y) = at;
+    let (col, per_line) = (row_column_width(entries), row_columns(entries, width));
+    for (i, e) in entries.iter().enumerate() {
+        let p = (
+            at.0 + col * (i % per_line) as i32,
+            at.1 + ROW_HEIGHT * (i / per_line) as i32,
+        );
+        swatch(area, e, p)?;
+        text(area, e, p)?;
+    }
+    Ok(())
+}
+
+/// Draw `entries` on one line from `at` (its middle), each as wide as its text: a
+/// figure's header, where a grid's second line would not fit.
+pub fn draw_line<DB: DrawingBackend>(
+    area: &Area<'_, DB>,
+    entries: &[Entry],
+    at: (i32, i32),
+) -> Result<(), DrawingAreaErrorKind<DB::ErrorType>> {
+    let mut x = at.0;
     for e in entries {
-        let w = row_entry_width(e);
-        if x > at.0 && x + w > at.0 + width {
-            x = at.0;
-            y += ROW_HEIGHT;
-        }
-        swatch(area, e, (x, y))?;
-        text(area, e, (x, y))?;
-        x += w;
+        swatch(area, e, (x, at.1))?;
+        text(area, e, (x, at.1))?;
+        x += SWATCH + GAP + text_width(&e.label, FONT) + ROW_GAP;
     }
     Ok(())
 }
@@ -386,5 +401,11 @@ mod tests {
         assert!(w2 > w1 && h2 > h1);
         assert_eq!(row_lines(&[e("a"), e("b")], 1000), 1);
         assert_eq!(row_lines(&[e("aaaaaaaaaa"), e("bbbbbbbbbb")], 150), 2);
+        // Columns as wide as the widest entry: three short and one long entry in a width
+        // that holds two of the long.
+        let four = [e("a"), e("b"), e("c"), e("a label of some length")];
+        let two_long = 2 * row_column_width(&four[3..]);
+        assert_eq!(row_lines(&four, two_long), 2);
+        assert_eq!(row_lines(&four, 1), 4, "one per line at least");
     }
 }
