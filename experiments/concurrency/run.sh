@@ -147,12 +147,14 @@ for host in "${HOSTS[@]}"; do
         --ylabel "tok/s over all streams" > /dev/null
     "$FT" plot "$OUT/concurrency.csv" -o "$OUT/per-stream-$host.svg" --kind line --x streams --log-x \
         --y sim_tok_s_per_stream,model_tok_s_per_stream --series strategy --where "host=$host" \
-        --log-y --legend upper-right --title "Decode tok/s per stream, $host, $MODEL (solid: simulator, dashed: model)" \
+        --log-y --title "Decode tok/s per stream, $host, $MODEL (solid: simulator, dashed: model)" \
         --ylabel "tok/s per stream" > /dev/null
 done
 if [[ -s "$OUT/runtime.csv" ]]; then
     "$FT" plot "$OUT/runtime.csv" -o "$OUT/total-runtime.svg" --kind line --x streams --log-x \
         --y measured_tok_s_total,sim_tok_s_total --series strategy \
+        --label measured_tok_s_total="ft run" --label sim_tok_s_total=simulator \
+        --ylabel "tok/s over all streams" \
         --title "Total decode tok/s on the GPU machine (solid: ft run, dashed: simulator)" > /dev/null
 fi
 echo "concurrency: results in $OUT" >&2

@@ -82,11 +82,11 @@ python3 "$HERE/analyze.py" "$OUT"
 fi
 for host in "${HOSTS[@]}"; do
     "$FT" plot "$OUT/context.csv" -o "$OUT/gain-$host.svg" --kind line --x context --log-x \
-        --y sim_gain_pct,model_gain_pct --series streams --where "host=$host" --legend upper-right \
+        --y sim_gain_pct,model_gain_pct --series streams --where "host=$host" \
         --mark-x 65536:64K --title "Hybrid over offload, $host, $MODEL (solid: simulator, dashed: model)" \
         --xlabel "prompt tokens (context at a request's first step)" --ylabel "hybrid tok/s over offload's, minus 1 (%)" > /dev/null
     "$FT" plot "$OUT/context.csv" -o "$OUT/tok-s-$host.svg" --kind line --x context --log-x --log-y \
-        --y offload_tok_s_total,hybrid_tok_s_total --series streams --where "host=$host" --legend upper-right \
+        --y offload_tok_s_total,hybrid_tok_s_total --series streams --where "host=$host" \
         --title "Total decode tok/s, $host (solid: offload, dashed: hybrid; simulator to 64K, model beyond)" \
         --xlabel "prompt tokens" --ylabel "tok/s over all streams" > /dev/null
 done

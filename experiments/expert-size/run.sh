@@ -178,7 +178,7 @@ python3 "$HERE/analyze.py" "$OUT"
 fi
 for host in "${HOSTS[@]}"; do
     "$FT" plot "$OUT/expert-size.csv" -o "$OUT/bandwidth-$host.svg" --kind line --x expert_mb --log-x \
-        --y served_cpu_moe_gbs,served_pcie_gather_gbs --series host --where "host=$host" --y-from-zero --legend lower-right \
+        --y served_cpu_moe_gbs,served_pcie_gather_gbs --series host --where "host=$host" --y-from-zero \
         --mark-x "7.975:tuning geometry" --title "The model's bench at the served expert size, $host (solid: CPU-MoE, dashed: gather)" \
         --xlabel "expert size (MB)" --ylabel "GB/s" > /dev/null
     "$FT" plot "$OUT/winners.csv" -o "$OUT/gain-$host.svg" --kind line --x expert_mb --log-x \

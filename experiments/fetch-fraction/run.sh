@@ -151,7 +151,7 @@ for name in field gpu; do
         done < "$OUT/marks.$name.txt"
         all_marks+=("${mark_args[@]}")
         "$FT" plot "$OUT/fetch-fraction.$name.csv" -o "$OUT/tok-s-$name-$b-streams.svg" --kind line \
-            --x fetch_fraction --y "$ycols" --series streams --where "n_streams=$b" "${mark_args[@]}" --legend upper-right \
+            --x fetch_fraction --y "$ycols" --series streams --where "n_streams=$b" "${mark_args[@]}" \
             --title "Hybrid tok/s against fetch fraction, $b stream(s), $host" \
             --xlabel "fetch fraction (share of each layer's misses gathered)" \
             --ylabel "tok/s over all streams" > /dev/null

@@ -26,6 +26,7 @@ if [[ "${FT_QUICK:-0}" == 1 ]]; then STEPS=32 WARMUP=32; fi
 MODEL=qwen3.8-flash-next
 HOSTS=("$HERE/hosts/1x-rtx3090.toml" "$HERE/hosts/2x-rtx3090-sharded.toml"
        2x-rtx3090-tp-ryzen7950x "$HERE/hosts/2x-rtx3090-tp-nvlink.toml")
+if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
 write_env_txt "$OUT/env.txt" "multi-gpu ($(run_size))" "$0 $*" \
     "model: $MODEL; streams 1,2,4; steps $STEPS after $WARMUP warm-up"
 
@@ -98,6 +99,7 @@ with open(f"{out}/summary.md", "w") as f:
         f.write(f"- {line.strip()}\n")
 PY
 
+fi
 for s in offload hybrid; do
     "$FT" plot "$OUT/multi-gpu.csv" -o "$OUT/tok-s-$s.svg" --kind line --x streams \
         --y sim_tok_s_total,model_tok_s_total --series host --where "strategy=$s" \
