@@ -88,14 +88,14 @@ for host in "${HOSTS[@]}"; do
     echo "concurrency: simulating $host" >&2
     cache=()
     [[ "$host" == "$GPU_HOST" ]] && cache=(--cache-gb "$GPU_CACHE_GB")
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" "${cache[@]}" --sweep "streams=$STREAMS" \
+    "$FT" simulate --host "$host" --model "$MODEL" "${cache[@]}" --sweep "streams=$STREAMS" \
         --strategy offload,hybrid,cpu --with-model --steps "$STEPS" --warmup "$WARMUP" \
         --out "$OUT/raw/sim.$host.csv"
 done
 if [[ "$QUICK" != 1 ]]; then
     # The decision line `ft predict` logs at the field report's two streams.
     slots=$(awk -F, 'NR == 2 { print $6 }' "$OUT/raw/sim.rtx4090-2x-xeon4310.csv")
-    "$FT" predict --routing legacy-typical --host rtx4090-2x-xeon4310 --model "$MODEL" --streams 2 --cache-slots "$slots" \
+    "$FT" predict --host rtx4090-2x-xeon4310 --model "$MODEL" --streams 2 --cache-slots "$slots" \
         --context 1327 --json | jq -r '.decision.log_line' > "$OUT/predict-2-streams.txt"
 fi
 
@@ -107,7 +107,7 @@ if gpu_usable; then
         runtime_model_and_cache "$FT" "$OUT" "$MODEL" "$GPU_LAYERS" "$GPU_HOST" "$GPU_CACHE_GB"
         runtime_host "$FT" "$OUT" "$DEVICE" "$GPU_HOST" "${FT_PROBE_BUDGET_S:-20}"
         echo "concurrency: simulating $SIM_HOST for the runtime half" >&2
-        "$FT" simulate --routing legacy-typical --host "$SIM_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
+        "$FT" simulate --host "$SIM_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
             --sweep "streams=$GPU_STREAMS" --strategy offload,hybrid,cpu --with-model \
             --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))" \
             --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --out "$OUT/raw/runtime-sim.csv"

@@ -34,9 +34,9 @@ echo "host,gpus,placement,streams,cache_slots,strategy,fetch_fraction,miss_rate,
 : > "$OUT/multi-gpu.txt"
 for host in "${HOSTS[@]}"; do
     echo "multi-gpu: simulating $(basename "$host" .toml)" >&2
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
+    "$FT" simulate --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
         --warmup "$WARMUP" >> "$OUT/multi-gpu.txt"
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
+    "$FT" simulate --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
         --warmup "$WARMUP" --json \
       | jq -r '.[] | . as $c | .strategies[] | [$c.host, $c.gpus, $c.placement, $c.streams,
           $c.cache.slots, .strategy, .fetch_fraction, .miss_rate, .tok_s_total,
