@@ -13,7 +13,6 @@ use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 
-use ft_model::cache::CachePolicy;
 use ft_model::calibrate::host_inputs::HostInputs;
 use ft_model::calibrate::{
     calibrate, CalibrateConfig, Calibration, CalibrationRecord, SamplingConfig,
@@ -53,9 +52,10 @@ pub struct Args {
     /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
     #[arg(long, default_value = "typical")]
     pub routing: String,
-    /// The engine's cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    pub policy: String,
+    /// The engine's cache (policy, topology, slots per layer, admission) where a run does
+    /// not give its own (`--policy` still names the policy).
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
     /// Counted steps of each run's traffic simulation.
     #[arg(long, default_value_t = 100)]
     pub steps: usize,
@@ -122,12 +122,12 @@ pub fn run(args: Args) -> Result<()> {
     let host = args.host(given, &model)?;
     let observations = read_observations(&args.observations)
         .with_context(|| format!("--observations {}", args.observations.display()))?;
-    let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let cache = args.cache.options(None)?;
     let config = CalibrateConfig {
         sampling: SamplingConfig {
             routing: args.routing.clone(),
             seed: args.seed,
-            policy,
+            cache,
             warmup_steps: args.warmup,
             steps: args.steps,
             prefill: PrefillConfig {

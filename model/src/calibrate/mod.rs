@@ -949,6 +949,7 @@ mod tests {
             cache: strategy
                 .needs_cache()
                 .then_some(ObservedCache::Residency(0.3)),
+            cache_options: None,
             tok_s_per_stream: 1.0,
             measure: Measure::Decode,
             miss_rate: None,
