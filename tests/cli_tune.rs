@@ -97,6 +97,29 @@ const QUICK: &[&str] = &[
     "30",
 ];
 
+/// How long a failing engine case may take: a failure is found within the template's
+/// start-up timeout (at most 20 s in these cases' templates, 1.5 s where it matters) and the
+/// engine stopped within its 1 s grace.
+const FAIL_BOUND: Duration = Duration::from_secs(15);
+
+/// Run `ft tune` on `template` with [`QUICK`] and `extra`, asserting that it failed with
+/// exit 2 within [`FAIL_BOUND`]; its stderr.
+fn tune_fails(dir: &Path, template: &str, extra: &[&str]) -> String {
+    let mut args = vec!["--template", template];
+    args.extend(QUICK);
+    args.extend(extra);
+    let t = Instant::now();
+    let out = ft_tune(dir, &args);
+    assert!(
+        t.elapsed() < FAIL_BOUND,
+        "{:?}: {}",
+        t.elapsed(),
+        stderr(&out)
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    stderr(&out)
+}
+
 #[test]
 fn tune_settles_between_strategies_of_ft_serve_from_the_template() {
     let dir = tempfile::tempdir().unwrap();
@@ -271,11 +294,7 @@ fn a_port_in_use_is_refused() {
         &format!("echo $$ > {}; sleep 60", pidfile.display()),
         5.0,
     );
-    let mut args = vec!["--template", template.as_str(), "--port", port.as_str()];
-    args.extend(QUICK);
-    let out = ft_tune(dir.path(), &args);
-    assert_eq!(out.status.code(), Some(2));
-    let e = stderr(&out);
+    let e = tune_fails(dir.path(), &template, &["--port", &port]);
     assert!(
         e.contains(&format!("port {port}")) && e.contains("in use"),
         "{e}"
@@ -291,13 +310,7 @@ fn an_engine_that_exits_at_once_is_a_clear_error_with_its_stderr() {
         "echo 'fatal: CUDA driver not found' >&2; exit 7",
         20.0,
     );
-    let mut args = vec!["--template", template.as_str()];
-    args.extend(QUICK);
-    let t = Instant::now();
-    let out = ft_tune(dir.path(), &args);
-    assert!(t.elapsed() < Duration::from_secs(15));
-    assert_eq!(out.status.code(), Some(2));
-    let e = stderr(&out);
+    let e = tune_fails(dir.path(), &template, &[]);
     assert!(
         e.contains("exited")
             && e.contains("exit status: 7")
@@ -316,13 +329,7 @@ fn an_engine_that_never_answers_is_stopped_within_its_bound_and_leaves_nothing()
         p = pidfile.display()
     );
     let template = script_template(dir.path(), &script, 1.5);
-    let mut args = vec!["--template", template.as_str()];
-    args.extend(QUICK);
-    let t = Instant::now();
-    let out = ft_tune(dir.path(), &args);
-    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
-    assert_eq!(out.status.code(), Some(2));
-    let e = stderr(&out);
+    let e = tune_fails(dir.path(), &template, &[]);
     assert!(
         e.contains("did not answer") && e.contains("loading weights"),
         "{e}"
