@@ -89,14 +89,14 @@ fi
 sim_half() { # HOST NAME MODEL STEPS WARM FLAGS...
     local host="$1" name="$2" model="$3" steps="$4" warm="$5"
     shift 5
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
+    "$FT" simulate --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
         --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup 0 --out "$OUT/raw/cold.$name.csv"
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
+    "$FT" simulate --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
         --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup "$warm" --out "$OUT/raw/warm.$name.csv"
 }
 # The field report's cache, sized once (offload misses 38% at 2 streams after the default
 # warm-up).
-slots=$("$FT" simulate --routing legacy-typical --host "$HOST" --model "$MODEL" --streams 2 --strategy offload \
+slots=$("$FT" simulate --host "$HOST" --model "$MODEL" --streams 2 --strategy offload \
     --steps "$CAL_STEPS" --warmup "$CAL_WARMUP" --json | jq -r '.cache.slots')
 echo "cache-history: simulating $HOST ($slots slots)" >&2
 sim_half "$HOST" field "$MODEL" "$STEPS" "$WARM" --cache-slots "$slots"
