@@ -3,32 +3,24 @@
 //!
 //! Host inputs come as users have them: a host file (`--host`), FreeToken's `benchbw.json`
 //! read directly (`--freetoken`, alone or over a host file), or a profile (`--profile`). The
-//! fit is `ft_model::calibrate`; this command resolves the inputs, prints the terms with their
+//! fit is `ft_model::calibrate`, the host inputs `ft_model::calibrate::host_inputs`; this
+//! command reads the flags, prints the terms with their
 //! standard errors, what the runs could not identify and the one run that would, and every
 //! run's host-only, calibrated and leave-one-out prediction (a table, or `--json`), and writes
 //! the calibrated profile (`--out`).
 
 use anyhow::{bail, Context, Result};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use ferrox_core::qstar::BandwidthProfile;
-use ft_model::cache::CachePolicy;
+use ft_model::calibrate::host_inputs::HostInputs;
 use ft_model::calibrate::{
     calibrate, CalibrateConfig, Calibration, CalibrationRecord, SamplingConfig,
 };
-use ft_model::host::HostSpec;
 use ft_model::observe::read_observations;
-use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::prefill::PrefillConfig;
-use ft_model::perf::PerfModel;
 use ft_model::profile::Profile;
 use ft_model::ModelSpec;
-
-use crate::probe::freetoken_format_key;
-
-/// Largest `benchbw.json` read, bytes: the reference engine's document is a few KiB.
-const MAX_BENCHBW_BYTES: u64 = 1 << 20;
 
 /// `ft calibrate` arguments.
 #[derive(Debug, clap::Args)]
@@ -60,9 +52,10 @@ pub struct Args {
     /// Routing preset (uniform, mild, typical, skewed), process TOML or trace file.
     #[arg(long, default_value = "typical")]
     pub routing: String,
-    /// The engine's cache policy: lru, lfu or static-hot.
-    #[arg(long, default_value = "lru")]
-    pub policy: String,
+    /// The engine's cache (policy, topology, slots per layer, admission) where a run does
+    /// not give its own (`--policy` still names the policy).
+    #[command(flatten)]
+    pub cache: crate::cache_args::CacheArgs,
     /// Counted steps of each run's traffic simulation.
     #[arg(long, default_value_t = 100)]
     pub steps: usize,
@@ -88,134 +81,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// The host model and where it came from.
-struct HostInputs {
-    base: PerfModel,
-    /// A profile to extend (`--profile`), else one made from the host spec.
-    profile: Profile,
-    label: String,
-    derived: Vec<String>,
-}
-
-/// The bench entry of `model`'s format in a `benchbw.json`, with the GPU it names.
-struct FreeTokenBench {
-    gpu_name: String,
-    bench: BenchBw,
-    /// How the bench's geometry was found.
-    geometry: String,
-}
-
-fn read_freetoken(path: &Path, model: &ModelSpec) -> Result<FreeTokenBench> {
-    let name = format!("--freetoken {}", path.display());
-    let text = ft_model::limits::read_bounded(path, MAX_BENCHBW_BYTES).context(name.clone())?;
-    let doc: BandwidthProfile = serde_json::from_str(&text)
-        .with_context(|| format!("{name}: not a FreeToken bandwidth profile"))?;
-    let raw: serde_json::Value = serde_json::from_str(&text).context(name.clone())?;
-    let key = freetoken_format_key(model.format);
-    let entry = doc.dtype_kernels.get(key).with_context(|| {
-        format!(
-            "{name}: no dtype_kernels entry for {key} (the model's format); it has: {}",
-            doc.dtype_kernels
-                .keys()
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })?;
-    let (Some(cpu), Some(pcie)) = (entry.cpu_moe_gbs, entry.pcie_gather_gbs) else {
-        bail!("{name}: dtype_kernels.{key} lacks cpu_moe_gbs or pcie_gather_gbs");
-    };
-    for (field, v) in [("cpu_moe_gbs", cpu), ("pcie_gather_gbs", pcie)] {
-        if !(v.is_finite() && v > 0.0 && v <= ft_model::limits::MAX_RATE_GBS) {
-            bail!("{name}: dtype_kernels.{key}.{field} = {v} is not a bandwidth (GB/s)");
-        }
-    }
-    // ft's export records the geometry its numbers were measured at; FreeToken's own bench
-    // measures at its tuning geometry.
-    let served = raw["dtype_kernels"][key]["expert"]["expert_bytes"].as_u64();
-    let (expert_bytes, experts, geometry) = match served {
-        Some(b) => (
-            b,
-            raw["dtype_kernels"][key]["expert"]["top_k"]
-                .as_u64()
-                .unwrap_or(model.geometry.top_k as u64) as u32,
-            format!("measured at the served geometry ({b} B experts, ft's export)"),
-        ),
-        None => {
-            let t = ModelSpec::preset("bench-nvfp4")?;
-            (
-                t.expert_bytes(),
-                t.geometry.top_k as u32,
-                "measured at FreeToken's tuning geometry (bench-nvfp4, derived)".to_string(),
-            )
-        }
-    };
-    Ok(FreeTokenBench {
-        gpu_name: doc.gpu.name.clone().unwrap_or_default(),
-        bench: BenchBw {
-            expert_bytes,
-            experts,
-            cpu_moe_gbs: cpu,
-            pcie_gather_gbs: pcie,
-            cpu_moe_overlap_gbs: entry.cpu_moe_overlap_gbs,
-            pcie_gather_overlap_gbs: entry.pcie_gather_overlap_gbs,
-        },
-        geometry,
-    })
-}
-
-/// A host spec from a `benchbw.json` alone: its GPU by name (ft's GPU table), the link's
-/// rate derived from the gather bench, the CPU's memory bandwidth from the CPU-MoE bench;
-/// every derived value listed.
-fn host_from_freetoken(ft: &FreeTokenBench, cores: Option<u32>) -> Result<(HostSpec, Vec<String>)> {
-    let Some(cores) = cores else {
-        bail!("--freetoken without --host needs --cpu-cores N (the engine's CPU threads; benchbw.json does not record them)");
-    };
-    let engine = ft_model::host::EngineSpec::default();
-    let h2d = ft.bench.pcie_gather_gbs / engine.gather_efficiency;
-    let stream = ft.bench.cpu_moe_gbs / engine.cpu_kernel_efficiency;
-    let toml = format!(
-        "name = \"freetoken\"\n[gpu]\nname = {gpu:?}\n[pcie]\nh2d_gbs = {h2d}\ngather_gbs = {g}\n\
-         [cpu]\nname = \"from benchbw.json\"\ncores = {cores}\nstream_read_gbs = {stream}\nmoe_gbs = {c}\n",
-        gpu = ft.gpu_name,
-        g = ft.bench.pcie_gather_gbs,
-        c = ft.bench.cpu_moe_gbs,
-    );
-    let spec = HostSpec::from_toml_str(&toml, "--freetoken").with_context(|| {
-        format!(
-            "--freetoken: GPU '{}' (a GPU outside ft's table needs --host with memory_gib and hbm_gbs)",
-            ft.gpu_name
-        )
-    })?;
-    let mut derived = vec![
-        format!(
-            "pcie.h2d_gbs = {h2d:.2} GB/s (the gather bench over the engine's gather efficiency {})",
-            engine.gather_efficiency
-        ),
-        format!(
-            "cpu.stream_read_gbs = {stream:.2} GB/s (the CPU-MoE bench over the engine's kernel efficiency {})",
-            engine.cpu_kernel_efficiency
-        ),
-    ];
-    derived.extend(
-        spec.derived()
-            .iter()
-            .map(|d| format!("{} = {} {} ({})", d.key, d.value, d.unit, d.how)),
-    );
-    Ok((spec, derived))
-}
-
-/// Put a bench's numbers into a host spec (its geometry as the tuning model where ft's export
-/// recorded the served one).
-fn apply_bench(spec: &mut HostSpec, ft: &FreeTokenBench, model: &ModelSpec) {
-    spec.pcie.gather_gbs = Some(ft.bench.pcie_gather_gbs);
-    spec.cpu.moe_gbs = Some(ft.bench.cpu_moe_gbs);
-    if ft.bench.expert_bytes == model.expert_bytes() && ModelSpec::preset(&model.name).is_ok() {
-        spec.engine.tuning_model = model.name.clone();
-        spec.engine.tuning_experts = Some(ft.bench.experts);
-    }
-}
-
 impl Args {
     fn model(&self, profile: Option<&Profile>) -> Result<ModelSpec> {
         match (&self.model, profile) {
@@ -225,62 +90,24 @@ impl Args {
         }
     }
 
-    fn host(&self, model: &ModelSpec) -> Result<HostInputs> {
-        if let Some(path) = &self.profile {
-            let input = format!("--profile {}", path.display());
-            let p = Profile::read(path).with_context(|| input.clone())?;
-            p.check_for(&input, model, None)?;
-            let label = format!("profile {}", path.display());
-            return Ok(HostInputs {
-                base: p.perf_model(&label),
-                profile: p,
-                label,
-                derived: Vec::new(),
-            });
+    /// The host model: `--profile` (already read as `given`), else `--host` and/or
+    /// `--freetoken`.
+    fn host(&self, given: Option<Profile>, model: &ModelSpec) -> Result<HostInputs> {
+        match (given, &self.profile) {
+            (Some(p), Some(path)) => Ok(HostInputs::from_profile(p, path, model)?),
+            _ => {
+                let host = HostInputs::from_host(
+                    self.host.as_deref(),
+                    self.freetoken.as_deref(),
+                    self.cpu_cores,
+                    model,
+                );
+                match (&self.host, &self.freetoken) {
+                    (Some(h), _) => host.with_context(|| format!("--host {h}")),
+                    _ => host.map_err(Into::into),
+                }
+            }
         }
-        let bench = self
-            .freetoken
-            .as_ref()
-            .map(|p| read_freetoken(p, model))
-            .transpose()?;
-        let (mut spec, mut derived, mut label) = match (&self.host, &bench) {
-            (Some(h), _) => {
-                let spec = ft_sim::hosts::resolve_spec(h).with_context(|| format!("--host {h}"))?;
-                let derived = spec
-                    .derived()
-                    .iter()
-                    .map(|d| format!("{} = {} {} ({})", d.key, d.value, d.unit, d.how))
-                    .collect();
-                (spec, derived, format!("host {h}"))
-            }
-            (None, Some(b)) => {
-                let (spec, derived) = host_from_freetoken(b, self.cpu_cores)?;
-                (spec, derived, String::new())
-            }
-            (None, None) => {
-                bail!("give the host: --host H, --freetoken benchbw.json or --profile P")
-            }
-        };
-        if let (Some(b), Some(path)) = (&bench, &self.freetoken) {
-            apply_bench(&mut spec, b, model);
-            spec.validate().context("--freetoken")?;
-            derived.push(format!("bench geometry: {}", b.geometry));
-            let from = format!("benchbw.json {}", path.display());
-            label = if label.is_empty() {
-                from
-            } else {
-                format!("{label} with {from}")
-            };
-        }
-        let base = PerfModel::from_host(&spec).with_context(|| label.clone())?;
-        let mut profile = Profile::of_host_spec(&spec, model)?;
-        profile.bench_bw = bench.map(|b| b.bench);
-        Ok(HostInputs {
-            base,
-            profile,
-            label,
-            derived,
-        })
     }
 }
 
@@ -292,15 +119,15 @@ pub fn run(args: Args) -> Result<()> {
         .map(|p| Profile::read(p).with_context(|| format!("--profile {}", p.display())))
         .transpose()?;
     let model = args.model(given.as_ref())?;
-    let host = args.host(&model)?;
+    let host = args.host(given, &model)?;
     let observations = read_observations(&args.observations)
         .with_context(|| format!("--observations {}", args.observations.display()))?;
-    let policy: CachePolicy = args.policy.parse().context("--policy")?;
+    let cache = args.cache.options(None)?;
     let config = CalibrateConfig {
         sampling: SamplingConfig {
             routing: args.routing.clone(),
             seed: args.seed,
-            policy,
+            cache,
             warmup_steps: args.warmup,
             steps: args.steps,
             prefill: PrefillConfig {
@@ -324,17 +151,8 @@ pub fn run(args: Args) -> Result<()> {
     );
     let written = match &args.out {
         Some(out) => {
-            let perf = cal.perf_model(&host.base);
-            let profile = Profile {
-                params: perf.params,
-                covariance: perf.covariance,
-                dof: perf.dof,
-                created_unix_s: ft_model::profile::now_unix_s(),
-                calibration: Some(record.clone()),
-                ..host.profile
-            };
-            profile
-                .validate()
+            let profile = host
+                .calibrated_profile(&cal, record.clone())
                 .context("the calibrated profile does not validate")?;
             std::fs::write(out, serde_json::to_vec_pretty(&profile)?)
                 .with_context(|| format!("--out {}", out.display()))?;

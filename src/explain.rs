@@ -34,6 +34,10 @@ pub struct ExplainArgs {
 /// Points of each curve of `--plot`.
 const CURVE_POINTS: usize = 41;
 
+/// Stream counts of the streams panel (and the current one): a decode server's usual
+/// batch sizes, doubling, where the choice between strategies can flip.
+const PANEL_STREAMS: [usize; 8] = [1, 2, 3, 4, 6, 8, 12, 16];
+
 /// Run `ft explain`.
 pub fn run(args: ExplainArgs) -> Result<()> {
     let plan = args.predict.plan()?;
@@ -57,7 +61,9 @@ pub fn run(args: ExplainArgs) -> Result<()> {
             e.decision.kind,
         )
         .context("--plot")?;
-        let fig = figure(&pred, &scenario, &flips, &plan.model.name);
+        let mut fig = figure(&pred, &scenario, &flips, &plan.model.name);
+        fig.panels
+            .push(streams_panel(&plan, &pred, &fig).context("--plot: the streams panel")?);
         let svg = ft_plot::decision::render(&fig).context("--plot")?;
         std::fs::write(path, svg).with_context(|| format!("--plot {}", path.display()))?;
         tracing::info!("wrote {}", path.display());
@@ -239,4 +245,72 @@ fn figure(
         bars,
         panels,
     }
+}
+
+/// The streams panel: each ranked strategy's tok/s (all streams) predicted again at each
+/// of [`PANEL_STREAMS`] and the current count, the current count marked and a break-even
+/// where the best strategy changes (where the two curves cross, between the counts).
+/// Curves are named as in the figure's other panels, by the strategy of the current
+/// prediction of the same kind, so that each keeps its colour.
+fn streams_panel(
+    plan: &crate::predict::Plan,
+    pred: &ft_model::perf::Prediction,
+    fig: &ft_plot::decision::Figure,
+) -> Result<ft_plot::decision::Panel> {
+    use ft_model::perf::breakeven::ranked;
+    use ft_plot::decision::{Curve, Mark, Panel};
+    let current = pred.config.streams;
+    let mut counts: Vec<usize> = PANEL_STREAMS.to_vec();
+    counts.push(current);
+    counts.sort_unstable();
+    counts.dedup();
+    let names = fig.strategies();
+    let kinds: Vec<(ft_model::StrategyKind, String)> = pred
+        .strategies
+        .iter()
+        .filter(|s| ranked(s))
+        .map(|s| {
+            let label = s.strategy.to_string();
+            let name = names
+                .iter()
+                .find(|n| **n == label)
+                .cloned()
+                .unwrap_or(label);
+            (s.kind, name)
+        })
+        .collect();
+    let mut curves: Vec<Curve> = kinds
+        .iter()
+        .map(|(_, name)| Curve {
+            name: name.clone(),
+            points: Vec::new(),
+        })
+        .collect();
+    for &n in &counts {
+        let config = ft_model::perf::predict::PredictConfig {
+            streams: n,
+            ..plan.config.clone()
+        };
+        let p = ft_model::perf::predict(&plan.model, &plan.perf, &config)
+            .with_context(|| format!("predicting {n} stream(s)"))?;
+        for ((kind, _), curve) in kinds.iter().zip(curves.iter_mut()) {
+            if let Some(s) = p.strategies.iter().find(|s| s.kind == *kind && ranked(s)) {
+                curve.points.push((n as f64, s.tok_s_total));
+            }
+        }
+    }
+    let mut marks = vec![Mark {
+        x: current as f64,
+        label: "this host".to_string(),
+        current: true,
+    }];
+    marks.extend(ft_plot::decision::flips(&curves));
+    Ok(Panel {
+        title: "streams".to_string(),
+        x_label: "concurrent streams (log)".to_string(),
+        y_label: "tok/s, all streams".to_string(),
+        log_x: true,
+        curves,
+        marks,
+    })
 }

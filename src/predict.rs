@@ -5,20 +5,20 @@
 //! Defaults answer the field report: its host (`rtx4090-2x-xeon4310`) and model
 //! (`qwen3.8-flash-next`). Parameters come from a host spec (a preset or a TOML file,
 //! through the one mapping `PerfParams::from_host`) or from a fitted profile (`--profile`).
+//! The plan, the prediction and the `--json` document are `ft_model::report`'s; this
+//! command reads the flags and prints the table.
 
 use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 
 use ft_model::cache::CacheSize;
-use ft_model::perf::breakeven::{break_evens, BreakEvens};
-use ft_model::perf::legacy::BenchBw;
 use ft_model::perf::predict::{MissMode, PredictConfig};
-use ft_model::perf::{
-    decide, predict, CpuSpeedSource, Decision, PerfModel, PerfParams, Prediction, Resource,
-};
-use ft_model::profile::{CpuCheck, Profile};
+use ft_model::perf::prefill::MeasureSpec;
+use ft_model::perf::{Decision, Prediction, Resource};
+use ft_model::report::{HostInput, HostModel, PredictPlan};
 use ft_model::{CpuLayers, FetchFraction, ModelSpec, StrategyKind};
+use ft_runtime::device::DeviceKind;
 
 /// The model of the field report, the default `--model`.
 pub const DEFAULT_MODEL: &str = "qwen3.8-flash-next";
@@ -33,7 +33,7 @@ pub struct Args {
     pub model: Option<String>,
     /// Host: a preset (see `ft simulate --help`), a host TOML file or a profile JSON (a
     /// `.json` file is read as `--profile`).
-    #[arg(long, default_value = ft_sim::hosts::DEFAULT_HOST, conflicts_with = "profile")]
+    #[arg(long, default_value = ft_model::hosts::DEFAULT_HOST, conflicts_with = "profile")]
     pub host: String,
     /// A fitted profile (JSON, as `ft probe` writes it) instead of a host spec.
     #[arg(long)]
@@ -117,97 +117,8 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Every strategy of `pred` in the measure `args` ask for (`None` for decode).
-fn measured(
-    args: &Args,
-    plan: &Plan,
-    pred: &Prediction,
-) -> Result<Option<Vec<ft_model::perf::prefill::StrategyMeasure>>> {
-    use ft_model::perf::prefill::{measure_prediction, MeasureSpec, PrefillConfig};
-    if args.measure == ft_model::observe::Measure::Decode {
-        return Ok(None);
-    }
-    let spec = MeasureSpec {
-        measure: args.measure,
-        prompt_tokens: args.prompt_tokens,
-        output_tokens: args.output_tokens,
-    };
-    let m = measure_prediction(
-        plan.params(),
-        &plan.model,
-        pred,
-        &spec,
-        &PrefillConfig::default(),
-    )
-    .context("--measure")?;
-    Ok(Some(m))
-}
-
-/// Everything a prediction was made from, resolved and validated.
-pub struct Plan {
-    /// The model.
-    pub model: ModelSpec,
-    /// Parameters with their uncertainty.
-    pub perf: PerfModel,
-    /// The prediction's configuration.
-    pub config: PredictConfig,
-    /// Where the host came from, for the header.
-    pub host_label: String,
-    /// The CPU check the CPU side was scaled by (`--cpu-check`).
-    pub cpu_check: Option<CheckedSpeed>,
-    /// Why the profile's fit is not to be trusted, where it is not (`Profile::trust_issue`).
-    pub profile_untrusted: Option<String>,
-    /// Inputs that are legal but implausible (a cache larger than the GPU), each also
-    /// logged as a warning on stderr.
-    pub warnings: Vec<String>,
-}
-
-/// The CPU side's speed now against the profile's probe (`--cpu-check`).
-#[derive(Debug, Clone, Copy, serde::Serialize)]
-pub struct CheckedSpeed {
-    /// `probe.time_us / now.time_us`: what the CPU side was scaled by.
-    pub speed: f64,
-    /// The check taken now.
-    pub now: CpuCheck,
-    /// The profile's check of the same work.
-    pub probe: CpuCheck,
-}
-
-/// Take the CPU check on `device` (`cuda` or `host`) for `model` with `profile`'s threads and
-/// set it against the profile's check of the same work.
-fn check_cpu_speed(device: &str, profile: &Profile, model: &ModelSpec) -> Result<CheckedSpeed> {
-    use ft_runtime::device::{Device, DeviceKind, DeviceSpec};
-    use ft_runtime::probe::{probe_pool_wait, CpuTopology};
-    let kind: DeviceKind = device
-        .parse()
-        .with_context(|| format!("--cpu-check {device}"))?;
-    let threads = profile.params.cpu_threads as usize;
-    if profile.cpu_checks.is_empty() {
-        anyhow::bail!(
-            "--cpu-check: the profile holds no CPU check (probed before the check existed): probe again"
-        );
-    }
-    let dev = Device::open(&DeviceSpec::of_kind(kind)).context("--cpu-check")?;
-    // Timed as the probe timed its own check.
-    let wait = probe_pool_wait(kind, threads, CpuTopology::detect().threads as usize);
-    let now = ft_runtime::cpu_check::measure_model(
-        &dev,
-        model,
-        threads,
-        wait,
-        ft_runtime::cpu_check::CHECK_BUDGET,
-    )
-    .context("--cpu-check: timing the CPU side")?;
-    let (speed, probe) = CpuCheck::speed_against(&profile.cpu_checks, &now)
-        .context("--cpu-check")?
-        .with_context(|| {
-            format!(
-                "--cpu-check: the profile holds no CPU check of this work ({} experts of {:.0} B at {threads} threads)",
-                now.experts, now.expert_bytes
-            )
-        })?;
-    Ok(CheckedSpeed { speed, now, probe })
-}
+/// The resolved plan of a prediction (`ft_model::report`).
+pub type Plan = PredictPlan;
 
 impl Args {
     /// Every input-derived size against its documented limit (`ft_model::limits`).
@@ -241,77 +152,29 @@ impl Args {
         Ok(())
     }
 
-    /// The profile to predict from and the flag that named it: `--profile`, or a `--host`
-    /// that is a `.json` file (a profile, as the help says).
-    fn profile_path(&self) -> Option<(PathBuf, &'static str)> {
-        match &self.profile {
-            Some(p) => Some((p.clone(), "--profile")),
-            None if self.host.to_ascii_lowercase().ends_with(".json") => {
-                Some((PathBuf::from(&self.host), "--host"))
-            }
-            None => None,
-        }
-    }
-
     /// Resolve the arguments into a plan before any work.
     pub fn plan(&self) -> Result<Plan> {
         self.check_limits()?;
-        let profile = match self.profile_path() {
-            Some((path, flag)) => {
-                let input = format!("{flag} {}", path.display());
-                let p = Profile::read(&path).with_context(|| input.clone())?;
-                Some((p, path, input))
-            }
-            None => None,
-        };
+        let input = HostInput::from_flags(&self.host, self.profile.as_deref());
+        let profile = input.read_profile()?;
         let model = match (&self.model, &profile) {
             (Some(m), _) => ModelSpec::resolve(m).with_context(|| format!("--model {m}"))?,
-            (None, Some((p, _, _))) => p.probed_model(),
+            (None, Some(p)) => p.probed_model(),
             (None, None) => ModelSpec::resolve(DEFAULT_MODEL)?,
         };
-        let mut cpu_check = None;
-        let mut profile_untrusted = None;
-        let mut warnings = Vec::new();
-        let (perf, bench, host_label): (PerfModel, Option<BenchBw>, String) = match profile {
-            Some((p, path, input)) => {
-                p.check_for(&input, &model, None)?;
-                if let Some(why) = p.trust_issue() {
-                    tracing::warn!("{input}: UNTRUSTED profile: {why}; re-probe (ft probe --force) before relying on this prediction");
-                    profile_untrusted = Some(why);
-                }
-                let label = format!("profile {}", path.display());
-                let mut perf = p.perf_model(&label);
-                if let Some(device) = &self.cpu_check {
-                    let c = check_cpu_speed(device, &p, &model)?;
-                    let why = CpuSpeedSource::Checked {
-                        when: "now".into(),
-                        now_us: c.now.time_us,
-                        probe_us: c.probe.time_us,
-                    };
-                    perf = perf.at_cpu_speed(c.speed, &why).context("--cpu-check")?;
-                    cpu_check = Some(c);
-                }
-                (perf, p.bench_bw, label)
-            }
-            None => {
-                let host = ft_sim::hosts::resolve(&self.host)
-                    .with_context(|| format!("--host {}", self.host))?;
-                let label = format!("host {}", host.name);
-                if let Some(c) = ft_model::import::cpu_rate_caveat(model.format, host.cpu.moe_gbs) {
-                    tracing::warn!("{c}");
-                }
-                (host.perf, host.bench, label)
-            }
-        };
-        let perf = if self.cpu_speed == 1.0 {
-            perf
-        } else {
-            let why = CpuSpeedSource::Given {
-                flag: "--cpu-speed".into(),
-            };
-            perf.at_cpu_speed(self.cpu_speed, &why)
-                .context("--cpu-speed")?
-        };
+        let mut host = HostModel::resolve(&input, profile.as_ref(), &model)?;
+        if let (Some(device), Some(p)) = (&self.cpu_check, &profile) {
+            let kind: DeviceKind = device
+                .parse()
+                .with_context(|| format!("--cpu-check {device}"))?;
+            let c = ft_runtime::cpu_check::check_against_profile(kind, p, &model)
+                .context("--cpu-check")?;
+            host = host.at_checked_speed(c).context("--cpu-check")?;
+        }
+        let host = host
+            .at_given_speed(self.cpu_speed, "--cpu-speed")
+            .context("--cpu-speed")?;
+        let bench = host.bench;
         let miss = match self.miss_rate {
             Some(r) => MissMode::FixedOffload { miss_rate: r },
             None => MissMode::Simulated,
@@ -344,78 +207,33 @@ impl Args {
             confidence: ft_model::perf::predict::DEFAULT_CONFIDENCE,
             bench,
         };
-        config.validate()?;
-        let gpu = perf.params.gpu_memory_bytes;
-        let cache_bytes = match (self.cache_gb, self.cache_slots) {
-            (Some(g), _) => Some((format!("--cache-gb {g}"), g * (1u64 << 30) as f64)),
-            (_, Some(n)) => Some((
-                format!("--cache-slots {n}"),
-                n as f64 * model.expert_bytes() as f64,
-            )),
-            _ => None,
-        };
-        if let Some((input, bytes)) = cache_bytes.filter(|(_, b)| *b > gpu) {
-            let w = format!(
-                "{input}: the expert cache ({:.2} GiB) is larger than the GPU's memory ({:.2} GiB): the prediction assumes a cache this GPU cannot hold",
-                bytes / (1u64 << 30) as f64,
-                gpu / (1u64 << 30) as f64
-            );
-            tracing::warn!("{w}");
-            warnings.push(w);
+        let mut plan = PredictPlan::new(model, host, config)?;
+        plan.warn_if_cache_exceeds_gpu();
+        Ok(plan)
+    }
+
+    /// What tok/s measures (`--measure`, `--prompt-tokens`, `--output-tokens`).
+    pub fn measure_spec(&self) -> MeasureSpec {
+        MeasureSpec {
+            measure: self.measure,
+            prompt_tokens: self.prompt_tokens,
+            output_tokens: self.output_tokens,
         }
-        Ok(Plan {
-            model,
-            perf,
-            config,
-            host_label,
-            cpu_check,
-            profile_untrusted,
-            warnings,
-        })
-    }
-}
-
-impl Plan {
-    /// Run the prediction.
-    pub fn predict(&self) -> Result<Prediction> {
-        tracing::info!(model = %self.model.name, source = %self.perf.source, streams = self.config.streams, "predicting");
-        predict(&self.model, &self.perf, &self.config).context("prediction")
-    }
-
-    /// The parameters (for the explanation).
-    pub fn params(&self) -> &PerfParams {
-        &self.perf.params
-    }
-
-    /// How far each uncertain input must move for `pred`'s choice to flip.
-    pub fn break_evens(&self, pred: &Prediction, d: &Decision) -> Result<BreakEvens> {
-        break_evens(&self.model, &self.perf, &self.config, pred, d.kind).context("break-evens")
     }
 }
 
 /// Run `ft predict`.
 pub fn run(args: Args) -> Result<()> {
     let plan = args.plan()?;
-    let pred = plan.predict()?;
-    let decision = decide(&pred);
-    let measure = measured(&args, &plan, &pred)?;
-    let flips = plan.break_evens(&pred, &decision)?;
+    let report = plan.report(&args.measure_spec()).context("prediction")?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        let doc = serde_json::json!({
-            "prediction": pred,
-            "decision": decision,
-            "measure": measure,
-            "break_evens": flips,
-            "cpu_check": plan.cpu_check,
-            "profile_untrusted": plan.profile_untrusted,
-            "warnings": plan.warnings,
-        });
-        serde_json::to_writer_pretty(&mut out, &doc)?;
+        serde_json::to_writer_pretty(&mut out, &report)?;
         writeln!(out)?;
     } else {
-        write_table(&mut out, &plan, &pred, &decision)?;
-        for m in measure.iter().flatten() {
+        let (pred, flips) = (&report.prediction, &report.break_evens);
+        write_table(&mut out, &plan, pred, &report.decision)?;
+        for m in report.measure.iter().flatten() {
             let e = &m.end_to_end;
             writeln!(
                 out,
@@ -441,39 +259,7 @@ pub fn run(args: Args) -> Result<()> {
 
 /// The header line describing what was predicted.
 pub fn header(plan: &Plan, pred: &Prediction) -> String {
-    let miss = match pred.config.miss {
-        MissMode::FixedOffload { miss_rate } => {
-            format!("cache calibrated to offload miss {:.1}%", 100.0 * miss_rate)
-        }
-        MissMode::Simulated => "cache as given".to_string(),
-    };
-    let layout = plan.perf.params.layout;
-    let gpus = if layout.is_multi() {
-        format!(
-            " ({} GPUs, {}; slots per GPU)",
-            layout.count(),
-            layout.placement.name()
-        )
-    } else {
-        String::new()
-    };
-    format!(
-        "{} ({}, {:.2} MB experts, {} layers) on {}{} [{}]: {} stream(s), context {}, {} expert slots ({}; {}), routing {}, offload miss rate {:.1}%",
-        pred.model,
-        plan.model.format,
-        pred.expert_bytes as f64 / 1e6,
-        pred.layers,
-        plan.host_label,
-        gpus,
-        plan.perf.source,
-        pred.config.streams,
-        pred.config.context,
-        pred.cache_slots,
-        pred.config.cache_options,
-        miss,
-        pred.config.routing,
-        100.0 * pred.offload_miss_rate
-    )
+    plan.header(pred)
 }
 
 fn write_table(out: &mut impl Write, plan: &Plan, pred: &Prediction, d: &Decision) -> Result<()> {

@@ -13,13 +13,13 @@
 //!   (`ft_model::routing::import`).
 
 use anyhow::{bail, Context, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use ft_model::cache::{CachePolicy, CacheTopology};
-use ft_model::routing::fit::{fit, points_from_steps, FitPoints, FitReport};
-use ft_model::routing::stats::{self, RoutingStats, StatsConfig, REUSE_EDGES};
-use ft_model::routing::{self, RoutingProcess, RoutingSource, TraceReader};
-use ft_model::{ModelSpec, MoeGeometry};
+use ft_model::routing::fit::{fit, points_from_trace, FitPoints, FitReport};
+use ft_model::routing::stats::{self, RoutingStats, StatsConfig};
+use ft_model::routing::{self, RoutingProcess};
+use ft_model::MoeGeometry;
 
 /// The field report's model, the default `--model`.
 const DEFAULT_MODEL: &str = "qwen3.8-flash-next";
@@ -140,48 +140,6 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-/// The source a `--routing` argument names and what it is called: a trace is routed on its
-/// own header's geometry, anything else on the model's (with `layers` MoE layers if given).
-fn source_for(
-    routing: &str,
-    model: &str,
-    layers: Option<usize>,
-    seed: Option<u64>,
-) -> Result<(Box<dyn RoutingSource>, String)> {
-    let is_process = routing::PRESET_NAMES.contains(&routing) || routing.ends_with(".toml");
-    if !is_process && Path::new(routing).exists() {
-        let g = routing::trace_geometry(Path::new(routing))
-            .with_context(|| format!("--routing {routing}"))?;
-        if layers.is_some() {
-            bail!(
-                "--layers cannot change a trace's layers ({} in {routing})",
-                g.moe_layers
-            );
-        }
-        let r = TraceReader::open(Path::new(routing), &g)
-            .with_context(|| format!("--routing {routing}"))?;
-        return Ok((Box::new(r), format!("trace {routing}")));
-    }
-    let spec = ModelSpec::resolve(model).with_context(|| format!("--model {model}"))?;
-    let mut g = spec.geometry;
-    if let Some(l) = layers {
-        if l == 0 || l > g.moe_layers {
-            bail!(
-                "--layers {l} is outside 1..={} (the model's MoE layers)",
-                g.moe_layers
-            );
-        }
-        g.moe_layers = l;
-    }
-    let src =
-        routing::resolve(routing, &g, seed).with_context(|| format!("--routing {routing}"))?;
-    let what = match routing::describe(routing) {
-        Some(d) => format!("{routing} ({d}) on {}", spec.name),
-        None => format!("{routing} on {}", spec.name),
-    };
-    Ok((src, what))
-}
-
 fn run_stats(a: StatsArgs) -> Result<()> {
     let policies = a
         .policy
@@ -189,7 +147,11 @@ fn run_stats(a: StatsArgs) -> Result<()> {
         .map(|p| p.trim().parse::<CachePolicy>())
         .collect::<std::result::Result<Vec<_>, _>>()
         .context("--policy")?;
-    let (mut src, what) = source_for(&a.routing, &a.model, a.layers, a.seed)?;
+    let routing::NamedSource {
+        source: mut src,
+        what,
+    } = routing::open_named(&a.routing, &a.model, a.layers, a.seed)
+        .with_context(|| format!("--routing {}", a.routing))?;
     let cfg = StatsConfig {
         warmup_steps: a.warmup,
         steps: a.steps,
@@ -268,24 +230,10 @@ fn print_stats(what: &str, st: &RoutingStats) -> Result<()> {
         outln!()?;
         outln!("reuse distance: tokens since the same stream last routed to the expert at the layer (share of routings)")?;
         let mut head = format!("  {:<7}", "layer");
-        let mut lo = 1;
-        for &e in &REUSE_EDGES {
-            head += &format!(
-                " {:>7}",
-                if lo == e {
-                    format!("{e}")
-                } else {
-                    format!("{lo}-{e}")
-                }
-            );
-            lo = e + 1;
+        for label in stats::reuse_bucket_labels() {
+            head += &format!(" {label:>7}");
         }
-        head += &format!(
-            " {:>7} {:>7} {:>7}",
-            format!(">{}", lo - 1),
-            "never",
-            "median"
-        );
+        head += &format!(" {:>7}", "median");
         outln!("{head}")?;
         let row = |label: String, shares: &[f64], median: Option<f64>| {
             let mut r = format!("  {label:<7}");
@@ -337,45 +285,18 @@ fn print_stats(what: &str, st: &RoutingStats) -> Result<()> {
     Ok(())
 }
 
-/// A process named by a preset or a TOML file.
-fn process_named(name: &str) -> Result<RoutingProcess> {
-    if name.ends_with(".toml") {
-        RoutingProcess::from_toml_file(Path::new(name)).map_err(Into::into)
-    } else {
-        RoutingProcess::preset(name).map_err(Into::into)
-    }
-}
-
 fn run_fit(a: FitArgs) -> Result<()> {
     let points = match (&a.points, &a.trace) {
         (Some(p), _) => {
             FitPoints::from_toml_file(p).with_context(|| format!("--points {}", p.display()))?
         }
-        (None, Some(t)) => {
-            let origin = t.display().to_string();
-            let g = routing::trace_geometry(t).with_context(|| format!("--trace {origin}"))?;
-            let mut r = TraceReader::open(t, &g).with_context(|| format!("--trace {origin}"))?;
-            let need = a.warmup + a.steps;
-            let mut steps = Vec::new();
-            while steps.len() < need {
-                match r.read_step().with_context(|| format!("--trace {origin}"))? {
-                    Some(s) => steps.push(s),
-                    None => bail!(
-                        "--trace {origin}: {} steps; --warmup {} + --steps {} need {need}",
-                        steps.len(),
-                        a.warmup,
-                        a.steps
-                    ),
-                }
-            }
-            points_from_steps(&g, &steps, a.warmup, a.steps, &origin)
-                .with_context(|| format!("--trace {origin}"))?
-        }
+        (None, Some(t)) => points_from_trace(t, a.warmup, a.steps)
+            .with_context(|| format!("--trace {}", t.display()))?,
         (None, None) => bail!("give --points FILE or --trace FILE"),
     };
     let start_name = a.start.clone().unwrap_or_else(|| points.start.clone());
-    let start =
-        process_named(&start_name).with_context(|| format!("start process {start_name}"))?;
+    let start = RoutingProcess::named(&start_name)
+        .with_context(|| format!("start process {start_name}"))?;
     tracing::info!(points = points.points.len(), start = %start_name, "fitting the routing process");
     let report = fit(&points, &start).context("routing fit")?;
     if let Some(out) = &a.out {

@@ -127,19 +127,9 @@ impl Args {
         Ok(())
     }
 
-    /// The strategies of --strategy (each `KIND` or `KIND:PARAM`, [`Strategy`]'s names).
+    /// The strategies of --strategy (`all`, or `KIND` / `KIND:PARAM` names).
     fn parsed_strategies(&self) -> Result<Vec<Strategy>> {
-        if self.strategy.eq_ignore_ascii_case("all") {
-            return Ok(StrategyKind::ALL
-                .iter()
-                .map(|k| Strategy::from_kind(*k, None))
-                .collect());
-        }
-        self.strategy
-            .split(',')
-            .map(|s| s.trim().parse::<Strategy>().map_err(anyhow::Error::from))
-            .collect::<Result<Vec<_>>>()
-            .context("--strategy")
+        Strategy::parse_list(&self.strategy).context("--strategy")
     }
 
     fn strategies(&self) -> Result<Vec<StrategyKind>> {
@@ -148,12 +138,7 @@ impl Args {
 
     /// Layer split's CPU layers: a `layer-split:N` of --strategy, else --cpu-layers.
     fn cpu_layers(&self) -> Result<CpuLayers> {
-        let given = self
-            .parsed_strategies()?
-            .iter()
-            .find_map(|s| s.cpu_layers())
-            .filter(|n| *n != CpuLayers::Auto);
-        match given {
+        match Strategy::given_cpu_layers(&self.parsed_strategies()?) {
             Some(n) => Ok(n),
             None => Ok(CpuLayers::parse("--cpu-layers", &self.cpu_layers)?),
         }
@@ -162,24 +147,6 @@ impl Args {
     /// True when the run is the field report's (host and model unchanged).
     fn is_field_report(&self) -> bool {
         self.host == fr::HOST && self.model == fr::MODEL
-    }
-
-    fn cache(&self) -> Result<CacheChoice> {
-        Ok(match (self.cache_slots, self.cache_gb, self.miss_rate) {
-            (Some(slots), _, _) => CacheChoice::Slots { slots },
-            (_, Some(gib), _) => CacheChoice::Gib { gib },
-            (_, _, Some(rate)) => CacheChoice::MissRate {
-                rate,
-                streams: None,
-            },
-            // The field report's 38% at two streams on its host and model; elsewhere what
-            // the GPU holds.
-            _ if self.is_field_report() => CacheChoice::MissRate {
-                rate: fr::OFFLOAD_MISS_RATE,
-                streams: Some(fr::MISS_RATE_STREAMS),
-            },
-            _ => CacheChoice::GpuMemory,
-        })
     }
 
     fn config(&self, streams: usize) -> Result<CompareConfig> {
@@ -199,7 +166,12 @@ impl Args {
             strategies: self.strategies()?,
             fetch: FetchFraction::parse("--fetch-fraction", &self.fetch_fraction)?,
             cpu_layers: self.cpu_layers()?,
-            cache: self.cache()?,
+            cache: CacheChoice::from_flags(
+                self.cache_slots,
+                self.cache_gb,
+                self.miss_rate,
+                self.is_field_report(),
+            ),
             cache_options,
             routing: self.routing.clone(),
             warmup_steps: self.warmup,
@@ -253,7 +225,7 @@ pub fn run(args: Args) -> Result<()> {
             .collect::<std::result::Result<_, _>>()?;
         if field {
             for v in values.iter_mut() {
-                v["field_report"] = field_report_json();
+                v["field_report"] = serde_json::to_value(fr::reported())?;
             }
         }
         let doc = if values.len() == 1 {
@@ -345,86 +317,17 @@ fn print_table(out: &mut impl Write, c: &Comparison) -> Result<()> {
     Ok(())
 }
 
-fn gain(c: &Comparison) -> Option<f64> {
-    let off = c.row("offload")?;
-    let hyb = c.row("hybrid")?;
-    Some(hyb.tok_s_per_stream / off.tok_s_per_stream - 1.0)
-}
-
-fn field_report_json() -> serde_json::Value {
-    serde_json::json!({
-        "source": "shared/seeds (reference engine issue #664)",
-        "offload_miss_rate_2_streams": fr::OFFLOAD_MISS_RATE,
-        "offload_pcie_bound_tok_s_per_stream_2_streams": fr::OFFLOAD_TOK_S_PER_STREAM_2,
-        "hybrid_gain_1_stream": fr::HYBRID_GAIN_1,
-        "hybrid_gain_per_stream_2_streams": fr::HYBRID_GAIN_2,
-        "hybrid_fetch_fraction": fr::HYBRID_FETCH_FRACTION,
-        "legacy_ratio": fr::BENCH_RATIO,
-    })
-}
-
 fn print_field_report(out: &mut impl Write, cs: &[Comparison]) -> Result<()> {
-    let by = |b: usize| cs.iter().find(|c| c.streams == b);
     writeln!(
         out,
         "field report (shared/seeds, measured) beside the simulation:"
     )?;
     writeln!(out, "  {:<44} {:>14} {:>12}", "", "reported", "simulated")?;
-    if let Some(c) = by(2) {
-        if let Some(off) = c.row("offload") {
-            let pcie_share = off.sim.critical.get("pcie").copied().unwrap_or(0.0);
-            writeln!(
-                out,
-                "  {:<44} {:>14} {:>12}",
-                "offload miss rate, 2 streams",
-                pct(fr::OFFLOAD_MISS_RATE),
-                pct(off.miss_rate)
-            )?;
-            writeln!(
-                out,
-                "  {:<44} {:>14} {:>12.1}",
-                "offload PCIe bound, 2 streams, tok/s/stream",
-                format!("~{:.1}", fr::OFFLOAD_TOK_S_PER_STREAM_2),
-                if pcie_share > 0.0 {
-                    off.tok_s_per_stream / pcie_share
-                } else {
-                    f64::NAN
-                }
-            )?;
-            writeln!(
-                out,
-                "  {:<44} {:>14} {:>12.1}",
-                "offload, 2 streams, tok/s/stream", "near the bound", off.tok_s_per_stream
-            )?;
-        }
-    }
-    for (b, reported) in [(1, fr::HYBRID_GAIN_1), (2, fr::HYBRID_GAIN_2)] {
-        if let Some(g) = by(b).and_then(gain) {
-            writeln!(
-                out,
-                "  {:<44} {:>14} {:>12}",
-                format!("hybrid over offload per stream, {b} stream(s)"),
-                format!("+{:.0}%", 100.0 * reported),
-                format!("{:+.0}%", 100.0 * g)
-            )?;
-        }
-    }
-    if let Some(c) = cs.first() {
-        if let Some(h) = c.row("hybrid") {
-            writeln!(
-                out,
-                "  {:<44} {:>14} {:>12}",
-                format!("hybrid fetch fraction, {} stream(s)", c.streams),
-                format!("{} (legacy)", pct(fr::HYBRID_FETCH_FRACTION)),
-                format!("{} (model)", pct(h.fetch_fraction))
-            )?;
-        }
+    for r in fr::beside(cs) {
         writeln!(
             out,
             "  {:<44} {:>14} {:>12}",
-            "legacy ratio -> verdict",
-            format!("{:.3} -> offload", fr::BENCH_RATIO),
-            format!("{:.3} -> {}", c.legacy.ratio, c.legacy.verdict)
+            r.label, r.reported, r.simulated
         )?;
     }
     Ok(())
@@ -437,28 +340,13 @@ fn write_comparison_csv(path: &std::path::Path, cs: &[Comparison]) -> Result<()>
 }
 
 fn run_sweep(args: &Args, streams: &[usize]) -> Result<()> {
-    let mut axes = Vec::new();
-    for s in &args.sweep {
-        axes.push(sweep::parse_axis(s)?);
-    }
+    let swept = args
+        .sweep
+        .iter()
+        .map(|s| sweep::parse_axis(s))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
     // The stream counts and strategies of the plain flags are axes too, unless swept.
-    if !axes.iter().any(|(k, _)| k == "streams") {
-        axes.insert(
-            0,
-            (
-                "streams".to_string(),
-                streams.iter().map(|s| s.to_string()).collect(),
-            ),
-        );
-    }
-    if !axes.iter().any(|(k, _)| k == "strategy") {
-        let names = args
-            .strategies()?
-            .iter()
-            .map(|k| k.name().to_string())
-            .collect();
-        axes.push(("strategy".to_string(), names));
-    }
+    let axes = sweep::with_flag_axes(swept, streams, &args.strategies()?);
     let base = SweepPoint {
         host: args.host.clone(),
         model: args.model.clone(),

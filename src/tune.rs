@@ -6,13 +6,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ft_model::observe::{Measure, ObservedCache, ObservedStrategy};
+use ft_model::observe::Measure;
 use ft_model::perf::PerfModel;
 use ft_model::profile::Profile;
 use ft_model::ModelSpec;
-use ft_tune::calib::{Calibrator, Measured, Target, DEFAULT_REL_NOISE, INTERVAL_Z};
-use ft_tune::template::{Template, STRATEGY_NAMES};
-use ft_tune::tuning::{self, Ended, TuneConfig, TuneReport, DEFAULT_MAX_RUNS};
+use ft_tune::calib::{Calibrator, Measured, Target, DEFAULT_REL_NOISE};
+use ft_tune::setup;
+use ft_tune::template::Template;
+use ft_tune::tuning::{self, TuneConfig, DEFAULT_MAX_RUNS};
 
 /// `--measure`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -39,12 +40,17 @@ pub struct Args {
     /// The engine's CPU threads ({threads}; recorded in the runs).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// The engine's GPU expert cache, GiB ({cache_gb}; recorded in the runs).
-    #[arg(long, conflicts_with = "cache_residency")]
-    pub cache_gb: Option<f64>,
+    /// The engine's GPU expert cache, GiB ({cache_gb}; recorded in the runs): the first is
+    /// the decision's; each other size is run once to tell how speed moves with the cache.
+    #[arg(long, value_delimiter = ',', conflicts_with = "cache_residency")]
+    pub cache_gb: Vec<f64>,
     /// The engine's expert cache as the share of all experts it holds (recorded in the runs).
-    #[arg(long)]
-    pub cache_residency: Option<f64>,
+    #[arg(long, value_delimiter = ',')]
+    pub cache_residency: Vec<f64>,
+    /// The engine's cache options (recorded in the runs of cached strategies, and the
+    /// calibrated model's cache).
+    #[command(flatten)]
+    pub cache_options: crate::cache_args::CacheArgs,
     /// Strategies to choose between (default: every one the template maps).
     #[arg(long, value_delimiter = ',')]
     pub strategies: Vec<String>,
@@ -54,9 +60,9 @@ pub struct Args {
     /// Layer splits' N (MoE layers on the CPU) to try.
     #[arg(long, value_delimiter = ',')]
     pub cpu_layers: Vec<usize>,
-    /// Concurrent streams the decision is for (runs also measure 1 stream).
-    #[arg(long, default_value_t = 2)]
-    pub streams: usize,
+    /// Concurrent streams: the first is the decision's; every run measures 1 and each.
+    #[arg(long, value_delimiter = ',', default_value = "2")]
+    pub streams: Vec<usize>,
     /// Prompt length, tokens.
     #[arg(long, default_value_t = 1200)]
     pub prompt_tokens: usize,
@@ -112,9 +118,6 @@ pub struct Args {
     pub json: bool,
 }
 
-/// Most streams a tune may ask for (the observations' limit).
-const MAX_STREAMS: usize = ft_model::observe::MAX_OBSERVED_STREAMS;
-
 /// Longest budget, s (a day: beyond it a tune is a benchmark campaign).
 const MAX_BUDGET_S: f64 = 86_400.0;
 
@@ -122,57 +125,6 @@ const MAX_BUDGET_S: f64 = 86_400.0;
 /// tokenizer's miscount of the synthetic prompt (a quarter) and the chat template's tokens.
 fn context_for(prompt: usize, output: usize) -> usize {
     (prompt + output) * 5 / 4 + 64
-}
-
-fn candidates(args: &Args, template: &Template) -> Result<Vec<ObservedStrategy>> {
-    let names: Vec<String> = if args.strategies.is_empty() {
-        STRATEGY_NAMES
-            .iter()
-            .filter(|s| template.strategies().any(|t| t == **s))
-            .map(|s| s.to_string())
-            .collect()
-    } else {
-        args.strategies.clone()
-    };
-    let mut out = Vec::new();
-    for name in &names {
-        if !template.strategies().any(|t| t == name) {
-            bail!(
-                "invalid --strategies: {name}: template {} maps {}",
-                template.path,
-                template.strategies().collect::<Vec<_>>().join(", ")
-            );
-        }
-        match name.as_str() {
-            "offload" => out.push(ObservedStrategy::Offload),
-            "cpu" => out.push(ObservedStrategy::Cpu),
-            "resident" => out.push(ObservedStrategy::Resident),
-            "hybrid" => match template.hybrid_fixed_fraction() {
-                Some(f) => out.push(ObservedStrategy::Hybrid { fetch_fraction: f }),
-                None => {
-                    for &f in &args.fetch_fractions {
-                        if !(0.0..=1.0).contains(&f) {
-                            bail!("invalid --fetch-fractions: {f} is outside [0, 1]");
-                        }
-                        out.push(ObservedStrategy::Hybrid { fetch_fraction: f });
-                    }
-                }
-            },
-            split => {
-                if args.cpu_layers.is_empty() {
-                    bail!("invalid --cpu-layers: {split} needs the N to try (--cpu-layers 8,16)");
-                }
-                for &n in &args.cpu_layers {
-                    out.push(if split == "layer-split" {
-                        ObservedStrategy::LayerSplit { cpu_layers: n }
-                    } else {
-                        ObservedStrategy::LayerSplitCached { cpu_layers: n }
-                    });
-                }
-            }
-        }
-    }
-    Ok(out)
 }
 
 fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>> {
@@ -187,12 +139,6 @@ fn parse_sets(sets: &[String]) -> Result<Vec<(String, String)>> {
 }
 
 fn validate(args: &Args) -> Result<()> {
-    if args.streams == 0 || args.streams > MAX_STREAMS {
-        bail!(
-            "invalid --streams: {} is outside [1, {MAX_STREAMS}]",
-            args.streams
-        );
-    }
     let tokens = ft_model::observe::MAX_OBSERVED_TOKENS;
     if args.output_tokens == 0 || args.output_tokens > tokens || args.prompt_tokens > tokens {
         bail!("invalid --prompt-tokens/--output-tokens: output in [1, {tokens}], prompt at most {tokens}");
@@ -209,16 +155,6 @@ fn validate(args: &Args) -> Result<()> {
     if !(args.rel_noise.is_finite() && args.rel_noise > 0.0 && args.rel_noise < 1.0) {
         bail!("invalid --rel-noise: {} is outside (0, 1)", args.rel_noise);
     }
-    if let Some(g) = args.cache_gb {
-        if !(g.is_finite() && g > 0.0 && g <= 1e6) {
-            bail!("invalid --cache-gb: {g} is outside (0, 1e6]");
-        }
-    }
-    if let Some(r) = args.cache_residency {
-        if !(0.0..=1.0).contains(&r) {
-            bail!("invalid --cache-residency: {r} is outside [0, 1]");
-        }
-    }
     if args.max_runs == 0 {
         bail!("invalid --max-runs: at least 1");
     }
@@ -226,7 +162,7 @@ fn validate(args: &Args) -> Result<()> {
 }
 
 /// The calibrated model where host inputs are given, else the runs alone.
-fn calibrator(args: &Args) -> Result<Box<dyn Calibrator>> {
+fn calibrator(args: &Args, cache: &ft_model::CacheOptions) -> Result<Box<dyn Calibrator>> {
     let measured = Measured {
         rel_noise: args.rel_noise,
     };
@@ -249,11 +185,9 @@ fn calibrator(args: &Args) -> Result<Box<dyn Calibrator>> {
     let model = ModelSpec::resolve(geometry).with_context(|| {
         format!("--geometry {geometry} (the served model's geometry: a preset, a model TOML, a config.json or a GGUF file)")
     })?;
-    Ok(Box::new(ft_tune::model_calib::Model::new(
-        model,
-        base,
-        args.rel_noise,
-    )))
+    let mut m = ft_tune::model_calib::Model::new(model, base, args.rel_noise);
+    m.config.sampling.cache = cache.clone();
+    Ok(Box::new(m))
 }
 
 /// Run `ft tune`.
@@ -261,16 +195,29 @@ pub fn run(args: Args) -> Result<()> {
     validate(&args)?;
     let sets = parse_sets(&args.sets)?;
     let context = context_for(args.prompt_tokens, args.output_tokens);
+    let concurrencies = setup::concurrencies(&args.streams)?;
+    let max_streams = concurrencies.iter().copied().max().unwrap_or(1);
     let flags = [
         ("model", args.model.clone()),
         ("threads", args.threads.map(|t| t.to_string())),
-        ("cache_gb", args.cache_gb.map(|g| g.to_string())),
-        ("max_streams", Some(args.streams.to_string())),
+        ("cache_gb", args.cache_gb.first().map(|g| g.to_string())),
+        ("max_streams", Some(max_streams.to_string())),
         ("context", Some(context.to_string())),
-        ("total_context", Some((context * args.streams).to_string())),
+        ("total_context", Some((context * max_streams).to_string())),
     ];
     let template = Template::load(&args.template, &sets, &flags)?;
-    let candidates = candidates(&args, &template)?;
+    let candidates = setup::candidates(
+        &template,
+        &args.strategies,
+        &args.fetch_fractions,
+        &args.cpu_layers,
+    )?;
+    let (cache, extra_caches) =
+        setup::cache_sizes(&template, &args.cache_gb, &args.cache_residency)?;
+    let cache_options = args
+        .cache_options
+        .options(None)
+        .context("the engine's cache options")?;
     let prior = if args.resume {
         let p = args.out.join("observations.csv");
         if p.exists() {
@@ -284,18 +231,18 @@ pub fn run(args: Args) -> Result<()> {
     let cfg = TuneConfig {
         candidates,
         target: Target {
-            streams: args.streams,
+            streams: args.streams[0],
             prompt_tokens: args.prompt_tokens,
             output_tokens: args.output_tokens,
             measure: match args.measure {
                 MeasureArg::ClientE2e => Measure::ClientE2e,
                 MeasureArg::Decode => Measure::Decode,
             },
-            cache: args
-                .cache_gb
-                .map(ObservedCache::Gib)
-                .or(args.cache_residency.map(ObservedCache::Residency)),
+            cache,
         },
+        concurrencies,
+        extra_caches,
+        cache_options: cache_options.clone(),
         warmup: args.warmup,
         threads: args.threads,
         port: args.port,
@@ -316,7 +263,7 @@ pub fn run(args: Args) -> Result<()> {
             args.out.display()
         );
     }
-    let calibrator = calibrator(&args)?;
+    let calibrator = calibrator(&args, &cache_options)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -334,107 +281,7 @@ pub fn run(args: Args) -> Result<()> {
     if args.json {
         outln!("{json}")?;
     } else {
-        outln!("{}", table(&report))?;
+        outln!("{}", report.table())?;
     }
     Ok(())
-}
-
-/// The human table.
-fn table(r: &TuneReport) -> String {
-    let t = &r.target;
-    let measure = match t.measure {
-        Measure::ClientE2e => "client-side end-to-end tok/s",
-        Measure::Decode => "decode tok/s",
-        Measure::ServerGen => "server generation tok/s",
-    };
-    let mut s = format!(
-        "ft tune: engine {} ({}): {} stream(s), prompts ~{} tokens, {} output tokens; {} per stream\n",
-        r.engine, r.template, t.streams, t.prompt_tokens, t.output_tokens, measure
-    );
-    s += &format!("estimates: {}\n\n", r.calibrator);
-    s += &format!(
-        "{:>4}  {:<16} {:>8} {:>7} {:>8} {:>10} {:>13} {:>7}\n",
-        "run", "config", "ready s", "wall s", "streams", "e2e tok/s", "decode tok/s", "ttft s"
-    );
-    for run in &r.runs {
-        for (i, m) in run.measured.iter().enumerate() {
-            let (idx, cfg, ready, wall) = if i == 0 {
-                (
-                    run.index.to_string(),
-                    run.config.clone(),
-                    format!("{:.1}", run.ready_s),
-                    format!("{:.1}", run.wall_s),
-                )
-            } else {
-                Default::default()
-            };
-            s += &format!(
-                "{:>4}  {:<16} {:>8} {:>7} {:>8} {:>10.2} {:>13.2} {:>7.3}\n",
-                idx, cfg, ready, wall, m.streams, m.e2e_tok_s, m.decode_tok_s, m.ttft_s
-            );
-        }
-    }
-    if r.prior_runs > 0 {
-        s += &format!("(and {} observation(s) of earlier runs)\n", r.prior_runs);
-    }
-    s += &format!(
-        "\nat {} stream(s), tok/s per stream ({:.0}% interval: ± {INTERVAL_Z} se):\n",
-        t.streams, 95.0
-    );
-    let host_only = r.candidates.iter().any(|c| c.host_only.is_some());
-    for c in &r.candidates {
-        let h = match c.host_only {
-            Some(h) if host_only => format!("  host inputs only {h:.2}"),
-            _ => String::new(),
-        };
-        match (&c.estimate, c.interval) {
-            (Some(e), Some((lo, hi))) => {
-                let basis = if e.runs > 0 {
-                    format!("{} run(s)", e.runs)
-                } else {
-                    "predicted".to_string()
-                };
-                s += &format!(
-                    "  {:<16} {:>9.2}  [{:.2}, {:.2}]  {basis}{h}\n",
-                    c.config, e.tok_s, lo, hi
-                )
-            }
-            _ => s += &format!("  {:<16} {:>9}  (not run){h}\n", c.config, "?"),
-        }
-    }
-    match &r.choice {
-        Some(c) => {
-            s += &format!(
-                "\nchoice: {} at {:.2} tok/s per stream [{:.2}, {:.2}]",
-                c.config, c.estimate.tok_s, c.interval.0, c.interval.1
-            );
-            if let Some((name, margin, rel)) = &c.runner_up {
-                s += &format!(", {:+.2} tok/s ({:+.0}%) over {name}", margin, rel * 100.0);
-            }
-            s += "\n";
-            s += &match r.ended {
-                Ended::Settled => format!("settled: {}\n", r.standing.why),
-                Ended::Budget => format!(
-                    "not settled: {} (the {:.0} s budget is spent)\n",
-                    r.standing.why, r.budget_s
-                ),
-                Ended::MaxRuns => format!(
-                    "not settled: {} (after --max-runs {} runs)\n",
-                    r.standing.why,
-                    r.runs.len()
-                ),
-            };
-            s += &format!("engine flags: {}\n", c.flags.join(" "));
-            s += &format!("command: {}\n", c.command.join(" "));
-        }
-        None => s += "\nno choice: no configuration was measured within the budget\n",
-    }
-    s += "break-evens: not available (ft-model has no break-even search yet)\n";
-    s += &format!(
-        "tune took {:.1} s of its {:.0} s budget; the runs are in {}",
-        r.wall_s,
-        r.budget_s,
-        r.observations.display()
-    );
-    s
 }

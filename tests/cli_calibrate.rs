@@ -9,6 +9,7 @@ use common::{ft, json_ok, stderr, write};
 use ft_model::host::HostSpec;
 use ft_model::profile::Profile;
 use ft_model::ModelSpec;
+use std::process::Output;
 
 /// The field report's geometry cut to 4 layers: each run simulates in milliseconds.
 const FLASH4: &str = r#"
@@ -101,6 +102,14 @@ fn simulated_rows(
     rows
 }
 
+/// `ft calibrate` of the observations file `obs` for `model`, with `more` arguments (the host
+/// inputs, the sampling, the output); its output.
+fn calibrate(obs: &str, model: &str, more: &[&str]) -> Output {
+    let mut args = vec!["calibrate", "--observations", obs, "--model", model];
+    args.extend_from_slice(more);
+    ft(&args)
+}
+
 const HEADER: &str =
     "strategy,fetch_fraction,streams,prompt_tokens,output_tokens,cache_slots,tok_s,per,measure,label";
 
@@ -114,20 +123,19 @@ fn recovers_terms_planted_in_the_simulator_within_their_standard_errors() {
     let csv = format!("{HEADER}\n{}\n", rows.join("\n"));
     let obs = write(dir.path(), "runs.csv", &csv);
     let out_profile = dir.path().join("cal.json");
-    let out = ft(&[
-        "calibrate",
-        "--observations",
+    let out = calibrate(
         &obs,
-        "--host",
-        HOST,
-        "--model",
         &model,
-        "--terms",
-        "cpu-serving-rate,fixed-gather-and-cpu,rest-per-stream,link-rate",
-        "--out",
-        out_profile.to_str().unwrap(),
-        "--json",
-    ]);
+        &[
+            "--host",
+            HOST,
+            "--terms",
+            "cpu-serving-rate,fixed-gather-and-cpu,rest-per-stream,link-rate",
+            "--out",
+            out_profile.to_str().unwrap(),
+            "--json",
+        ],
+    );
     let v = json_ok(&out);
     let terms = v["calibration"]["terms"].as_array().unwrap();
     let term = |name: &str| terms.iter().find(|t| t["term"] == name).unwrap().clone();
@@ -201,20 +209,14 @@ fn a_thin_set_names_what_it_cannot_identify_and_the_run_that_would() {
         "thin.csv",
         &format!("{HEADER}\noffload,,1,1024,64,400,500,stream,decode,a\noffload,,1,1024,64,400,510,stream,decode,b\n"),
     );
-    let v = json_ok(&ft(&[
-        "calibrate",
-        "--observations",
-        &obs,
-        "--host",
-        HOST,
-        "--model",
-        &model,
-        "--steps",
-        "40",
-        "--warmup",
-        "20",
-        "--json",
-    ]));
+    let thin = |output: &str| {
+        calibrate(
+            &obs,
+            &model,
+            &["--host", HOST, "--steps", "40", "--warmup", "20", output],
+        )
+    };
+    let v = json_ok(&thin("--json"));
     let id = &v["calibration"]["identifiability"];
     let left: Vec<&str> = id["unidentified"]
         .as_array()
@@ -228,20 +230,7 @@ fn a_thin_set_names_what_it_cannot_identify_and_the_run_that_would() {
     assert_ne!(s["strategy"], "offload", "{id}");
     assert!(!s["identifies"].as_array().unwrap().is_empty(), "{id}");
     // The table says it in words.
-    let out = ft(&[
-        "calibrate",
-        "--observations",
-        &obs,
-        "--host",
-        HOST,
-        "--model",
-        &model,
-        "--steps",
-        "40",
-        "--warmup",
-        "20",
-        "--no-loo",
-    ]);
+    let out = thin("--no-loo");
     common::assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("not identified by these runs"), "{text}");
@@ -269,38 +258,23 @@ fn reads_freetoken_benchbw_json_and_marks_what_it_derived() {
         "runs.csv",
         &format!("{HEADER}\noffload,,1,1024,64,400,500,stream,decode,a\nhybrid,0.3,1,1024,64,400,300,stream,decode,b\n"),
     );
-    let out = ft(&[
-        "calibrate",
-        "--observations",
-        &obs,
-        "--freetoken",
-        &bench,
-        "--model",
-        &model,
-        "--steps",
-        "30",
-        "--warmup",
-        "20",
-        "--json",
-    ]);
+    let from_bench = |more: &[&str]| {
+        let mut args = vec![
+            "--freetoken",
+            bench.as_str(),
+            "--steps",
+            "30",
+            "--warmup",
+            "20",
+        ];
+        args.extend_from_slice(more);
+        args.push("--json");
+        calibrate(&obs, &model, &args)
+    };
+    let out = from_bench(&[]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("--cpu-cores"), "{}", stderr(&out));
-    let v = json_ok(&ft(&[
-        "calibrate",
-        "--observations",
-        &obs,
-        "--freetoken",
-        &bench,
-        "--cpu-cores",
-        "24",
-        "--model",
-        &model,
-        "--steps",
-        "30",
-        "--warmup",
-        "20",
-        "--json",
-    ]));
+    let v = json_ok(&from_bench(&["--cpu-cores", "24"]));
     let rec = &v["calibration"];
     assert!(
         rec["host_inputs"]
@@ -337,7 +311,7 @@ fn malformed_observations_name_the_row_and_column_and_exit_2() {
         (format!("{HEADER}\n"), "no runs"),
     ] {
         let obs = write(dir.path(), "bad.csv", &csv);
-        let out = ft(&["calibrate", "--observations", &obs, "--host", HOST, "--model", &model]);
+        let out = calibrate(&obs, &model, &["--host", HOST]);
         assert_eq!(out.status.code(), Some(2), "{csv}: {}", stderr(&out));
         let e = stderr(&out);
         assert!(e.contains(want) && e.contains("bad.csv"), "{csv}: {e}");

@@ -123,15 +123,17 @@ fn imported_models_predict_and_explain_with_break_evens_and_a_plot() {
         "context per stream (tokens, log)",
         "tok/s, all streams",
         "ms per step",
+        "concurrent streams (log)",
     ] {
         assert!(texts.iter().any(|t| t.contains(label)), "{label} missing");
     }
-    // Polylines: a curve per strategy and panel.
+    // Polylines: a curve per strategy and panel, the streams panel's included.
     let lines = doc
         .descendants()
         .filter(|n| n.has_tag_name("polyline"))
         .count();
-    assert!(lines >= ranked.len() * 4, "{lines} polylines");
+    assert!(lines >= ranked.len() * 5, "{lines} polylines");
+    assert!(texts.contains(&"streams"), "no streams panel");
 
     // The human twins carry the same sentences.
     let mut a = vec!["explain", "--model", gguf];

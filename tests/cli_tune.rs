@@ -97,6 +97,29 @@ const QUICK: &[&str] = &[
     "30",
 ];
 
+/// How long a failing engine case may take: a failure is found within the template's
+/// start-up timeout (at most 20 s in these cases' templates, 1.5 s where it matters) and the
+/// engine stopped within its 1 s grace.
+const FAIL_BOUND: Duration = Duration::from_secs(15);
+
+/// Run `ft tune` on `template` with [`QUICK`] and `extra`, asserting that it failed with
+/// exit 2 within [`FAIL_BOUND`]; its stderr.
+fn tune_fails(dir: &Path, template: &str, extra: &[&str]) -> String {
+    let mut args = vec!["--template", template];
+    args.extend(QUICK);
+    args.extend(extra);
+    let t = Instant::now();
+    let out = ft_tune(dir, &args);
+    assert!(
+        t.elapsed() < FAIL_BOUND,
+        "{:?}: {}",
+        t.elapsed(),
+        stderr(&out)
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    stderr(&out)
+}
+
 #[test]
 fn tune_settles_between_strategies_of_ft_serve_from_the_template() {
     let dir = tempfile::tempdir().unwrap();
@@ -113,7 +136,7 @@ fn tune_settles_between_strategies_of_ft_serve_from_the_template() {
             "--threads",
             "1",
             "--cache-gb",
-            "0.0001",
+            "0.0001,0.00005",
             "--strategies",
             "offload,hybrid",
             "--streams",
@@ -136,13 +159,23 @@ fn tune_settles_between_strategies_of_ft_serve_from_the_template() {
     let r = json_ok(&out);
     assert!(started.elapsed() < Duration::from_secs(90));
     let runs = r["runs"].as_array().unwrap();
-    assert!((2..=4).contains(&runs.len()), "{r:#}");
+    assert!((3..=4).contains(&runs.len()), "{r:#}");
     assert_eq!(runs[0]["config"], "offload");
     assert_eq!(runs[1]["config"], "hybrid:0.5");
+    // Every strategy measured, the second cache size is run once, by the leader.
+    assert_eq!(runs[2]["cache"]["value"], 0.00005, "{:#}", runs[2]);
+    assert!(["offload", "hybrid:0.5"].contains(&runs[2]["config"].as_str().unwrap()));
+    assert!(runs[2]["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|a| a == "0.00005"));
     for run in runs {
         let m = run["measured"].as_array().unwrap();
         assert_eq!(m.len(), 2, "1 stream and the target's 2");
         assert!(m.iter().all(|x| x["e2e_tok_s"].as_f64().unwrap() > 0.0));
+        assert!(m.iter().all(|x| x["decode_tok_s"].as_f64().unwrap() > 0.0));
+        assert!(m.iter().all(|x| x["decode_basis"].is_string()));
         assert!(run["command"]
             .as_array()
             .unwrap()
@@ -165,15 +198,27 @@ fn tune_settles_between_strategies_of_ft_serve_from_the_template() {
         .collect();
     assert_eq!(flags[0], "--moe-strategy");
     assert!(["settled", "max-runs", "budget"].contains(&r["ended"].as_str().unwrap()));
-    // Every run is a row of the observations file, per concurrency, readable by ft-model.
+    // Without host inputs there is no model to move an input of.
+    assert_eq!(r["break_evens"]["status"], "not-available", "{r:#}");
+    // Every run is two rows of the observations file per concurrency (client-side end to
+    // end and decode), readable by ft-model.
+    use ft_model::observe::{Measure, ObservedCache};
     let obs =
         ft_model::observe::read_observations(&dir.path().join("tuned/observations.csv")).unwrap();
-    assert_eq!(obs.len(), 2 * runs.len());
-    assert!(obs
-        .iter()
-        .all(|o| o.measure == ft_model::observe::Measure::ClientE2e
-            && o.cache == Some(ft_model::observe::ObservedCache::Gib(0.0001))
-            && o.output_tokens == 8));
+    assert_eq!(obs.len(), 4 * runs.len());
+    for m in [Measure::ClientE2e, Measure::Decode] {
+        assert_eq!(
+            obs.iter().filter(|o| o.measure == m).count(),
+            2 * runs.len()
+        );
+    }
+    assert!(obs.iter().all(|o| o.output_tokens == 8));
+    assert_eq!(
+        obs.iter()
+            .filter(|o| o.cache == Some(ObservedCache::Gib(0.00005)))
+            .count(),
+        4
+    );
     assert!(dir.path().join("tuned/report.json").is_file());
     let left = processes_mentioning(&dir.path().display().to_string());
     assert!(left.is_empty(), "left behind: {left:?}");
@@ -249,11 +294,7 @@ fn a_port_in_use_is_refused() {
         &format!("echo $$ > {}; sleep 60", pidfile.display()),
         5.0,
     );
-    let mut args = vec!["--template", template.as_str(), "--port", port.as_str()];
-    args.extend(QUICK);
-    let out = ft_tune(dir.path(), &args);
-    assert_eq!(out.status.code(), Some(2));
-    let e = stderr(&out);
+    let e = tune_fails(dir.path(), &template, &["--port", &port]);
     assert!(
         e.contains(&format!("port {port}")) && e.contains("in use"),
         "{e}"
@@ -269,13 +310,7 @@ fn an_engine_that_exits_at_once_is_a_clear_error_with_its_stderr() {
         "echo 'fatal: CUDA driver not found' >&2; exit 7",
         20.0,
     );
-    let mut args = vec!["--template", template.as_str()];
-    args.extend(QUICK);
-    let t = Instant::now();
-    let out = ft_tune(dir.path(), &args);
-    assert!(t.elapsed() < Duration::from_secs(15));
-    assert_eq!(out.status.code(), Some(2));
-    let e = stderr(&out);
+    let e = tune_fails(dir.path(), &template, &[]);
     assert!(
         e.contains("exited")
             && e.contains("exit status: 7")
@@ -294,13 +329,7 @@ fn an_engine_that_never_answers_is_stopped_within_its_bound_and_leaves_nothing()
         p = pidfile.display()
     );
     let template = script_template(dir.path(), &script, 1.5);
-    let mut args = vec!["--template", template.as_str()];
-    args.extend(QUICK);
-    let t = Instant::now();
-    let out = ft_tune(dir.path(), &args);
-    assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
-    assert_eq!(out.status.code(), Some(2));
-    let e = stderr(&out);
+    let e = tune_fails(dir.path(), &template, &[]);
     assert!(
         e.contains("did not answer") && e.contains("loading weights"),
         "{e}"

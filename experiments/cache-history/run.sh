@@ -89,14 +89,14 @@ fi
 sim_half() { # HOST NAME MODEL STEPS WARM FLAGS...
     local host="$1" name="$2" model="$3" steps="$4" warm="$5"
     shift 5
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
+    "$FT" simulate --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
         --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup 0 --out "$OUT/raw/cold.$name.csv"
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
+    "$FT" simulate --host "$host" --model "$model" "$@" --sweep streams=1,2 --sweep "steps=$steps" \
         --strategy offload,hybrid --fetch-fraction "$FETCH" --warmup "$warm" --out "$OUT/raw/warm.$name.csv"
 }
 # The field report's cache, sized once (offload misses 38% at 2 streams after the default
 # warm-up).
-slots=$("$FT" simulate --routing legacy-typical --host "$HOST" --model "$MODEL" --streams 2 --strategy offload \
+slots=$("$FT" simulate --host "$HOST" --model "$MODEL" --streams 2 --strategy offload \
     --steps "$CAL_STEPS" --warmup "$CAL_WARMUP" --json | jq -r '.cache.slots')
 echo "cache-history: simulating $HOST ($slots slots)" >&2
 sim_half "$HOST" field "$MODEL" "$STEPS" "$WARM" --cache-slots "$slots"
@@ -154,11 +154,13 @@ for name in field gpu; do
     for b in 1 2; do
         "$FT" plot "$OUT/trajectory.$name.csv" -o "$OUT/miss-rate-$name-$b-streams.svg" --kind line \
             --x step --log-x --y cold_window_miss_rate,warm_window_miss_rate --series strategy \
-            --where "streams=$b" --legend upper-right --title "Miss rate step by step, $b stream(s), $host (solid: cold start, dashed: warm)" \
+            --label cold_window_miss_rate="cold start" --label warm_window_miss_rate="warm cache" \
+            --where "streams=$b" --title "Miss rate step by step, $b stream(s), $host (solid: cold start, dashed: warm)" \
             --xlabel "decode step (end of the window)" --ylabel "share of distinct experts missed" > /dev/null
         "$FT" plot "$OUT/trajectory.$name.csv" -o "$OUT/tok-s-$name-$b-streams.svg" --kind line \
             --x step --log-x --y cold_window_tok_s,warm_window_tok_s --series strategy \
-            --where "streams=$b" --legend lower-right --title "Decode tok/s per stream step by step, $b stream(s), $host (solid: cold, dashed: warm)" \
+            --label cold_window_tok_s="cold start" --label warm_window_tok_s="warm cache" \
+            --where "streams=$b" --title "Decode tok/s per stream step by step, $b stream(s), $host (solid: cold, dashed: warm)" \
             --xlabel "decode step (end of the window)" --ylabel "tok/s per stream in the window" > /dev/null
     done
 done
@@ -166,7 +168,8 @@ if [[ -f "$OUT/trajectory.gpu.csv" ]] && head -1 "$OUT/trajectory.gpu.csv" | gre
     for b in 1 2; do
         "$FT" plot "$OUT/trajectory.gpu.csv" -o "$OUT/measured-miss-rate-$b-streams.svg" --kind line \
             --x step --log-x --y measured_cold_window_miss_rate,cold_window_miss_rate --series strategy \
-            --where "streams=$b" --legend upper-right --title "Miss rate from a cold cache, $b stream(s), GPU machine (solid: ft run, dashed: simulator)" \
+            --label measured_cold_window_miss_rate="ft run" --label cold_window_miss_rate=simulator \
+            --where "streams=$b" --title "Miss rate from a cold cache, $b stream(s), GPU machine (solid: ft run, dashed: simulator)" \
             --xlabel "decode step (end of the window)" --ylabel "share of distinct experts missed" > /dev/null \
             || echo "cache-history: ft plot of the measured trajectory failed; the CSV is complete" >&2
     done

@@ -88,14 +88,14 @@ for host in "${HOSTS[@]}"; do
     echo "concurrency: simulating $host" >&2
     cache=()
     [[ "$host" == "$GPU_HOST" ]] && cache=(--cache-gb "$GPU_CACHE_GB")
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" "${cache[@]}" --sweep "streams=$STREAMS" \
+    "$FT" simulate --host "$host" --model "$MODEL" "${cache[@]}" --sweep "streams=$STREAMS" \
         --strategy offload,hybrid,cpu --with-model --steps "$STEPS" --warmup "$WARMUP" \
         --out "$OUT/raw/sim.$host.csv"
 done
 if [[ "$QUICK" != 1 ]]; then
     # The decision line `ft predict` logs at the field report's two streams.
     slots=$(awk -F, 'NR == 2 { print $6 }' "$OUT/raw/sim.rtx4090-2x-xeon4310.csv")
-    "$FT" predict --routing legacy-typical --host rtx4090-2x-xeon4310 --model "$MODEL" --streams 2 --cache-slots "$slots" \
+    "$FT" predict --host rtx4090-2x-xeon4310 --model "$MODEL" --streams 2 --cache-slots "$slots" \
         --context 1327 --json | jq -r '.decision.log_line' > "$OUT/predict-2-streams.txt"
 fi
 
@@ -107,7 +107,7 @@ if gpu_usable; then
         runtime_model_and_cache "$FT" "$OUT" "$MODEL" "$GPU_LAYERS" "$GPU_HOST" "$GPU_CACHE_GB"
         runtime_host "$FT" "$OUT" "$DEVICE" "$GPU_HOST" "${FT_PROBE_BUDGET_S:-20}"
         echo "concurrency: simulating $SIM_HOST for the runtime half" >&2
-        "$FT" simulate --routing legacy-typical --host "$SIM_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
+        "$FT" simulate --host "$SIM_HOST" --model "$OUT/models/runtime.toml" --cache-slots "$GPU_SLOTS" \
             --sweep "streams=$GPU_STREAMS" --strategy offload,hybrid,cpu --with-model \
             --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))" \
             --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --out "$OUT/raw/runtime-sim.csv"
@@ -147,12 +147,14 @@ for host in "${HOSTS[@]}"; do
         --ylabel "tok/s over all streams" > /dev/null
     "$FT" plot "$OUT/concurrency.csv" -o "$OUT/per-stream-$host.svg" --kind line --x streams --log-x \
         --y sim_tok_s_per_stream,model_tok_s_per_stream --series strategy --where "host=$host" \
-        --log-y --legend upper-right --title "Decode tok/s per stream, $host, $MODEL (solid: simulator, dashed: model)" \
+        --log-y --title "Decode tok/s per stream, $host, $MODEL (solid: simulator, dashed: model)" \
         --ylabel "tok/s per stream" > /dev/null
 done
 if [[ -s "$OUT/runtime.csv" ]]; then
     "$FT" plot "$OUT/runtime.csv" -o "$OUT/total-runtime.svg" --kind line --x streams --log-x \
         --y measured_tok_s_total,sim_tok_s_total --series strategy \
+        --label measured_tok_s_total="ft run" --label sim_tok_s_total=simulator \
+        --ylabel "tok/s over all streams" \
         --title "Total decode tok/s on the GPU machine (solid: ft run, dashed: simulator)" > /dev/null
 fi
 echo "concurrency: results in $OUT" >&2

@@ -45,14 +45,14 @@ echo "host,slots" > "$OUT/raw/slots.csv"
 for host in "${HOSTS[@]}"; do
     if [[ "$host" == "$FIELD" ]]; then
         # The field report's cache (offload misses 38% at 2 streams), sized once.
-        slots=$("$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --streams 2 --strategy offload \
+        slots=$("$FT" simulate --host "$host" --model "$MODEL" --streams 2 --strategy offload \
             --steps "$STEPS" --warmup "$WARMUP" --json | jq -r '.cache.slots')
     else
-        slots=$("$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --streams 1 --strategy offload \
+        slots=$("$FT" simulate --host "$host" --model "$MODEL" --streams 1 --strategy offload \
             --cache-gb 16 --steps 1 --warmup 0 --json | jq -r '.cache.slots')
     fi
     echo "context: simulating $host ($slots slots)" >&2
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --cache-slots "$slots" --sweep streams=1,2 \
+    "$FT" simulate --host "$host" --model "$MODEL" --cache-slots "$slots" --sweep streams=1,2 \
         --sweep "context=$CONTEXTS" --strategy offload,hybrid --with-model \
         --steps "$STEPS" --warmup "$WARMUP" --out "$OUT/raw/sim.$host.csv"
     echo "host,streams,context,strategy,model_tok_s_total" > "$OUT/raw/model.$host.csv"
@@ -61,7 +61,7 @@ for host in "${HOSTS[@]}"; do
     for b in 1 2; do
         for c in "${EXTRA[@]}"; do
             # The model's context is the mean over a 256-token request: prompt + 127.
-            "$FT" predict --routing legacy-typical --host "$host" --model "$MODEL" --cache-slots "$slots" --streams "$b" \
+            "$FT" predict --host "$host" --model "$MODEL" --cache-slots "$slots" --streams "$b" \
                 --context $((c + 127)) --steps "$STEPS" --warmup "$WARMUP" --json \
                 | jq -r --arg h "$host" --argjson b "$b" --argjson c "$c" \
                     '.prediction.strategies[] | select(.kind == "offload" or .kind == "hybrid")
@@ -70,7 +70,7 @@ for host in "${HOSTS[@]}"; do
         # What the GPU would hold beside the dense weights and this KV cache (does the fixed
         # cache still fit?).
         for c in "${sim_contexts[@]}" "${EXTRA[@]}"; do
-            n=$("$FT" predict --routing legacy-typical --host "$host" --model "$MODEL" --streams "$b" --context $((c + 127)) \
+            n=$("$FT" predict --host "$host" --model "$MODEL" --streams "$b" --context $((c + 127)) \
                 --steps 1 --warmup 0 --json | jq -r '.prediction.cache_slots')
             echo "$host,$b,$c,$n" >> "$OUT/raw/gpu.$host.csv"
         done
@@ -82,11 +82,11 @@ python3 "$HERE/analyze.py" "$OUT"
 fi
 for host in "${HOSTS[@]}"; do
     "$FT" plot "$OUT/context.csv" -o "$OUT/gain-$host.svg" --kind line --x context --log-x \
-        --y sim_gain_pct,model_gain_pct --series streams --where "host=$host" --legend upper-right \
+        --y sim_gain_pct,model_gain_pct --series streams --where "host=$host" \
         --mark-x 65536:64K --title "Hybrid over offload, $host, $MODEL (solid: simulator, dashed: model)" \
         --xlabel "prompt tokens (context at a request's first step)" --ylabel "hybrid tok/s over offload's, minus 1 (%)" > /dev/null
     "$FT" plot "$OUT/context.csv" -o "$OUT/tok-s-$host.svg" --kind line --x context --log-x --log-y \
-        --y offload_tok_s_total,hybrid_tok_s_total --series streams --where "host=$host" --legend upper-right \
+        --y offload_tok_s_total,hybrid_tok_s_total --series streams --where "host=$host" \
         --title "Total decode tok/s, $host (solid: offload, dashed: hybrid; simulator to 64K, model beyond)" \
         --xlabel "prompt tokens" --ylabel "tok/s over all streams" > /dev/null
 done

@@ -105,13 +105,13 @@ rm -f "$OUT"/raw/* "$OUT/measured-bandwidth.csv" "$OUT/bandwidth-measured.svg" "
 for host in "${HOSTS[@]}"; do
     echo "expert-size: $host" >&2
     for m in "${models[@]}"; do
-        "$FT" explain --routing legacy-typical --host "$host" --model "$m" --cache-slots "$CACHE_SLOTS" --steps 8 --warmup 8 \
+        "$FT" explain --host "$host" --model "$m" --cache-slots "$CACHE_SLOTS" --steps 8 --warmup 8 \
             --json | jq -c '{model: .prediction.model, expert_bytes: .prediction.expert_bytes,
                 legacy: .prediction.legacy,
                 served: (.explanation.reasons[] | select(.kind == "expert-size"))}' \
             >> "$OUT/raw/bench-model.$host.jsonl"
     done
-    "$FT" simulate --routing legacy-typical --host "$host" --sweep "model=$model_list" --cache-slots "$CACHE_SLOTS" \
+    "$FT" simulate --host "$host" --sweep "model=$model_list" --cache-slots "$CACHE_SLOTS" \
         --sweep streams=1,2 --strategy offload,hybrid,cpu --with-model --steps "$STEPS" \
         --warmup "$WARMUP" --out "$OUT/raw/sim.$host.csv"
 done
@@ -131,7 +131,7 @@ if gpu_usable; then
     "$FT" run --help 2> /dev/null | grep -q -- '--fetch-fraction' && has_run=1
     if [[ "$has_run" == 1 ]]; then
         echo "expert-size: simulating h200-xeon-emr for the runtime runs" >&2
-        "$FT" simulate --routing legacy-typical --host h200-xeon-emr --sweep "model=$(IFS=,; echo "${gpu_models[*]}")" \
+        "$FT" simulate --host h200-xeon-emr --sweep "model=$(IFS=,; echo "${gpu_models[*]}")" \
             --cache-slots "$GPU_SLOTS" --sweep streams=1,2 --strategy offload,hybrid,cpu --with-model \
             --context "$GPU_CONTEXT" --output-tokens "$(( GPU_WARMUP + GPU_STEPS ))" \
             --steps "$GPU_STEPS" --warmup "$GPU_WARMUP" --out "$OUT/raw/runtime-sim.csv"
@@ -178,7 +178,7 @@ python3 "$HERE/analyze.py" "$OUT"
 fi
 for host in "${HOSTS[@]}"; do
     "$FT" plot "$OUT/expert-size.csv" -o "$OUT/bandwidth-$host.svg" --kind line --x expert_mb --log-x \
-        --y served_cpu_moe_gbs,served_pcie_gather_gbs --series host --where "host=$host" --y-from-zero --legend lower-right \
+        --y served_cpu_moe_gbs,served_pcie_gather_gbs --series host --where "host=$host" --y-from-zero \
         --mark-x "7.975:tuning geometry" --title "The model's bench at the served expert size, $host (solid: CPU-MoE, dashed: gather)" \
         --xlabel "expert size (MB)" --ylabel "GB/s" > /dev/null
     "$FT" plot "$OUT/winners.csv" -o "$OUT/gain-$host.svg" --kind line --x expert_mb --log-x \

@@ -81,17 +81,17 @@ fi
 sim_half() { # HOST OUTNAME MODEL GRID STEPS WARMUP WITH_MODEL [flags...]: the grid, the optimum and the legacy view
     local host="$1" name="$2" model="$3" grid="$4" steps="$5" warmup="$6" with_model="$7"
     shift 7
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --strategy hybrid --sweep "streams=$STREAMS" \
+    "$FT" simulate --host "$host" --model "$model" "$@" --strategy hybrid --sweep "streams=$STREAMS" \
         --sweep "fetch-fraction=$grid" ${with_model:+"$with_model"} --steps "$steps" --warmup "$warmup" \
         --out "$OUT/raw/grid.$name.csv"
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --strategy offload,hybrid --fetch-fraction auto \
+    "$FT" simulate --host "$host" --model "$model" "$@" --strategy offload,hybrid --fetch-fraction auto \
         --streams "$STREAMS" --steps "$steps" --warmup "$warmup" --json > "$OUT/raw/auto.$name.json"
     # Hybrid at exactly the two split rules' fractions: p/(p+c) on the contended bench pair
     # (the reference engine's) and on the standalone pair.
     local contended standalone
     contended=$(jq -r '.[0].legacy.fetch_fraction' "$OUT/raw/auto.$name.json")
     standalone=$(jq -r '.[0].legacy | .pcie_gather_gbs / (.pcie_gather_gbs + .cpu_moe_gbs)' "$OUT/raw/auto.$name.json")
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$model" "$@" --strategy hybrid --sweep "streams=$STREAMS" \
+    "$FT" simulate --host "$host" --model "$model" "$@" --strategy hybrid --sweep "streams=$STREAMS" \
         --sweep "fetch-fraction=$contended,$standalone" --steps "$steps" --warmup "$warmup" \
         --out "$OUT/raw/split.$name.csv"
     echo "$host" > "$OUT/host.$name.txt"
@@ -151,7 +151,7 @@ for name in field gpu; do
         done < "$OUT/marks.$name.txt"
         all_marks+=("${mark_args[@]}")
         "$FT" plot "$OUT/fetch-fraction.$name.csv" -o "$OUT/tok-s-$name-$b-streams.svg" --kind line \
-            --x fetch_fraction --y "$ycols" --series streams --where "n_streams=$b" "${mark_args[@]}" --legend upper-right \
+            --x fetch_fraction --y "$ycols" --series streams --where "n_streams=$b" "${mark_args[@]}" \
             --title "Hybrid tok/s against fetch fraction, $b stream(s), $host" \
             --xlabel "fetch fraction (share of each layer's misses gathered)" \
             --ylabel "tok/s over all streams" > /dev/null

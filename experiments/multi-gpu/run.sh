@@ -26,6 +26,7 @@ if [[ "${FT_QUICK:-0}" == 1 ]]; then STEPS=32 WARMUP=32; fi
 MODEL=qwen3.8-flash-next
 HOSTS=("$HERE/hosts/1x-rtx3090.toml" "$HERE/hosts/2x-rtx3090-sharded.toml"
        2x-rtx3090-tp-ryzen7950x "$HERE/hosts/2x-rtx3090-tp-nvlink.toml")
+if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
 write_env_txt "$OUT/env.txt" "multi-gpu ($(run_size))" "$0 $*" \
     "model: $MODEL; streams 1,2,4; steps $STEPS after $WARMUP warm-up"
 
@@ -33,9 +34,9 @@ echo "host,gpus,placement,streams,cache_slots,strategy,fetch_fraction,miss_rate,
 : > "$OUT/multi-gpu.txt"
 for host in "${HOSTS[@]}"; do
     echo "multi-gpu: simulating $(basename "$host" .toml)" >&2
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
+    "$FT" simulate --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
         --warmup "$WARMUP" >> "$OUT/multi-gpu.txt"
-    "$FT" simulate --routing legacy-typical --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
+    "$FT" simulate --host "$host" --model "$MODEL" --streams 1,2,4 --steps "$STEPS" \
         --warmup "$WARMUP" --json \
       | jq -r '.[] | . as $c | .strategies[] | [$c.host, $c.gpus, $c.placement, $c.streams,
           $c.cache.slots, .strategy, .fetch_fraction, .miss_rate, .tok_s_total,
@@ -98,6 +99,7 @@ with open(f"{out}/summary.md", "w") as f:
         f.write(f"- {line.strip()}\n")
 PY
 
+fi
 for s in offload hybrid; do
     "$FT" plot "$OUT/multi-gpu.csv" -o "$OUT/tok-s-$s.svg" --kind line --x streams \
         --y sim_tok_s_total,model_tok_s_total --series host --where "strategy=$s" \

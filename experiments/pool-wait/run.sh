@@ -15,7 +15,8 @@
 # Usage: run.sh OUTDIR. Env: FT (binary; default target/release/ft, built when missing),
 # DEVICE (auto: cuda where a GPU is usable, else the host-emulated device), THREADS (default:
 # cores - 1 on CUDA, all cores on the host device, so that the pool fills the machine there
-# too), FT_QUICK=1 (24 measured steps instead of 48).
+# too), FT_QUICK=1 (24 measured steps instead of 48), FT_PLOT_ONLY=1 (redraw the plots from
+# OUTDIR's tables alone).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -53,6 +54,7 @@ MODEL=qwen3.8-flash-next
 LAYERS=2
 # 5% of the two layers' 1024 experts: most of every step's experts miss.
 SLOTS=51
+if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
 write_env_txt "$OUT/env.txt" "pool-wait, --$KNOB A/B ($(run_size))" \
     "$0 $* (KNOB=$KNOB VALUES=\"${VALUES[*]}\" DEVICE=$DEVICE THREADS=$THREADS FT_QUICK=${FT_QUICK:-0})" \
     "device: $DEVICE, threads: $THREADS of $cores cores, model: $MODEL ($LAYERS layers), cache: $SLOTS slots, steps: $STEPS (+16 warm-up), repeat 3" \
@@ -73,6 +75,7 @@ for streams in 1 4; do
     done
 done
 python3 "$here/summarize.py" "$OUT" "$KNOB" "${VALUES[@]}"
+fi
 "$FT" plot "$OUT/steps.csv" --kind cdf --x step_over_median --series "${KNOB//-/_}" \
     --title "decode steps over their run's median (all runs)" --out "$OUT/steps-cdf.svg"
 "$FT" plot "$OUT/pairs.csv" --x b_tok_s --y a_tok_s --series strategy --diagonal \

@@ -19,7 +19,6 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 OUT="${1:?usage: run.sh OUTDIR}"
 mkdir -p "$OUT/raw"
-rm -f "$OUT/raw/gpu_slots.csv"
 # shellcheck source=../lib/ft-binary.sh
 source "$HERE/../lib/ft-binary.sh"
 # shellcheck source=../lib/env-txt.sh
@@ -44,6 +43,7 @@ fi
 MAX_STREAMS="${STREAMS##*,}"
 
 if [[ "${FT_PLOT_ONLY:-0}" != 1 ]]; then
+rm -f "$OUT/raw/gpu_slots.csv"
 write_env_txt "$OUT/env.txt" "ratio-vs-model ($(run_size))" "$0 $*" \
     "hosts: ${HOSTS[*]}" \
     "models: ${MODELS[*]}" \

@@ -22,6 +22,13 @@ analyse_grid() {
     "$ft" validate collect --dir "$dir" --out "$dir/grid.csv"
     "$ft" validate simulate --dir "$dir" --steps "$steps" --warmup "$warmup"
     "$ft" validate analyze "$dir/grid.csv" --out "$dir/summary.json" | tee "$dir/summary.txt"
+    plot_grid "$ft" "$dir"
+}
+
+# plot_grid FT DIR: pred-vs-measured.svg (predicted against measured, y = x drawn) from
+# DIR/grid.csv, its summary in plot.txt.
+plot_grid() {
+    local ft="$1" dir="$2"
     "$ft" plot "$dir/grid.csv" --x measured_tok_s --y predicted_tok_s --series strategy --diagonal \
         --log-x --log-y --title "validate-h200: predicted against measured decode tok/s" \
         --xlabel "measured tok/s (all streams)" --ylabel "predicted tok/s (all streams)" \

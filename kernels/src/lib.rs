@@ -7,8 +7,10 @@
 //!   and GPU) and its scalar implementation.
 //! - [`step`]: the layer call ([`CpuExperts`]) on a persistent rayon pool, SIMD chosen at run time.
 //! - [`stream`]: a STREAM-style read bandwidth measurement with the same threads.
+//! - [`bench`]: the CPU step's weight GB/s against that read, over a grid (`ft bench cpu`).
 //! - `team`: a phase whose tiles the calling thread shares with the pool ([`WaitMode::Help`]).
 
+pub mod bench;
 pub mod codec;
 pub mod cuda_sources;
 pub mod error;

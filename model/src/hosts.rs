@@ -10,6 +10,9 @@
 
 use std::path::Path;
 
+pub mod init;
+pub mod show;
+
 use crate::error::{ModelError, Result};
 use crate::host::HostSpec;
 use crate::perf::legacy::BenchBw;

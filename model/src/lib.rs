@@ -22,6 +22,7 @@ pub mod plan;
 pub mod preset;
 pub mod profile;
 pub mod profile_select;
+pub mod report;
 pub mod resolve;
 pub mod routing;
 pub mod schedule;

@@ -32,6 +32,9 @@ pub const MAX_STEPS: usize = 100_000;
 /// but mean nothing either.
 pub const MAX_CONTEXT_TOKENS: usize = 1 << 24;
 
+/// Prompt tokens per prefill chunk: a chunk longer than the longest context is not a chunk.
+pub const MAX_PREFILL_CHUNK_TOKENS: usize = MAX_CONTEXT_TOKENS;
+
 /// Most MoE layers of a model: 4096 (the largest presets have 89; the expert id's layer is a
 /// `u16`, and per-layer tables are allocated up front).
 pub const MAX_MOE_LAYERS: usize = 4096;

@@ -21,6 +21,7 @@
 //! | `prompt_tokens` | no (0) | prompt length, tokens |
 //! | `context` | no | mean context of the decode steps; derived as `prompt + output / 2` |
 //! | `cache_slots`, `cache_gb`, `cache_residency` | cached strategies (one of them) | the expert cache: slots, GiB (2^30 B), or the share of all experts it holds |
+//! | `cache_policy`, `cache_topology`, `cache_slots_per_layer`, `admission` | no | the cache's options, as `--cache-policy` etc. take them ([`crate::cache::CacheOptions`]); any one given makes the row carry all four, the rest at their defaults |
 //! | `tok_s` | yes | measured tokens per second |
 //! | `per` | no (`stream`) | whether `tok_s` is per stream or the total over streams |
 //! | `measure` | no (`decode`) | `decode` (decode steps only), `server-gen` (the server's generation rate), or `client-e2e` (a client's output tokens over the whole request, prefill included) |
@@ -30,7 +31,9 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+use crate::cache::{CacheOptions, CachePolicy, CacheTopology};
 use crate::error::{ModelError, Result};
+use crate::plan::AdmissionPolicy;
 
 /// Largest observations file read, bytes (16 MiB): far beyond any hand-written or tuned set of
 /// runs (a row is about 100 bytes), small enough that a wrong path (a device, a model file)
@@ -197,6 +200,10 @@ pub struct Observation {
     pub context: usize,
     /// The expert cache (None for resident and layer split).
     pub cache: Option<ObservedCache>,
+    /// The cache's policy, topology, slots per layer and admission, where the row gave any
+    /// (None: the calibration's own, `ft calibrate`'s cache flags).
+    #[serde(default)]
+    pub cache_options: Option<CacheOptions>,
     /// Measured tok/s per stream (converted from a total where the row gave one).
     pub tok_s_per_stream: f64,
     /// What tok/s measures.
@@ -229,6 +236,10 @@ struct Row {
     cache_slots: Option<usize>,
     cache_gb: Option<f64>,
     cache_residency: Option<f64>,
+    cache_policy: Option<String>,
+    cache_topology: Option<String>,
+    cache_slots_per_layer: Option<usize>,
+    admission: Option<String>,
     tok_s: Option<f64>,
     per: Option<Per>,
     measure: Option<Measure>,
@@ -263,6 +274,66 @@ fn count_in(field: &str, value: usize, lo: usize, hi: usize) -> Result<usize> {
 }
 
 impl Row {
+    /// The cache's options where the row gives any (the others derived: their defaults).
+    fn cache_options(
+        &self,
+        row: usize,
+        strategy: ObservedStrategy,
+        derived: &mut Vec<String>,
+    ) -> Result<Option<CacheOptions>> {
+        let at = |col: &str| format!("row {row}: {col}");
+        let given = [
+            ("cache_policy", self.cache_policy.is_some()),
+            ("cache_topology", self.cache_topology.is_some()),
+            (
+                "cache_slots_per_layer",
+                self.cache_slots_per_layer.is_some(),
+            ),
+            ("admission", self.admission.is_some()),
+        ];
+        let Some(first) = given.iter().find(|g| g.1) else {
+            return Ok(None);
+        };
+        if !strategy.needs_cache() {
+            return Err(ModelError::invalid(
+                at(first.0),
+                format!("{} runs no cache", strategy.name()),
+            ));
+        }
+        for (col, g) in given {
+            if !g {
+                derived.push(col.to_string());
+            }
+        }
+        let parse_err = |col: &str, e: ModelError| ModelError::invalid(at(col), e.to_string());
+        let policy: CachePolicy = match &self.cache_policy {
+            Some(p) => p.trim().parse().map_err(|e| parse_err("cache_policy", e))?,
+            None => CachePolicy::default(),
+        };
+        let topology = match (&self.cache_topology, self.cache_slots_per_layer) {
+            (Some(t), _) => t
+                .trim()
+                .parse::<CacheTopology>()
+                .map_err(|e| parse_err("cache_topology", e))?,
+            (None, Some(_)) => CacheTopology::PerLayer,
+            (None, None) => CacheTopology::Global,
+        };
+        let admission: AdmissionPolicy = match &self.admission {
+            Some(a) => a.trim().parse().map_err(|e| parse_err("admission", e))?,
+            None => AdmissionPolicy::default(),
+        };
+        let slots_per_layer = self
+            .cache_slots_per_layer
+            .map(|n| count_in(&at("cache_slots_per_layer"), n, 1, 1 << 24))
+            .transpose()?;
+        Ok(Some(CacheOptions {
+            policy,
+            topology,
+            slots_per_layer,
+            admission,
+        }))
+    }
+
     fn validate(self, row: usize) -> Result<Observation> {
         let at = |col: &str| format!("row {row}: {col}");
         let need = |col: &str, v: Option<usize>| {
@@ -382,6 +453,7 @@ impl Row {
                 }
             }),
         };
+        let cache_options = self.cache_options(row, strategy, &mut derived)?;
         let tok_s = self
             .tok_s
             .ok_or_else(|| ModelError::invalid(at("tok_s"), "missing (required)"))?;
@@ -410,6 +482,7 @@ impl Row {
             output_tokens,
             context,
             cache,
+            cache_options,
             tok_s_per_stream,
             measure,
             miss_rate: opt("miss_rate", self.miss_rate, 1.0)?,
@@ -600,6 +673,41 @@ mod tests {
             .to_string();
         assert!(empty.contains("no runs"), "{empty}");
         assert!(parse_observations("", "runs.csv").is_err());
+    }
+
+    #[test]
+    fn a_row_may_give_its_caches_options_and_the_rest_are_derived() {
+        let text = "strategy,streams,output_tokens,cache_slots,cache_topology,cache_slots_per_layer,admission,tok_s\n\
+                    offload,1,16,64,per-layer,,,3\n\
+                    offload,1,16,64,,8,\"order,cached-history\",3\n";
+        let runs = parse_observations(text, "runs.csv").unwrap();
+        let a = runs[0].cache_options.as_ref().unwrap();
+        assert_eq!(a.topology, CacheTopology::PerLayer);
+        assert_eq!(
+            (a.slots_per_layer, a.policy.clone()),
+            (None, CachePolicy::default())
+        );
+        for col in ["cache_policy", "cache_slots_per_layer", "admission"] {
+            assert!(runs[0].derived.iter().any(|d| d == col), "{col}");
+        }
+        let b = runs[1].cache_options.as_ref().unwrap();
+        // Slots per layer without a topology: per layer, as `--cache-slots-per-layer` does.
+        assert_eq!(
+            (b.topology, b.slots_per_layer),
+            (CacheTopology::PerLayer, Some(8))
+        );
+        assert_eq!(b.admission.to_string(), "order,cached-history");
+        let bad = |row: &str| {
+            parse_observations(
+                &format!("strategy,streams,output_tokens,cache_slots,cache_policy,cache_slots_per_layer,tok_s\n{row}\n"),
+                "runs.csv",
+            )
+            .unwrap_err()
+            .to_string()
+        };
+        assert!(bad("offload,1,16,64,mru,,3").contains("row 1: cache_policy"));
+        assert!(bad("offload,1,16,64,,0,3").contains("row 1: cache_slots_per_layer"));
+        assert!(bad("resident,1,16,,lru,,3").contains("runs no cache"));
     }
 
     #[test]

@@ -29,9 +29,11 @@
 //!   gather. Where the last chunk is gated on a flag the copy stream sets
 //!   ([`LayerSchedule::gated_last_chunk`], one GPU), its launch (`LastLaunch`) is paid when
 //!   the stream reaches it, beside the gather.
-//! - `Combine`: the GPU sums the CPU's partial output into the layer's (a CPU share only);
-//!   on one GPU it is folded into the last fetched chunk's launch where there is one
-//!   ([`LayerSchedule::folded_combine`]; the same time, one launch fewer for the engine).
+//! - `Combine`: the GPU sums the CPU's partial output into the layer's (a CPU share only).
+//!   The layer's own sum and residual add (the tree over its output rows) is part of the
+//!   last operation of its stream; on one GPU without a CPU share it is folded into the
+//!   last fetched chunk's launch ([`LayerSchedule::folded_combine`]: the same time, one
+//!   launch fewer for the engine; with a CPU share the CPU's rows land after that launch).
 //! - `PeerCombine`: the GPUs' partial outputs summed over the interconnect (G > 1).
 //! - `Residual`: the calibrated fixed cost of a layer with this work
 //!   ([`crate::perf::StrategyOverheads::of`], keyed by [`LayerWork`], never by a strategy's
@@ -142,8 +144,9 @@ pub struct LayerSchedule {
     /// Whether the last fetched chunk is gated on a flag the copy stream sets, so that its
     /// launch overlaps the gather: where one host thread drives one GPU (G = 1).
     pub gated_last_chunk: bool,
-    /// Whether the CPU's partial sum is folded into the last fetched chunk's launch: on one
-    /// GPU where the layer has both (the time is the same; the engine saves a launch).
+    /// Whether the layer's sum (the tree and the residual add) is folded into the last
+    /// fetched chunk's launch: on one GPU where the layer fetches and has no CPU share, whose
+    /// rows would land after that launch (the time is the same; the engine saves a launch).
     pub folded_combine: bool,
     /// The operations, in an order where every operation comes after those it waits for.
     pub ops: Vec<Op>,
@@ -193,8 +196,8 @@ impl LayerSchedule {
                 );
                 let trip = push(OpKind::RoundTrip, g, vec![cpu]);
                 stream = push(OpKind::Combine, g, vec![stream, trip]);
-                folded |= single && has_fetched;
             }
+            folded |= single && has_fetched && !has_cpu;
             ends.push(stream);
         }
         let last = if single {
@@ -270,7 +273,7 @@ mod tests {
                 Residual
             ]
         );
-        assert!(s.gated_last_chunk && s.folded_combine);
+        assert!(s.gated_last_chunk && !s.folded_combine);
         assert_eq!(s.work(), LayerWork::GatherAndCpuShare);
         for (i, op) in s.ops.iter().enumerate() {
             assert!(op.after.iter().all(|&j| j < i), "{op:?}");
@@ -285,7 +288,7 @@ mod tests {
             kinds(&f),
             vec![Dense, Gather, LastLaunch, LastChunk, Residual]
         );
-        assert!(!f.folded_combine);
+        assert!(f.folded_combine);
         // Two GPUs: no gate, no fold, a peer combine after both.
         let two = GpuLayout::new(2, GpuPlacement::Sharded).unwrap();
         let t = LayerSchedule::new(&two, &[counts(1.0, 3.0, 1.0), counts(2.0, 0.0, 0.0)]);

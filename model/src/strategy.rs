@@ -205,6 +205,26 @@ impl Strategy {
         }
     }
 
+    /// A `--strategy` list: `all` (every kind, numbers `auto`) or a comma list of
+    /// [`Strategy`] names (`offload,hybrid:0.4,layer-split:12`).
+    pub fn parse_list(list: &str) -> Result<Vec<Strategy>> {
+        if list.eq_ignore_ascii_case("all") {
+            return Ok(StrategyKind::ALL
+                .iter()
+                .map(|k| Strategy::from_kind(*k, None))
+                .collect());
+        }
+        list.split(',').map(|s| s.trim().parse()).collect()
+    }
+
+    /// The CPU layers a list gives layer split (its first `layer-split:N` or
+    /// `layer-split-cached:N` with a number), if any.
+    pub fn given_cpu_layers(list: &[Strategy]) -> Option<CpuLayers> {
+        list.iter()
+            .find_map(Strategy::cpu_layers)
+            .filter(|n| *n != CpuLayers::Auto)
+    }
+
     /// Build from a kind and, for hybrid, a fetch fraction (`auto` when none is given); layer
     /// split's number of CPU layers is `auto`.
     pub fn from_kind(kind: StrategyKind, fetch: Option<FetchFraction>) -> Self {
@@ -531,5 +551,20 @@ mod tests {
                 }
             }
         );
+    }
+
+    #[test]
+    fn strategy_lists_parse_all_or_names() {
+        let all = Strategy::parse_list("ALL").unwrap();
+        assert_eq!(all.len(), StrategyKind::ALL.len());
+        assert_eq!(Strategy::given_cpu_layers(&all), None);
+        let some = Strategy::parse_list("offload, layer-split:12,hybrid:0.4").unwrap();
+        assert_eq!(some[0], Strategy::Offload);
+        assert_eq!(some[2].kind(), StrategyKind::Hybrid);
+        assert_eq!(
+            Strategy::given_cpu_layers(&some),
+            Some(CpuLayers::Fixed(12))
+        );
+        assert!(Strategy::parse_list("offload,nosuch").is_err());
     }
 }

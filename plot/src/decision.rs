@@ -12,7 +12,8 @@
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::ticks::{log_ticks, tick};
+use crate::axis::{self, Fit, Scale};
+use crate::legend::{self, Entry, Swatch};
 use crate::{PlotError, Result};
 
 /// Width of a decision figure, in pixels.
@@ -29,9 +30,6 @@ const PANEL_HEIGHT: u32 = 340;
 
 /// Panels per row.
 const PANEL_COLUMNS: usize = 2;
-
-/// Most ticks of a log axis.
-const MAX_LOG_TICKS: usize = 12;
 
 /// Colours of the strategies, in the figure's order (colour-blind-safe: Okabe-Ito).
 const STRATEGY_COLORS: [RGBColor; 7] = [
@@ -169,6 +167,47 @@ impl Figure {
     }
 }
 
+/// Where the best of `curves` (the highest y) changes between two neighbouring x at which
+/// every curve concerned has a point: a break-even mark where the old best and the new one
+/// cross, by linear interpolation of their difference, named for the new best. For inputs
+/// the model is evaluated at a few points only (stream counts).
+pub fn flips(curves: &[Curve]) -> Vec<Mark> {
+    let at = |c: &Curve, x: f64| c.points.iter().find(|p| p.0 == x).map(|p| p.1);
+    let best = |x: f64| {
+        curves
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| at(c, x).map(|y| (i, y)))
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+    };
+    let mut xs: Vec<f64> = curves
+        .iter()
+        .flat_map(|c| c.points.iter().map(|p| p.0))
+        .collect();
+    xs.sort_by(f64::total_cmp);
+    xs.dedup();
+    let mut marks = Vec::new();
+    for w in xs.windows(2) {
+        let (Some((a, _)), Some((b, _))) = (best(w[0]), best(w[1])) else {
+            continue;
+        };
+        if a == b {
+            continue;
+        }
+        let d = |x: f64| Some(at(&curves[b], x)? - at(&curves[a], x)?);
+        let (Some(d0), Some(d1)) = (d(w[0]), d(w[1])) else {
+            continue;
+        };
+        let t = if d1 != d0 { -d0 / (d1 - d0) } else { 0.5 };
+        marks.push(Mark {
+            x: w[0] + t.clamp(0.0, 1.0) * (w[1] - w[0]),
+            label: format!("flip to {}", curves[b].name),
+            current: false,
+        });
+    }
+    marks
+}
+
 fn draw_err(figure: &str) -> impl Fn(String) -> PlotError + '_ {
     move |message| PlotError::Draw {
         figure: figure.to_string(),
@@ -233,7 +272,30 @@ fn text_style(size: u32, color: RGBColor) -> TextStyle<'static> {
     ("sans-serif", size).into_font().color(&color)
 }
 
-/// The title, and one legend for the figure: the strategies' colours, the marks' styles.
+/// The figure's one legend: the strategies' colours and the marks' styles.
+fn legend_entries(strategies: &[String], color_of: &dyn Fn(&str) -> RGBColor) -> Vec<Entry> {
+    let mut v: Vec<Entry> = strategies
+        .iter()
+        .map(|s| Entry {
+            label: s.clone(),
+            color: color_of(s),
+            swatch: Swatch::Line,
+        })
+        .collect();
+    v.push(Entry {
+        label: "this host".into(),
+        color: CURRENT_COLOR,
+        swatch: Swatch::Tick,
+    });
+    v.push(Entry {
+        label: "break-even (the choice flips)".into(),
+        color: FLIP_COLOR,
+        swatch: Swatch::DashedTick,
+    });
+    v
+}
+
+/// The title, and one legend for the figure.
 fn draw_header(
     area: &Area<'_>,
     fig: &Figure,
@@ -247,49 +309,8 @@ fn draw_header(
         text_style(19, RGBColor(0, 0, 0)),
     ))
     .map_err(e)?;
-    let mut x = 16;
-    let y = 52;
-    for s in strategies {
-        let c = color_of(s);
-        area.draw(&PathElement::new(
-            vec![(x, y), (x + 24, y)],
-            c.stroke_width(3),
-        ))
-        .map_err(e)?;
-        area.draw(&Text::new(
-            s.clone(),
-            (x + 30, y - 7),
-            text_style(13, CURRENT_COLOR),
-        ))
-        .map_err(e)?;
-        x += 40 + 7 * s.len() as i32;
-    }
-    x += 12;
-    area.draw(&PathElement::new(
-        vec![(x, y - 8), (x, y + 8)],
-        CURRENT_COLOR.stroke_width(2),
-    ))
-    .map_err(e)?;
-    area.draw(&Text::new(
-        "this host",
-        (x + 6, y - 7),
-        text_style(13, CURRENT_COLOR),
-    ))
-    .map_err(e)?;
-    x += 80;
-    for (a, b) in [(-8, -4), (-1, 3), (6, 9)] {
-        area.draw(&PathElement::new(
-            vec![(x, y + a), (x, y + b)],
-            FLIP_COLOR.stroke_width(2),
-        ))
-        .map_err(e)?;
-    }
-    area.draw(&Text::new(
-        "break-even (the choice flips)",
-        (x + 6, y - 7),
-        text_style(13, FLIP_COLOR),
-    ))
-    .map_err(e)?;
+    let entries = legend_entries(strategies, color_of);
+    legend::draw_line(area, &entries, (16, 52)).map_err(e)?;
     Ok(())
 }
 
@@ -316,7 +337,8 @@ fn draw_bars(area: &Area<'_>, fig: &Figure) -> std::result::Result<(), String> {
         .disable_y_mesh()
         .y_labels(0)
         .x_desc(fig.bars_unit.as_str())
-        .x_label_formatter(&|v| tick(*v))
+        .x_label_formatter(&|v| axis::label(*v, (0.0, longest), Scale::Linear))
+        .max_light_lines(axis::LIGHT_LINES)
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(|e| e.to_string())?;
@@ -349,28 +371,27 @@ fn draw_bars(area: &Area<'_>, fig: &Figure) -> std::result::Result<(), String> {
         .map_err(e)?;
         let (tx, _) = local(area, chart.backend_coord(&(x0, y + 0.5)));
         area.draw(&Text::new(
-            format!("{} ms", tick(x0)),
+            format!("{} ms", axis::tick(x0)),
             (tx + 6, py),
             text_style(12, CURRENT_COLOR).pos(Pos::new(HPos::Left, VPos::Center)),
         ))
         .map_err(e)?;
     }
-    // The resources' legend, on the caption's line, right of it.
-    let mut x = 200;
-    for r in resources {
-        area.draw(&Rectangle::new(
-            [(x, 8), (x + 14, 20)],
-            resource_color(r).filled(),
-        ))
-        .map_err(e)?;
-        area.draw(&Text::new(
-            r.to_string(),
-            (x + 18, 8),
-            text_style(12, CURRENT_COLOR),
-        ))
-        .map_err(e)?;
-        x += 30 + 8 * r.len() as i32;
-    }
+    // The resources' legend, under the caption, on the right.
+    let entries: Vec<Entry> = resources
+        .into_iter()
+        .map(|r| Entry {
+            label: r.to_string(),
+            color: resource_color(r),
+            swatch: Swatch::Block,
+        })
+        .collect();
+    let width: i32 = entries
+        .iter()
+        .map(|e| legend::text_width(&e.label, legend::FONT) + 50)
+        .sum();
+    let right = area.dim_in_pixel().0 as i32;
+    legend::draw_line(area, &entries, ((right - width).max(0), 14)).map_err(e)?;
     Ok(())
 }
 
@@ -379,32 +400,22 @@ fn draw_panel(
     p: &Panel,
     color_of: &dyn Fn(&str) -> RGBColor,
 ) -> std::result::Result<(), String> {
-    let xs: Vec<f64> = p
-        .curves
-        .iter()
-        .flat_map(|c| c.points.iter().map(|q| q.0))
-        .chain(p.marks.iter().map(|m| m.x))
-        .collect();
-    let ys: Vec<f64> = p
-        .curves
-        .iter()
-        .flat_map(|c| c.points.iter().map(|q| q.1))
-        .filter(|y| y.is_finite())
-        .collect();
-    let (mut xlo, mut xhi) = xs
-        .iter()
-        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
-            (a.min(x), b.max(x))
-        });
-    if !(xlo.is_finite() && xhi.is_finite()) {
-        (xlo, xhi) = (if p.log_x { 1.0 } else { 0.0 }, 1.0);
-    }
-    if xhi <= xlo {
-        xhi = if p.log_x { xlo * 2.0 } else { xlo + 1.0 };
-    }
-    let yhi = ys.iter().copied().fold(0.0, f64::max).max(1e-9) * 1.08;
+    let scale = Scale::of(p.log_x);
+    let (xlo, xhi) = axis::range(
+        p.curves
+            .iter()
+            .flat_map(|c| c.points.iter().map(|q| q.0))
+            .chain(p.marks.iter().map(|m| m.x)),
+        scale,
+        Fit::TIGHT,
+    );
+    let (_, yhi) = axis::range(
+        p.curves.iter().flat_map(|c| c.points.iter().map(|q| q.1)),
+        Scale::Linear,
+        Fit::FROM_ZERO,
+    );
     if p.log_x {
-        let ticks = log_ticks(xlo, xhi, MAX_LOG_TICKS);
+        let ticks = axis::log_ticks(xlo, xhi, axis::MAX_LOG_TICKS);
         let chart = ChartBuilder::on(area)
             .caption(&p.title, ("sans-serif", 15))
             .margin(12)
@@ -433,7 +444,7 @@ fn fill_panel<'a, X>(
     >,
     p: &Panel,
     color_of: &dyn Fn(&str) -> RGBColor,
-    _x: (f64, f64),
+    x: (f64, f64),
     yhi: f64,
 ) -> std::result::Result<(), String>
 where
@@ -443,8 +454,9 @@ where
         .configure_mesh()
         .x_desc(p.x_label.as_str())
         .y_desc(p.y_label.as_str())
-        .x_label_formatter(&|v| tick(*v))
-        .y_label_formatter(&|v| tick(*v))
+        .x_label_formatter(&|v| axis::label(*v, x, Scale::of(p.log_x)))
+        .y_label_formatter(&|v| axis::label(*v, (0.0, yhi), Scale::Linear))
+        .max_light_lines(axis::LIGHT_LINES)
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(|e| e.to_string())?;
@@ -483,7 +495,7 @@ where
             (px + 4, HPos::Left)
         };
         plot.draw(&Text::new(
-            format!("{} ({})", m.label, tick(m.x)),
+            format!("{} ({})", m.label, axis::tick(m.x)),
             (x, py + 4 + 15 * k as i32),
             text_style(12, color).pos(Pos::new(anchor, VPos::Top)),
         ))
@@ -574,5 +586,46 @@ mod tests {
         f.panels[0].marks[0].x = 0.0;
         let e = render(&f).unwrap_err().to_string();
         assert!(e.contains("log axis"), "{e}");
+    }
+
+    /// The flips found by interpolation against a brute-force scan of the interpolated
+    /// curves: the best changes once, between 2 and 4 streams, where the lines cross.
+    #[test]
+    fn flips_sit_where_the_best_curve_changes() {
+        let c = |name: &str, pts: &[(f64, f64)]| Curve {
+            name: name.into(),
+            points: pts.to_vec(),
+        };
+        let curves = [
+            c(
+                "hybrid",
+                &[(1.0, 100.0), (2.0, 120.0), (4.0, 130.0), (8.0, 135.0)],
+            ),
+            c(
+                "offload",
+                &[(1.0, 60.0), (2.0, 90.0), (4.0, 150.0), (8.0, 200.0)],
+            ),
+        ];
+        let f = flips(&curves);
+        assert_eq!(f.len(), 1, "{f:?}");
+        assert_eq!(f[0].label, "flip to offload");
+        assert!(!f[0].current);
+        // Slow reference: scan the piecewise-linear curves for the first x where
+        // offload is ahead.
+        let lerp = |c: &Curve, x: f64| {
+            let w = c
+                .points
+                .windows(2)
+                .find(|w| w[0].0 <= x && x <= w[1].0)
+                .unwrap();
+            w[0].1 + (x - w[0].0) / (w[1].0 - w[0].0) * (w[1].1 - w[0].1)
+        };
+        let cross = (0..=60_000)
+            .map(|i| 2.0 + i as f64 / 30_000.0)
+            .find(|&x| lerp(&curves[1], x) >= lerp(&curves[0], x))
+            .unwrap();
+        assert!((f[0].x - cross).abs() < 1e-3, "{} vs {cross}", f[0].x);
+        // No change of the best: no flip.
+        assert!(flips(&curves[..1]).is_empty());
     }
 }

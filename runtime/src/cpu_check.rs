@@ -137,6 +137,37 @@ pub fn measure_on(
     measure(&mut exec, bank, path, budget, start)
 }
 
+/// `ft predict --cpu-check`: the CPU check taken now on a device of `kind` for `model`,
+/// with `profile`'s threads and timed as the probe timed its own check
+/// ([`crate::probe::probe_pool_wait`]), set against the profile's check of the same work.
+/// An error names `--cpu-check` where the profile holds no check of that work.
+pub fn check_against_profile(
+    kind: crate::device::DeviceKind,
+    profile: &ft_model::profile::Profile,
+    model: &ModelSpec,
+) -> Result<ft_model::report::CheckedSpeed> {
+    use crate::probe::{probe_pool_wait, CpuTopology};
+    let threads = profile.params.cpu_threads as usize;
+    if profile.cpu_checks.is_empty() {
+        return Err(RuntimeError::invalid(
+            "--cpu-check",
+            "the profile holds no CPU check (probed before the check existed): probe again",
+        ));
+    }
+    let dev = Device::open(&crate::device::DeviceSpec::of_kind(kind))?;
+    let wait = probe_pool_wait(kind, threads, CpuTopology::detect().threads as usize);
+    let now = measure_model(&dev, model, threads, wait, CHECK_BUDGET)?;
+    ft_model::report::CheckedSpeed::against(&profile.cpu_checks, now)?.ok_or_else(|| {
+        RuntimeError::invalid(
+            "--cpu-check",
+            format!(
+                "the profile holds no CPU check of this work ({} experts of {:.0} B at {threads} threads)",
+                now.experts, now.expert_bytes
+            ),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,7 @@
 //! `docs/runtime-device.md` for the device API.
 
 pub mod bank;
+pub mod bench_bw;
 pub mod block_stamps;
 pub mod cpu_check;
 pub mod cpu_pool;
@@ -16,6 +17,7 @@ pub mod error;
 pub mod gather;
 pub mod gpu_experts;
 pub mod instrument;
+pub mod machine;
 pub mod numerics;
 pub mod nvrtc;
 pub mod probe;

@@ -1,4 +1,4 @@
-//! The multi-GPU engine on G host-emulated devices against the single-GPU engine: outputs
+//! The engine on G host-emulated devices against the same engine on one: outputs
 //! (bit-identical where every expert is computed whole on bit-identical kernels, within an
 //! f32 tolerance where tensor parallelism splits an expert's sum), per-GPU cache counts
 //! against a naive per-GPU `plan_layer` count, the CPU pool split, and the errors. The
@@ -15,8 +15,8 @@ use ft_model::{
 use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceSpec, HostDeviceConfig};
 use ft_runtime::engine::{
-    decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig, MultiEngine,
+    decode, draw_routing, BankSource, CombineMethod, CombineOrder, DecodeOptions, Engine,
+    EngineConfig,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::numerics::{bit_identical, rel_l2};
@@ -110,9 +110,20 @@ fn single(spec: &DeviceSpec, cfg: &EngineConfig, steps: &[StepRouting]) -> Vec<V
         .outputs
 }
 
-fn multi_engine(spec: &DeviceSpec, layout: GpuLayout, cfg: &EngineConfig) -> MultiEngine {
+fn on_gpus(devs: &[Device], layout: GpuLayout, cfg: &EngineConfig) -> ft_runtime::Result<Engine> {
+    Engine::on_gpus(
+        devs,
+        layout,
+        &model(),
+        cfg,
+        None,
+        BankSource::Seed(cfg.seed),
+    )
+}
+
+fn multi_engine(spec: &DeviceSpec, layout: GpuLayout, cfg: &EngineConfig) -> Engine {
     let devs = Device::open_group(spec, layout.count()).unwrap();
-    MultiEngine::new(&devs, layout, &model(), cfg).unwrap()
+    on_gpus(&devs, layout, cfg).unwrap()
 }
 
 fn flat(o: &[Vec<Vec<f32>>]) -> Vec<f32> {
@@ -130,9 +141,9 @@ fn compare(
     let want = single(spec, &config(s, 10, 1, gpu), &steps);
     let layout = GpuLayout::new(gpus, placement).unwrap();
     let mut m = multi_engine(spec, layout, &config(s, 6, gpus as usize, gpu));
-    let got = decode_multi(&mut m, &steps[..1], &steps[1..], &options(), &mut |_, _| {})
+    let got = decode(&mut m, &steps[..1], &steps[1..], &options(), &mut |_, _| {})
         .unwrap()
-        .outputs();
+        .outputs;
     assert_eq!(got.len(), want.len());
     let (a, b) = (flat(&got), flat(&want));
     assert!(a.iter().all(|v| v.is_finite()));
@@ -173,15 +184,18 @@ fn one_gpu_is_the_single_engine_exactly(spec: &DeviceSpec) {
             for p in [GpuPlacement::Sharded, GpuPlacement::TensorParallel] {
                 let mut m = multi_engine(spec, GpuLayout::new(1, p).unwrap(), &cfg);
                 let got =
-                    decode_multi(&mut m, &steps[..1], &steps[1..], &options(), &mut |_, _| {})
-                        .unwrap();
+                    decode(&mut m, &steps[..1], &steps[1..], &options(), &mut |_, _| {}).unwrap();
                 assert!(
-                    bit_identical(&flat(&got.outputs()), &flat(&want.outputs)),
+                    bit_identical(&flat(&got.outputs), &flat(&want.outputs)),
                     "{s} {gpu:?} {p:?} {combine:?}"
                 );
-                assert_eq!(m.cache(0).unwrap().stats(), e.cache().stats(), "{s} {p:?}");
+                assert_eq!(
+                    m.cache_of(0).unwrap().stats(),
+                    e.cache().stats(),
+                    "{s} {p:?}"
+                );
                 assert_eq!(m.combine_method(), CombineMethod::None);
-                let c = got.counts()[0];
+                let c = got.gpu_counts()[0];
                 let rec_hits: u64 = want
                     .records
                     .iter()
@@ -254,9 +268,8 @@ fn per_gpu_counts_match_a_naive_count(spec: &DeviceSpec) {
             let layout = GpuLayout::new(gpus, p).unwrap();
             let cfg = config(s, SLOTS, gpus as usize, ActivationPath::F32);
             let mut e = multi_engine(spec, layout, &cfg);
-            let got =
-                decode_multi(&mut e, &steps[..1], &steps[1..], &options(), &mut |_, _| {}).unwrap();
-            let counts = got.counts();
+            let got = decode(&mut e, &steps[..1], &steps[1..], &options(), &mut |_, _| {}).unwrap();
+            let counts = got.gpu_counts();
             for g in 0..gpus {
                 let mut cache =
                     build_cache(s.kind(), &CachePolicy::Lru, &m.geometry, SLOTS, None).unwrap();
@@ -282,7 +295,7 @@ fn per_gpu_counts_match_a_naive_count(spec: &DeviceSpec) {
                 if p == GpuPlacement::Sharded {
                     assert_eq!(c.cpu, cpu, "G{g} {s}");
                 }
-                assert_eq!(e.cache(g as usize).unwrap().stats(), cache.stats());
+                assert_eq!(e.cache_of(g as usize).unwrap().stats(), cache.stats());
                 let per = e.expert_bytes_per_gpu() as u64;
                 assert_eq!(c.gathered_bytes, c.fetched * per);
                 // A slice's true size: down's per-row scales are not split, so it is a
@@ -342,36 +355,25 @@ fn bad_layouts_are_clear_errors(spec: &DeviceSpec) {
     let devs = Device::open_group(spec, 2).unwrap();
     let cfg = config(Strategy::Offload, 6, 2, ActivationPath::F32);
     let three = GpuLayout::new(3, GpuPlacement::Sharded).unwrap();
-    let e = MultiEngine::new(&devs, three, &model(), &cfg)
-        .unwrap_err()
-        .to_string();
+    let e = on_gpus(&devs, three, &cfg).unwrap_err().to_string();
     assert!(e.contains("--gpus"), "{e}");
     // 192 columns do not split into 5 equal slices.
     let devs5 = Device::open_group(spec, 5).unwrap();
     let tp5 = GpuLayout::new(5, GpuPlacement::TensorParallel).unwrap();
-    let e = MultiEngine::new(&devs5, tp5, &model(), &cfg)
-        .unwrap_err()
-        .to_string();
+    let e = on_gpus(&devs5, tp5, &cfg).unwrap_err().to_string();
     assert!(e.contains("tensor-parallel") && e.contains("192"), "{e}");
     // A CPU share needs a worker per GPU.
     let two = GpuLayout::new(2, GpuPlacement::Sharded).unwrap();
-    let e = MultiEngine::new(
-        &devs,
-        two,
-        &model(),
-        &config(hybrid(0.5), 6, 1, ActivationPath::F32),
-    )
-    .unwrap_err()
-    .to_string();
+    let e = on_gpus(&devs, two, &config(hybrid(0.5), 6, 1, ActivationPath::F32))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("--threads"), "{e}");
     // The engine settings the single-GPU engine checks.
     let bad = EngineConfig {
         settings: ft_runtime::engine::EngineSettings { fetch_chunks: 0 },
         ..cfg.clone()
     };
-    let e = MultiEngine::new(&devs, two, &model(), &bad)
-        .unwrap_err()
-        .to_string();
+    let e = on_gpus(&devs, two, &bad).unwrap_err().to_string();
     assert!(e.contains("--fetch-chunks"), "{e}");
 }
 

@@ -6,8 +6,16 @@
 //!   then for each concurrency N, N concurrent streaming requests with distinct prompts of
 //!   about `prompt_tokens` tokens, `max_tokens` output tokens, temperature 0. Each stream's
 //!   decode tok/s is its generated tokens after the first over the time from the first to the
-//!   last token (so prefill is not in it), time to first token is from sending the request;
-//!   errors are counted, not fatal.
+//!   last token (`(n_out - 1) / (t_last - t_first)`, so its own prefill is not in it), its
+//!   end-to-end tok/s is its tokens over the whole request, and time to first token is from
+//!   sending the request; errors are counted, not fatal. At several streams a stream's
+//!   first-to-last span can still hold another stream's prefill (a server that prefills one
+//!   request stalls the others' decode), so the run's decode rate is taken over the *steady
+//!   window* ([`steady_window`]): from the last stream's first token to the first stream's
+//!   last token, where every stream decodes; each stream's rate there is its token arrivals
+//!   inside the window over their span. Where that window is too short to measure (a stream
+//!   finished before another began), the run falls back to the mean of the per-request rates
+//!   and says so ([`DecodeBasis`]).
 //! - [`stress`]: many concurrent clients on a few distinct prompts, some disconnecting
 //!   mid-stream, bounded in request count and time; every completed response is checked
 //!   against the others for the same prompt and against a non-streamed answer (greedy
@@ -168,11 +176,20 @@ pub struct StreamResult {
     pub decode_tok_s: f64,
     /// Request time, s.
     pub total_s: f64,
+    /// End-to-end tok/s: generated tokens over the request time (prefill included).
+    #[serde(default)]
+    pub e2e_tok_s: f64,
     /// Finish reason.
     pub finish_reason: Option<String>,
     /// The generated text.
     #[serde(skip)]
     pub text: String,
+    /// Arrival of each chunk with text, s from the start of its run (the window's clock).
+    #[serde(skip)]
+    pub arrivals_s: Vec<f64>,
+    /// Generated tokens per chunk with text (1 unless the server batches tokens in chunks).
+    #[serde(skip)]
+    pub tokens_per_chunk: f64,
     /// What went wrong, if anything.
     pub error: Option<String>,
 }
@@ -184,14 +201,111 @@ pub struct RunResult {
     pub concurrency: usize,
     /// Per stream.
     pub streams: Vec<StreamResult>,
-    /// Mean decode tok/s per stream over the streams without error.
+    /// Mean of the per-request decode tok/s over the streams without error.
     pub mean_decode_tok_s: f64,
-    /// Sum of the streams' decode tok/s.
+    /// Sum of the streams' per-request decode tok/s.
     pub total_decode_tok_s: f64,
+    /// The run's decode tok/s per stream: the steady window's where it measures, else the
+    /// mean per-request rate ([`RunResult::decode_basis`] says which).
+    #[serde(default)]
+    pub decode_tok_s: f64,
+    /// How `decode_tok_s` was taken.
+    #[serde(default)]
+    pub decode_basis: DecodeBasis,
+    /// The steady window, where it measures.
+    #[serde(default)]
+    pub window: Option<SteadyWindow>,
+    /// Mean end-to-end tok/s per stream (output tokens over the whole request).
+    #[serde(default)]
+    pub mean_e2e_tok_s: f64,
     /// Mean time to first token, s.
     pub mean_ttft_s: f64,
     /// Streams with an error.
     pub errors: usize,
+}
+
+/// How a run's decode rate was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DecodeBasis {
+    /// Over the steady window, where every stream decodes ([`steady_window`]).
+    SteadyWindow,
+    /// The mean of the per-request rates (the window was too short to measure).
+    #[default]
+    PerRequest,
+}
+
+/// The span where every stream of a run decodes, and each stream's rate in it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SteadyWindow {
+    /// Start (the last stream's first token), s from the run's start.
+    pub start_s: f64,
+    /// End (the first stream's last token), s from the run's start.
+    pub end_s: f64,
+    /// Each stream's decode tok/s inside the window.
+    pub per_stream_tok_s: Vec<f64>,
+    /// Their mean.
+    pub mean_tok_s: f64,
+}
+
+/// One stream's token arrivals, for [`steady_window`].
+#[derive(Debug, Clone, Copy)]
+pub struct Arrivals<'a> {
+    /// Arrival times of the chunks with text, s on the run's clock, ascending.
+    pub times_s: &'a [f64],
+    /// Tokens per chunk.
+    pub tokens_per_chunk: f64,
+}
+
+/// The decode rate over the span where every stream decodes (see the module docs): the
+/// window runs from the latest first arrival to the earliest last arrival; each stream's
+/// rate is `(k - 1) * tokens_per_chunk / (t_k - t_1)` over its `k` arrivals inside it.
+/// `None` where some stream has fewer than [`MIN_WINDOW_ARRIVALS`] arrivals there (the
+/// window is too short to measure) or there are no streams.
+pub fn steady_window(streams: &[Arrivals<'_>]) -> Option<SteadyWindow> {
+    let start = streams
+        .iter()
+        .map(|s| s.times_s.first().copied())
+        .try_fold(f64::NEG_INFINITY, |m, t| t.map(|t| m.max(t)))?;
+    let end = streams
+        .iter()
+        .map(|s| s.times_s.last().copied())
+        .try_fold(f64::INFINITY, |m, t| t.map(|t| m.min(t)))?;
+    if streams.is_empty() || end <= start {
+        return None;
+    }
+    let mut rates = Vec::with_capacity(streams.len());
+    for s in streams {
+        let inside: Vec<f64> = s
+            .times_s
+            .iter()
+            .copied()
+            .filter(|&t| t >= start && t <= end)
+            .collect();
+        let (first, last) = (inside.first()?, inside.last()?);
+        if inside.len() < MIN_WINDOW_ARRIVALS || last <= first {
+            return None;
+        }
+        rates.push((inside.len() - 1) as f64 * s.tokens_per_chunk / (last - first));
+    }
+    let mean = rates.iter().sum::<f64>() / rates.len() as f64;
+    Some(SteadyWindow {
+        start_s: start,
+        end_s: end,
+        per_stream_tok_s: rates,
+        mean_tok_s: mean,
+    })
+}
+
+/// Per-request decode tok/s: `(n_out - 1) / (t_last - t_first)`; 0 where fewer than two
+/// tokens or no time passed between the first and the last.
+pub fn request_decode_tok_s(tokens: usize, first_s: f64, last_s: f64) -> f64 {
+    let span = last_s - first_s;
+    if span > 0.0 && tokens > 1 {
+        (tokens - 1) as f64 / span
+    } else {
+        0.0
+    }
 }
 
 /// The protocol's result.
@@ -241,6 +355,20 @@ impl ReplayReport {
                 "{:>7} {:>6} {:>8} {:>8} {:>11.2} {:>9.3} {:>9}  {} error(s); total {:.2} tok/s\n",
                 r.concurrency, "mean", "", "", r.mean_decode_tok_s, r.mean_ttft_s, "", r.errors,
                 r.total_decode_tok_s
+            );
+            s += &format!(
+                "{:>7} {:>6}  decode {:.2} tok/s per stream ({}), end to end {:.2}\n",
+                r.concurrency,
+                "run",
+                r.decode_tok_s,
+                match (&r.decode_basis, &r.window) {
+                    (DecodeBasis::SteadyWindow, Some(w)) => format!(
+                        "steady window {:.2}-{:.2} s where all streams decode",
+                        w.start_s, w.end_s
+                    ),
+                    _ => "mean per-request rate: no steady window to measure".into(),
+                },
+                r.mean_e2e_tok_s
             );
         }
         s
@@ -322,9 +450,19 @@ struct Streamed {
     after_done: usize,
     first: Option<Instant>,
     last: Option<Instant>,
+    /// When each chunk with text arrived (at most [`MAX_ARRIVALS`] kept).
+    arrivals: Vec<Instant>,
     error: Option<String>,
     ids: std::collections::BTreeSet<String>,
 }
+
+/// Most chunk arrival times kept per request: far beyond any protocol's output length, and a
+/// bound on what a server streaming without end can make the client hold (16 B each).
+pub const MAX_ARRIVALS: usize = 1 << 20;
+
+/// Fewest token arrivals each stream must have inside the steady window for the window to
+/// measure the decode rate: below 8, one late chunk moves the rate by more than 10%.
+pub const MIN_WINDOW_ARRIVALS: usize = 8;
 
 /// Send a streaming request; `stop_after` chunks, then drop the connection (a client that
 /// goes away). Reads until `[DONE]` otherwise.
@@ -411,6 +549,9 @@ async fn stream_request(
                 out.first.get_or_insert(now);
                 out.last = Some(now);
                 out.token_chunks += 1;
+                if out.arrivals.len() < MAX_ARRIVALS {
+                    out.arrivals.push(now);
+                }
             }
             out.text += text;
             if let Some(f) = finish {
@@ -432,8 +573,8 @@ async fn measured(
     http: &reqwest::Client,
     cfg: &ReplayConfig,
     model: &str,
-    concurrency: usize,
-    stream: usize,
+    (concurrency, stream): (usize, usize),
+    run_start: Instant,
     prompt: String,
 ) -> StreamResult {
     let (path, b) = body(
@@ -449,17 +590,17 @@ async fn measured(
     let total_s = sent.elapsed().as_secs_f64();
     let tokens = r.usage.map_or(r.token_chunks, |u| u.1);
     let (ttft_s, decode_tok_s) = match (r.first, r.last) {
-        (Some(f), Some(l)) => {
-            let span = (l - f).as_secs_f64();
-            let rate = if span > 0.0 && tokens > 1 {
-                (tokens - 1) as f64 / span
-            } else {
-                0.0
-            };
-            ((f - sent).as_secs_f64(), rate)
-        }
+        (Some(f), Some(l)) => (
+            (f - sent).as_secs_f64(),
+            request_decode_tok_s(tokens, 0.0, (l - f).as_secs_f64()),
+        ),
         _ => (0.0, 0.0),
     };
+    let arrivals_s = r
+        .arrivals
+        .iter()
+        .map(|t| t.saturating_duration_since(run_start).as_secs_f64())
+        .collect();
     StreamResult {
         concurrency,
         stream,
@@ -468,8 +609,19 @@ async fn measured(
         ttft_s,
         decode_tok_s,
         total_s,
+        e2e_tok_s: if total_s > 0.0 {
+            tokens as f64 / total_s
+        } else {
+            0.0
+        },
         finish_reason: r.finish,
         text: r.text,
+        arrivals_s,
+        tokens_per_chunk: if r.token_chunks > 0 {
+            tokens as f64 / r.token_chunks as f64
+        } else {
+            1.0
+        },
         error: r.error,
     }
 }
@@ -495,13 +647,14 @@ pub async fn replay(cfg: &ReplayConfig) -> Result<ReplayReport> {
     for w in 0..cfg.warmup {
         // Warm-up prompts are distinct from the scored ones (request index 1000 + w).
         let p = prompt_text(cfg.seed, 0, 1000 + w, chars);
-        warmup.push(measured(&http, cfg, &model, 0, w, p).await);
+        warmup.push(measured(&http, cfg, &model, (0, w), Instant::now(), p).await);
     }
     let mut runs = Vec::new();
     for (ri, &n) in cfg.concurrency.iter().enumerate() {
+        let run_start = Instant::now();
         let futs = (0..n).map(|s| {
             let p = prompt_text(cfg.seed, s, ri, chars);
-            measured(&http, cfg, &model, n, s, p)
+            measured(&http, cfg, &model, (n, s), run_start, p)
         });
         let streams = futures::future::join_all(futs).await;
         let ok: Vec<&StreamResult> = streams.iter().filter(|s| s.error.is_none()).collect();
@@ -512,10 +665,32 @@ pub async fn replay(cfg: &ReplayConfig) -> Result<ReplayReport> {
                 ok.iter().map(|s| f(s)).sum::<f64>() / ok.len() as f64
             }
         };
+        let arrivals: Vec<Arrivals<'_>> = ok
+            .iter()
+            .map(|s| Arrivals {
+                times_s: &s.arrivals_s,
+                tokens_per_chunk: s.tokens_per_chunk,
+            })
+            .collect();
+        // Every stream failing leaves no window; a window needs every stream's arrivals.
+        let window = if ok.len() == streams.len() {
+            steady_window(&arrivals)
+        } else {
+            None
+        };
+        let per_request = mean(&|s| s.decode_tok_s);
         runs.push(RunResult {
             concurrency: n,
-            mean_decode_tok_s: mean(&|s| s.decode_tok_s),
+            mean_decode_tok_s: per_request,
             total_decode_tok_s: ok.iter().map(|s| s.decode_tok_s).sum(),
+            decode_tok_s: window.as_ref().map_or(per_request, |w| w.mean_tok_s),
+            decode_basis: if window.is_some() {
+                DecodeBasis::SteadyWindow
+            } else {
+                DecodeBasis::PerRequest
+            },
+            window,
+            mean_e2e_tok_s: mean(&|s| s.e2e_tok_s),
             mean_ttft_s: mean(&|s| s.ttft_s),
             errors: streams.len() - ok.len(),
             streams,
@@ -802,6 +977,75 @@ mod tests {
         assert_eq!(a.len(), 1200);
         assert_ne!(a, b);
         assert_eq!(a, prompt_text(1, 0, 0, 1200));
+    }
+
+    #[test]
+    fn request_decode_rate_is_tokens_after_the_first_over_first_to_last() {
+        // 5 tokens at 1.0, 1.1, 1.2, 1.3, 1.4 s: 4 intervals of 0.1 s.
+        assert!((request_decode_tok_s(5, 1.0, 1.4) - 10.0).abs() < 1e-9);
+        assert_eq!(request_decode_tok_s(1, 1.0, 1.0), 0.0);
+        assert_eq!(request_decode_tok_s(5, 1.0, 1.0), 0.0);
+    }
+
+    /// `n` arrivals every `dt` s from `t0`.
+    fn ticks(t0: f64, dt: f64, n: usize) -> Vec<f64> {
+        (0..n).map(|i| t0 + dt * i as f64).collect()
+    }
+
+    #[test]
+    fn steady_window_is_where_every_stream_decodes() {
+        // Stream 0 prefills first and decodes at 20 tok/s alone, then, once stream 1 has
+        // prefilled (a stall of 0.5 s in stream 0), both decode at 10 tok/s.
+        let mut a = ticks(0.5, 0.05, 20); // 0.50 .. 1.45 alone
+        a.extend(ticks(2.0, 0.1, 31)); // 2.0 .. 5.0 together
+        let b = ticks(2.05, 0.1, 40); // first token at 2.05, .. 5.95
+        let w = steady_window(&[
+            Arrivals {
+                times_s: &a,
+                tokens_per_chunk: 1.0,
+            },
+            Arrivals {
+                times_s: &b,
+                tokens_per_chunk: 1.0,
+            },
+        ])
+        .unwrap();
+        assert!((w.start_s - 2.05).abs() < 1e-12 && (w.end_s - 5.0).abs() < 1e-12);
+        for r in &w.per_stream_tok_s {
+            assert!((r - 10.0).abs() < 1e-6, "{w:?}");
+        }
+        assert!((w.mean_tok_s - 10.0).abs() < 1e-6);
+        // The per-request rate of stream 0 mixes its solo decode and the stall in.
+        let solo = request_decode_tok_s(a.len(), a[0], *a.last().unwrap());
+        assert!((solo - 50.0 / 4.5).abs() < 1e-9 && (solo - 10.0).abs() > 1.0);
+        // Chunks of two tokens double the rate.
+        let w2 = steady_window(&[Arrivals {
+            times_s: &b,
+            tokens_per_chunk: 2.0,
+        }])
+        .unwrap();
+        assert!((w2.mean_tok_s - 20.0).abs() < 1e-6);
+    }
+
+    fn one(times_s: &[f64]) -> Arrivals<'_> {
+        Arrivals {
+            times_s,
+            tokens_per_chunk: 1.0,
+        }
+    }
+
+    #[test]
+    fn no_steady_window_where_streams_do_not_overlap_enough() {
+        let a = ticks(0.0, 0.1, 20); // .. 1.9
+        let b = ticks(1.5, 0.1, 20); // 1.5 ..: 5 arrivals of a inside
+        assert!(steady_window(&[one(&a), one(&b)]).is_none());
+        let c = ticks(3.0, 0.1, 20); // after a ended
+        assert!(steady_window(&[one(&a), one(&c)]).is_none());
+        assert!(steady_window(&[one(&a), one(&[])]).is_none());
+        assert!(steady_window(&[]).is_none());
+        // One stream: its own first-to-last, the per-request rate.
+        let w = steady_window(&[one(&a)]).unwrap();
+        assert!((w.mean_tok_s - request_decode_tok_s(20, 0.0, 1.9)).abs() < 1e-9);
     }
 
     #[test]

@@ -50,6 +50,33 @@ pub enum CacheChoice {
     GpuMemory,
 }
 
+impl CacheChoice {
+    /// The choice the flags make: `--cache-slots`, else `--cache-gb`, else `--miss-rate`;
+    /// with none, the field report's 38% at two streams where the run is the field report's
+    /// (`field_report`: its host and model), elsewhere what the GPU holds.
+    pub fn from_flags(
+        slots: Option<usize>,
+        gib: Option<f64>,
+        miss_rate: Option<f64>,
+        field_report: bool,
+    ) -> Self {
+        use crate::field_report as fr;
+        match (slots, gib, miss_rate) {
+            (Some(slots), _, _) => CacheChoice::Slots { slots },
+            (_, Some(gib), _) => CacheChoice::Gib { gib },
+            (_, _, Some(rate)) => CacheChoice::MissRate {
+                rate,
+                streams: None,
+            },
+            _ if field_report => CacheChoice::MissRate {
+                rate: fr::OFFLOAD_MISS_RATE,
+                streams: Some(fr::MISS_RATE_STREAMS),
+            },
+            _ => CacheChoice::GpuMemory,
+        }
+    }
+}
+
 /// What to compare besides host and model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -300,6 +327,14 @@ impl Comparison {
     pub fn row(&self, strategy: &str) -> Option<&StrategyRow> {
         self.strategies.iter().find(|r| r.strategy == strategy)
     }
+
+    /// Hybrid's simulated tok/s per stream over offload's, minus one (`None` unless both
+    /// were simulated).
+    pub fn hybrid_gain(&self) -> Option<f64> {
+        let off = self.row("offload")?;
+        let hyb = self.row("hybrid")?;
+        Some(hyb.tok_s_per_stream / off.tok_s_per_stream - 1.0)
+    }
 }
 
 /// Slots of a cache choice for `model` on a GPU described by `perf`.
@@ -528,4 +563,37 @@ pub fn write_csv<W: std::io::Write>(cs: &[Comparison], w: W) -> Result<()> {
         path: "CSV output".to_string(),
         source: e,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_flags_choose_in_order() {
+        let f = CacheChoice::from_flags;
+        assert_eq!(
+            f(Some(9), Some(1.0), None, true),
+            CacheChoice::Slots { slots: 9 }
+        );
+        assert_eq!(
+            f(None, Some(1.5), Some(0.2), true),
+            CacheChoice::Gib { gib: 1.5 }
+        );
+        assert_eq!(
+            f(None, None, Some(0.2), true),
+            CacheChoice::MissRate {
+                rate: 0.2,
+                streams: None
+            }
+        );
+        assert_eq!(
+            f(None, None, None, true),
+            CacheChoice::MissRate {
+                rate: crate::field_report::OFFLOAD_MISS_RATE,
+                streams: Some(crate::field_report::MISS_RATE_STREAMS)
+            }
+        );
+        assert_eq!(f(None, None, None, false), CacheChoice::GpuMemory);
+    }
 }

@@ -25,7 +25,7 @@ use ft_model::perf::LayerCounts;
 use ft_model::perf::{ExpertShape, PerfParams, ACTIVATION_BYTES_PER_ELEMENT, BYTES_PER_US_PER_GBS};
 use ft_model::placement::GpuLayout;
 use ft_model::preset::{DenseSpec, ModelSpec};
-use ft_model::schedule::LayerSchedule;
+use ft_model::schedule::{LayerSchedule, LayerWork};
 
 use crate::error::Result;
 use crate::layer::{CpuShare, LayerCosts, Resources, TAG_GATHER, TAG_RESULT};
@@ -220,7 +220,28 @@ impl CostModel {
         dense_ns: f64,
         gpu: u32,
     ) -> LayerCosts {
-        let c = &schedule.counts[gpu as usize];
+        self.costs_of(
+            &schedule.counts[gpu as usize],
+            schedule.gated_last_chunk,
+            schedule.work(),
+            streams,
+            dense_ns,
+            gpu,
+        )
+    }
+
+    /// [`CostModel::layer_on`] from the parts of the schedule it reads: GPU `gpu`'s counts
+    /// `c`, whether its last chunk is gated, and the layer's work (what its residual is
+    /// keyed by).
+    pub fn costs_of(
+        &self,
+        c: &LayerCounts,
+        gated_last_chunk: bool,
+        work: LayerWork,
+        streams: usize,
+        dense_ns: f64,
+        gpu: u32,
+    ) -> LayerCosts {
         let p = &self.params;
         let s = self.lane_shape;
         let threads = self.lane_threads(gpu);
@@ -280,8 +301,8 @@ impl CostModel {
                 .max(0.0),
             fetched_early_launches: fetched.early_chunks as u32,
             fetched_kernel_ns: (us(fetched.last_us) - launch).max(0.0),
-            fetched_gated: schedule.gated_last_chunk,
-            overhead_ns: us(p.overhead.of(schedule.work())),
+            fetched_gated: gated_last_chunk,
+            overhead_ns: us(p.overhead.of(work)),
             gather,
             cpu,
         }

@@ -4,7 +4,7 @@
 //! Per step every active stream contributes one token (the runtime batches them so);
 //! routing comes from the shared [`RoutingSource`], each layer is planned by the shared
 //! [`plan_layer`] against the shared [`ExpertCache`] (so the simulator's misses are the
-//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`](crate::layer::LayerMachine) on the resources.
+//! runtime's), costed by [`CostModel`] and timed by [`LayerMachine`] on the resources (the layer's schedule, any GPU count).
 //! Context grows by one token per stream per step; a stream whose request reached its
 //! output length starts a new request (context back to the prompt length). Prompt
 //! processing is modelled as a fixed prefill time per new request, spent before the next
@@ -24,11 +24,11 @@ use ft_model::traffic::plan_layer_gpus;
 use crate::component::{Component, Control};
 use crate::costs::CostModel;
 use crate::error::{Result, SimError};
-use crate::layer::{CriticalSplit, GpuLanes, LaneEvent, LayerCosts, LayerEvent, Resources};
+use crate::layer::{CriticalSplit, LaneEvent, LayerCosts, LayerEvent, LayerMachine, Resources};
 use crate::scheduler::Scheduler;
 use crate::time::Nanos;
 use ft_model::perf::LayerCounts;
-use ft_model::schedule::LayerSchedule;
+use ft_model::schedule::{LayerSchedule, LayerWork};
 use ft_model::strategy::PlacementPolicy;
 
 /// Index of `sync` in a [`CriticalSplit`] (`crate::layer::CRITICAL_NAMES`).
@@ -337,6 +337,79 @@ impl Planner {
     }
 }
 
+/// What a layer's schedule depends on, for up to 16 plans: for each plan whether it has
+/// hits, fetched experts, more than one fetched chunk (`ft_model::plan::fetch_chunk_bounds`
+/// splits two or more experts) and a CPU share. `None` for more plans.
+fn structure_key(plans: &[LayerCounts]) -> Option<u64> {
+    if plans.len() > 16 {
+        return None;
+    }
+    Some(plans.iter().enumerate().fold(0u64, |k, (i, c)| {
+        let bits = u64::from(c.hits > 0.0)
+            | u64::from(c.fetched > 0.0) << 1
+            | u64::from(c.fetched.round() >= 2.0) << 2
+            | u64::from(c.cpu > 0.0) << 3;
+        k | bits << (4 * i)
+    }))
+}
+
+/// Hybrid's miss rate relative to offload's at the same cache
+/// ([`ft_model::perf::EngineTerms::hybrid_miss_factor`], a calibrated term of an engine's
+/// runs), applied to the plans before they are timed, as the analytic model applies it to
+/// its samples ([`ft_model::perf::EngineTerms::apply_miss_factor`]): in every layer with a
+/// gather and a CPU share, experts move between the hits and the misses and the misses keep
+/// their split between the link and the CPU. The simulator moves whole experts (a gather
+/// copies whole experts): each plan's fetched and CPU counts are rounded with the fraction
+/// carried to its next layer, so their mean over a run is the model's scaled count.
+#[derive(Debug, Clone, Default)]
+struct MissFactor {
+    /// Each plan's carried fraction of (fetched, CPU) experts.
+    carry: Vec<(f64, f64)>,
+}
+
+/// `x` plus the carried fraction, rounded to a whole number; the rest stays carried.
+fn round_carried(x: f64, carry: &mut f64) -> f64 {
+    let want = x + *carry;
+    let got = want.round().max(0.0);
+    *carry = want - got;
+    got
+}
+
+impl MissFactor {
+    /// Scale the misses of `plans` (one per GPU plan) by `engine`'s factor.
+    fn apply(&mut self, engine: &ft_model::perf::EngineTerms, plans: &mut [LayerCounts]) {
+        if engine.hybrid_miss_factor == 1.0 {
+            return;
+        }
+        if self.carry.len() < plans.len() {
+            self.carry.resize(plans.len(), (0.0, 0.0));
+        }
+        for (c, carry) in plans.iter_mut().zip(self.carry.iter_mut()) {
+            if c.cpu <= 0.0 || c.fetched <= 0.0 {
+                continue;
+            }
+            let scaled = engine.apply_miss_factor(c);
+            let union = c.unique();
+            let fetched = round_carried(scaled.fetched, &mut carry.0).min(union);
+            let cpu = round_carried(scaled.cpu, &mut carry.1);
+            let cpu_fit = cpu.min(union - fetched);
+            carry.1 += cpu - cpu_fit;
+            let per = |n: f64, of: f64, tokens: f64| if of > 0.0 { tokens * n / of } else { 0.0 };
+            let fetched_tokens = per(fetched, scaled.fetched, scaled.fetched_tokens);
+            let cpu_tokens = per(cpu_fit, scaled.cpu, scaled.cpu_tokens);
+            let all_tokens = c.hit_tokens + c.fetched_tokens + c.cpu_tokens;
+            *c = LayerCounts {
+                hits: union - fetched - cpu_fit,
+                hit_tokens: (all_tokens - fetched_tokens - cpu_tokens).max(0.0),
+                fetched,
+                fetched_tokens,
+                cpu: cpu_fit,
+                cpu_tokens,
+            };
+        }
+    }
+}
+
 /// Requests of the closed loop.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -403,9 +476,15 @@ pub struct DecodeProcess<'a> {
     jitter: f64,
     warmup_steps: u64,
     measured_steps: u64,
-    lanes: GpuLanes,
+    lanes: LayerMachine,
     /// This layer's counts of each plan (reused).
     plan_counts: Vec<LayerCounts>,
+    /// Hybrid's calibrated miss factor on each plan's counts.
+    miss_factor: MissFactor,
+    /// The schedules met so far, by [`structure_key`] (a run meets a handful).
+    schedules: Vec<(u64, Arc<LayerSchedule>)>,
+    /// This layer's costs of each GPU (reused).
+    lane_costs: Vec<LayerCosts>,
     /// Tokens generated so far by each stream's current request.
     generated: Vec<u64>,
     cur_layer: usize,
@@ -432,8 +511,11 @@ impl<'a> DecodeProcess<'a> {
         measured_steps: u64,
     ) -> Self {
         DecodeProcess {
-            lanes: GpuLanes::new(costs.lane_resources(), costs.combine_ns(streams)),
+            lanes: LayerMachine::new(costs.lane_resources(), costs.combine_ns(streams)),
             plan_counts: Vec::new(),
+            miss_factor: MissFactor::default(),
+            schedules: Vec::new(),
+            lane_costs: Vec::new(),
             costs,
             dense_ns: 0.0,
             layers: planner.layers(),
@@ -470,8 +552,8 @@ impl<'a> DecodeProcess<'a> {
         &self.lanes.res[0]
     }
 
-    /// Every GPU's lane (after the run).
-    pub fn lanes(&self) -> &GpuLanes {
+    /// The layer machine of every GPU (after the run).
+    pub fn lanes(&self) -> &LayerMachine {
         &self.lanes
     }
 
@@ -517,6 +599,8 @@ impl<'a> DecodeProcess<'a> {
         let l = self.cur_layer;
         let mut plans = std::mem::take(&mut self.plan_counts);
         self.planner.layer(l, &mut plans);
+        self.miss_factor
+            .apply(&self.costs.params.engine, &mut plans);
         if self.measuring {
             let c = &mut self.counters;
             c.layer_steps += 1;
@@ -527,16 +611,48 @@ impl<'a> DecodeProcess<'a> {
                 c.cpu_experts += counts.cpu as u64;
             }
         }
-        let schedule = LayerSchedule::new(&self.costs.layout, &plans);
-        let mut costs = Vec::with_capacity(self.lanes.gpus());
+        let schedule = self.schedule_for(&plans);
+        let work = LayerWork::of(&plans);
+        let mut costs = std::mem::take(&mut self.lane_costs);
+        costs.clear();
         for g in 0..self.lanes.gpus() as u32 {
-            let c = self
-                .costs
-                .layer_on(&schedule, self.streams, self.dense_ns, g);
+            let counts = &plans[self.costs.layout.plan_of(g).min(plans.len() - 1)];
+            let c = self.costs.costs_of(
+                counts,
+                schedule.gated_last_chunk,
+                work,
+                self.streams,
+                self.dense_ns,
+                g,
+            );
             costs.push(self.jitter_costs(c, s));
         }
         self.plan_counts = plans;
-        self.lanes.start(now, &costs, s);
+        self.lanes.start(now, schedule, &costs, s);
+        self.lane_costs = costs;
+    }
+
+    /// The schedule of a layer whose GPUs plan `plans`: its operations depend only on which
+    /// work each plan holds ([`structure_key`]), so one schedule per structure is built and
+    /// shared (a debug build checks it against a fresh one).
+    fn schedule_for(&mut self, plans: &[LayerCounts]) -> Arc<LayerSchedule> {
+        let Some(key) = structure_key(plans) else {
+            return Arc::new(LayerSchedule::new(&self.costs.layout, plans));
+        };
+        let schedule = match self.schedules.iter().find(|(k, _)| *k == key) {
+            Some((_, s)) => Arc::clone(s),
+            None => {
+                let s = Arc::new(LayerSchedule::new(&self.costs.layout, plans));
+                self.schedules.push((key, Arc::clone(&s)));
+                s
+            }
+        };
+        debug_assert_eq!(
+            schedule.ops,
+            LayerSchedule::new(&self.costs.layout, plans).ops,
+            "one structure, one schedule"
+        );
+        schedule
     }
 
     /// Busy time of (GPU stream, H2D link, CPU share) summed over the GPUs, ns.
@@ -614,15 +730,15 @@ impl Component<LaneEvent> for DecodeProcess<'_> {
             return Control::Continue;
         };
         if self.measuring {
-            let slow = self.lanes.machine(self.lanes.slowest());
-            let t = *slow.times();
+            let slow = self.lanes.slowest();
+            let t = *self.lanes.times(slow);
             for g in 0..self.lanes.gpus() {
-                self.counters.contended_ns += self.lanes.machine(g).times().contended_ns;
+                self.counters.contended_ns += self.lanes.times(g).contended_ns;
             }
             if t.cpu_side_end > t.gpu_side_end {
                 self.counters.cpu_critical_layers += 1;
             }
-            let mut split = t.critical(slow.costs().overhead_ns);
+            let mut split = t.critical(self.lanes.costs(slow).overhead_ns);
             if self.lanes.gpus() > 1 {
                 // The combine after the slowest GPU: traffic between devices (sync), as the
                 // analytic model charges it.

@@ -161,6 +161,29 @@ pub fn parse_axis(s: &str) -> Result<(String, Vec<String>)> {
     Ok((k, vals))
 }
 
+/// The axes of a sweep with the plain flags' stream counts and strategies added as axes,
+/// unless `axes` sweeps them itself (streams first, strategies last).
+pub fn with_flag_axes(
+    mut axes: Vec<(String, Vec<String>)>,
+    streams: &[usize],
+    strategies: &[StrategyKind],
+) -> Vec<(String, Vec<String>)> {
+    if !axes.iter().any(|(k, _)| k == "streams") {
+        axes.insert(
+            0,
+            (
+                "streams".to_string(),
+                streams.iter().map(|s| s.to_string()).collect(),
+            ),
+        );
+    }
+    if !axes.iter().any(|(k, _)| k == "strategy") {
+        let names = strategies.iter().map(|k| k.name().to_string()).collect();
+        axes.push(("strategy".to_string(), names));
+    }
+    axes
+}
+
 /// The cross product of `axes` over `base`, the last axis varying fastest. Its size is
 /// checked against [`ft_model::limits::MAX_SWEEP_POINTS`] before any point is made.
 pub fn expand(base: &SweepPoint, axes: &[(String, Vec<String>)]) -> Result<Vec<SweepPoint>> {
@@ -603,5 +626,25 @@ pub fn workload(prompt: u64, output: u64) -> Workload {
         prompt_tokens: prompt,
         output_tokens: output,
         prefill_ns: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flag_axes_are_added_unless_swept() {
+        let kinds = [StrategyKind::Offload, StrategyKind::Hybrid];
+        let axes = with_flag_axes(vec![parse_axis("seed=1,2").unwrap()], &[1, 4], &kinds);
+        let keys: Vec<&str> = axes.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["streams", "seed", "strategy"]);
+        assert_eq!(axes[0].1, ["1", "4"]);
+        assert_eq!(axes[2].1, ["offload", "hybrid"]);
+        let swept = vec![
+            parse_axis("strategy=cpu").unwrap(),
+            parse_axis("streams=8").unwrap(),
+        ];
+        assert_eq!(with_flag_axes(swept.clone(), &[1], &kinds), swept);
     }
 }

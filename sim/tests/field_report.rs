@@ -69,4 +69,30 @@ fn offload_is_pcie_bound_and_hybrid_wins_at_one_and_two_streams() {
         assert_eq!(c.legacy.verdict, "offload");
         assert_ne!(c.legacy.verdict, c.best);
     }
+
+    // The figures printed beside the simulation: every row, each from the run it names.
+    let rows = fr::beside(&[one.clone(), two.clone()]);
+    let labels: Vec<&str> = rows.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        [
+            "offload miss rate, 2 streams",
+            "offload PCIe bound, 2 streams, tok/s/stream",
+            "offload, 2 streams, tok/s/stream",
+            "hybrid over offload per stream, 1 stream(s)",
+            "hybrid over offload per stream, 2 stream(s)",
+            "hybrid fetch fraction, 1 stream(s)",
+            "legacy ratio -> verdict",
+        ]
+    );
+    assert_eq!(rows[0].simulated, format!("{:.1}%", 100.0 * off.miss_rate));
+    assert_eq!(rows[1].simulated, format!("{bound_tok_s:.1}"));
+    let gain1 = one.hybrid_gain().unwrap();
+    assert!((gain1 - (hyb1.tok_s_per_stream / off1.tok_s_per_stream - 1.0)).abs() < 1e-12);
+    assert_eq!(rows[3].simulated, format!("{:+.0}%", 100.0 * gain1));
+    assert_eq!(rows[6].reported, "1.902 -> offload");
+    // Without the two-stream run, its rows are left out.
+    assert_eq!(fr::beside(std::slice::from_ref(&one)).len(), 3);
+    let json = serde_json::to_value(fr::reported()).unwrap();
+    assert_eq!(json["offload_miss_rate_2_streams"], fr::OFFLOAD_MISS_RATE);
 }

@@ -163,22 +163,19 @@ pub const PROBE_FAST: &[&str] = &[
 ];
 
 /// A GGUF header of a small MoE model (4 MoE blocks of 32 experts, 1024 wide, experts of
-/// 512, q4_k gate/up and q6_k down as a `Q4_K_M` file has them), written with ferrox-gguf's
-/// writer; the file is extended to its full length without writing any tensor data.
+/// 512, q4_k gate/up and q6_k down as a `Q4_K_M` file has them), written by ft-model's test
+/// writer (ferrox-gguf's encoder); the file is extended to its full length without writing
+/// any tensor data.
 pub fn write_gguf(path: &Path) {
-    let (h, i, e, layers) = (1024u64, 512u64, 32u64, 4u64);
-    use ferrox_gguf::writer::{encode_header, TensorPlan};
     use ferrox_gguf::{GgmlType, GgufValue};
-    let meta: std::collections::BTreeMap<String, GgufValue> = [
+    let (h, i, e, layers) = (1024u64, 512u64, 32u64, 4u64);
+    let meta = [
         ("general.architecture", GgufValue::String("qwen3moe".into())),
         ("general.name", GgufValue::String("walkthrough-moe".into())),
         ("qwen3moe.expert_used_count", GgufValue::U32(4)),
         ("qwen3moe.attention.head_count", GgufValue::U32(16)),
         ("qwen3moe.attention.head_count_kv", GgufValue::U32(4)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
+    ];
     let mut tensors = Vec::new();
     for n in 0..layers {
         for (role, shape, t) in [
@@ -192,26 +189,5 @@ pub fn write_gguf(path: &Path) {
             tensors.push((format!("blk.{n}.{role}.weight"), shape, t));
         }
     }
-    let plan: Vec<TensorPlan> = tensors
-        .into_iter()
-        .map(|(name, shape, dtype)| {
-            let (b, l) = dtype.block_layout();
-            let n: u64 = shape.iter().product();
-            TensorPlan {
-                name,
-                shape,
-                dtype,
-                byte_len: (n as usize / l) * b,
-            }
-        })
-        .collect();
-    let data: usize = plan.iter().map(|t| t.byte_len.div_ceil(32) * 32).sum();
-    let header = encode_header(&meta, &plan).unwrap();
-    std::fs::write(path, &header).unwrap();
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(path)
-        .unwrap()
-        .set_len((header.len().div_ceil(32) * 32 + data) as u64)
-        .unwrap();
+    ft_model::import::gguf_test_support::write_header(path, &meta, tensors).unwrap();
 }

@@ -2,12 +2,14 @@
 //! target, with a standard error, from the runs so far.
 //!
 //! [`Calibrator`] is the seam. [`Measured`] answers from the measurements alone (the mean of
-//! a configuration's runs at the target, its standard error from their spread with a noise
+//! a configuration's runs at the target's streams, measure and cache, its standard error
+//! from their spread with a noise
 //! floor; nothing for a configuration not yet run): it needs no host inputs and assumes no
 //! model, so it is also the reference a model-based calibrator is checked against on the
 //! configurations both can see.
 
 use ft_model::observe::{Measure, Observation, ObservedCache, ObservedStrategy};
+use ft_model::perf::breakeven::BreakEvens;
 use serde::Serialize;
 
 use crate::error::Result;
@@ -83,6 +85,45 @@ pub trait Calibrator {
         let _ = target;
         Ok(vec![None; candidates.len()])
     }
+
+    /// The break-evens of the decision for `candidates[choice]` at `target`, from the model
+    /// calibrated to `runs`, where the calibrator has a model to move the inputs of.
+    fn break_evens(
+        &self,
+        runs: &[Observation],
+        candidates: &[ObservedStrategy],
+        target: &Target,
+        choice: usize,
+    ) -> Result<BreakEvenSection> {
+        let _ = (runs, candidates, target, choice);
+        Ok(BreakEvenSection::NotAvailable {
+            why: "no host model to move the inputs of: give --host or --profile".into(),
+        })
+    }
+}
+
+/// Tune's break-evens: how far each uncertain input must move for the decision to flip
+/// (`ft_model::perf::breakeven`), or why there are none.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum BreakEvenSection {
+    /// Computed from the calibrated model, in decode tok/s at the target's streams and
+    /// context, among the candidates' strategies only.
+    Computed {
+        /// The strategy they are of: the calibrated model's choice among the candidates'
+        /// strategies (as `ft predict` names it).
+        of: String,
+        /// Whether that is the strategy of tune's choice (made from the runs where a
+        /// candidate was measured at the target).
+        agrees_with_choice: bool,
+        /// Every input's break-even.
+        break_evens: BreakEvens,
+    },
+    /// Not computed, and why.
+    NotAvailable {
+        /// Why.
+        why: String,
+    },
 }
 
 /// Whether two configurations are the same (fetch fractions compared with a tolerance).
@@ -131,6 +172,7 @@ impl Calibrator for Measured {
                         same_config(&o.strategy, c)
                             && o.streams == target.streams
                             && o.measure == target.measure
+                            && (!c.needs_cache() || o.cache == target.cache)
                     })
                     .map(|o| o.tok_s_per_stream)
                     .collect();
@@ -169,6 +211,7 @@ mod tests {
              offload,,2,16,1,12,client-e2e\n\
              offload,,1,16,1,99,client-e2e\n\
              offload,,2,16,1,99,decode\n\
+             offload,,2,16,2,99,client-e2e\n\
              hybrid,0.5,2,16,1,20,client-e2e\n",
             "t.csv",
         )
@@ -178,7 +221,7 @@ mod tests {
             prompt_tokens: 0,
             output_tokens: 16,
             measure: Measure::ClientE2e,
-            cache: None,
+            cache: Some(ObservedCache::Gib(1.0)),
         };
         let cands = [
             ObservedStrategy::Offload,

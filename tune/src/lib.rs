@@ -15,6 +15,8 @@
 //! - [`calib`]: the seam between runs and estimates, and the model-free reference;
 //! - [`model_calib`]: estimates from `ft_model::calibrate` fitted to the runs;
 //! - [`plan`]: the choice, whether it is settled, and the next run;
+//! - [`setup`]: from tune's flags to the candidates, concurrencies and cache sizes it runs;
+//! - [`report`]: the report's human table;
 //! - [`obsfile`]: runs written as rows of the observations CSV (`ft_model::observe`).
 
 pub mod calib;
@@ -23,6 +25,8 @@ pub mod error;
 pub mod model_calib;
 pub mod obsfile;
 pub mod plan;
+pub mod report;
+pub mod setup;
 pub mod template;
 pub mod tuning;
 

@@ -14,13 +14,17 @@
 //! prediction this command exists to check, so every candidate is "not yet known" and the
 //! first is run.
 
+use ft_model::cache::CacheSize;
 use ft_model::calibrate::{self, apply_all, strategy_of, CalibrateConfig, RunModel};
 use ft_model::observe::{Observation, ObservedStrategy};
+use ft_model::perf::breakeven::{break_evens, ranked};
+use ft_model::perf::predict::{predict, PredictConfig};
 use ft_model::perf::prefill::MeasureSpec;
 use ft_model::perf::PerfModel;
+use ft_model::strategy::{CpuLayers, FetchFraction};
 use ft_model::ModelSpec;
 
-use crate::calib::{Calibrator, Estimate, Measured, Target};
+use crate::calib::{BreakEvenSection, Calibrator, Estimate, Measured, Target};
 use crate::error::Result;
 
 /// The calibrated model as a [`Calibrator`] (see the module docs).
@@ -72,7 +76,93 @@ impl Model {
     }
 }
 
+impl Model {
+    /// `ft predict`'s configuration of the decision at `target`: its streams and context,
+    /// the runs' cache, routing and sampling; hybrid at `choice`'s fraction (else the first
+    /// hybrid candidate's) and a layer split at its N likewise, since the engine runs only
+    /// the candidates' parameters.
+    fn predict_config(
+        &self,
+        candidates: &[ObservedStrategy],
+        target: &Target,
+        choice: usize,
+    ) -> PredictConfig {
+        let first = |f: &dyn Fn(&ObservedStrategy) -> Option<f64>| {
+            f(&candidates[choice]).or_else(|| candidates.iter().find_map(f))
+        };
+        let fraction = first(&|c| match c {
+            ObservedStrategy::Hybrid { fetch_fraction } => Some(*fetch_fraction),
+            _ => None,
+        });
+        let layers = first(&|c| match c {
+            ObservedStrategy::LayerSplit { cpu_layers }
+            | ObservedStrategy::LayerSplitCached { cpu_layers } => Some(*cpu_layers as f64),
+            _ => None,
+        });
+        let total = self.model.geometry.total_experts().max(1) as usize;
+        let sampling = &self.config.sampling;
+        PredictConfig {
+            streams: target.streams,
+            context: (target.prompt_tokens + target.output_tokens / 2).max(1),
+            // A cache of every expert is `resident`'s, not a cache: one slot fewer.
+            cache: target.cache.map(|c| {
+                CacheSize::Slots(
+                    calibrate::cache_slots(&self.model, Some(c))
+                        .min(total.saturating_sub(1).max(1)),
+                )
+            }),
+            cache_options: sampling.cache.clone(),
+            routing: sampling.routing.clone(),
+            seed: sampling.seed,
+            warmup_steps: sampling.warmup_steps,
+            steps: sampling.steps.max(1),
+            hybrid_fetch: fraction.map_or(FetchFraction::Auto, FetchFraction::Fixed),
+            layer_split: layers.map(|n| CpuLayers::Fixed(n as usize)),
+            ..PredictConfig::default()
+        }
+    }
+}
+
 impl Calibrator for Model {
+    fn break_evens(
+        &self,
+        runs: &[Observation],
+        candidates: &[ObservedStrategy],
+        target: &Target,
+        choice: usize,
+    ) -> Result<BreakEvenSection> {
+        if runs.is_empty() {
+            return Ok(BreakEvenSection::NotAvailable {
+                why: "no run to calibrate the model to".into(),
+            });
+        }
+        let cal = calibrate::calibrate(&self.model, &self.base, runs, &self.config)?;
+        let perf = cal.perf_model(&self.base);
+        let config = self.predict_config(candidates, target, choice);
+        let mut pred = predict(&self.model, &perf, &config)?;
+        // Only what the engine can run takes part.
+        let kinds: Vec<_> = candidates.iter().map(|c| strategy_of(c).kind()).collect();
+        pred.strategies.retain(|s| kinds.contains(&s.kind));
+        let want = kinds[choice];
+        let best = pred
+            .strategies
+            .iter()
+            .filter(|s| ranked(s))
+            .max_by(|a, b| a.tok_s_total.total_cmp(&b.tok_s_total));
+        let Some(best) = best else {
+            return Ok(BreakEvenSection::NotAvailable {
+                why: "the calibrated model finds none of the candidates feasible".into(),
+            });
+        };
+        let (of, kind) = (best.strategy.to_string(), best.kind);
+        let flips = break_evens(&self.model, &perf, &config, &pred, kind)?;
+        Ok(BreakEvenSection::Computed {
+            of,
+            agrees_with_choice: kind == want,
+            break_evens: flips,
+        })
+    }
+
     fn host_only(
         &self,
         candidates: &[ObservedStrategy],
@@ -151,5 +241,110 @@ impl Calibrator for Model {
             }));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ft_model::calibrate::Term;
+    use ft_model::host::HostSpec;
+    use ft_model::observe::{parse_observations, Measure, ObservedCache};
+    use ft_model::strategy::StrategyKind;
+
+    /// The field report's model cut to 4 layers, sampled briefly: a fit in well under a
+    /// second.
+    fn quick_model() -> Model {
+        let mut m = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        m.geometry.moe_layers = 4;
+        let base = PerfModel::from_host(&HostSpec::field_report()).unwrap();
+        let mut c = Model::new(m, base, 0.05);
+        c.config.sampling.warmup_steps = 20;
+        c.config.sampling.steps = 20;
+        c.config.sampling.seed = Some(7);
+        c
+    }
+
+    /// Offload and hybrid at 1 and 2 streams, measured as the host model with the CPU side
+    /// serving at half its bench rate predicts them.
+    fn runs(c: &Model) -> Vec<Observation> {
+        let mut runs = parse_observations(
+            "strategy,fetch_fraction,streams,output_tokens,cache_residency,tok_s,measure\n\
+             offload,,1,64,0.3,1,decode\n\
+             offload,,2,64,0.3,1,decode\n\
+             hybrid,0.5,1,64,0.3,1,decode\n\
+             hybrid,0.5,2,64,0.3,1,decode\n",
+            "t.csv",
+        )
+        .unwrap();
+        let p = apply_all(&c.base.params, &[Term::CpuServingRate], &[0.5]);
+        for o in &mut runs {
+            let r = RunModel::of_observation(&c.model, o, &c.config.sampling).unwrap();
+            o.tok_s_per_stream = r.tok_s(&c.model, &p, &c.config.sampling.prefill);
+        }
+        runs
+    }
+
+    #[test]
+    fn break_evens_are_of_the_calibrated_model_among_the_candidates() {
+        let c = quick_model();
+        let runs = runs(&c);
+        let candidates = [
+            ObservedStrategy::Offload,
+            ObservedStrategy::Hybrid {
+                fetch_fraction: 0.5,
+            },
+        ];
+        let target = Target {
+            streams: 2,
+            prompt_tokens: 0,
+            output_tokens: 64,
+            measure: Measure::Decode,
+            cache: Some(ObservedCache::Residency(0.3)),
+        };
+        let est = c.estimate(&runs, &candidates, &target).unwrap();
+        let choice = if est[0].unwrap().tok_s >= est[1].unwrap().tok_s {
+            0
+        } else {
+            1
+        };
+        let section = c.break_evens(&runs, &candidates, &target, choice).unwrap();
+        let BreakEvenSection::Computed {
+            of,
+            agrees_with_choice,
+            break_evens,
+        } = &section
+        else {
+            panic!("{section:?}");
+        };
+        assert!(break_evens.calibrated, "fitted to runs, not bench-only");
+        assert_eq!(break_evens.inputs.len(), 5);
+        // Only the candidates' strategies take over: never cpu, resident or a layer split.
+        let kinds = [StrategyKind::Offload, StrategyKind::Hybrid];
+        for b in &break_evens.inputs {
+            for f in b.below.iter().chain(b.above.iter()) {
+                assert!(kinds.contains(&f.to.kind()), "{}", b.text);
+            }
+        }
+        // The runs are decode at the target: the model's choice is the measured one.
+        assert!(*agrees_with_choice, "{of} vs {:?}", candidates[choice]);
+        // In the report's JSON: a status and the break-evens as `ft predict` writes them.
+        let v = serde_json::to_value(&section).unwrap();
+        assert_eq!(v["status"], "computed");
+        assert_eq!(v["break_evens"]["inputs"].as_array().unwrap().len(), 5);
+        assert_eq!(
+            v["break_evens"]["text"].as_str().unwrap().lines().count(),
+            5
+        );
+        // No runs: nothing to calibrate, so none.
+        let none = c.break_evens(&[], &candidates, &target, choice).unwrap();
+        assert!(matches!(none, BreakEvenSection::NotAvailable { .. }));
+        // The model-free calibrator has no input to move.
+        let m = Measured::default()
+            .break_evens(&runs, &candidates, &target, choice)
+            .unwrap();
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(v["status"], "not-available");
+        assert!(v["why"].as_str().unwrap().contains("--host"));
     }
 }

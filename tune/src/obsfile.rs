@@ -26,6 +26,10 @@ struct OutRow<'a> {
     cache_slots: Option<usize>,
     cache_gb: Option<f64>,
     cache_residency: Option<f64>,
+    cache_policy: Option<String>,
+    cache_topology: Option<String>,
+    cache_slots_per_layer: Option<usize>,
+    admission: Option<String>,
     tok_s: f64,
     per: Option<&'static str>,
     measure: Option<&'static str>,
@@ -63,7 +67,21 @@ fn row(o: &Observation) -> OutRow<'_> {
         Some(ObservedCache::Residency(r)) => cache_residency = Some(r),
         None => {}
     }
+    let options = o.cache_options.as_ref();
+    let given = |c: &str| options.is_some() && !derived(c);
     OutRow {
+        cache_policy: options
+            .filter(|_| given("cache_policy"))
+            .map(|c| c.policy.to_string()),
+        cache_topology: options
+            .filter(|_| given("cache_topology"))
+            .map(|c| c.topology.to_string()),
+        cache_slots_per_layer: options
+            .filter(|_| given("cache_slots_per_layer"))
+            .and_then(|c| c.slots_per_layer),
+        admission: options
+            .filter(|_| given("admission"))
+            .map(|c| c.admission.to_string()),
         strategy: o.strategy.name(),
         fetch_fraction,
         cpu_layers,
@@ -108,6 +126,10 @@ pub fn to_csv(runs: &[Observation], comment: &str) -> Result<String> {
             "cache_slots",
             "cache_gb",
             "cache_residency",
+            "cache_policy",
+            "cache_topology",
+            "cache_slots_per_layer",
+            "admission",
             "tok_s",
             "per",
             "measure",
@@ -154,15 +176,26 @@ mod tests {
 
     #[test]
     fn written_rows_read_back_as_the_same_runs() {
-        let text = "strategy,fetch_fraction,cpu_layers,streams,prompt_tokens,output_tokens,cache_gb,cache_residency,tok_s,per,measure,miss_rate,threads,label\n\
-                    offload,,,2,1200,256,14,,47.8,total,client-e2e,0.38,12,offload-2\n\
-                    hybrid,0.277,,1,,256,,0.2,30.8,,,,,\n\
-                    layer-split,,12,1,100,256,,,20,stream,decode,,,\n";
+        let text = "strategy,fetch_fraction,cpu_layers,streams,prompt_tokens,output_tokens,cache_gb,cache_residency,cache_policy,cache_slots_per_layer,admission,tok_s,per,measure,miss_rate,threads,label\n\
+                    offload,,,2,1200,256,14,,lfu,,,47.8,total,client-e2e,0.38,12,offload-2\n\
+                    hybrid,0.277,,1,,256,,0.2,,4,\"recent,cached-history\",30.8,,,,,\n\
+                    hybrid,0.5,,1,,256,,0.2,,,,30.8,,,,,\n\
+                    layer-split,,12,1,100,256,,,,,,20,stream,decode,,,\n";
         let runs = parse_observations(text, "in.csv").unwrap();
         let out = to_csv(&runs, "written by a test\nsecond line").unwrap();
         assert!(out.starts_with("# written by a test\n# second line\nstrategy,"));
         let back = parse_observations(&out, "out.csv").unwrap();
         assert_eq!(back, runs, "{out}");
+        // The cache's options: as given, the rest derived (and written back empty).
+        let o = runs[1].cache_options.as_ref().unwrap();
+        assert_eq!(o.slots_per_layer, Some(4));
+        assert_eq!(o.admission.to_string(), "recent,cached-history");
+        assert!(runs[1].derived.iter().any(|d| d == "cache_policy"));
+        assert_eq!(
+            runs[0].cache_options.as_ref().unwrap().policy.to_string(),
+            "lfu"
+        );
+        assert_eq!(runs[2].cache_options, None);
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("o.csv");
         write(&p, &runs, "x").unwrap();

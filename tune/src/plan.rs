@@ -122,7 +122,7 @@ fn strategy_of(name: &str) -> &str {
 }
 
 /// The first candidate (in the order given) whose strategy no run has measured at the target.
-fn first_of_an_unmeasured_strategy(
+pub fn first_of_an_unmeasured_strategy(
     estimates: &[Option<Estimate>],
     names: &[String],
 ) -> Option<usize> {

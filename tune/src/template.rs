@@ -425,6 +425,30 @@ impl Template {
         self.file.strategies.keys().map(String::as_str)
     }
 
+    /// Whether the command, an environment entry or a strategy's flags use `{name}`.
+    pub fn uses(&self, name: &str) -> bool {
+        let p = format!("{{{name}}}");
+        self.file
+            .command
+            .iter()
+            .chain(self.file.env.values())
+            .chain(
+                self.file
+                    .strategies
+                    .values()
+                    .flat_map(|f| f.args.iter().chain(f.env.values())),
+            )
+            .any(|a| a.contains(&p))
+    }
+
+    /// This template with `{name}` set to `value` for every run (a run at another cache
+    /// size: `with_value("cache_gb", "7")`).
+    pub fn with_value(&self, name: &str, value: &str) -> Template {
+        let mut t = self.clone();
+        t.values.insert(name.into(), value.into());
+        t
+    }
+
     /// Whether hybrid's fetch fraction is set by the flags (else the engine's own, fixed).
     pub fn hybrid_fixed_fraction(&self) -> Option<f64> {
         self.file

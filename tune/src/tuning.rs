@@ -2,11 +2,13 @@
 //!
 //! One run is: start the engine from the template for one configuration, wait until it
 //! answers, run the field report's protocol through `ft_serve::loadgen::replay` (unscored
-//! warm-up requests, then measured requests at 1 stream and at the target's streams), stop
-//! the engine, and append one observation per concurrency to the observations file. After
+//! warm-up requests, then measured requests at 1 stream and at each requested concurrency),
+//! stop the engine, and append two observations per concurrency to the observations file
+//! (client-side end to end and decode only, so a calibration sees prefill apart). After
 //! every run the calibrator turns all runs into estimates and [`crate::plan::standing`]
-//! says whether the choice is settled and what to run next. The loop ends when the choice is
-//! settled, when the next run would not fit in the wall budget (judged by the longest run so
+//! says whether the choice is settled and what to run next; once every strategy has been
+//! measured, each other cache size is run once ([`TuneConfig::extra_caches`]). The loop ends
+//! when the choice is settled (and those runs are made), when the next run would not fit in the wall budget (judged by the longest run so
 //! far; a run still going at the budget's end is stopped and discarded), or after
 //! `max_runs` runs. An engine that crashes, hangs or fails its requests ends the loop with
 //! an error; the guard in [`crate::engine::Engine`] stops it on every path.
@@ -14,12 +16,13 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use ft_model::observe::{Measure, Observation, ObservedStrategy};
-use ft_serve::loadgen::{self, EndpointKind, ReplayConfig, ReplayReport};
+use ft_model::cache::CacheOptions;
+use ft_model::observe::{Measure, Observation, ObservedCache, ObservedStrategy};
+use ft_serve::loadgen::{self, DecodeBasis, EndpointKind, ReplayConfig, ReplayReport};
 use serde::Serialize;
 use tracing::info;
 
-use crate::calib::{Calibrator, Estimate, Target};
+use crate::calib::{BreakEvenSection, Calibrator, Estimate, Target};
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Result, TuneError};
 use crate::obsfile;
@@ -35,8 +38,17 @@ pub const DEFAULT_MAX_RUNS: usize = 12;
 pub struct TuneConfig {
     /// The configurations to choose between, in the order unmeasured ones are run.
     pub candidates: Vec<ObservedStrategy>,
-    /// The decision's streams, lengths and measure.
+    /// The decision's streams, lengths, measure and cache.
     pub target: Target,
+    /// The concurrencies every run measures: 1 and the requested ones
+    /// ([`crate::setup::concurrencies`]; the target's among them).
+    pub concurrencies: Vec<usize>,
+    /// The engine's cache options (policy, topology, slots per layer, admission), recorded
+    /// in the runs of cached strategies.
+    pub cache_options: CacheOptions,
+    /// Other cache sizes, each run once with the leading cached candidate
+    /// ([`crate::setup::cache_sizes`]; the template sets them through `{cache_gb}`).
+    pub extra_caches: Vec<ObservedCache>,
     /// Unscored warm-up requests per run.
     pub warmup: usize,
     /// The engine's CPU threads, recorded in the observations.
@@ -66,8 +78,11 @@ pub struct Measured {
     pub streams: usize,
     /// Client-side tok/s per stream over the whole request (prefill included).
     pub e2e_tok_s: f64,
-    /// Decode tok/s per stream (tokens after the first over first-to-last token time).
+    /// Decode tok/s per stream: over the steady window where every stream decodes, or the
+    /// mean of the requests' `(n_out - 1) / (t_last - t_first)` ([`Measured::decode_basis`]).
     pub decode_tok_s: f64,
+    /// How the decode rate was taken.
+    pub decode_basis: DecodeBasis,
     /// Mean time to first token, s.
     pub ttft_s: f64,
 }
@@ -83,6 +98,8 @@ pub struct RunRecord {
     pub command: Vec<String>,
     /// The strategy's flags.
     pub flags: Vec<String>,
+    /// The engine's expert cache in this run.
+    pub cache: Option<ObservedCache>,
     /// Seconds from the start of the tune to the start of this run.
     pub started_s: f64,
     /// Seconds the engine took to answer.
@@ -168,6 +185,8 @@ pub struct TuneReport {
     pub budget_s: f64,
     /// The observations file.
     pub observations: PathBuf,
+    /// How far each uncertain input must move for the choice to flip.
+    pub break_evens: BreakEvenSection,
 }
 
 fn endpoint(e: Endpoint) -> EndpointKind {
@@ -191,10 +210,13 @@ fn file_stem(config: &str) -> String {
         .collect()
 }
 
-/// The observations of one protocol report: one per concurrency.
+/// The observations of one protocol report: per concurrency, one row in each measure the
+/// client sees (`client-e2e` with its prompt length, and `decode`), so a calibration sees
+/// prefill and decode apart.
 fn observations_of(
     report: &ReplayReport,
     strategy: &ObservedStrategy,
+    cache: Option<ObservedCache>,
     cfg: &TuneConfig,
     label: &str,
 ) -> (Vec<Observation>, Vec<Measured>) {
@@ -203,17 +225,6 @@ fn observations_of(
     for r in &report.runs {
         let ok: Vec<_> = r.streams.iter().filter(|s| s.error.is_none()).collect();
         let n = ok.len().max(1) as f64;
-        let e2e = ok
-            .iter()
-            .map(|s| {
-                if s.total_s > 0.0 {
-                    s.completion_tokens as f64 / s.total_s
-                } else {
-                    0.0
-                }
-            })
-            .sum::<f64>()
-            / n;
         let prompts: Vec<usize> = ok.iter().filter_map(|s| s.prompt_tokens).collect();
         let prompt_tokens = if prompts.is_empty() {
             cfg.target.prompt_tokens
@@ -225,39 +236,38 @@ fn observations_of(
             .max(1.0) as usize;
         measured.push(Measured {
             streams: r.concurrency,
-            e2e_tok_s: e2e,
-            decode_tok_s: r.mean_decode_tok_s,
+            e2e_tok_s: r.mean_e2e_tok_s,
+            decode_tok_s: r.decode_tok_s,
+            decode_basis: r.decode_basis,
             ttft_s: r.mean_ttft_s,
         });
-        let tok_s = match cfg.target.measure {
-            Measure::ClientE2e => e2e,
-            Measure::Decode | Measure::ServerGen => r.mean_decode_tok_s,
-        };
-        if !(tok_s.is_finite() && tok_s > 0.0) {
-            continue;
+        for (measure, tok_s) in [
+            (Measure::ClientE2e, r.mean_e2e_tok_s),
+            (Measure::Decode, r.decode_tok_s),
+        ] {
+            if !(tok_s.is_finite() && tok_s > 0.0) {
+                continue;
+            }
+            obs.push(Observation {
+                row: 0,
+                label: Some(format!("{label} x{} {measure}", r.concurrency)),
+                strategy: *strategy,
+                streams: r.concurrency,
+                prompt_tokens,
+                output_tokens,
+                context: (prompt_tokens + output_tokens / 2).max(1),
+                cache: if strategy.needs_cache() { cache } else { None },
+                cache_options: strategy.needs_cache().then(|| cfg.cache_options.clone()),
+                tok_s_per_stream: tok_s,
+                measure,
+                miss_rate: None,
+                fetched_per_layer: None,
+                cpu_per_layer: None,
+                layer_us: None,
+                threads: cfg.threads,
+                derived: vec!["context".into()],
+            });
         }
-        obs.push(Observation {
-            row: 0,
-            label: Some(format!("{label} x{}", r.concurrency)),
-            strategy: *strategy,
-            streams: r.concurrency,
-            prompt_tokens,
-            output_tokens,
-            context: (prompt_tokens + output_tokens / 2).max(1),
-            cache: if strategy.needs_cache() {
-                cfg.target.cache
-            } else {
-                None
-            },
-            tok_s_per_stream: tok_s,
-            measure: cfg.target.measure,
-            miss_rate: None,
-            fetched_per_layer: None,
-            cpu_per_layer: None,
-            layer_us: None,
-            threads: cfg.threads,
-            derived: vec!["context".into()],
-        });
     }
     (obs, measured)
 }
@@ -291,15 +301,11 @@ async fn run_one(
     let mut engine = Engine::spawn(spec)?;
     let ready = engine.wait_ready(Some(deadline)).await?;
     info!(config = %launch.config, ready_s = ready.as_secs_f64(), "engine ready");
-    let mut concurrency = vec![1];
-    if cfg.target.streams != 1 {
-        concurrency.push(cfg.target.streams);
-    }
     let remaining = deadline.saturating_duration_since(Instant::now());
     let rc = ReplayConfig {
         url: url.clone(),
         model: cfg.model_id.clone(),
-        concurrency,
+        concurrency: cfg.concurrencies.clone(),
         warmup: cfg.warmup,
         prompt_tokens: cfg.target.prompt_tokens,
         chars_per_token: template.file.chars_per_token,
@@ -342,6 +348,43 @@ async fn run_one(
     Ok((launch, ready.as_secs_f64(), report, format!("{stopped:?}")))
 }
 
+/// The next run at another cache size, if one is due: once every strategy has been measured
+/// at the target, each of `extra_caches` no run has been made at yet is run once, with the
+/// cached candidate the estimates put first. A run at one cache cannot tell how speed moves
+/// with the cache's residency (the miss rate's terms); one more size can.
+fn extra_run(
+    runs: &[Observation],
+    cfg: &TuneConfig,
+    est: &[Option<Estimate>],
+    names: &[String],
+) -> Option<(ObservedStrategy, Option<ObservedCache>, String)> {
+    if plan::first_of_an_unmeasured_strategy(est, names).is_some() {
+        return None;
+    }
+    let cache = *cfg
+        .extra_caches
+        .iter()
+        .find(|c| !runs.iter().any(|o| o.cache == Some(**c)))?;
+    let (i, _) = cfg
+        .candidates
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.needs_cache())
+        .max_by(|(a, _), (b, _)| {
+            let t = |i: usize| est[i].map_or(f64::NEG_INFINITY, |e| e.tok_s);
+            t(*a).total_cmp(&t(*b)).then(b.cmp(a))
+        })?;
+    Some((
+        cfg.candidates[i],
+        Some(cache),
+        format!(
+            "a cache of {} is run once with the leading cached candidate {}, so the runs tell how speed moves with the cache",
+            crate::setup::cache_text(&cache),
+            names[i]
+        ),
+    ))
+}
+
 /// Estimates and standing of the runs so far.
 fn assess(
     calibrator: &dyn Calibrator,
@@ -376,13 +419,28 @@ pub async fn tune(
             ));
         }
     }
+    if !cfg.extra_caches.is_empty() && !cfg.candidates.iter().any(|c| c.needs_cache()) {
+        return Err(TuneError::invalid(
+            "--cache-gb",
+            "other cache sizes were given, but no candidate runs a cache",
+        ));
+    }
+    if !cfg.concurrencies.contains(&cfg.target.streams) {
+        return Err(TuneError::invalid(
+            "--streams",
+            format!(
+                "the decision's {} streams are not among the runs' concurrencies",
+                cfg.target.streams
+            ),
+        ));
+    }
     std::fs::create_dir_all(&cfg.out_dir).map_err(|source| TuneError::Io {
         path: cfg.out_dir.display().to_string(),
         source,
     })?;
     let obs_path = cfg.out_dir.join("observations.csv");
     let comment = format!(
-        "ft tune: engine {} ({}), {} stream(s), {} prompt and {} output tokens, measure {}",
+        "ft tune: engine {} ({}), {} stream(s), {} prompt and {} output tokens; rows in client-e2e and decode, the decision in {}",
         template.file.name,
         template.path,
         cfg.target.streams,
@@ -398,8 +456,9 @@ pub async fn tune(
     let mut records: Vec<RunRecord> = Vec::new();
     let mut longest = Duration::ZERO;
     let ended = loop {
-        let (_, st) = assess(calibrator, &runs, cfg, &names)?;
-        if st.settled {
+        let (est, st) = assess(calibrator, &runs, cfg, &names)?;
+        let extra = extra_run(&runs, cfg, &est, &names);
+        if st.settled && extra.is_none() {
             break Ended::Settled;
         }
         if records.len() >= cfg.max_runs {
@@ -409,17 +468,28 @@ pub async fn tune(
         if remaining.is_zero() || remaining < longest {
             break Ended::Budget;
         }
-        let Some(next) = st.next else {
-            break Ended::Settled;
+        let (strategy, cache, why) = match extra {
+            Some(x) => x,
+            None => match st.next {
+                Some(next) => (cfg.candidates[next], cfg.target.cache, st.why.clone()),
+                None => break Ended::Settled,
+            },
         };
-        let strategy = cfg.candidates[next];
+        let run_template = match cache.filter(|c| Some(*c) != cfg.target.cache) {
+            Some(c) => template.with_value(
+                "cache_gb",
+                &crate::setup::cache_gb_value(&c).unwrap_or_default(),
+            ),
+            None => template.clone(),
+        };
         let index = records.len() + 1;
-        info!(run = index, config = %names[next], why = %st.why, "next run");
+        info!(run = index, config = %config_name(&strategy), why = %why, "next run");
         let t0 = Instant::now();
         // A run cut at the budget's end is stopped with the drop's grace: keep it inside.
         let cut = remaining.saturating_sub(crate::engine::DROP_GRACE + Duration::from_secs(1));
         let run =
-            tokio::time::timeout(cut, run_one(template, cfg, &strategy, index, deadline)).await;
+            tokio::time::timeout(cut, run_one(&run_template, cfg, &strategy, index, deadline))
+                .await;
         let (launch, ready_s, report, stopped) = match run {
             Ok(r) => r?,
             // The budget ended mid-run: the engine was dropped (and stopped) with the future.
@@ -428,7 +498,7 @@ pub async fn tune(
         let wall = t0.elapsed();
         longest = longest.max(wall);
         let label = format!("tune run {index} {}", launch.config);
-        let (obs, measured) = observations_of(&report, &strategy, cfg, &label);
+        let (obs, measured) = observations_of(&report, &strategy, cache, cfg, &label);
         runs.extend(obs);
         for (i, o) in runs.iter_mut().enumerate() {
             o.row = i + 1;
@@ -439,12 +509,13 @@ pub async fn tune(
             config: launch.config,
             command: launch.argv,
             flags: launch.flags,
+            cache,
             started_s: (t0 - start).as_secs_f64(),
             ready_s,
             wall_s: wall.as_secs_f64(),
             measured,
             stopped,
-            why: st.why,
+            why,
         });
     };
     if records.is_empty() && prior_runs == 0 && !obs_path.exists() {
@@ -486,7 +557,19 @@ pub async fn tune(
         }
         None => None,
     };
+    let break_evens = match standing.best {
+        // A decision stands without them: a failure is reported, not fatal.
+        Some(b) => calibrator
+            .break_evens(&runs, &cfg.candidates, &cfg.target, b)
+            .unwrap_or_else(|e| BreakEvenSection::NotAvailable {
+                why: format!("not computed: {e}"),
+            }),
+        None => BreakEvenSection::NotAvailable {
+            why: "no choice to flip".into(),
+        },
+    };
     Ok(TuneReport {
+        break_evens,
         engine: template.file.name.clone(),
         template: template.path.clone(),
         calibrator: calibrator.name(),

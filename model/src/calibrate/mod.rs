@@ -39,6 +39,7 @@
 //! 6. **Leave-one-out.** Each run is predicted from a fit without it (terms identified again
 //!    on the rest), its error reported beside the in-sample one.
 
+pub mod host_inputs;
 pub mod runs;
 pub mod terms;
 
@@ -651,6 +652,15 @@ pub fn calibrate(
     }
     model.validate()?;
     base.params.validate()?;
+    // The engine's prefill chunk is a setting the runs were made with, not a fitted term:
+    // the calibrated profile carries it so its predictions prefill as the engine does.
+    let mut engine_base = base.params.clone();
+    engine_base.engine.prefill_chunk_tokens = config.sampling.prefill.chunk_tokens;
+    engine_base.validate()?;
+    let base = &PerfModel {
+        params: engine_base,
+        ..base.clone()
+    };
     let runs: Vec<RunModel> = observations
         .iter()
         .map(|o| RunModel::of_observation(model, o, &config.sampling))
@@ -939,6 +949,7 @@ mod tests {
             cache: strategy
                 .needs_cache()
                 .then_some(ObservedCache::Residency(0.3)),
+            cache_options: None,
             tok_s_per_stream: 1.0,
             measure: Measure::Decode,
             miss_rate: None,
@@ -1077,6 +1088,37 @@ mod tests {
             .expect("a run to suggest");
         assert!(!s.identifies.is_empty(), "{s:?}");
         assert!(s.strategy != "offload", "{s:?}");
+    }
+
+    #[test]
+    fn the_calibrated_profile_prefills_in_the_runs_chunks() {
+        let model = small_model();
+        let base = PerfModel::from_host(&HostSpec::field_report()).unwrap();
+        let mut config = CalibrateConfig {
+            terms: vec![Term::LinkRate],
+            leave_one_out: false,
+            ..quick()
+        };
+        config.sampling.prefill.chunk_tokens = 128;
+        let runs = vec![
+            obs(1, ObservedStrategy::Offload, 1, 1024),
+            obs(2, ObservedStrategy::Offload, 2, 1024),
+        ];
+        let runs = measured_as(&model, &base.params, &[], runs, 0.01, &config);
+        let cal = calibrate(&model, &base, &runs, &config).unwrap();
+        let profile = cal.perf_model(&base);
+        assert_eq!(profile.params.engine.prefill_chunk_tokens, 128);
+        assert_eq!(profile.params.engine.prefill_config().chunk_tokens, 128);
+        // A host model that never saw an engine prefills in the default chunk.
+        assert_eq!(
+            base.params.engine.prefill_chunk_tokens,
+            crate::perf::prefill::DEFAULT_PREFILL_CHUNK_TOKENS
+        );
+        config.sampling.prefill.chunk_tokens = 0;
+        let e = calibrate(&model, &base, &runs, &config)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("prefill_chunk_tokens"), "{e}");
     }
 
     #[test]

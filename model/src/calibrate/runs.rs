@@ -10,7 +10,7 @@
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 
-use crate::cache::{CacheOptions, CachePolicy};
+use crate::cache::CacheOptions;
 use crate::error::{ModelError, Result};
 use crate::host::GIB;
 use crate::observe::{Measure, Observation, ObservedCache, ObservedStrategy};
@@ -29,8 +29,9 @@ pub struct SamplingConfig {
     pub routing: String,
     /// Seed replacing the routing process's.
     pub seed: Option<u64>,
-    /// Cache replacement policy of the engine's cache.
-    pub policy: CachePolicy,
+    /// The engine's cache: policy, topology, slots per layer and admission (a run that
+    /// gives its own, [`Observation::cache_options`], is sampled with those).
+    pub cache: CacheOptions,
     /// Warm-up steps before counting.
     pub warmup_steps: usize,
     /// Counted steps.
@@ -40,12 +41,13 @@ pub struct SamplingConfig {
 }
 
 impl Default for SamplingConfig {
-    /// `ft predict`'s defaults: the `typical` routing, LRU, 100 warm-up and 200 counted steps.
+    /// `ft predict`'s defaults: the `typical` routing, the default cache (one LRU pool,
+    /// admission by tokens), 100 warm-up and 200 counted steps.
     fn default() -> Self {
         SamplingConfig {
             routing: "typical".into(),
             seed: None,
-            policy: CachePolicy::default(),
+            cache: CacheOptions::default(),
             warmup_steps: 100,
             steps: 200,
             prefill: PrefillConfig::default(),
@@ -148,13 +150,19 @@ impl RunModel {
     ) -> Result<Self> {
         let placement = strategy.policy(model.geometry.moe_layers)?;
         let mut src = routing::resolve(&sampling.routing, &model.geometry, sampling.seed)?;
-        let cache = CacheOptions::from(sampling.policy.clone());
+        let cache = &sampling.cache;
+        // A cache's size as its options fit it (slots per layer, a per-layer multiple); a
+        // strategy without a cache holds what it holds.
+        let slots = match strategy {
+            Strategy::Resident | Strategy::LayerSplit { .. } => slots,
+            _ => cache.fit_slots(slots, model.geometry.moe_layers)?,
+        };
         let samples = sample_traffic(
             src.as_mut(),
             &SampleRun {
                 kind: strategy.kind(),
                 placement,
-                cache: &cache,
+                cache,
                 slots,
                 warmup_steps: sampling.warmup_steps,
                 steps: sampling.steps.max(1),
@@ -194,6 +202,17 @@ impl RunModel {
                 ));
             }
         }
+        let own;
+        let sampling = match &o.cache_options {
+            Some(c) => {
+                own = SamplingConfig {
+                    cache: c.clone(),
+                    ..sampling.clone()
+                };
+                &own
+            }
+            None => sampling,
+        };
         RunModel::new(
             model,
             strategy_of(&o.strategy),

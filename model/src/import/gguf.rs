@@ -278,10 +278,53 @@ fn unsized_tensor(path: &Path, tensor: &str, t: GgmlType) -> crate::error::Model
     )
 }
 
+/// Writing GGUF headers for tests (this module's and the CLI tests'), so that one writer
+/// serves both. Not part of the API.
+#[doc(hidden)]
+pub mod test_support {
+    use ferrox_gguf::writer::{encode_header, TensorPlan};
+    use ferrox_gguf::{GgmlType, GgufValue};
+    use std::collections::BTreeMap;
+    use std::path::Path;
+
+    /// Write a GGUF file of `meta` and `tensors` (name, ggml shape, type) to `path`: the
+    /// header by ferrox-gguf's writer, then the file extended sparsely to its full length
+    /// (each tensor's data 32-byte aligned) without writing any tensor data.
+    pub fn write_header(
+        path: &Path,
+        meta: &[(&str, GgufValue)],
+        tensors: Vec<(String, Vec<u64>, GgmlType)>,
+    ) -> std::io::Result<()> {
+        let meta: BTreeMap<String, GgufValue> = meta
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let plan: Vec<TensorPlan> = tensors
+            .into_iter()
+            .map(|(name, shape, dtype)| {
+                let (b, l) = dtype.block_layout();
+                let n: u64 = shape.iter().product();
+                TensorPlan {
+                    name,
+                    shape,
+                    dtype,
+                    byte_len: (n as usize / l) * b,
+                }
+            })
+            .collect();
+        let data: usize = plan.iter().map(|t| t.byte_len.div_ceil(32) * 32).sum();
+        let header = encode_header(&meta, &plan).map_err(std::io::Error::other)?;
+        std::fs::write(path, &header)?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)?
+            .set_len((header.len().div_ceil(32) * 32 + data) as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferrox_gguf::writer::{encode_header, TensorPlan};
 
     /// Every ggml type `ft` sizes has ggml's block layout as `ferrox-gguf` tabulates it (a
     /// second, independent spelling of ggml's table).
@@ -336,27 +379,7 @@ mod tests {
         meta: Vec<(&str, GgufValue)>,
         tensors: Vec<(String, Vec<u64>, GgmlType)>,
     ) {
-        let meta: BTreeMap<String, GgufValue> =
-            meta.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
-        let plan: Vec<TensorPlan> = tensors
-            .into_iter()
-            .map(|(name, shape, dtype)| {
-                let (b, l) = dtype.block_layout();
-                let n: u64 = shape.iter().product();
-                TensorPlan {
-                    name,
-                    shape,
-                    dtype,
-                    byte_len: (n as usize / l) * b,
-                }
-            })
-            .collect();
-        let data: usize = plan.iter().map(|t| t.byte_len.div_ceil(32) * 32).sum();
-        let header = encode_header(&meta, &plan).unwrap();
-        std::fs::write(path, &header).unwrap();
-        let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
-        f.set_len((header.len().div_ceil(32) * 32 + data) as u64)
-            .unwrap();
+        test_support::write_header(path, &meta, tensors).unwrap();
     }
 
     fn moe_tensors(layers: u64, dense: u64, down: GgmlType) -> Vec<(String, Vec<u64>, GgmlType)> {

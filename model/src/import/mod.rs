@@ -22,6 +22,8 @@ use crate::format::ExpertFormat;
 use crate::preset::ModelSpec;
 
 pub use gguf::format_of_ggml;
+#[doc(hidden)]
+pub use gguf::test_support as gguf_test_support;
 
 /// Largest `config.json` read, in bytes. Real configs are a few KiB; 4 MiB leaves room for
 /// the largest (multimodal wrappers with long token maps) and bounds a wrong path.

@@ -119,6 +119,12 @@ pub struct EngineTerms {
     /// hot experts longer, above 1 it admits worse). Applied to the misses of every layer
     /// with a CPU share ([`EngineTerms::apply_miss_factor`]).
     pub hybrid_miss_factor: f64,
+    /// Prompt tokens the engine prefills per chunk (each chunk runs every layer once, so a
+    /// smaller chunk streams the experts more often): a setting of the engine, not fitted,
+    /// recorded so that a calibrated profile predicts prefill and time to first token as the
+    /// engine runs them. `ft serve` prefills 128 tokens a chunk; llama.cpp's and FreeToken's
+    /// default micro-batch is 512.
+    pub prefill_chunk_tokens: usize,
 }
 
 impl Default for EngineTerms {
@@ -127,11 +133,19 @@ impl Default for EngineTerms {
             rest_stream_us: 0.0,
             rest_context_us_per_ktok: 0.0,
             hybrid_miss_factor: 1.0,
+            prefill_chunk_tokens: prefill::DEFAULT_PREFILL_CHUNK_TOKENS,
         }
     }
 }
 
 impl EngineTerms {
+    /// How this engine prefills.
+    pub fn prefill_config(&self) -> prefill::PrefillConfig {
+        prefill::PrefillConfig {
+            chunk_tokens: self.prefill_chunk_tokens,
+        }
+    }
+
     /// The rest of the step's time per layer at `streams` streams of `context` tokens, in us.
     pub fn rest_us(&self, streams: f64, context: f64) -> f64 {
         streams * (self.rest_stream_us + self.rest_context_us_per_ktok * context / 1000.0)
@@ -186,6 +200,16 @@ impl EngineTerms {
             return Err(ModelError::invalid(
                 "perf.engine.hybrid_miss_factor",
                 format!("{m} is outside (0, {MAX_HYBRID_MISS_FACTOR}]"),
+            ));
+        }
+        let c = self.prefill_chunk_tokens;
+        if c == 0 || c > crate::limits::MAX_PREFILL_CHUNK_TOKENS {
+            return Err(ModelError::invalid(
+                "perf.engine.prefill_chunk_tokens",
+                format!(
+                    "{c} is outside [1, {}]",
+                    crate::limits::MAX_PREFILL_CHUNK_TOKENS
+                ),
             ));
         }
         Ok(())

@@ -629,6 +629,36 @@ pub fn points_from_steps(
     })
 }
 
+/// The points of a trace file's own statistics ([`points_from_steps`]): reads the
+/// `warmup_steps + measured_steps` steps they need from the trace at `path` (its header gives
+/// the geometry), refusing a trace that holds fewer.
+pub fn points_from_trace(
+    path: &Path,
+    warmup_steps: usize,
+    measured_steps: usize,
+) -> Result<FitPoints> {
+    let origin = path.display().to_string();
+    let g = super::trace_geometry(path)?;
+    let mut reader = super::TraceReader::open(path, &g)?;
+    let need = warmup_steps.saturating_add(measured_steps);
+    let mut steps = Vec::new();
+    while steps.len() < need {
+        match reader.read_step()? {
+            Some(s) => steps.push(s),
+            None => {
+                return Err(ModelError::invalid(
+                    origin,
+                    format!(
+                        "{} steps; --warmup {warmup_steps} + --steps {measured_steps} need {need}",
+                        steps.len()
+                    ),
+                ))
+            }
+        }
+    }
+    points_from_steps(&g, &steps, warmup_steps, measured_steps, &origin)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

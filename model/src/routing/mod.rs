@@ -233,6 +233,64 @@ pub fn resolve(
     })
 }
 
+/// A routing source opened for a report, with what it is in words (for the report's header).
+pub struct NamedSource {
+    /// The source.
+    pub source: Box<dyn RoutingSource>,
+    /// `trace PATH`, or `NAME (what the preset is for) on MODEL`.
+    pub what: String,
+}
+
+/// Open what a `--routing` argument names for `ft routing stats`: a trace is routed on its own
+/// header's geometry (`layers` must then be `None`), a preset or a process TOML on `model`'s
+/// (a preset name or a model file), cut to its first `layers` MoE layers if given. `seed`
+/// replaces a synthetic process's seed.
+pub fn open_named(
+    routing: &str,
+    model: &str,
+    layers: Option<usize>,
+    seed: Option<u64>,
+) -> Result<NamedSource> {
+    let is_process = PRESET_NAMES.contains(&routing) || routing.ends_with(".toml");
+    if !is_process && Path::new(routing).exists() {
+        let g = trace_geometry(Path::new(routing))?;
+        if layers.is_some() {
+            return Err(ModelError::invalid(
+                "--layers",
+                format!(
+                    "cannot change a trace's layers ({} in {routing})",
+                    g.moe_layers
+                ),
+            ));
+        }
+        let r = TraceReader::open(Path::new(routing), &g)?;
+        return Ok(NamedSource {
+            source: Box::new(r),
+            what: format!("trace {routing}"),
+        });
+    }
+    let spec = crate::preset::ModelSpec::resolve(model)?;
+    let mut g = spec.geometry;
+    if let Some(l) = layers {
+        if l == 0 || l > g.moe_layers {
+            return Err(ModelError::invalid(
+                "--layers",
+                format!(
+                    "{l} is outside 1..={} (the model's MoE layers)",
+                    g.moe_layers
+                ),
+            ));
+        }
+        g.moe_layers = l;
+    }
+    let source = resolve(routing, &g, seed)?;
+    let what = match describe(routing) {
+        Some(d) => format!("{routing} ({d}) on {}", spec.name),
+        None => format!("{routing} on {}", spec.name),
+    };
+    Ok(NamedSource { source, what })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -309,5 +367,75 @@ mod tests {
         let e = resolve("nosuch", &g, None).err().unwrap().to_string();
         assert!(e.contains("nosuch") && e.contains("typical"), "{e}");
         assert!(resolve("/nonexistent/p.toml", &g, None).is_err());
+    }
+
+    #[test]
+    fn open_named_cuts_layers_and_describes_the_source() {
+        let n = open_named("typical", "qwen3.8-flash-next", Some(2), Some(7)).unwrap();
+        assert_eq!(n.source.geometry().moe_layers, 2);
+        assert!(
+            n.what.starts_with("typical (") && n.what.ends_with(" on qwen3.8-flash-next"),
+            "{}",
+            n.what
+        );
+        let full = open_named("uniform", "qwen3.8-flash-next", None, None).unwrap();
+        let spec = crate::preset::ModelSpec::resolve("qwen3.8-flash-next").unwrap();
+        assert_eq!(*full.source.geometry(), spec.geometry);
+        for layers in [0, spec.geometry.moe_layers + 1] {
+            let e = open_named("typical", "qwen3.8-flash-next", Some(layers), None)
+                .err()
+                .unwrap()
+                .to_string();
+            assert!(e.contains("--layers") && e.contains("outside"), "{e}");
+        }
+        let e = open_named("nosuch", "qwen3.8-flash-next", None, None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("nosuch"), "{e}");
+    }
+
+    #[test]
+    fn open_named_reads_a_trace_on_its_own_geometry() {
+        let g = geo();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let mut w = TraceWriter::create(&path, &g).unwrap();
+        let mut src = SyntheticRouting::new(&RoutingProcess::default(), g).unwrap();
+        for _ in 0..4 {
+            w.write_step(&src.next_step(1).unwrap()).unwrap();
+        }
+        w.finish().unwrap();
+        let name = path.display().to_string();
+        // The model is not read for a trace.
+        let mut n = open_named(&name, "no-such-model", None, None).unwrap();
+        assert_eq!(n.what, format!("trace {name}"));
+        assert_eq!(*n.source.geometry(), g);
+        assert_eq!(n.source.next_step(1).unwrap().layers.len(), g.moe_layers);
+        let e = open_named(&name, "no-such-model", Some(1), None)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("cannot change a trace's layers"), "{e}");
+        // Its own statistics as fit points: enough steps, and a clear refusal past the end.
+        let pts = fit::points_from_trace(&path, 1, 3).unwrap();
+        assert_eq!((pts.experts, pts.moe_layers), (g.experts, g.moe_layers));
+        assert_eq!((pts.warmup_steps, pts.steps), (1, 3));
+        let e = fit::points_from_trace(&path, 2, 3).unwrap_err().to_string();
+        assert!(e.contains("4 steps") && e.contains("need 5"), "{e}");
+    }
+
+    #[test]
+    fn a_named_process_is_a_preset_or_a_toml_file() {
+        assert_eq!(
+            RoutingProcess::named("skewed").unwrap(),
+            RoutingProcess::preset("skewed").unwrap()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.toml");
+        let p = RoutingProcess::preset("mild").unwrap();
+        std::fs::write(&path, toml::to_string(&p).unwrap()).unwrap();
+        assert_eq!(RoutingProcess::named(path.to_str().unwrap()).unwrap(), p);
+        assert!(RoutingProcess::named("nosuch").is_err());
     }
 }

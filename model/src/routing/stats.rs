@@ -32,6 +32,24 @@ pub const MAX_RECORDED_IDS: usize = 64 << 20;
 /// longer distances. Powers of two resolve both the next-token repeats and the long tail.
 pub const REUSE_EDGES: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
 
+/// The name of each bucket of [`LayerReuse::shares`], in tokens: `1`, `2`, `3-4`, ... for the
+/// buckets of [`REUSE_EDGES`], then `>256` and `never`.
+pub fn reuse_bucket_labels() -> Vec<String> {
+    let mut labels = Vec::with_capacity(REUSE_EDGES.len() + 2);
+    let mut lo = 1;
+    for &e in &REUSE_EDGES {
+        labels.push(if lo == e {
+            format!("{e}")
+        } else {
+            format!("{lo}-{e}")
+        });
+        lo = e + 1;
+    }
+    labels.push(format!(">{}", lo - 1));
+    labels.push("never".to_string());
+    labels
+}
+
 /// What to compute and over how many steps.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -879,5 +897,13 @@ mod tests {
             ..StatsConfig::default()
         };
         assert!(stats_of_steps(&g, &short, &cfg).is_err());
+    }
+
+    #[test]
+    fn reuse_bucket_labels_name_every_share() {
+        let l = reuse_bucket_labels();
+        assert_eq!(l.len(), REUSE_EDGES.len() + 2);
+        assert_eq!(&l[..4], ["1", "2", "3-4", "5-8"]);
+        assert_eq!(&l[l.len() - 2..], [">256", "never"]);
     }
 }

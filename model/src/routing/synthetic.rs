@@ -135,6 +135,16 @@ impl RoutingProcess {
         Self::from_toml_str(&text, &path.display().to_string())
     }
 
+    /// A process named by a preset or a `.toml` file (a `--start` or `--routing` argument
+    /// that must be a process, not a trace).
+    pub fn named(name: &str) -> Result<Self> {
+        if name.ends_with(".toml") {
+            Self::from_toml_file(Path::new(name))
+        } else {
+            Self::preset(name)
+        }
+    }
+
     /// The same process with another seed.
     pub fn with_seed(&self, seed: u64) -> Self {
         RoutingProcess {

@@ -10,7 +10,7 @@
 
 use ft_model::routing::{RoutingSource, StepRouting};
 
-use super::{Engine, StepInput};
+use super::{Engine, GpuCounts, GpuStep, StepInput};
 use crate::error::Result;
 use crate::instrument::{RunSummary, Span, StepRecord};
 use crate::numerics::StepOutputs;
@@ -99,6 +99,57 @@ pub struct Decoded {
     pub summary: RunSummary,
     /// The last measured step's block timelines, where asked ([`DecodeOptions::block_stamps`]).
     pub stamps: Option<crate::block_stamps::BlockStamps>,
+    /// Every step's per-GPU work, warm-up first (one entry per GPU).
+    pub gpus: Vec<Vec<GpuStep>>,
+    /// Every step's peer-combine time, us (0 on one GPU), warm-up first.
+    pub combine_us: Vec<f64>,
+}
+
+impl Decoded {
+    /// Per GPU, the measured steps' counts summed.
+    pub fn gpu_counts(&self) -> Vec<GpuCounts> {
+        let n = self.gpus.first().map_or(0, Vec::len);
+        let mut out = vec![GpuCounts::default(); n];
+        for (r, g) in self.records.iter().zip(&self.gpus) {
+            if r.warmup {
+                continue;
+            }
+            for (o, s) in out.iter_mut().zip(g) {
+                o.add(&s.counts);
+            }
+        }
+        out
+    }
+
+    /// Per GPU, the measured steps' host time of its CPU shares, us per step.
+    pub fn gpu_cpu_us_per_step(&self) -> Vec<f64> {
+        let n = self.gpus.first().map_or(0, Vec::len);
+        let mut out = vec![0.0; n];
+        let mut steps = 0usize;
+        for (r, g) in self.records.iter().zip(&self.gpus) {
+            if r.warmup {
+                continue;
+            }
+            steps += 1;
+            for (o, s) in out.iter_mut().zip(g) {
+                *o += s.cpu_us;
+            }
+        }
+        out.iter_mut().for_each(|o| *o /= steps.max(1) as f64);
+        out
+    }
+
+    /// The measured steps' mean peer-combine time per step, us.
+    pub fn combine_us_per_step(&self) -> f64 {
+        let measured: Vec<f64> = self
+            .records
+            .iter()
+            .zip(&self.combine_us)
+            .filter(|(r, _)| !r.warmup)
+            .map(|(_, &c)| c)
+            .collect();
+        measured.iter().sum::<f64>() / measured.len().max(1) as f64
+    }
 }
 
 /// Run `warmup` steps, then `measured` steps, on `engine`. `progress` is called after each
@@ -116,6 +167,8 @@ pub fn decode(
     let mut spans = Vec::new();
     let mut outputs = Vec::new();
     let mut stamps = None;
+    let mut gpus = Vec::with_capacity(total);
+    let mut combine_us = Vec::with_capacity(total);
     let phases = [
         (warmup, true, options.input_seed ^ INPUT_SALT_WARMUP),
         (measured, false, options.input_seed),
@@ -143,6 +196,8 @@ pub fn decode(
                 stamps = Some(engine.device().take_block_stamps()?);
             }
             records.push(r.record);
+            gpus.push(r.gpus);
+            combine_us.push(r.combine_us);
             if options.keep_spans {
                 spans.extend(r.spans);
             }
@@ -160,6 +215,8 @@ pub fn decode(
         outputs,
         summary,
         stamps,
+        gpus,
+        combine_us,
     })
 }
 

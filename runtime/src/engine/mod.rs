@@ -1,44 +1,66 @@
-//! The decode engine: one decode step of B concurrent streams, per strategy, on a real device.
+//! The decode engine: one decode step of B concurrent streams, per strategy, on G >= 1 real
+//! (or host-emulated) devices.
+//!
+//! One engine for any GPU count: each GPU owns its part (slots and expert cache, dense
+//! buffers, activation buffers, a compute, a copy and an activations stream, host staging,
+//! the CPU workers of its share, [`ft_model::GpuLayout::cpu_workers`]); the host bank of
+//! whole experts is shared (opened as one group, [`Device::open_group`], so every GPU may
+//! copy from it; under tensor parallelism each GPU also gets a bank of its slices,
+//! [`HostBank::tensor_parallel_slice`]). One GPU is the G = 1 case of the same step.
 //!
 //! # A decode step
-//! A hidden-size f32 vector per stream (its token's input, [`token_input`]) flows through the
-//! MoE layers. For each layer:
+//! Each layer is issued from its [`LayerSchedule`] (`ft_model::schedule`, the description
+//! the analytic model and the simulator share): the host plans every GPU's share of the
+//! layer, builds the schedule from their counts, and issues each operation the schedule
+//! holds, recording it ([`LayerOps`]); the properties the schedule gives (the gated last
+//! chunk and the folded combine on one GPU, the peer combine on several) decide how. A
+//! hidden-size f32 vector per stream (its token's input, [`token_input`]) flows through the
+//! MoE layers. For each layer, on every GPU:
 //!
-//! 1. **Dense part** (compute stream): a memory-bound kernel over the layer's dense weights
+//! 1. **Dense** (compute stream): a memory-bound kernel over the layer's dense weights
 //!    and each stream's KV bytes at its context length ([`crate::dense::DenseBuffers`]). It
 //!    is split at the router: the attention-and-router share runs first (the routing is only
 //!    known after it), the shared experts' share after the routed experts' gathers started.
-//! 2. **Plan** (host): [`ft_model::plan::plan_layer_placed`] says, for the layer's
-//!    placement under the strategy's policy ([`Strategy::policy`]), which experts hit, which
-//!    misses are gathered into which slot (evicting whom) and which are computed on the CPU:
-//!    a cached layer by the fetch fraction (offload and resident 1, cpu 0, hybrid `f`), a
-//!    resident layer (layer split) from its own slots, a CPU-only layer on the CPU.
+//!    Every GPU runs the whole dense part (replicated).
+//! 2. **Plan / Issue** (host): [`ft_model::plan::plan_layer_placed`] says, for the layer's
+//!    placement under the strategy's policy ([`Strategy::policy`]) and the routes the GPU
+//!    holds ([`ft_model::GpuLayout::routes_on`]), which experts hit, which misses are
+//!    gathered into which slot (evicting whom) and which are computed on the CPU: a cached
+//!    layer by the fetch fraction (offload and resident 1, cpu 0, hybrid `f`), a resident
+//!    layer (layer split) from its own slots, a CPU-only layer on the CPU.
 //!    Routing comes from a routing source and is known to the host; the engine still orders
 //!    each layer's gathers after that layer's router on the device (a stream wait), as an
 //!    engine that reads the router's output would.
 //! 3. **Gather** (copy stream): one copy-engine transfer per fetched expert, bank to slot,
 //!    overlapping the hits' compute.
-//! 4. **Experts** (compute stream): one expert step over the hits, then one over the fetched
-//!    misses ([`crate::gpu_experts::ExpertStep`]) in chunks (`FetchChunks`), each after
-//!    its chunk's copies (at most [`EngineSettings::fetch_chunks`] chunks, halving from the
-//!    last): the earlier chunks behind an event wait, the last one, on one GPU with
-//!    copy-engine gathers, queued at once and gated on a flag the copy stream sets after its
-//!    copies ([`crate::device::FlagGate`], [`Engine::gates_last_chunk`]), so that its launch
-//!    overlaps the last copy; where the layer has no CPU share, the combine (6) is folded
-//!    into that last launch.
-//! 5. **CPU share** (hybrid, cpu): the layer's activations go device-to-host on a third
-//!    stream; the host waits for them (the layer's one host round trip; a layer without CPU
-//!    work has none), runs the CPU experts on the pool ([`crate::cpu_pool::CpuExecutor`])
-//!    from the host bank while the GPU computes the hits, and queues a zero-copy read of the
-//!    CPU's output rows into the GPU's. The host is the only thread that talks to the device
-//!    and also one of the CPU share's threads, so it queues before the share only what the
-//!    share waits for (the dense part up to the router, the activations' copy down right
-//!    behind it) and the first chunk of gathers; the other chunks' gathers, the experts' input
-//!    rows, the post-router dense part, the experts' kernels and the next layer's plan go in
-//!    while the activations travel and, what is left, beside the share while the pool's
-//!    workers take its first tiles. Plans still run in layer order.
-//! 6. **Combine** (compute stream): the expert outputs are summed per stream in a fixed order
-//!    ([`CombineOrder`]) and added to the residual stream.
+//! 4. **Hits, FetchedEarly, LastLaunch, LastChunk** (compute stream): one expert step over
+//!    the hits, then one over the fetched misses ([`crate::gpu_experts::ExpertStep`]) in
+//!    chunks (`FetchChunks`), each after its chunk's copies (at most
+//!    [`EngineSettings::fetch_chunks`] chunks, halving from the last): the earlier chunks
+//!    behind an event wait, the last one, where the schedule gates it (one GPU) and the
+//!    device can (copy-engine gathers, stream flag writes), queued at once and gated on a
+//!    flag the copy stream sets after its copies ([`crate::device::FlagGate`],
+//!    [`Engine::gates_last_chunk`]), so that its launch overlaps the last copy; where the
+//!    schedule folds the combine (one GPU, no CPU share), the layer's sum and residual add
+//!    are folded into that last launch.
+//! 5. **CpuShare, RoundTrip** (hybrid, cpu, CPU-only layers): the layer's activations go
+//!    device-to-host on the third stream; the host waits for them (the layer's one host round
+//!    trip; a layer without CPU work has none), runs the CPU experts on the GPU's pool
+//!    ([`crate::cpu_pool::CpuExecutor`]) from the host bank while the GPU computes the hits,
+//!    and queues a zero-copy read of the CPU's output rows into the GPU's. On one GPU the
+//!    host is the only thread that talks to the device and also one of the CPU share's
+//!    threads, so it queues before the share only what the share waits for (the dense part
+//!    up to the router, the activations' copy down right behind it) and the first chunk of
+//!    gathers; the other chunks' gathers, the experts' input rows, the post-router dense
+//!    part, the experts' kernels and the next layer's plan go in while the activations
+//!    travel and, what is left, beside the share while the pool's workers take its first
+//!    tiles. Plans still run in layer order. On several GPUs every GPU's work is queued
+//!    first and the shares run at once, one host thread per GPU with a share, on disjoint
+//!    worker ranges.
+//! 6. **Combine, PeerCombine** (compute stream): the expert outputs are summed per stream in
+//!    a fixed order ([`CombineOrder`]) and added to the residual stream; on several GPUs the
+//!    partial output rows are first summed over the GPUs (the peer combine, [`CombineMethod`]:
+//!    NCCL or through the host), so every GPU's residual stream stays the same.
 //!
 //! The routed experts' sum is scaled by [`residual_scale`] (`1/sqrt(layers)`) so that the
 //! residual stream stays bounded over any number of layers without a normalisation kernel
@@ -59,35 +81,39 @@
 //! - `layer-split-cached:N`: the first N layers on the CPU, the others cached as offload.
 
 mod decode;
-pub mod multi;
+mod peer;
 pub mod probe;
 mod settings;
 mod timeline;
 mod work;
 
 pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
-pub use multi::{
-    decode_multi, CombineMethod, GpuCounts, MultiDecoded, MultiEngine, MultiStepResult,
-};
+pub use peer::{CombineMethod, GpuCounts, GpuStep};
 pub use settings::{EngineSettings, REMOVED_ENGINE_ENVS};
 pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::SlotId;
 use ft_model::cache::{CacheOptions, CachePolicy, ExpertCache};
+use ft_model::perf::step::LayerCounts as PlanCounts;
 use ft_model::plan::{
     fetch_chunk_bounds_at_most, fetch_fraction, plan_layer_placed, MAX_FETCH_CHUNKS,
 };
 use ft_model::profile::CpuCheck;
+use ft_model::routing::TokenRoute;
+use ft_model::schedule::{LayerSchedule, OpKind};
 use ft_model::{
-    CpuLayers, ExpertId, LayerPlacement, ModelSpec, PlacementPolicy, Strategy, StrategyKind,
+    CpuLayers, ExpertId, GpuLayout, GpuPlacement, LayerPlacement, ModelSpec, PlacementPolicy,
+    Strategy, StrategyKind,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::bank::HostBank;
+use crate::bank::{slice_geometry, HostBank};
 use crate::cpu_pool::{CpuExecutor, PoolWait};
 use crate::dense::{DenseBuffers, DenseRead, DENSE_OUT_BYTES};
-use crate::device::{Device, DeviceBuffer, Event, FlagGate, HostBuffer, LayerCombine, Stream};
+use crate::device::{
+    Device, DeviceBuffer, DeviceKind, Event, FlagGate, HostBuffer, LayerCombine, Stream,
+};
 use crate::error::{Result, RuntimeError};
 use crate::gather::{self, GatherMethod};
 use crate::gpu_experts::ExpertStep;
@@ -95,6 +121,7 @@ use crate::instrument::{ns_of_us, Span, StepRecord, StepTimeline};
 use crate::numerics::StepOutputs;
 use crate::slots::{SlotPool, DEFAULT_RESERVE_BYTES};
 
+use peer::Combiner;
 use timeline::{LayerEvents, LayerMarks};
 use work::{build_layer, replicate_rounds, BuildContext, Rows, F32_BYTES};
 
@@ -252,8 +279,31 @@ impl SlotCounts {
     }
 }
 
-/// The slots of a model and config.
-pub(crate) fn slot_counts(model: &ModelSpec, config: &EngineConfig) -> SlotCounts {
+/// Experts of one of layer split's resident layers that one GPU of `layout` holds in slots
+/// of its own: its share under sharding (expert `e` on GPU `e % G`), every expert (a slice
+/// each) under tensor parallelism and on one GPU.
+fn resident_per_layer(layout: &GpuLayout, experts: usize) -> usize {
+    match layout.placement {
+        GpuPlacement::Sharded => experts.div_ceil(layout.count().max(1)),
+        GpuPlacement::TensorParallel => experts,
+    }
+}
+
+/// The place of expert `expert` among the [`resident_per_layer`] experts of a layer on the
+/// GPU that holds it.
+fn resident_index(layout: &GpuLayout, expert: usize) -> usize {
+    match layout.placement {
+        GpuPlacement::Sharded => expert / layout.count().max(1),
+        GpuPlacement::TensorParallel => expert,
+    }
+}
+
+/// The slots of each GPU of `layout` for a model and config.
+pub(crate) fn slot_counts(
+    model: &ModelSpec,
+    config: &EngineConfig,
+    layout: &GpuLayout,
+) -> SlotCounts {
     let g = &model.geometry;
     let total = g.experts * g.moe_layers;
     let (cache, staging) = match config.strategy {
@@ -267,7 +317,7 @@ pub(crate) fn slot_counts(model: &ModelSpec, config: &EngineConfig) -> SlotCount
             return SlotCounts {
                 cache: 0,
                 staging: 0,
-                resident: g.experts * (g.moe_layers - n),
+                resident: resident_per_layer(layout, g.experts) * (g.moe_layers - n),
             };
         }
         Strategy::Offload
@@ -322,11 +372,17 @@ fn max_rows(model: &ModelSpec, config: &EngineConfig) -> usize {
 }
 
 impl EngineMemory {
-    /// What an engine for `model` with `config` allocates.
+    /// What an engine for `model` with `config` allocates on one GPU.
     pub fn of(model: &ModelSpec, config: &EngineConfig) -> EngineMemory {
+        EngineMemory::per_gpu(model, config, &GpuLayout::single())
+    }
+
+    /// What an engine for `model` with `config` allocates on each GPU of `layout` (slots of
+    /// whole experts: an upper bound of a tensor-parallel slice's), and the host bank.
+    pub fn per_gpu(model: &ModelSpec, config: &EngineConfig, layout: &GpuLayout) -> EngineMemory {
         let g = &model.geometry;
         let stride = SlotPool::stride_for(model.expert_bytes()) as u64;
-        let slots = slot_counts(model, config);
+        let slots = slot_counts(model, config, layout);
         let row = (g.hidden * F32_BYTES) as u64;
         let rows = max_rows(model, config) as u64;
         EngineMemory {
@@ -347,7 +403,7 @@ impl EngineMemory {
 }
 
 /// A layer's fetched experts in chunks ([`fetch_chunk_bounds_at_most`]): the chunked pipeline of
-/// both engines (single- and multi-GPU). Chunk `c`'s gathers are followed by an event on the
+/// the engine on every GPU. Chunk `c`'s gathers are followed by an event on the
 /// copy stream, and its expert step waits for that event only and writes output rows of its
 /// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
 /// gather is one empty chunk (its step zeroes the output rows the CPU's rows go into).
@@ -408,22 +464,6 @@ impl<'a> FetchChunks<'a> {
         copy.record(landed)
     }
 
-    /// Queue every chunk's expert step on `compute`: chunk `c` reads the slots and the
-    /// inputs `act`, writes `outs[c]`, and (where the layer gathers) starts after
-    /// `landed(c)`.
-    pub fn compute<'e>(
-        &self,
-        compute: &Stream,
-        act: &DeviceBuffer,
-        outs: &[DeviceBuffer],
-        landed: impl Fn(usize) -> &'e Event,
-    ) -> Result<()> {
-        for (c, out) in outs[..self.len()].iter().enumerate() {
-            self.compute_chunk(c, compute, act, out, landed(c), None)?;
-        }
-        Ok(())
-    }
-
     /// Chunk `c`'s part of the layer's fetched step.
     fn chunk_step(&self, c: usize) -> std::borrow::Cow<'_, ExpertStep> {
         if self.len() == 1 {
@@ -433,7 +473,7 @@ impl<'a> FetchChunks<'a> {
         }
     }
 
-    /// Queue chunk `c`'s expert step on `compute` ([`FetchChunks::compute`] for one chunk):
+    /// Queue chunk `c`'s expert step on `compute`:
     /// it writes `out` and, where the layer gathers, starts after `landed` (the last chunk,
     /// gated: its work waits for the flag on the device instead); with `combine`, the
     /// layer's combine follows it in the same launch.
@@ -498,9 +538,22 @@ struct LayerRest<'a> {
     clock: crate::device::Clock,
     /// When the first item was queued (device clock, us): the GPU cannot start it before.
     first_queued_us: f64,
+    /// The GPU it is for and the layer's record of issued operations ([`LayerOps`]).
+    gpu: u32,
+    issued: &'a std::cell::RefCell<Vec<(OpKind, u32)>>,
 }
 
 impl LayerRest<'_> {
+    /// Record that operation `kind` of this GPU was issued.
+    fn issued(&self, kind: OpKind) {
+        self.issued.borrow_mut().push((kind, self.gpu));
+    }
+
+    /// Whether the layer gathers (the schedule's `Gather` and fetched chunks).
+    fn links(&self) -> bool {
+        !self.fetch.work.moves.is_empty()
+    }
+
     /// Queue the next chunk's gathers on the copy stream (which waits for the router
     /// already); false when every chunk is queued.
     fn gather_next(&mut self) -> Result<bool> {
@@ -509,6 +562,9 @@ impl LayerRest<'_> {
             return Ok(false);
         }
         let c = self.gathered;
+        if c == 0 && self.links() {
+            self.issued(OpKind::Gather);
+        }
         self.fetch.gather(
             c,
             self.copy,
@@ -562,6 +618,11 @@ impl LayerRest<'_> {
                 ev.record_timing(self.compute, &ev.post)?;
             }
             1 => {
+                // Issued every layer: an empty hits' step zeroes the output rows the
+                // others' rows are summed onto; it is the schedule's `Hits` with hits.
+                if !self.fetch.work.hits.experts.is_empty() {
+                    self.issued(OpKind::Hits);
+                }
                 self.compute.launch_experts(
                     &self.fetch.work.hits,
                     self.slots.buffer(),
@@ -572,6 +633,18 @@ impl LayerRest<'_> {
             }
             i if i < 2 + fetched_items => {
                 let c = i - 2;
+                if self.links() {
+                    if c + 1 < chunks {
+                        if c == 0 {
+                            self.issued(OpKind::FetchedEarly);
+                        }
+                    } else {
+                        if self.fetch.gate.is_some() {
+                            self.issued(OpKind::LastLaunch);
+                        }
+                        self.issued(OpKind::LastChunk);
+                    }
+                }
                 self.fetch.compute_chunk(
                     c,
                     self.compute,
@@ -611,42 +684,80 @@ pub struct StepInput<'a> {
 /// What a step produced.
 #[derive(Debug, Clone)]
 pub struct StepResult {
-    /// Counts and busy times per layer.
+    /// Counts and busy times per layer (counts summed over the GPUs; the times and spans
+    /// are GPU 0's).
     pub record: StepRecord,
     /// The step's spans (for a trace).
     pub spans: Vec<Span>,
-    /// The final hidden vector of each stream.
+    /// The final hidden vector of each stream (every GPU holds the same).
     pub outputs: StepOutputs,
+    /// What each GPU did.
+    pub gpus: Vec<GpuStep>,
+    /// Time of the peer combines, summed over layers, us (0 on one GPU): host-measured for
+    /// the host method (its downloads wait for the layer's expert work on every GPU), GPU
+    /// 0's events around the all-reduce for NCCL (0 when `timeline` is off).
+    pub combine_us: f64,
+    /// Each layer's schedule and the operations issued for it.
+    pub ops: Vec<LayerOps>,
 }
 
-/// The decode engine (see the module docs).
-pub struct Engine {
+/// One layer's schedule and the operations the engine issued for it, in the order it
+/// issued them (each the call that performs it: see the module docs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerOps {
+    /// The layer's schedule, built from every GPU's plan.
+    pub schedule: LayerSchedule,
+    /// (operation, GPU), in issue order.
+    pub issued: Vec<(OpKind, u32)>,
+}
+
+impl LayerOps {
+    /// Check that the engine issued exactly the schedule's operations (the same (kind,
+    /// GPU) pairs, each once) in an order that respects every dependency; the error says
+    /// what differs.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let ops = &self.schedule.ops;
+        let mut at = vec![None; ops.len()];
+        for (i, &(kind, gpu)) in self.issued.iter().enumerate() {
+            let j = ops
+                .iter()
+                .enumerate()
+                .position(|(j, o)| o.kind == kind && o.gpu == gpu && at[j].is_none())
+                .ok_or_else(|| {
+                    format!(
+                        "issued {kind:?} on GPU {gpu}, which the schedule does not hold (again)"
+                    )
+                })?;
+            at[j] = Some(i);
+        }
+        for (j, op) in ops.iter().enumerate() {
+            let Some(i) = at[j] else {
+                return Err(format!("{:?} on GPU {} was never issued", op.kind, op.gpu));
+            };
+            if let Some(&d) = op.after.iter().find(|&&d| at[d].is_none_or(|id| id > i)) {
+                return Err(format!(
+                    "{:?} on GPU {} was issued before {:?} on GPU {}, which it waits for",
+                    op.kind, op.gpu, ops[d].kind, ops[d].gpu
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Everything one GPU owns: the device-side state of its share of every layer.
+struct GpuPart {
     device: Device,
-    model: ModelSpec,
-    config: EngineConfig,
-    /// Each layer's placement ([`Strategy::policy`]).
-    placement: PlacementPolicy,
-    /// The cached layers' fetch fraction ([`PlacementPolicy::fetch_fraction`]).
-    fetch: f64,
-    alpha: f32,
-    popularity: Option<Vec<f64>>,
-    bank: HostBank,
+    /// The bank this GPU gathers from (`None`: the shared whole bank; its slices under
+    /// tensor parallelism on several GPUs).
+    slice_bank: Option<HostBank>,
     slots: SlotPool,
-    cache_slots: usize,
-    staging_slots: usize,
-    /// Slots of layer split's resident layers, after the cache's and the staging slots.
-    resident_slots: usize,
-    cache: ExpertCache,
     dense: DenseBuffers,
     /// Where the dense kernel folds what it reads ([`DENSE_OUT_BYTES`]).
     dense_out: DeviceBuffer,
-    /// The flag the last fetched chunk's launch is gated on, one u32, where it is
-    /// ([`Engine::gates_last_chunk`]), and the value the last gated layer waited for (each
-    /// gated layer the next).
+    /// The flag the last fetched chunk's launch is gated on, one u32, where the schedule
+    /// gates it (one GPU) and the device can ([`Engine::gates_last_chunk`]).
     gate_flag: Option<DeviceBuffer>,
-    gate_value: u32,
-    /// Bytes of each layer's dense weights read after the router (the shared experts).
-    dense_post_bytes: usize,
     compute: Stream,
     copy: Stream,
     act_stream: Stream,
@@ -656,25 +767,66 @@ pub struct Engine {
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
     /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
-    /// fetched experts ([`fetch_chunk_bounds_at_most`]); in fixed order the CPU's rows go to the first.
+    /// fetched experts ([`fetch_chunk_bounds_at_most`]); in fixed order the CPU's rows go
+    /// to the first.
     y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
     y_cpu: DeviceBuffer,
+    /// The layer events (timing events on GPU 0 with a timeline).
+    events: Vec<LayerEvents>,
+    /// Template of the expert steps (a slice's shape under tensor parallelism).
+    template: ExpertStep,
+    /// Events around each layer's all-reduce (GPU 0, NCCL, timeline on).
+    combine_ev: Vec<(Event, Event)>,
+}
+
+/// The host side of one GPU's CPU share: its pool and staging (apart from [`GpuPart`] so
+/// that the shares of several GPUs run on their own threads while the device parts stay
+/// with the host thread).
+struct CpuPart {
+    exec: Option<CpuExecutor>,
+    /// Its workers among all ([`GpuLayout::cpu_workers`]).
+    workers: std::ops::Range<usize>,
     /// The layer's activations, downloaded for the CPU, `[streams][hidden]`.
     x_host: HostBuffer,
     /// The CPU's output rows, read by the device, `[rows][hidden]`.
     y_host: HostBuffer,
     /// The CPU's input rows in fixed order (one per pair).
     cpu_x: Vec<f32>,
-    exec: Option<CpuExecutor>,
-    events: Vec<LayerEvents>,
-    /// Recorded on the idle compute stream at each step's start, with timing: it places the
-    /// step's device events on the host's clock ([`Event::timeline_us_from`]).
+}
+
+/// The decode engine for G >= 1 GPUs (see the module docs).
+pub struct Engine {
+    model: ModelSpec,
+    config: EngineConfig,
+    layout: GpuLayout,
+    /// Each layer's placement ([`Strategy::policy`]).
+    placement: PlacementPolicy,
+    /// The cached layers' fetch fraction ([`PlacementPolicy::fetch_fraction`]).
+    fetch: f64,
+    alpha: f32,
+    popularity: Option<Vec<f64>>,
+    /// Whole experts: the gathers' source (one GPU, sharded) and the CPU kernels'.
+    bank: HostBank,
+    /// Slots of each GPU (the same for every GPU).
+    slot_counts: SlotCounts,
+    gpus: Vec<GpuPart>,
+    cpus: Vec<CpuPart>,
+    /// Each GPU's expert cache.
+    caches: Vec<ExpertCache>,
+    /// The value the last gated layer of each GPU waited for (each gated layer the next).
+    gate_values: Vec<u32>,
+    combiner: Combiner,
+    /// Host scratch of the host combine (the running sum), f32.
+    sum: Vec<f32>,
+    /// Bytes of each layer's dense weights read after the router (the shared experts).
+    dense_post_bytes: usize,
+    /// Recorded on GPU 0's idle compute stream at each step's start, with timing: it places
+    /// the step's device events on the host's clock ([`Event::timeline_us_from`]).
     anchor: Event,
     /// The copies that replicate the first block of rows into the experts' input rows
     /// (`replicate_rounds` of top-k; none for the fast combine order), the same every layer.
     input_copies: Vec<(usize, usize, usize)>,
-    template: ExpertStep,
     steps_run: u64,
 }
 
@@ -683,9 +835,12 @@ impl std::fmt::Debug for Engine {
         f.debug_struct("Engine")
             .field("model", &self.model.name)
             .field("strategy", &self.config.strategy)
-            .field("device", &self.device.info().name)
-            .field("cache_slots", &self.cache_slots)
-            .field("staging_slots", &self.staging_slots)
+            .field("gpus", &self.layout.gpus)
+            .field("placement", &self.layout.placement)
+            .field("device", &self.gpus[0].device.info().name)
+            .field("cache_slots", &self.slot_counts.cache)
+            .field("staging_slots", &self.slot_counts.staging)
+            .field("combine", &self.combiner.method())
             .finish()
     }
 }
@@ -747,8 +902,7 @@ fn split_dense<'a>(
 
 /// Check a step's input against the engine it is for (the streams it was built for, the
 /// routing against the geometry, one context and one input of `hidden` values per stream,
-/// contexts within the KV it holds); the streams of the step. Shared by [`Engine`] and
-/// [`multi::MultiEngine`].
+/// contexts within the KV it holds); the streams of the step.
 pub(crate) fn check_step_input(
     model: &ModelSpec,
     config: &EngineConfig,
@@ -807,11 +961,79 @@ pub(crate) fn check_step_input(
     Ok(b)
 }
 
+/// The out-of-memory error of a strategy whose experts are held in slots of their own
+/// (resident, layer split), with the layers that would fit; `None` for the others.
+fn resident_oom(
+    model: &ModelSpec,
+    config: &EngineConfig,
+    placement: &PlacementPolicy,
+    per_layer_experts: usize,
+    available: u64,
+) -> Option<RuntimeError> {
+    let g = model.geometry;
+    let expert_bytes = model.expert_bytes();
+    let per_layer = SlotPool::stride_for(expert_bytes) as u64 * per_layer_experts as u64;
+    match config.strategy.kind() {
+        StrategyKind::LayerSplit => {
+            let fit = ((available / per_layer.max(1)) as usize).min(g.moe_layers);
+            Some(RuntimeError::OutOfMemory {
+                what: format!(
+                    "{} ({} resident layers x {per_layer_experts} experts of {expert_bytes} \
+                     bytes)",
+                    config.strategy,
+                    g.moe_layers - placement.cpu_layers,
+                ),
+                requested: per_layer * (g.moe_layers - placement.cpu_layers) as u64,
+                available,
+                hint: format!(
+                    "; {fit} of the {} layers' experts fit: put the others on the CPU with \
+                     --strategy layer-split:{}",
+                    g.moe_layers,
+                    g.moe_layers - fit
+                ),
+            })
+        }
+        StrategyKind::Resident => {
+            let fit = available / per_layer.max(1);
+            Some(RuntimeError::OutOfMemory {
+                what: format!(
+                    "the resident strategy ({} layers x {} experts of {expert_bytes} bytes)",
+                    g.moe_layers, g.experts
+                ),
+                requested: per_layer * g.moe_layers as u64,
+                available,
+                hint: format!(
+                    "; {} of the {} layers would fit: run fewer layers of the same geometry \
+                     with --layers {}",
+                    fit,
+                    g.moe_layers,
+                    fit.max(1)
+                ),
+            })
+        }
+        StrategyKind::Offload
+        | StrategyKind::Hybrid
+        | StrategyKind::Cpu
+        | StrategyKind::LayerSplitCached => None,
+    }
+}
+
+/// Whether a placement computes experts on the CPU: a CPU-only layer, or cached layers
+/// that gather less than every miss.
+fn uses_cpu(placement: &PlacementPolicy, layers: usize) -> bool {
+    let cached_cpu = placement.cpu_layers < layers
+        && match placement.rest {
+            LayerPlacement::Cached { fetch_fraction } => fetch_fraction < 1.0,
+            LayerPlacement::Resident | LayerPlacement::CpuOnly => false,
+        };
+    placement.cpu_layers > 0 || cached_cpu
+}
+
 impl Engine {
-    /// Build an engine for `model` on `device`: fill the host bank from `config.seed`,
+    /// Build an engine for `model` on one `device`: fill the host bank from `config.seed`,
     /// allocate the cache slots, dense buffers and activations, and load what the strategy
     /// keeps resident (every expert for `resident`, the hot set for a static-hot cache, which
-    /// needs `popularity` when the policy names no hot set).
+    /// needs `popularity` when the policy names no hot set, layer split's GPU layers).
     pub fn new(
         device: &Device,
         model: &ModelSpec,
@@ -838,217 +1060,310 @@ impl Engine {
         popularity: Option<Vec<f64>>,
         source: BankSource<'_>,
     ) -> Result<Engine> {
+        Engine::on_gpus(
+            std::slice::from_ref(device),
+            GpuLayout::single(),
+            model,
+            config,
+            popularity,
+            source,
+        )
+    }
+
+    /// Build an engine over `devices`, one per GPU of `layout` (opened with
+    /// [`Device::open_group`]; one device and [`GpuLayout::single`] is [`Engine::new`]).
+    /// `config.cache_slots` is the slots of each GPU's cache (a slice each under tensor
+    /// parallelism: [`GpuLayout::slots_per_gpu`] turns a byte budget into it) and
+    /// `config.threads` the CPU workers of all GPUs together; `popularity` (a static hot
+    /// set's) is over every expert, each GPU taking the ones it holds. Errors: a device
+    /// count other than `layout.gpus`, a tensor-parallel split the geometry cannot take,
+    /// fewer CPU workers than GPUs for a strategy with a CPU share, memory a GPU cannot
+    /// hold (naming the layers that fit for resident and layer split), and a config no
+    /// engine runs ([`EngineConfig::check`]).
+    pub fn on_gpus(
+        devices: &[Device],
+        layout: GpuLayout,
+        model: &ModelSpec,
+        config: &EngineConfig,
+        popularity: Option<Vec<f64>>,
+        source: BankSource<'_>,
+    ) -> Result<Engine> {
         model.validate()?;
         let g = model.geometry;
+        let n = layout.count();
+        if n == 0 || devices.len() != n {
+            return Err(RuntimeError::invalid(
+                "--gpus",
+                format!(
+                    "the layout has {n} GPUs, {} devices were opened",
+                    devices.len()
+                ),
+            ));
+        }
         config.check(model)?;
         let placement = resolve_policy(&config.strategy, g.moe_layers)?;
-        let counts = slot_counts(model, config);
-        let (cache_slots, staging_slots) = (counts.cache, counts.staging);
-        let expert_bytes = model.expert_bytes();
         let kind = config.strategy.kind();
-
-        // The slots come first; keep room for the engine's other device buffers too.
-        let planned = EngineMemory::of(model, config);
-        let reserve = config.reserve_bytes + planned.dense_bytes + planned.activation_bytes;
-        let slots = match SlotPool::new(device, expert_bytes, counts.total().max(1), reserve) {
-            Ok(s) => s,
-            Err(RuntimeError::OutOfMemory { available, .. })
-                if kind == StrategyKind::LayerSplit =>
+        let multi = layout.is_multi();
+        let tp = multi && layout.placement == GpuPlacement::TensorParallel;
+        let part_geometry = if tp {
+            let pg = slice_geometry(model.format, &g, n)?;
+            if devices[0].kind() == DeviceKind::Cuda && !pg.intermediate.is_multiple_of(32) {
+                return Err(RuntimeError::invalid(
+                    "--placement tensor-parallel",
+                    format!(
+                        "a slice of {} intermediate columns over {n} GPUs is {}, not a multiple \
+                         of 32 (the CUDA expert kernel's tile)",
+                        g.intermediate, pg.intermediate
+                    ),
+                ));
+            }
+            pg
+        } else {
+            g
+        };
+        if multi && uses_cpu(&placement, g.moe_layers) {
+            if let Some(gpu) =
+                (0..n as u32).find(|&i| layout.cpu_workers(i, config.threads).is_empty())
             {
-                let per_layer = SlotPool::stride_for(expert_bytes) as u64 * g.experts as u64;
-                let fit = ((available / per_layer.max(1)) as usize).min(g.moe_layers);
-                return Err(RuntimeError::OutOfMemory {
-                    what: format!(
-                        "{} ({} resident layers x {} experts of {expert_bytes} bytes)",
-                        config.strategy,
-                        g.moe_layers - placement.cpu_layers,
-                        g.experts
+                return Err(RuntimeError::invalid(
+                    "--threads",
+                    format!(
+                        "{} CPU workers cannot serve {n} GPUs' CPU shares (GPU {gpu} would get \
+                         none); give at least {n}",
+                        config.threads
                     ),
-                    requested: per_layer * (g.moe_layers - placement.cpu_layers) as u64,
-                    available,
-                    hint: format!(
-                        "; {fit} of the {} layers' experts fit: put the others on the CPU with \
-                         --strategy layer-split:{}",
-                        g.moe_layers,
-                        g.moe_layers - fit
-                    ),
-                });
+                ));
             }
-            Err(RuntimeError::OutOfMemory { available, .. }) if kind == StrategyKind::Resident => {
-                let per_layer = SlotPool::stride_for(expert_bytes) as u64 * g.experts as u64;
-                let fit = available / per_layer.max(1);
-                return Err(RuntimeError::OutOfMemory {
-                    what: format!(
-                        "the resident strategy ({} layers x {} experts of {expert_bytes} bytes)",
-                        g.moe_layers, g.experts
-                    ),
-                    requested: per_layer * g.moe_layers as u64,
+        }
+        let counts = slot_counts(model, config, &layout);
+        let expert_bytes = part_geometry.expert_bytes(model.format);
+
+        // The slots come first (a cache the devices cannot hold fails before the bank is
+        // filled); keep room for the engine's other device buffers too.
+        let planned = EngineMemory::per_gpu(model, config, &layout);
+        let reserve = config.reserve_bytes + planned.dense_bytes + planned.activation_bytes;
+        let mut slot_pools = Vec::with_capacity(n);
+        for device in devices {
+            match SlotPool::new(device, expert_bytes, counts.total().max(1), reserve) {
+                Ok(s) => slot_pools.push(s),
+                Err(RuntimeError::OutOfMemory {
+                    what,
+                    requested,
                     available,
-                    hint: format!(
-                        "; {} of the {} layers would fit: run fewer layers of the same geometry \
-                         with --layers {}",
-                        fit,
-                        g.moe_layers,
-                        fit.max(1)
-                    ),
-                });
+                    hint,
+                }) => {
+                    let per_layer = match kind {
+                        StrategyKind::LayerSplit => resident_per_layer(&layout, g.experts),
+                        _ => g.experts,
+                    };
+                    return Err(
+                        resident_oom(model, config, &placement, per_layer, available).unwrap_or(
+                            RuntimeError::OutOfMemory {
+                                what,
+                                requested,
+                                available,
+                                hint,
+                            },
+                        ),
+                    );
+                }
+                Err(e) => return Err(e),
             }
-            Err(e) => return Err(e),
-        };
+        }
         let bank = match source {
-            BankSource::Seed(seed) => HostBank::from_seed(device, model.format, &g, seed)?,
+            BankSource::Seed(seed) => HostBank::from_seed(&devices[0], model.format, &g, seed)?,
             BankSource::Safetensors(path) => {
-                HostBank::from_safetensors(device, model.format, &g, path)?
+                HostBank::from_safetensors(&devices[0], model.format, &g, path)?
             }
         };
-        let dense = DenseBuffers::new(
-            device,
-            &model.dense(),
-            g.moe_layers,
-            config.max_streams,
-            config.max_context,
-        )?;
         let dense_post_bytes = (2 * g.shared_experts as u64 * g.expert_params())
             .min(model.dense().weight_bytes_per_layer) as usize;
-        let dense_out = device.alloc(DENSE_OUT_BYTES, "dense output")?;
-        let gates = config.gather == GatherMethod::CopyEngine && device.supports_flag_gates();
-        if !gates {
-            tracing::debug!(
-                gather = %config.gather,
-                flag_writes = device.supports_flag_gates(),
-                "the last fetched chunk waits for its copies' event (no gate: zero-copy gathers or no stream flag writes)"
-            );
-        }
-        let gate_flag = gates.then(|| device.alloc(4, "gate flag")).transpose()?;
         let row = g.hidden * F32_BYTES;
         let rows = max_rows(model, config);
-        let act = device.alloc(rows * row, "expert inputs")?;
-        let y_hits = device.alloc(rows * row, "hit experts' outputs")?;
-        let y_fetched = (0..MAX_FETCH_CHUNKS)
-            .map(|_| device.alloc(rows * row, "fetched experts' outputs"))
-            .collect::<Result<Vec<_>>>()?;
-        let y_cpu = device.alloc(config.max_streams * row, "CPU experts' outputs")?;
-        let x_host = device.alloc_host(config.max_streams * row, "activations for the CPU")?;
-        let y_host = device.alloc_host(rows * row, "CPU experts' output rows")?;
-        let compute = device.new_stream("compute")?;
-        let copy = device.new_stream("copy")?;
-        let act_stream = device.new_stream("activations")?;
-        let events = (0..g.moe_layers)
-            .map(|_| LayerEvents::new(device, config.timeline, MAX_FETCH_CHUNKS - 1))
-            .collect::<Result<Vec<_>>>()?;
-        let anchor = device.new_event(config.timeline)?;
-        // The gate's flag starts below every value a layer waits for (the first is 1), before
-        // any launch on another stream reads it.
-        if let Some(flag) = &gate_flag {
-            compute.memset_zero(flag, 0, 4)?;
-            compute.synchronize()?;
+        let mut gpus = Vec::with_capacity(n);
+        let mut cpus = Vec::with_capacity(n);
+        let mut caches = Vec::with_capacity(n);
+        for (i, (device, slots)) in devices.iter().zip(slot_pools).enumerate() {
+            let slice_bank = if tp {
+                Some(bank.tensor_parallel_slice(device, n, i)?)
+            } else {
+                None
+            };
+            // The gate is the schedule's on one GPU (`LayerSchedule::gated_last_chunk`),
+            // where the device can: copy-engine gathers (a zero-copy gather's kernel needs
+            // the multiprocessors the waiting blocks hold) and stream flag writes.
+            let gates =
+                !multi && config.gather == GatherMethod::CopyEngine && device.supports_flag_gates();
+            if !multi && !gates {
+                tracing::debug!(
+                    gather = %config.gather,
+                    flag_writes = device.supports_flag_gates(),
+                    "the last fetched chunk waits for its copies' event (no gate: zero-copy gathers or no stream flag writes)"
+                );
+            }
+            let gate_flag = gates.then(|| device.alloc(4, "gate flag")).transpose()?;
+            let compute = device.new_stream("compute")?;
+            // The gate's flag starts below every value a layer waits for (the first is 1),
+            // before any launch on another stream reads it.
+            if let Some(flag) = &gate_flag {
+                compute.memset_zero(flag, 0, 4)?;
+                compute.synchronize()?;
+            }
+            // Timing events on GPU 0 only: its layers give the step's timeline.
+            let timing = config.timeline && i == 0;
+            let events = (0..g.moe_layers)
+                .map(|_| LayerEvents::new(device, timing, MAX_FETCH_CHUNKS - 1))
+                .collect::<Result<Vec<_>>>()?;
+            let combine_ev = if multi && timing {
+                (0..g.moe_layers)
+                    .map(|_| Ok((device.new_event(true)?, device.new_event(true)?)))
+                    .collect::<Result<Vec<_>>>()?
+            } else {
+                Vec::new()
+            };
+            let template = ExpertStep::new(model.format, &part_geometry, config.gpu_path, 0);
+            device.warm_up_kernels(&[&template])?;
+            let pop = match (&popularity, multi) {
+                (Some(p), true) => Some(layout.popularity_on(i as u32, p, g.experts)),
+                (p, _) => p.clone(),
+            };
+            caches.push(
+                config
+                    .cache_options
+                    .build(kind, &g, counts.cache, pop.as_deref())?,
+            );
+            gpus.push(GpuPart {
+                device: device.clone(),
+                slice_bank,
+                slots,
+                dense: DenseBuffers::new(
+                    device,
+                    &model.dense(),
+                    g.moe_layers,
+                    config.max_streams,
+                    config.max_context,
+                )?,
+                dense_out: device.alloc(DENSE_OUT_BYTES, "dense output")?,
+                gate_flag,
+                compute,
+                copy: device.new_stream("copy")?,
+                act_stream: device.new_stream("activations")?,
+                act: device.alloc(rows * row, "expert inputs")?,
+                y_hits: device.alloc(rows * row, "hit experts' outputs")?,
+                y_fetched: (0..MAX_FETCH_CHUNKS)
+                    .map(|_| device.alloc(rows * row, "fetched experts' outputs"))
+                    .collect::<Result<Vec<_>>>()?,
+                y_cpu: device.alloc(config.max_streams * row, "CPU experts' outputs")?,
+                events,
+                template,
+                combine_ev,
+            });
+            cpus.push(CpuPart {
+                exec: None,
+                workers: layout.cpu_workers(i as u32, config.threads),
+                x_host: device.alloc_host(config.max_streams * row, "activations for the CPU")?,
+                y_host: device.alloc_host(rows * row, "CPU experts' output rows")?,
+                cpu_x: Vec::new(),
+            });
         }
-        let template = ExpertStep::new(model.format, &g, config.gpu_path, 0);
-        device.warm_up_kernels(&[&template])?;
-        let cache = config
-            .cache_options
-            .build(kind, &g, cache_slots, popularity.as_deref())?;
+        let anchor = devices[0].new_event(config.timeline)?;
         let mut engine = Engine {
-            device: device.clone(),
             model: model.clone(),
             config: config.clone(),
+            layout,
             placement,
             fetch: placement.fetch_fraction(),
             alpha: residual_scale(g.moe_layers),
             popularity,
             bank,
-            slots,
-            cache_slots,
-            staging_slots,
-            resident_slots: counts.resident,
-            cache,
-            dense,
-            dense_out,
-            gate_flag,
-            gate_value: 0,
+            slot_counts: counts,
+            gpus,
+            cpus,
+            caches,
+            gate_values: vec![0; n],
+            combiner: Combiner::open(devices, layout),
+            sum: Vec::new(),
             dense_post_bytes,
-            compute,
-            copy,
-            act_stream,
-            act,
-            y_hits,
-            y_fetched,
-            y_cpu,
-            x_host,
-            y_host,
-            cpu_x: Vec::new(),
-            exec: None,
-            events,
             anchor,
             input_copies: if config.combine == CombineOrder::Fixed {
                 replicate_rounds(g.top_k)
             } else {
                 Vec::new()
             },
-            template,
             steps_run: 0,
         };
-        engine.ensure_executor()?;
+        engine.ensure_executors()?;
         engine.load_resident()?;
         Ok(engine)
     }
 
-    /// Whether some layer computes experts on the CPU: a CPU-only layer, or cached layers
-    /// that gather less than every miss.
-    fn uses_cpu(&self) -> bool {
-        let layers = self.model.geometry.moe_layers;
-        let cached_cpu = self.placement.cpu_layers < layers
-            && match self.placement.rest {
-                LayerPlacement::Cached { fetch_fraction } => fetch_fraction < 1.0,
-                LayerPlacement::Resident | LayerPlacement::CpuOnly => false,
-            };
-        self.placement.cpu_layers > 0 || cached_cpu
-    }
-
-    /// Create the CPU executor if the strategy computes anything on the CPU.
-    fn ensure_executor(&mut self) -> Result<()> {
-        if self.exec.is_none() && self.uses_cpu() {
-            self.exec = Some(CpuExecutor::new(
-                self.config.threads,
-                self.config.pool_wait,
-            )?);
+    /// Create each GPU's CPU executor (its workers) if the strategy computes anything on
+    /// the CPU.
+    fn ensure_executors(&mut self) -> Result<()> {
+        if !uses_cpu(&self.placement, self.model.geometry.moe_layers) {
+            return Ok(());
+        }
+        for c in &mut self.cpus {
+            if c.exec.is_none() {
+                c.exec = Some(CpuExecutor::new(
+                    c.workers.len().max(1),
+                    self.config.pool_wait,
+                )?);
+            }
         }
         Ok(())
     }
 
-    /// Copy every expert the cache holds (resident, a static hot set) and every expert of
-    /// layer split's resident layers into its slot.
+    /// Copy every expert each cache holds (resident, a static hot set) and every expert of
+    /// layer split's resident layers a GPU holds into its slot.
     fn load_resident(&mut self) -> Result<()> {
         let g = self.model.geometry;
-        let mut moves: Vec<_> = self.cache.resident().map(|(slot, id)| (id, slot)).collect();
-        if self.resident_slots > 0 {
-            let base = self.cache_slots + self.staging_slots;
-            moves.extend(
-                (self.placement.cpu_layers..g.moe_layers)
-                    .flat_map(|l| (0..g.experts).map(move |e| ExpertId::new(l, e)))
-                    .enumerate()
-                    .map(|(i, id)| (id, SlotId((base + i) as u32))),
-            );
-        }
-        let regions = gather::regions(&self.bank, &self.slots, &moves)?;
-        if !regions.is_empty() {
-            self.copy
-                .copy_h2d_regions(self.bank.buffer(), self.slots.buffer(), &regions)?;
-            self.copy.synchronize()?;
+        let layout = self.layout;
+        let base = self.slot_counts.cache + self.slot_counts.staging;
+        let per_layer = resident_per_layer(&layout, g.experts);
+        for (gpu, (p, cache)) in self.gpus.iter().zip(&self.caches).enumerate() {
+            let bank = p.slice_bank.as_ref().unwrap_or(&self.bank);
+            let mut moves: Vec<_> = cache.resident().map(|(slot, id)| (id, slot)).collect();
+            if self.slot_counts.resident > 0 {
+                for l in self.placement.cpu_layers..g.moe_layers {
+                    let first = base + (l - self.placement.cpu_layers) * per_layer;
+                    moves.extend(
+                        (0..g.experts)
+                            .filter(|&e| layout.holds(gpu as u32, e as u32))
+                            .map(|e| {
+                                let slot = first + resident_index(&layout, e);
+                                (ExpertId::new(l, e), SlotId(slot as u32))
+                            }),
+                    );
+                }
+            }
+            let regions = gather::regions(bank, &p.slots, &moves)?;
+            if !regions.is_empty() {
+                p.copy
+                    .copy_h2d_regions(bank.buffer(), p.slots.buffer(), &regions)?;
+                p.copy.synchronize()?;
+            }
         }
         Ok(())
     }
 
-    /// Forget the cache's history: an empty cache (or the resident / hot set again), as a
+    /// Forget the caches' history: empty caches (or the resident / hot sets again), as a
     /// freshly started engine has, without refilling the bank.
     pub fn reset_cache(&mut self) -> Result<()> {
-        self.device.synchronize()?;
-        self.cache = self.config.cache_options.build(
-            self.config.strategy.kind(),
-            &self.model.geometry,
-            self.cache_slots,
-            self.popularity.as_deref(),
-        )?;
+        let g = self.model.geometry;
+        for (i, p) in self.gpus.iter().enumerate() {
+            p.device.synchronize()?;
+            let pop = match (&self.popularity, self.layout.is_multi()) {
+                (Some(pop), true) => Some(self.layout.popularity_on(i as u32, pop, g.experts)),
+                (pop, _) => pop.clone(),
+            };
+            self.caches[i] = self.config.cache_options.build(
+                self.config.strategy.kind(),
+                &g,
+                self.slot_counts.cache,
+                pop.as_deref(),
+            )?;
+        }
         self.load_resident()
     }
 
@@ -1061,9 +1376,9 @@ impl Engine {
             strategy,
             ..self.config.clone()
         };
-        let resident = slot_counts(&self.model, &new_config).resident;
+        let resident = slot_counts(&self.model, &new_config, &self.layout).resident;
         if (old == StrategyKind::Resident) != (new == StrategyKind::Resident)
-            || resident != self.resident_slots
+            || resident != self.slot_counts.resident
         {
             return Err(RuntimeError::invalid(
                 "strategy",
@@ -1072,13 +1387,12 @@ impl Engine {
         }
         let layers = self.model.geometry.moe_layers;
         let placement = resolve_policy(&strategy, layers)?;
-        let fetch = placement.fetch_fraction();
         let gathers = placement.cpu_layers < layers
             && match placement.rest {
                 LayerPlacement::Cached { fetch_fraction } => fetch_fraction > 0.0,
                 LayerPlacement::Resident | LayerPlacement::CpuOnly => false,
             };
-        if gathers && self.staging_slots == 0 && self.cache_slots < self.union_max() {
+        if gathers && self.slot_counts.staging == 0 && self.slot_counts.cache < self.union_max() {
             return Err(RuntimeError::invalid(
                 "strategy",
                 format!(
@@ -1087,32 +1401,52 @@ impl Engine {
                 ),
             ));
         }
+        if self.layout.is_multi() && uses_cpu(&placement, layers) {
+            let n = self.layout.count();
+            if self.cpus.iter().any(|c| c.workers.is_empty()) {
+                return Err(RuntimeError::invalid(
+                    "--threads",
+                    format!(
+                        "{} CPU workers cannot serve {n} GPUs' CPU shares; give at least {n}",
+                        self.config.threads
+                    ),
+                ));
+            }
+        }
         self.config.strategy = strategy;
         self.placement = placement;
-        self.fetch = fetch;
-        self.ensure_executor()?;
+        self.fetch = placement.fetch_fraction();
+        self.ensure_executors()?;
         self.reset_cache()
     }
 
-    /// Compute the CPU share on `threads` threads from now on (a new executor; the cache and
-    /// everything else stay). The probe calibrates the serving slowdown at a second count
-    /// this way without filling a second bank.
+    /// Compute the CPU share on `threads` threads from now on, split over the GPUs as at
+    /// build time (new executors; the caches and everything else stay). The probe
+    /// calibrates the serving slowdown at a second count this way without filling a second
+    /// bank.
     pub fn set_threads(&mut self, threads: usize) -> Result<()> {
-        if threads == 0 {
+        if threads < self.layout.count() {
             return Err(RuntimeError::invalid(
                 "--threads",
-                "the CPU pool needs at least 1 thread",
+                format!(
+                    "the CPU pools of {} GPU(s) need at least {} thread(s)",
+                    self.layout.count(),
+                    self.layout.count()
+                ),
             ));
         }
         if threads != self.config.threads {
-            self.exec = None;
             self.config.threads = threads;
-            self.ensure_executor()?;
+            for (i, c) in self.cpus.iter_mut().enumerate() {
+                c.exec = None;
+                c.workers = self.layout.cpu_workers(i as u32, threads);
+            }
+            self.ensure_executors()?;
         }
         Ok(())
     }
 
-    /// Threads computing the CPU share.
+    /// Threads computing the CPU share (of all GPUs together).
     pub fn threads(&self) -> usize {
         self.config.threads
     }
@@ -1122,28 +1456,29 @@ impl Engine {
         g.experts.min(g.top_k * self.config.max_streams)
     }
 
-    /// Measure the link's linear host-to-device bandwidth in this engine's conditions: the
-    /// median over `reps` of one contiguous copy of up to `max_bytes` from the bank into the
-    /// slot memory, GB/s (1e9 B/s). The slots' contents are lost, so the cache is reset (and
-    /// its resident set reloaded) afterwards.
+    /// Measure GPU 0's link's linear host-to-device bandwidth in this engine's conditions:
+    /// the median over `reps` of one contiguous copy of up to `max_bytes` from the bank into
+    /// the slot memory, GB/s (1e9 B/s). The slots' contents are lost, so the caches are
+    /// reset (and their resident sets reloaded) afterwards.
     pub fn measure_linear_h2d_gbs(&mut self, max_bytes: usize, reps: usize) -> Result<f64> {
+        let p = &self.gpus[0];
         let bytes = max_bytes
             .min(self.bank.buffer().len())
-            .min(self.slots.buffer().len());
+            .min(p.slots.buffer().len());
         if bytes == 0 || reps == 0 {
             return Err(RuntimeError::invalid("linear H2D probe", "nothing to copy"));
         }
-        let (e0, e1) = (self.device.new_event(true)?, self.device.new_event(true)?);
+        let (e0, e1) = (p.device.new_event(true)?, p.device.new_event(true)?);
         let mut us = Vec::with_capacity(reps);
         // One copy first (page faults, first-touch).
-        self.copy
-            .copy_h2d(self.bank.buffer(), 0, self.slots.buffer(), 0, bytes)?;
-        self.copy.synchronize()?;
+        p.copy
+            .copy_h2d(self.bank.buffer(), 0, p.slots.buffer(), 0, bytes)?;
+        p.copy.synchronize()?;
         for _ in 0..reps {
-            self.copy.record(&e0)?;
-            self.copy
-                .copy_h2d(self.bank.buffer(), 0, self.slots.buffer(), 0, bytes)?;
-            self.copy.record(&e1)?;
+            p.copy.record(&e0)?;
+            p.copy
+                .copy_h2d(self.bank.buffer(), 0, p.slots.buffer(), 0, bytes)?;
+            p.copy.record(&e1)?;
             e1.synchronize()?;
             us.push(e0.elapsed_us(&e1)?);
         }
@@ -1158,16 +1493,20 @@ impl Engine {
         &self.model
     }
 
-    /// Whether a layer's last fetched chunk is gated on a flag: where it can be, copy-engine
-    /// gathers (a zero-copy gather's kernel needs the multiprocessors the waiting blocks
-    /// hold) on a device with stream flag writes.
+    /// Whether a layer's last fetched chunk is gated on a flag: where the schedule gates it
+    /// (one GPU) and the device can (copy-engine gathers, stream flag writes).
     pub fn gates_last_chunk(&self) -> bool {
-        self.gate_flag.is_some()
+        self.gpus[0].gate_flag.is_some()
     }
 
     /// The configuration it runs.
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The GPUs and the placement of experts over them.
+    pub fn layout(&self) -> GpuLayout {
+        self.layout
     }
 
     /// The strategy.
@@ -1185,46 +1524,82 @@ impl Engine {
         self.placement
     }
 
-    /// Slots holding layer split's resident layers.
+    /// Slots of each GPU holding layer split's resident layers.
     pub fn resident_slots(&self) -> usize {
-        self.resident_slots
+        self.slot_counts.resident
     }
 
-    /// The device.
+    /// GPU 0's device.
     pub fn device(&self) -> &Device {
-        &self.device
+        &self.gpus[0].device
     }
 
-    /// The expert cache (its counters and contents).
+    /// GPU `gpu`'s device.
+    pub fn device_of(&self, gpu: usize) -> Option<&Device> {
+        self.gpus.get(gpu).map(|p| &p.device)
+    }
+
+    /// GPU 0's expert cache (its counters and contents).
     pub fn cache(&self) -> &ExpertCache {
-        &self.cache
+        &self.caches[0]
     }
 
-    /// The host bank.
+    /// GPU `gpu`'s expert cache.
+    pub fn cache_of(&self, gpu: usize) -> Option<&ExpertCache> {
+        self.caches.get(gpu)
+    }
+
+    /// The host bank of whole experts.
     pub fn bank(&self) -> &HostBank {
         &self.bank
     }
 
-    /// Slots of the cache proper.
+    /// Slots of each GPU's cache proper.
     pub fn cache_slots(&self) -> usize {
-        self.cache_slots
+        self.slot_counts.cache
     }
 
-    /// Staging slots for experts the cache refuses.
+    /// Staging slots of each GPU for experts the cache refuses.
     pub fn staging_slots(&self) -> usize {
-        self.staging_slots
+        self.slot_counts.staging
     }
 
-    /// Time the CPU check ([`crate::cpu_check::measure`]) on this engine's bank with its
-    /// serving threads: on the strategy's own executor where it has one, else on a pool of
-    /// the same threads and wait policy built for the check; `start` picks where in the bank
-    /// it starts (a different place each call reads different weights).
+    /// Bytes of one expert as each GPU stores and gathers it (a slice under tensor
+    /// parallelism).
+    pub fn expert_bytes_per_gpu(&self) -> usize {
+        self.gpus[0].slots.expert_bytes()
+    }
+
+    /// The CPU worker range of each GPU's pool ([`GpuLayout::cpu_workers`]); the ranges of
+    /// a strategy without a CPU share are still reported.
+    pub fn cpu_workers(&self) -> Vec<std::ops::Range<usize>> {
+        self.cpus.iter().map(|c| c.workers.clone()).collect()
+    }
+
+    /// Threads of each GPU's CPU pool (0: no pool).
+    pub fn pool_threads(&self) -> Vec<usize> {
+        self.cpus
+            .iter()
+            .map(|c| c.exec.as_ref().map_or(0, |e| e.threads()))
+            .collect()
+    }
+
+    /// How the GPUs' partial outputs are combined.
+    pub fn combine_method(&self) -> CombineMethod {
+        self.combiner.method()
+    }
+
+    /// Time the CPU check ([`crate::cpu_check::measure`]) on this engine's bank with GPU 0's
+    /// serving threads: on its executor where it has one, else on a pool of the same
+    /// threads and wait policy built for the check; `start` picks where in the bank it
+    /// starts (a different place each call reads different weights).
     pub fn cpu_check(&mut self, budget: std::time::Duration, start: usize) -> Result<CpuCheck> {
         let path = self.config.cpu_path;
-        match self.exec.as_mut() {
+        let c = &mut self.cpus[0];
+        match c.exec.as_mut() {
             Some(exec) => crate::cpu_check::measure(exec, &self.bank, path, budget, start),
             None => crate::cpu_check::measure_on(
-                self.config.threads,
+                c.workers.len().max(1),
                 self.config.pool_wait,
                 &self.bank,
                 path,
@@ -1234,9 +1609,9 @@ impl Engine {
         }
     }
 
-    /// The CPU executor, if the strategy uses the CPU.
+    /// GPU 0's CPU executor, if the strategy uses the CPU.
     pub fn cpu_executor(&mut self) -> Option<&mut CpuExecutor> {
-        self.exec.as_mut()
+        self.cpus[0].exec.as_mut()
     }
 
     /// Steps run since the engine was built.
@@ -1253,179 +1628,255 @@ impl Engine {
         check_step_input(&self.model, &self.config, input)
     }
 
-    /// Run one decode step (see the module docs) and return its record, spans and outputs.
+    /// Run one decode step on every GPU (see the module docs) and return its record, spans,
+    /// outputs, each GPU's counts and each layer's issued operations.
     pub fn step(&mut self, input: &StepInput<'_>) -> Result<StepResult> {
         let b = self.check_input(input)?;
-        let g = self.model.geometry;
-        let (h, k, layers) = (g.hidden, g.top_k, g.moe_layers);
+        let geo = self.model.geometry;
+        let (h, k, layers) = (geo.hidden, geo.top_k, geo.moe_layers);
+        let n = self.layout.count();
         let rows = Rows {
             order: self.config.combine,
             streams: b,
             top_k: k,
         };
         let block = b * h; // f32 per block of rows
+        let n_rows = rows.count();
         let row_bytes = h * F32_BYTES;
-        let clock = self.device.clock();
+        let clock = self.gpus[0].device.clock();
         let step_index = self.steps_run;
         self.steps_run += 1;
 
-        if let Some(e) = self.exec.as_mut() {
-            e.begin_step();
+        for c in &mut self.cpus {
+            if let Some(e) = c.exec.as_mut() {
+                e.begin_step();
+            }
         }
         let t0 = clock.now_us();
         // The previous step ended with its output's download, so every stream is idle: the
         // anchor completes a few microseconds after `t0`.
         if self.config.timeline {
-            self.compute.record(&self.anchor)?;
+            self.gpus[0].compute.record(&self.anchor)?;
         }
         let mut tl = StepTimeline::new(step_index, input.warmup, b, layers, ns_of_us(t0));
         let mut marks = vec![LayerMarks::default(); layers];
+        let mut stats = vec![GpuStep::default(); n];
+        let mut layer_ops = Vec::with_capacity(layers);
+        let mut combine_us = 0.0;
+        let combine_bytes = self.layout.combine_bytes_per_gpu(n_rows, h);
         let flat: Vec<f32> = input.inputs.concat();
-        self.compute.upload_f32(&flat, &self.act, 0)?;
+        for p in &self.gpus {
+            p.compute.upload_f32(&flat, &p.act, 0)?;
+        }
 
-        // A layer planned ahead, while the host waited for the previous layer's activations.
-        let mut ahead: Option<work::LayerWork> = None;
-        // The planner borrows the cache for the whole step; the layers in flight borrow
+        // A layer planned ahead, while the host waited for the previous layer's activations
+        // (one GPU).
+        let mut ahead: Option<Planned> = None;
+        // The planner borrows the caches for the whole step; the layers in flight borrow
         // the other fields.
         let mut planner = Planner {
-            cache: &mut self.cache,
+            caches: &mut self.caches,
+            layout: self.layout,
             placement: self.placement,
-            resident_base: self.cache_slots + self.staging_slots,
-            experts: self.model.geometry.experts,
-            cx: BuildContext {
-                rows,
-                slots: &self.slots,
-                cache_slots: self.cache_slots,
-                staging_slots: self.staging_slots,
-                weight_scale: self.alpha,
-                template: &self.template,
-                hidden: self.model.geometry.hidden,
-            },
+            resident_base: self.slot_counts.cache + self.slot_counts.staging,
+            experts: geo.experts,
+            cx: self
+                .gpus
+                .iter()
+                .map(|p| BuildContext {
+                    rows,
+                    slots: &p.slots,
+                    cache_slots: self.slot_counts.cache,
+                    staging_slots: self.slot_counts.staging,
+                    weight_scale: self.alpha,
+                    template: &p.template,
+                    hidden: h,
+                })
+                .collect(),
         };
         for (l, m) in marks.iter_mut().enumerate() {
             m.submit_start = clock.now_us();
-            let ev = &self.events[l];
-            // 1. Dense part up to the router, queued before the layer is planned: it needs no
-            // plan, and where the GPU has caught up with the host (a step's first layer) the
+            let issued = std::cell::RefCell::new(Vec::with_capacity(16));
+            let record = |kind: OpKind, gpu: usize| issued.borrow_mut().push((kind, gpu as u32));
+            // Dense, up to the router, queued before the layer is planned: it needs no plan,
+            // and where the GPU has caught up with the host (a step's first layer) the
             // planning then runs beside it instead of before it.
-            let reads = self.dense.reads(l, input.contexts)?;
-            let (pre, post) = split_dense(reads, self.dense_post_bytes);
-            m.post = !post.is_empty();
-            m.dense_submit = clock.now_us();
-            if !pre.is_empty() {
-                self.compute.launch_dense(&pre, &self.dense_out)?;
+            let mut posts = Vec::with_capacity(n);
+            for (g, p) in self.gpus.iter().enumerate() {
+                let reads = p.dense.reads(l, input.contexts)?;
+                let (pre, post) = split_dense(reads, self.dense_post_bytes);
+                if g == 0 {
+                    m.post = !post.is_empty();
+                    m.dense_submit = clock.now_us();
+                }
+                if !pre.is_empty() {
+                    p.compute.launch_dense(&pre, &p.dense_out)?;
+                }
+                record(OpKind::Dense, g);
+                p.compute.record(&p.events[l].router)?;
+                posts.push(post);
             }
-            self.compute.record(&ev.router)?;
-            let work = match ahead.take() {
+            // Issue: the plan of every GPU's share and the layer's schedule.
+            let Planned { works, schedule } = match ahead.take() {
                 Some(w) => w,
                 None => planner.plan(l, input)?,
             };
-            tl.set_counts(l, work.counts);
-            m.link = !work.moves.is_empty();
-            m.cpu = !work.cpu.is_empty();
-            m.hit_experts = work.hits.experts.len() as u32;
-            m.link_experts = work.fetched.experts.len() as u32;
-            m.cpu_experts = work.cpu.experts.len() as u32;
-            m.gather_bytes = work.counts.gathered_bytes;
-            m.cpu_rows_bytes = (work.cpu.rows() * row_bytes) as u64;
+            let has = |g: usize, kind: OpKind| {
+                schedule
+                    .ops
+                    .iter()
+                    .any(|o| o.kind == kind && o.gpu as usize == g)
+            };
+            let link: Vec<bool> = (0..n).map(|g| has(g, OpKind::Gather)).collect();
+            let cpu: Vec<bool> = (0..n).map(|g| has(g, OpKind::CpuShare)).collect();
+            let peer = has(0, OpKind::PeerCombine);
+            for (g, &c) in cpu.iter().enumerate() {
+                if c {
+                    record(OpKind::Issue, g);
+                }
+            }
+            let mut total = works[0].counts;
+            for (g, w) in works.iter().enumerate() {
+                stats[g].counts.add_layer(&w.counts);
+                stats[g].counts.combine_bytes += combine_bytes;
+                if g > 0 {
+                    add_counts(&mut total, &w.counts);
+                }
+            }
+            tl.set_counts(l, total);
+            let w0 = &works[0];
+            m.link = link[0];
+            m.cpu = cpu[0];
+            m.hit_experts = w0.hits.experts.len() as u32;
+            m.link_experts = w0.fetched.experts.len() as u32;
+            m.cpu_experts = w0.cpu.experts.len() as u32;
+            m.gather_bytes = w0.counts.gathered_bytes;
+            m.cpu_rows_bytes = (w0.cpu.rows() * row_bytes) as u64;
             m.down_bytes = (b * row_bytes) as u64;
 
-            // 3a. Gathers, after the router, in chunks of experts: each chunk's copies are
-            // followed by an event, so that the GPU computes a chunk as soon as it has landed
-            // and only the last chunk's kernel follows the last copy. The first chunk is
-            // issued before the experts' input rows, so that the link starts as soon as the
-            // router has run: in a hybrid step the host reaches this point only after the
-            // previous layer's CPU share, and every call it makes before the first copy is
-            // time the link waits.
-            let gate = self
-                .gate_flag
-                .as_ref()
-                .filter(|_| !work.moves.is_empty())
-                .map(|flag| {
-                    self.gate_value = self.gate_value.wrapping_add(1);
-                    FlagGate {
-                        flag,
-                        offset: 0,
-                        value: self.gate_value,
+            // Gather, in chunks of experts: each chunk's copies are followed by an event, so
+            // that the GPU computes a chunk as soon as it has landed and only the last
+            // chunk's kernel follows the last copy; where the schedule gates the last chunk
+            // (one GPU), its launch waits for a flag the copy stream sets instead.
+            let mut fetches = Vec::with_capacity(n);
+            for (g, (p, work)) in self.gpus.iter().zip(&works).enumerate() {
+                let gate = p
+                    .gate_flag
+                    .as_ref()
+                    .filter(|_| schedule.gated_last_chunk && link[g])
+                    .map(|flag| {
+                        self.gate_values[g] = self.gate_values[g].wrapping_add(1);
+                        FlagGate {
+                            flag,
+                            offset: 0,
+                            value: self.gate_values[g],
+                        }
+                    });
+                fetches.push(FetchChunks::of(
+                    work,
+                    &p.slots,
+                    self.config.settings.fetch_chunks,
+                    gate,
+                ));
+            }
+            // The rest of the dense part and the experts: queued now, or on one GPU with a
+            // CPU share while the host waits for the activations and beside the CPU share
+            // (the CPU share does not wait for them).
+            let need_fetched: Vec<bool> = (0..n)
+                .map(|g| link[g] || (cpu[g] && rows.order == CombineOrder::Fixed))
+                .collect();
+            let fetched_parts: Vec<Vec<&DeviceBuffer>> = self
+                .gpus
+                .iter()
+                .zip(&fetches)
+                .enumerate()
+                .map(|(g, (p, f))| {
+                    if need_fetched[g] {
+                        p.y_fetched[..f.len()].iter().collect()
+                    } else {
+                        Vec::new()
                     }
-                });
-            let fetch =
-                FetchChunks::of(&work, &self.slots, self.config.settings.fetch_chunks, gate);
-            let chunks = fetch.len();
-            // 1b. The rest of the dense part, 4. the experts: queued now, or with a CPU share
-            // while the host waits for the activations and beside the CPU share (the CPU
-            // share does not wait for them).
-            let need_fetched = m.link || (m.cpu && rows.order == CombineOrder::Fixed);
-            let fetched_parts: Vec<&DeviceBuffer> = if need_fetched {
-                self.y_fetched[..chunks].iter().collect()
-            } else {
-                Vec::new()
-            };
-            // 6 (folded). Without a CPU share the combine can follow the last fetched
-            // chunk's kernel inside its launch ([`Stream::launch_experts_then_combine`]).
-            let fold =
-                (m.link && !m.cpu && rows.order == CombineOrder::Fixed).then_some(LayerCombine {
-                    act: &self.act,
-                    parts: &self.y_hits,
-                    more: &fetched_parts,
+                })
+                .collect();
+            // Combine (folded where the schedule folds it: one GPU, a fetched chunk, no CPU
+            // share): the layer's sum follows the last fetched chunk's kernel inside its
+            // launch ([`Stream::launch_experts_then_combine`]).
+            let fold = (schedule.folded_combine && rows.order == CombineOrder::Fixed).then(|| {
+                LayerCombine {
+                    act: &self.gpus[0].act,
+                    parts: &self.gpus[0].y_hits,
+                    more: &fetched_parts[0],
                     block,
                     k,
+                }
+            });
+            let mut rests: Vec<LayerRest<'_>> = Vec::with_capacity(n);
+            for (g, p) in self.gpus.iter().enumerate() {
+                rests.push(LayerRest {
+                    compute: &p.compute,
+                    copy: &p.copy,
+                    bank: p.slice_bank.as_ref().unwrap_or(&self.bank),
+                    gather: self.config.gather,
+                    slots: &p.slots,
+                    act: &p.act,
+                    y_hits: &p.y_hits,
+                    y_fetched: &p.y_fetched,
+                    dense_out: &p.dense_out,
+                    ev: &p.events[l],
+                    fetch: &fetches[g],
+                    gathered: 0,
+                    replicate: &self.input_copies,
+                    block,
+                    inputs_queued: false,
+                    post: &posts[g],
+                    need_fetched: need_fetched[g],
+                    fold: if g == 0 { fold } else { None },
+                    next: 0,
+                    clock,
+                    first_queued_us: 0.0,
+                    gpu: g as u32,
+                    issued: &issued,
                 });
-            let mut rest = LayerRest {
-                compute: &self.compute,
-                copy: &self.copy,
-                bank: &self.bank,
-                gather: self.config.gather,
-                slots: &self.slots,
-                act: &self.act,
-                y_hits: &self.y_hits,
-                y_fetched: &self.y_fetched,
-                dense_out: &self.dense_out,
-                ev,
-                fetch: &fetch,
-                gathered: 0,
-                replicate: &self.input_copies,
-                block,
-                inputs_queued: false,
-                post: &post,
-                need_fetched,
-                fold,
-                next: 0,
-                clock,
-                first_queued_us: 0.0,
-            };
-            // 5a. The activations' copy down for the CPU share (their own stream: not behind
+            }
+            // The activations' copy down for the CPU share (their own stream: not behind
             // the gathers), queued first, behind the router alone (the share reads the first
             // block of rows, which the experts' input rows only copy from); the gathers
-            // after the first chunk and the input rows wait in `rest`. So the share starts
+            // after the first chunk and the input rows wait in the rest. So the share starts
             // about as soon as the router has run instead of a dozen host calls later
             // (experiments/runtime-grid, "The copy down queued first in a hybrid layer").
-            m.down_after_router = m.cpu;
-            if m.cpu {
-                self.act_stream.wait(&ev.router)?;
-                self.act_stream
-                    .copy_d2h(&self.act, 0, &self.x_host, 0, block * F32_BYTES)?;
-                self.act_stream.record(&ev.down)?;
-            }
-            if m.link {
-                self.copy.wait(&ev.router)?;
-                rest.gather_next()?;
-            }
-            if !m.cpu {
-                // No CPU share, so nothing waits for the host: the input rows, 3b. the
-                // remaining chunks' gathers (3a issued the first) before any other call, so
-                // that the link never waits for the host, then the rest.
-                rest.queue_inputs()?;
-                while rest.gather_next()? {}
-                rest.submit_all()?;
+            m.down_after_router = cpu[0];
+            for (g, rest) in rests.iter_mut().enumerate() {
+                let p = &self.gpus[g];
+                let ev = &p.events[l];
+                if cpu[g] {
+                    p.act_stream.wait(&ev.router)?;
+                    p.act_stream
+                        .copy_d2h(&p.act, 0, &self.cpus[g].x_host, 0, block * F32_BYTES)?;
+                    p.act_stream.record(&ev.down)?;
+                }
+                if link[g] {
+                    p.copy.wait(&ev.router)?;
+                    rest.gather_next()?;
+                }
+                if !cpu[g] || peer {
+                    // Nothing on this GPU waits for the host (or, on several GPUs, every
+                    // GPU's work goes in before the shares): the input rows, the remaining
+                    // chunks' gathers before any other call, so that the link never waits
+                    // for the host, then the rest.
+                    rest.queue_inputs()?;
+                    while rest.gather_next()? {}
+                    rest.submit_all()?;
+                }
             }
             m.submit_end = clock.now_us();
 
-            // 5b. The CPU share: the layer's one host round trip.
-            if m.cpu {
-                // Plan the next layer while the activations come down (host work off the
-                // critical path; the plans run in layer order all the same).
+            // CpuShare and RoundTrip: the layer's host round trips.
+            if !peer && cpu[0] {
+                // One GPU: plan the next layer while the activations come down (host work
+                // off the critical path; the plans run in layer order all the same).
                 let plan_next = l + 1 < layers;
+                let rest = &mut rests[0];
+                let ev = &self.gpus[0].events[l];
                 m.wait_start = clock.now_us();
                 // Whatever is not queued or planned yet while the activations come down, the
                 // rest beside the CPU share.
@@ -1449,71 +1900,167 @@ impl Engine {
                         Ok(())
                     });
                 };
+                record(OpKind::CpuShare, 0);
+                let c = &mut self.cpus[0];
                 run_cpu(
                     CpuSide {
-                        exec: self.exec.as_mut(),
+                        exec: c.exec.as_mut(),
                         bank: &self.bank,
                         model: &self.model,
                         path: self.config.cpu_path,
-                        x_host: &self.x_host,
-                        y_host: &mut self.y_host,
-                        cpu_x: &mut self.cpu_x,
+                        x_host: &c.x_host,
+                        y_host: &mut c.y_host,
+                        cpu_x: &mut c.cpu_x,
                     },
-                    &work,
+                    &works[0],
                     rows,
                     &mut beside,
                 )?;
                 beside_result?;
                 m.cpu_end = clock.now_us();
-                let dst = match rows.order {
-                    CombineOrder::Fixed => &self.y_fetched[0],
-                    CombineOrder::Fast => &self.y_cpu,
-                };
-                self.compute
-                    .gather_zero_copy(&self.y_host, dst, &work.cpu.scatter)?;
-                ev.record_timing(&self.compute, &ev.merged)?;
-                m.merge_end = clock.now_us();
+                stats[0].cpu_us += m.cpu_end - m.wait_end;
+            } else if cpu.iter().any(|&c| c) {
+                // Several GPUs: every GPU's share at once, each on its own pool.
+                m.wait_start = clock.now_us();
+                for (g, p) in self.gpus.iter().enumerate() {
+                    if cpu[g] {
+                        while !p.events[l].down.is_complete()? {
+                            std::hint::spin_loop();
+                        }
+                    }
+                }
+                m.wait_end = clock.now_us();
+                for (g, &c) in cpu.iter().enumerate() {
+                    if c {
+                        record(OpKind::CpuShare, g);
+                    }
+                }
+                let times = run_cpu_shares(
+                    &mut self.cpus,
+                    &works,
+                    &cpu,
+                    CpuShared {
+                        bank: &self.bank,
+                        model: &self.model,
+                        path: self.config.cpu_path,
+                        clock,
+                    },
+                    rows,
+                )?;
+                for (s, t) in stats.iter_mut().zip(times) {
+                    s.cpu_us += t;
+                }
+                m.cpu_end = clock.now_us();
             }
-            m.rest_submit = rest.first_queued_us;
-            let ev = &self.events[l];
+            // The CPU's rows read into the GPU's (the end of the round trip).
+            for (g, p) in self.gpus.iter().enumerate() {
+                if cpu[g] {
+                    let dst = match rows.order {
+                        CombineOrder::Fixed => &p.y_fetched[0],
+                        CombineOrder::Fast => &p.y_cpu,
+                    };
+                    p.compute
+                        .gather_zero_copy(&self.cpus[g].y_host, dst, &works[g].cpu.scatter)?;
+                    record(OpKind::RoundTrip, g);
+                    if g == 0 {
+                        let ev = &p.events[l];
+                        ev.record_timing(&p.compute, &ev.merged)?;
+                        m.merge_end = clock.now_us();
+                    }
+                }
+            }
+            m.rest_submit = rests[0].first_queued_us;
+            drop(rests);
 
-            // 6. Combine in a fixed order, add to the residual stream (done already where
-            // folded into the last chunk's launch).
-            let n_rows = rows.count();
-            match rows.order {
-                _ if fold.is_some() => {}
-                // One launch: the fetched (and CPU) rows onto the hits', the tree, the
-                // residual add.
-                CombineOrder::Fixed => {
-                    self.compute
-                        .combine_fixed(&self.act, &self.y_hits, &fetched_parts, block, k)?
+            // Combine: in a fixed order, added to the residual stream (done already where
+            // folded into the last chunk's launch); on several GPUs each GPU's rows summed
+            // first, then over the GPUs (PeerCombine), then the tree on identical rows.
+            if !peer {
+                let p = &self.gpus[0];
+                match rows.order {
+                    _ if fold.is_some() => {}
+                    // One launch: the fetched (and CPU) rows onto the hits', the tree, the
+                    // residual add.
+                    CombineOrder::Fixed => {
+                        p.compute
+                            .combine_fixed(&p.act, &p.y_hits, &fetched_parts[0], block, k)?
+                    }
+                    CombineOrder::Fast => {
+                        for part in &fetched_parts[0] {
+                            p.compute.add_f32(&p.y_hits, 0, part, 0, n_rows * h)?;
+                        }
+                        if cpu[0] {
+                            p.compute.add_f32(&p.y_hits, 0, &p.y_cpu, 0, block)?;
+                        }
+                        p.compute.add_f32(&p.act, 0, &p.y_hits, 0, block)?;
+                    }
                 }
-                CombineOrder::Fast => {
-                    for part in &fetched_parts {
-                        self.compute.add_f32(&self.y_hits, 0, part, 0, n_rows * h)?;
+                if cpu[0] {
+                    record(OpKind::Combine, 0);
+                }
+            } else {
+                for (g, p) in self.gpus.iter().enumerate() {
+                    for part in &fetched_parts[g] {
+                        p.compute.add_f32(&p.y_hits, 0, part, 0, n_rows * h)?;
                     }
-                    if m.cpu {
-                        self.compute
-                            .add_f32(&self.y_hits, 0, &self.y_cpu, 0, block)?;
+                    if cpu[g] && rows.order == CombineOrder::Fast {
+                        p.compute.add_f32(&p.y_hits, 0, &p.y_cpu, 0, block)?;
                     }
-                    self.compute.add_f32(&self.act, 0, &self.y_hits, 0, block)?;
+                    if cpu[g] {
+                        record(OpKind::Combine, g);
+                    }
+                }
+                let parts: Vec<(&Stream, &DeviceBuffer)> =
+                    self.gpus.iter().map(|p| (&p.compute, &p.y_hits)).collect();
+                combine_us += self.combiner.combine(
+                    &parts,
+                    n_rows * h,
+                    &mut self.sum,
+                    self.gpus[0].combine_ev.get(l),
+                    clock,
+                )?;
+                record(OpKind::PeerCombine, 0);
+                for p in &self.gpus {
+                    match rows.order {
+                        CombineOrder::Fixed => {
+                            p.compute.combine_fixed(&p.act, &p.y_hits, &[], block, k)?
+                        }
+                        CombineOrder::Fast => p.compute.add_f32(&p.act, 0, &p.y_hits, 0, block)?,
+                    }
                 }
             }
-            ev.record_timing(&self.compute, &ev.done)?;
+            let p0 = &self.gpus[0];
+            p0.events[l].record_timing(&p0.compute, &p0.events[l].done)?;
+            record(OpKind::Residual, 0);
             m.layer_end_submit = clock.now_us();
+            layer_ops.push(LayerOps {
+                schedule,
+                issued: issued.into_inner(),
+            });
         }
 
         let out_wait = clock.now_us();
-        let flat = self.compute.download_f32(&self.act, 0, block)?;
+        let p0 = &self.gpus[0];
+        let flat = p0.compute.download_f32(&p0.act, 0, block)?;
+        for p in &self.gpus[1..] {
+            p.compute.synchronize()?;
+        }
         let t_end = clock.now_us();
-        if let Some(e) = self.exec.as_mut() {
-            e.end_step();
+        for c in &mut self.cpus {
+            if let Some(e) = c.exec.as_mut() {
+                e.end_step();
+            }
+        }
+        if self.combiner.method() == CombineMethod::Nccl {
+            for (a, z) in &self.gpus[0].combine_ev {
+                combine_us += a.elapsed_us(z)?;
+            }
         }
         let outputs: StepOutputs = flat.chunks_exact(h).map(|c| c.to_vec()).collect();
         timeline::add_spans(
             &mut tl,
             &marks,
-            &self.events,
+            &self.gpus[0].events,
             self.config.timeline.then_some(&self.anchor),
             t0,
             (out_wait, t_end),
@@ -1523,43 +2070,181 @@ impl Engine {
             record,
             spans,
             outputs,
+            gpus: stats,
+            combine_us,
+            ops: layer_ops,
         })
     }
 }
 
-/// What planning a layer borrows from the engine (the cache, mutably; the slots and the
-/// kernel template): split from the engine so that the host can plan the next layer while
+/// Add one GPU's layer counts to another's.
+fn add_counts(total: &mut crate::instrument::LayerCounts, c: &crate::instrument::LayerCounts) {
+    total.hits += c.hits;
+    total.misses += c.misses;
+    total.fetched += c.fetched;
+    total.cpu += c.cpu;
+    total.gpu_tokens += c.gpu_tokens;
+    total.cpu_tokens += c.cpu_tokens;
+    total.gathered_bytes += c.gathered_bytes;
+}
+
+/// A layer's plan on every GPU and its schedule.
+struct Planned {
+    works: Vec<work::LayerWork>,
+    schedule: LayerSchedule,
+}
+
+/// What planning a layer borrows from the engine (the caches, mutably; the slots and the
+/// kernel templates): split from the engine so that the host can plan the next layer while
 /// other fields are borrowed by the layer in flight.
 struct Planner<'a> {
-    cache: &'a mut ExpertCache,
+    caches: &'a mut [ExpertCache],
+    layout: GpuLayout,
     placement: PlacementPolicy,
     /// The first slot of layer split's resident layers ([`SlotCounts`]).
     resident_base: usize,
     /// Experts per layer.
     experts: usize,
-    cx: BuildContext<'a>,
+    /// Each GPU's.
+    cx: Vec<BuildContext<'a>>,
 }
 
 impl Planner<'_> {
-    /// Plan layer `l` as its placement says (updating the cache where it is cached) and
-    /// turn the plan into device work; a resident layer's experts are in their own slots.
-    fn plan(&mut self, l: usize, input: &StepInput<'_>) -> Result<work::LayerWork> {
+    /// Plan layer `l` on every GPU as its placement says (updating each GPU's cache where
+    /// it is cached, with the routes the GPU holds, [`GpuLayout::routes_on`]) and turn the
+    /// plans into device work; a resident layer's experts are in their own slots. The
+    /// output rows keep each expert's top-k position in the layer's full routes, so that
+    /// every GPU writes the rows one GPU would and the fixed-order tree sums them in the
+    /// same order. The schedule is built from each GPU's own counts (under tensor
+    /// parallelism, after the CPU experts are dealt out).
+    fn plan(&mut self, l: usize, input: &StepInput<'_>) -> Result<Planned> {
         let routes = &input.routing.layers[l];
         let placement = self.placement.layer(l);
-        let mut plan = plan_layer_placed(l, routes, self.cache, placement);
-        match placement {
-            LayerPlacement::Resident => {
-                let first = (l - self.placement.cpu_layers) * self.experts;
-                for h in &mut plan.hits {
-                    h.slot = Some(SlotId(
-                        (self.resident_base + first + h.id.expert as usize) as u32,
-                    ));
+        let n = self.layout.count();
+        let multi = self.layout.is_multi();
+        let tp = multi && self.layout.placement == GpuPlacement::TensorParallel;
+        let per_layer = resident_per_layer(&self.layout, self.experts);
+        let mut works = Vec::with_capacity(n);
+        let mut counts = Vec::with_capacity(n);
+        for (g, cache) in self.caches.iter_mut().enumerate() {
+            let mine: Vec<TokenRoute>;
+            let on_gpu: &[TokenRoute] = if multi && !tp {
+                mine = self.layout.routes_on(g as u32, routes);
+                &mine
+            } else {
+                routes
+            };
+            let mut plan = plan_layer_placed(l, on_gpu, cache, placement);
+            let misses = plan.misses() as u32;
+            match placement {
+                LayerPlacement::Resident => {
+                    let first = self.resident_base + (l - self.placement.cpu_layers) * per_layer;
+                    for h in &mut plan.hits {
+                        let e = resident_index(&self.layout, h.id.expert as usize);
+                        h.slot = Some(SlotId((first + e) as u32));
+                    }
                 }
+                LayerPlacement::Cached { .. } | LayerPlacement::CpuOnly => {}
             }
-            LayerPlacement::Cached { .. } | LayerPlacement::CpuOnly => {}
+            if tp {
+                // Every GPU planned the same CPU experts; this GPU computes every n-th.
+                plan.cpu = std::mem::take(&mut plan.cpu)
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % n == g)
+                    .map(|(_, w)| w)
+                    .collect();
+            }
+            counts.push(PlanCounts::of_plan(&plan));
+            let mut work = build_layer(&plan, routes, &self.cx[g])?;
+            // The cache's misses, whoever computes them (tensor parallelism deals CPU
+            // experts out).
+            work.counts.misses = misses;
+            works.push(work);
         }
-        build_layer(&plan, routes, &self.cx)
+        let own = GpuLayout {
+            gpus: n as u32,
+            placement: GpuPlacement::Sharded,
+        };
+        Ok(Planned {
+            schedule: LayerSchedule::new(&own, &counts),
+            works,
+        })
     }
+}
+
+/// What every GPU's CPU share reads.
+#[derive(Clone, Copy)]
+struct CpuShared<'a> {
+    bank: &'a HostBank,
+    model: &'a ModelSpec,
+    path: ActivationPath,
+    clock: crate::device::Clock,
+}
+
+/// Run the CPU shares of the GPUs marked in `cpu` (their activations are down), each on its
+/// own pool, from one host thread per GPU with a share (the calling thread when only one
+/// has any); each GPU's host time of its share, us.
+fn run_cpu_shares(
+    cpus: &mut [CpuPart],
+    works: &[work::LayerWork],
+    cpu: &[bool],
+    shared: CpuShared<'_>,
+    rows: Rows,
+) -> Result<Vec<f64>> {
+    let one = |c: &mut CpuPart, work: &work::LayerWork| -> Result<f64> {
+        let t = shared.clock.now_us();
+        run_cpu(
+            CpuSide {
+                exec: c.exec.as_mut(),
+                bank: shared.bank,
+                model: shared.model,
+                path: shared.path,
+                x_host: &c.x_host,
+                y_host: &mut c.y_host,
+                cpu_x: &mut c.cpu_x,
+            },
+            work,
+            rows,
+            // Every GPU's work is queued before any CPU share starts.
+            &mut || {},
+        )?;
+        Ok(shared.clock.now_us() - t)
+    };
+    let mut times = vec![0.0; works.len()];
+    let with: Vec<usize> = (0..works.len()).filter(|&g| cpu[g]).collect();
+    if with.len() == 1 {
+        let g = with[0];
+        times[g] = one(&mut cpus[g], &works[g])?;
+        return Ok(times);
+    }
+    let results: Vec<(usize, Result<f64>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = cpus
+            .iter_mut()
+            .enumerate()
+            .filter(|(g, _)| cpu[*g])
+            .map(|(g, c)| {
+                let (work, one) = (&works[g], &one);
+                (g, s.spawn(move || one(c, work)))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(g, h)| {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(RuntimeError::invalid(
+                        "CPU share",
+                        format!("GPU {g}'s CPU thread panicked"),
+                    ))
+                });
+                (g, r)
+            })
+            .collect()
+    });
+    for (g, r) in results {
+        times[g] = r?;
+    }
+    Ok(times)
 }
 
 /// What the CPU share of a layer borrows from the engine.

@@ -109,11 +109,6 @@ pub(crate) struct CpuWork {
 }
 
 impl CpuWork {
-    /// True when the layer has nothing for the CPU.
-    pub fn is_empty(&self) -> bool {
-        self.experts.is_empty()
-    }
-
     /// Rows of the CPU's `x` and `y`.
     pub fn rows(&self) -> usize {
         self.x_streams.len()

@@ -7,7 +7,7 @@ use super::plan::{RunPlan, Setup};
 use super::report::{GpuReport, MultiRunReport};
 use super::{Progress, RunRequest};
 use crate::device::{Device, DeviceKind, DeviceSpec, HostDeviceConfig};
-use crate::engine::{decode_multi, CombineMethod, DecodeOptions, GpuCounts, MultiEngine};
+use crate::engine::{decode, BankSource, CombineMethod, DecodeOptions, Engine, GpuCounts};
 
 /// `--gpus N` with N > 1: decode `plan` on the multi-GPU engine.
 pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Result<MultiRunReport> {
@@ -61,8 +61,15 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         model = %model.name,
         "building the multi-GPU engine"
     );
-    let mut engine = MultiEngine::new(&devices, layout, &model, &cfg)
-        .context("building the multi-GPU engine")?;
+    let mut engine = Engine::on_gpus(
+        &devices,
+        layout,
+        &model,
+        &cfg,
+        None,
+        BankSource::Seed(cfg.seed),
+    )
+    .context("building the multi-GPU engine")?;
     let options = DecodeOptions {
         context: req.context,
         input_seed: req.seed,
@@ -71,15 +78,16 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         block_stamps: false,
     };
     progress.start((warm.len() + measured.len()) as u64);
-    let decoded = decode_multi(&mut engine, warm, measured, &options, &mut |done, _| {
+    let decoded = decode(&mut engine, warm, measured, &options, &mut |done, _| {
         progress.position(done as u64)
     })?;
     progress.finish();
-    let steps: Vec<_> = decoded.steps.iter().filter(|s| !s.warmup).collect();
+    let steps: Vec<_> = decoded.records.iter().filter(|s| !s.warmup).collect();
     let ns = steps.len().max(1) as f64;
     let wall_us: f64 = steps.iter().map(|s| s.wall_us).sum();
-    let combine_us_per_step = steps.iter().map(|s| s.combine_us).sum::<f64>() / ns;
-    let counts = decoded.counts();
+    let combine_us_per_step = decoded.combine_us_per_step();
+    let cpu_us_per_step = decoded.gpu_cpu_us_per_step();
+    let counts = decoded.gpu_counts();
     let mut totals = GpuCounts::default();
     counts.iter().for_each(|c| totals.add(c));
     let workers = engine.cpu_workers();
@@ -94,7 +102,7 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
             expert_bytes: engine.expert_bytes_per_gpu() as u64,
             gathered_bytes_per_step: c.gathered_bytes as f64 / ns,
             combine_bytes_per_step: c.combine_bytes as f64 / ns,
-            cpu_us_per_step: steps.iter().map(|s| s.gpus[i].cpu_us).sum::<f64>() / ns,
+            cpu_us_per_step: cpu_us_per_step[i],
             combine_us_per_step,
             counts: *c,
         })
