@@ -1,7 +1,7 @@
 //! `ft validate`: the acceptance of the performance model against measured runs, and the
 //! small helpers the GPU experiment (`experiments/validate-h200/run.sh`) needs between its
 //! `ft probe`, `ft predict` and `ft run` calls. The work is `ft_validate`'s; this file holds
-//! the arguments and the printing.
+//! the arguments and the printing (the analysis's table in `validate/table.rs`).
 //!
 //! - `plan`: the grid of configurations and the layer-reduced model files.
 //! - `get`: one value of a JSON document by a JSON pointer (`/a/b/0`; the script has no `jq`).
@@ -17,16 +17,17 @@ use anyhow::{bail, Context, Result};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+mod table;
+
 use ft_model::perf::legacy;
 use ft_model::profile::Profile;
 use ft_model::ModelSpec;
-use ft_runtime::instrument::STEAL_NOTABLE_FRACTION;
 use ft_validate::grid::write_plan;
 use ft_validate::peer::peer;
 use ft_validate::refit;
 use ft_validate::rows::{collect, read_csv, write_csv};
 use ft_validate::simulate::simulate_rows;
-use ft_validate::stats::{analyze, CeilingDrift, ErrorStats, Summary};
+use ft_validate::stats::analyze;
 
 /// Arguments of `ft validate`.
 #[derive(Debug, clap::Args)]
@@ -164,7 +165,7 @@ pub fn run(args: Args) -> Result<()> {
             crate::probe::write_atomic(&out, m.to_toml().as_bytes())
         }
         Command::Get { file, pointer } => {
-            let v = json_at(&file, &pointer)?;
+            let v = ft_validate::json::value_at(&file, &pointer)?;
             match v {
                 serde_json::Value::String(s) => outln!("{s}")?,
                 other => outln!("{other}")?,
@@ -236,7 +237,7 @@ pub fn run(args: Args) -> Result<()> {
                 serde_json::to_writer_pretty(&mut o, &s)?;
                 writeln!(o)?;
             } else {
-                write_summary(&mut o, &s)?;
+                table::write_summary(&mut o, &s)?;
             }
             if check && !s.targets_met {
                 return Err(
@@ -246,20 +247,6 @@ pub fn run(args: Args) -> Result<()> {
             Ok(())
         }
     }
-}
-
-/// The value at a JSON pointer of a JSON file; errors name the file and the pointer.
-pub fn json_at(file: &Path, pointer: &str) -> Result<serde_json::Value> {
-    let text = ft_model::limits::read_bounded(file, ft_model::limits::MAX_PROFILE_BYTES)
-        .with_context(|| format!("reading {}", file.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not JSON", file.display()))?;
-    v.pointer(pointer).cloned().with_context(|| {
-        format!(
-            "{}: no value at '{pointer}' (a JSON pointer: '/' before each key or index)",
-            file.display()
-        )
-    })
 }
 
 fn peer_cmd(profile: &Path, threshold: f64, field: Option<&str>, json: bool) -> Result<()> {
@@ -284,152 +271,6 @@ fn peer_cmd(profile: &Path, threshold: f64, field: Option<&str>, json: bool) -> 
             "ferrox-core: {} at fetch fraction {:.5} (Q16 {}); ratio rule: {}; splits agree with ft's planner: {}",
             a.verdict, a.fraction, a.fraction_q16, a.ratio_verdict, a.split_agrees
         )?,
-    }
-    Ok(())
-}
-
-/// "median M, LO to HI; correlation with the signed error C", for the summary table.
-fn describe(d: &CeilingDrift) -> String {
-    format!(
-        "median {:.3}, {:.3} to {:.3}; correlation with the signed error {}",
-        d.ratio.median,
-        d.ratio.min,
-        d.ratio.max,
-        d.error_correlation
-            .map_or("n/a".to_string(), |c| format!("{c:+.2}"))
-    )
-}
-
-fn write_summary(o: &mut impl Write, s: &Summary) -> Result<()> {
-    writeln!(o, "{} rows over {} configurations", s.rows, s.configs)?;
-    writeln!(o)?;
-    writeln!(
-        o,
-        "{:<28} {:>5} {:>9} {:>9} {:>9} {:>9}",
-        "prediction error", "n", "median", "p90", "bias", "max"
-    )?;
-    let line = |o: &mut dyn Write, name: &str, e: &ErrorStats| {
-        writeln!(
-            o,
-            "{:<28} {:>5} {:>8.2}% {:>8.2}% {:>8.2}% {:>8.2}%",
-            name,
-            e.n,
-            100.0 * e.median,
-            100.0 * e.p90,
-            100.0 * e.mean_signed,
-            100.0 * e.max
-        )
-    };
-    line(o, "all", &s.errors)?;
-    for (k, e) in s
-        .errors_by_strategy
-        .iter()
-        .chain(&s.errors_by_geometry)
-        .chain(&s.errors_by_threads)
-        .chain(&s.errors_by_context)
-        .chain(&s.errors_by_threads_and_strategy)
-    {
-        line(o, k, e)?;
-    }
-    if let Some(e) = &s.errors_without_steal {
-        line(o, "without host steal", e)?;
-        if !s.stolen_configs.is_empty() {
-            writeln!(
-                o,
-                "  (left out: {}, whose runs lost more than {:.0}% of the machine's CPU time to the hypervisor)",
-                s.stolen_configs.join(", "),
-                100.0 * STEAL_NOTABLE_FRACTION
-            )?;
-        }
-    }
-    if let Some(r) = &s.stream_read_gbs {
-        writeln!(
-            o,
-            "CPU ceiling during the runs (same-run STREAM read of the bank, {} rows): median {:.1} GB/s, {:.1} to {:.1}",
-            r.n, r.median, r.min, r.max
-        )?;
-    }
-    if let Some(d) = &s.ceiling_drift {
-        writeln!(
-            o,
-            "  against the probes' (rows at the probe's threads, {}): run over probe {}",
-            d.ratio.n,
-            describe(d)
-        )?;
-    }
-    if let Some(d) = &s.cpu_speed_drift {
-        writeln!(
-            o,
-            "CPU speed of the runs against the probes (the CPU check, {} rows): {}",
-            d.ratio.n,
-            describe(d)
-        )?;
-    }
-    if let Some(all) = s.interval_coverage.get("all") {
-        writeln!(
-            o,
-            "measured inside the predicted interval: {} of {} rows ({:.0}%; {})",
-            all.inside,
-            all.n,
-            100.0 * all.share(),
-            s.interval_coverage
-                .iter()
-                .filter(|(k, _)| k.as_str() != "all")
-                .map(|(k, c)| format!("{k} {:.0}%", 100.0 * c.share()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        )?;
-    }
-    if let Some(e) = &s.sim_errors {
-        writeln!(o)?;
-        writeln!(
-            o,
-            "{:<28} {:>5} {:>9} {:>9} {:>9} {:>9}",
-            "simulator error", "n", "median", "p90", "bias", "max"
-        )?;
-        line(o, "all", e)?;
-        for (k, e) in &s.sim_errors_by_strategy {
-            line(o, k, e)?;
-        }
-    }
-    writeln!(o)?;
-    writeln!(
-        o,
-        "{:<12} {:>7} {:>10} {:>9} {:>6} {:>10}  picks",
-        "chooser", "configs", "mean loss", "max loss", "best", "wrong >5%"
-    )?;
-    for c in &s.choosers {
-        let picks: Vec<String> = c.picks.iter().map(|(k, v)| format!("{k} {v}")).collect();
-        writeln!(
-            o,
-            "{:<12} {:>7} {:>9.2}% {:>8.2}% {:>6} {:>10}  {}",
-            c.chooser,
-            c.configs,
-            100.0 * c.mean_loss,
-            100.0 * c.max_loss,
-            c.best_picks,
-            c.wrong_picks_over_gap,
-            picks.join(", ")
-        )?;
-    }
-    writeln!(
-        o,
-        "ferrox-core's split equals ft's planner at the rules' fraction: {}",
-        s.ferrox_split_agrees
-    )?;
-    writeln!(o)?;
-    if s.targets_met {
-        writeln!(
-            o,
-            "targets met (median <= 5%, p90 <= 10%, mean loss <= 2%, no wrong pick over 5%{})",
-            if s.sim_errors.is_some() {
-                "; simulator median <= 10%"
-            } else {
-                ""
-            }
-        )?;
-    } else {
-        writeln!(o, "targets missed: {}", s.missed.join("; "))?;
     }
     Ok(())
 }

@@ -22,6 +22,7 @@ pub mod numerics;
 pub mod nvrtc;
 pub mod probe;
 pub mod profile_select;
+pub mod run;
 pub mod slots;
 
 pub use device::{Device, DeviceBuffer, DeviceKind, DeviceSpec, Event, HostBuffer, Stream};

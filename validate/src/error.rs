@@ -18,6 +18,20 @@ pub enum ValidateError {
         #[source]
         source: std::io::Error,
     },
+    /// A file could not be read within its limit.
+    #[error("reading {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: ft_model::ModelError,
+    },
+    /// A file is not JSON.
+    #[error("{path} is not JSON")]
+    NotJson {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A CSV file did not parse or could not be written (the row, where known).
     #[error("{path}: {message}")]
     Csv { path: String, message: String },

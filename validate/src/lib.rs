@@ -10,6 +10,7 @@
 //! - [`stats`]: from the rows alone, the prediction errors, the model's choice against the
 //!   measured best, and the same for the ratio rule and for ferrox-core as a peer.
 //! - [`peer`]: ferrox-core's verdict and fetch fraction fed the same bench bandwidths.
+//! - [`json`]: one value of a JSON document by a JSON pointer (the experiment scripts' `jq`).
 //!
 //! Why ferrox-core is a dependency: the analysis is part of the acceptance, the GPU machine
 //! has no Rust toolchain, and the one prebuilt `ft` carried there must do the measuring and
@@ -19,6 +20,7 @@
 
 pub mod error;
 pub mod grid;
+pub mod json;
 pub mod peer;
 pub mod rows;
 pub mod simulate;
