@@ -228,7 +228,8 @@ pub fn run(args: Args) -> Result<()> {
     let report = plan.report(&args.measure_spec()).context("prediction")?;
     let mut out = std::io::stdout().lock();
     if args.json {
-        serde_json::to_writer_pretty(&mut out, &report)?;
+        // Through a `Value`, as `ft predict --json` has always printed it (keys sorted).
+        serde_json::to_writer_pretty(&mut out, &serde_json::to_value(&report)?)?;
         writeln!(out)?;
     } else {
         let (pred, flips) = (&report.prediction, &report.break_evens);

@@ -210,8 +210,9 @@ fn measure(
     let n = cfg.experts.unwrap_or(g.top_k).max(1);
     // One bank "layer" holding enough distinct experts for cold reads (at least 2 steps).
     let want = ((cfg.bank_mib << 20) / eb).max(2 * n as u64) as usize;
+    // A valid geometry however small the bank: at least top_k experts in its one layer.
     let bank_geo = ft_model::MoeGeometry {
-        experts: want.min(g.experts * g.moe_layers).max(2 * n),
+        experts: want.min(g.experts * g.moe_layers).max(2 * n).max(g.top_k),
         moe_layers: 1,
         ..g
     };
@@ -224,7 +225,7 @@ fn measure(
     let tok = vec![(0u32, weight)];
     let x = vec![0.5f32; g.hidden];
     let mut y = vec![0f32; g.hidden];
-    let geo1 = ft_model::MoeGeometry { experts: n, ..g };
+    let geo1 = step_geometry(&g, n);
 
     // CPU-MoE isolated.
     let mut cpu_s = Vec::new();
@@ -374,7 +375,7 @@ fn contended(
         let tok = vec![(0u32, 1.0 / n as f32)];
         let x = vec![0.5f32; g.hidden];
         let mut y = vec![0f32; g.hidden];
-        let geo1 = ft_model::MoeGeometry { experts: n, ..g };
+        let geo1 = step_geometry(&g, n);
         let mut first = 0usize;
         let mut bytes = 0u64;
         barrier.wait();
@@ -392,6 +393,16 @@ fn contended(
             .map_err(|_| RuntimeError::invalid("the contended gather", "its thread panicked"))??;
         Ok((cpu_gbs, pcie))
     })
+}
+
+/// The geometry of one CPU step of `n` experts (its top-k at most `n`, so that
+/// `--experts` below the model's top-k is a valid step).
+fn step_geometry(g: &ft_model::MoeGeometry, n: usize) -> ft_model::MoeGeometry {
+    ft_model::MoeGeometry {
+        experts: n,
+        top_k: g.top_k.min(n),
+        ..*g
+    }
 }
 
 fn kernel(e: ft_kernels::KernelError) -> RuntimeError {

@@ -45,7 +45,8 @@ pub struct FreeTokenBench {
 /// the reference engine's own bench measures at its tuning geometry (`bench-nvfp4`).
 pub fn read_freetoken(path: &Path, model: &ModelSpec) -> Result<FreeTokenBench> {
     let name = format!("--freetoken {}", path.display());
-    let text = crate::limits::read_bounded(path, MAX_BENCHBW_BYTES)?;
+    let text = crate::limits::read_bounded(path, MAX_BENCHBW_BYTES)
+        .map_err(|e| ModelError::invalid(&name, e.to_string()))?;
     let doc: BandwidthProfile = serde_json::from_str(&text).map_err(|e| ModelError::Json {
         path: name.clone(),
         message: format!("not a FreeToken bandwidth profile: {e}"),
@@ -356,5 +357,9 @@ mod tests {
         std::fs::write(&path, "not json {").unwrap();
         let e = read_freetoken(&path, &qwen()).unwrap_err().to_string();
         assert!(e.contains("not a FreeToken bandwidth profile"), "{e}");
+        let e = read_freetoken(Path::new("/nonexistent/b.json"), &qwen())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--freetoken /nonexistent/b.json"), "{e}");
     }
 }
