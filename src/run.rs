@@ -246,7 +246,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(prefix) = &args.report_prefix {
         for r in &reports {
             let path = PathBuf::from(format!("{prefix}{}.json", r.label));
-            crate::probe::write_atomic(&path, &serde_json::to_vec_pretty(r)?)
+            ft_model::profile::write_atomic(&path, &serde_json::to_vec_pretty(r)?)
                 .with_context(|| format!("--report-prefix: writing {}", path.display()))?;
         }
     }

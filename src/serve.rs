@@ -26,70 +26,29 @@
 //! (`--prefill-chunk` tokens of a stream per step, each token one engine row). SIGTERM or
 //! Ctrl-C stops accepting and drains the requests in flight, closing what is still open at
 //! `--shutdown-deadline-s`; `--header-timeout-s`, `--body-timeout-s` and `--max-body-bytes`
-//! bound what one client can hold (`ft_serve::http`).
+//!
+//! The decision is `ft_serve::setup` (and `ft_runtime::profile_select` for where the
+//! parameters come from); this file holds the flags, opening the backend and printing.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use ft_model::cache::CacheSize;
-use ft_model::perf::predict::default_cache_slots;
-use ft_model::perf::{CpuSpeedSource, PredictConfig};
-use ft_model::profile::CpuCheck;
 use ft_model::profile_select::PerfSource;
+use ft_model::resolve::StrategyRequest;
 use ft_model::routing::RoutingProcess;
-use ft_model::{CpuLayers, FetchFraction, ModelSpec, Strategy, StrategyKind};
-use ft_runtime::engine::{BankSource, EngineConfig, EngineSettings};
+use ft_model::{FetchFraction, ModelSpec};
+use ft_runtime::engine::{BankSource, EngineSettings};
 use ft_runtime::profile_select::{self, Selection};
 use ft_runtime::Device;
 use ft_serve::backend::engine::EngineBackend;
 use ft_serve::backend::reference::{ReferenceConfig, ReferenceMoe};
 use ft_serve::backend::StepBackend;
 use ft_serve::monitor::CheckConfig;
-use ft_serve::perf_adapter::PerfPredictor;
-use ft_serve::predict::{Corrected, Decision, Predictor};
+use ft_serve::predict::Corrected;
 use ft_serve::scheduler::{SchedulerConfig, SelfCheck};
+use ft_serve::setup::{default_pool_threads, Start, StartRequest, HTTP_WORKERS};
 use tracing::info;
-
-/// Context length the start-up prediction is made at, tokens: the field report's protocol
-/// (prompts of about 1.2K tokens, 256 output tokens) sits between 1.2K and 1.45K.
-const PREDICT_CONTEXT_TOKENS: usize = 1280;
-
-/// Tokio worker threads for HTTP (the decode loop has its own thread; the CPU pool its own).
-const HTTP_WORKERS: usize = 2;
-
-/// CPU pool workers when `--threads` is not given: the cores less the decode thread and the
-/// HTTP workers. The pool spins between layers; a worker that shares its core with another
-/// busy thread is descheduled mid-layer and the whole layer waits for it (on the H200's 16
-/// cores, 15 workers beside the server's threads made hybrid's tok/s swing by 2x between
-/// identical services).
-fn default_pool_threads() -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    cores.saturating_sub(1 + HTTP_WORKERS).max(1)
-}
-
-/// `--moe-strategy` (`--strategy`): auto, or a strategy as `ft run` names it (`offload`,
-/// `hybrid[:F]`, `resident`, `cpu`, `layer-split:N`, `layer-split-cached:N`; an `auto` F
-/// or N is the performance model's).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum StrategyArg {
-    /// The model's choice.
-    Auto,
-    /// This strategy.
-    Given(Strategy),
-}
-
-impl std::str::FromStr for StrategyArg {
-    type Err = ft_model::ModelError;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        if s.eq_ignore_ascii_case("auto") {
-            Ok(StrategyArg::Auto)
-        } else {
-            s.parse().map(StrategyArg::Given)
-        }
-    }
-}
 
 /// `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -123,7 +82,7 @@ pub struct Args {
         alias = "moe-backend",
         default_value = "auto"
     )]
-    pub moe_strategy: StrategyArg,
+    pub moe_strategy: StrategyRequest,
     /// Hybrid's fetch fraction: a number in [0, 1] or `auto` (the model's optimum).
     #[arg(long, default_value = "auto")]
     pub fetch_fraction: String,
@@ -228,34 +187,6 @@ pub struct Args {
     pub shutdown_deadline_s: f64,
 }
 
-/// The CPU check at start: the CPU side's own work timed on the engine's bank
-/// (`ft_runtime::cpu_check`) against the profile's check of the same work. Returns the
-/// speed (how many times faster the CPU side runs now than when probed) with both checks,
-/// or `None` where the profile holds no check of this work (a host spec, an older profile,
-/// a thread count the probe did not check; logged).
-fn cpu_speed_at_start(
-    engine: &mut EngineBackend,
-    checks: &[CpuCheck],
-) -> Result<Option<(f64, CpuCheck, CpuCheck)>> {
-    if checks.is_empty() {
-        info!("the profile holds no CPU check: the CPU side is predicted as probed");
-        return Ok(None);
-    }
-    let now = engine
-        .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET)
-        .context("the CPU check at start")?;
-    let Some((speed, then)) = CpuCheck::speed_against(checks, &now)
-        .context("setting the CPU check at start against the profile's")?
-    else {
-        info!(
-            threads = now.threads,
-            "the profile holds no CPU check of this work (other threads or expert size): the CPU side is predicted as probed"
-        );
-        return Ok(None);
-    };
-    Ok(Some((speed, now, then)))
-}
-
 /// Where the predictions come from (see the module docs and
 /// `ft_runtime::profile_select`); `device` is the engine's device, opened before the
 /// prediction (`None` for the reference backend).
@@ -274,38 +205,6 @@ fn perf_model(
         cache_options: &args.cache_args.options(None)?,
     };
     Ok(profile_select::select(&sel, model, device, settings)?)
-}
-
-/// A forced strategy with its `auto` parameter (hybrid's F, layer split's N) taken from the
-/// decision's estimate of it.
-fn forced(strategy: Strategy, decision: &Decision) -> Strategy {
-    let estimated = |k: StrategyKind| decision.estimate(k).map(|e| e.strategy);
-    match strategy {
-        Strategy::Hybrid {
-            fetch: FetchFraction::Auto,
-        } => estimated(StrategyKind::Hybrid).unwrap_or(Strategy::Hybrid {
-            fetch: FetchFraction::Fixed(0.5),
-        }),
-        // Without an estimate the engine refuses the unresolved N, naming the flag.
-        Strategy::LayerSplit {
-            cpu_layers: CpuLayers::Auto,
-        }
-        | Strategy::LayerSplitCached {
-            cpu_layers: CpuLayers::Auto,
-        } => estimated(strategy.kind()).unwrap_or(strategy),
-        Strategy::Offload
-        | Strategy::Resident
-        | Strategy::Cpu
-        | Strategy::Hybrid {
-            fetch: FetchFraction::Fixed(_),
-        }
-        | Strategy::LayerSplit {
-            cpu_layers: CpuLayers::Fixed(_),
-        }
-        | Strategy::LayerSplitCached {
-            cpu_layers: CpuLayers::Fixed(_),
-        } => strategy,
-    }
 }
 
 /// Run `ft serve`.
@@ -342,14 +241,6 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     let fetch = FetchFraction::parse("--fetch-fraction", &args.fetch_fraction)?;
-    // The strategy asked for, hybrid's fraction from --fetch-fraction where it names none.
-    let requested = match args.moe_strategy {
-        StrategyArg::Auto => None,
-        StrategyArg::Given(Strategy::Hybrid {
-            fetch: FetchFraction::Auto,
-        }) => Some(Strategy::Hybrid { fetch }),
-        StrategyArg::Given(s) => Some(s),
-    };
     let settings = args.engine.settings()?;
     let http = ft_serve::http::HttpConfig::from_flags(
         args.header_timeout_s,
@@ -368,73 +259,26 @@ pub fn run(args: Args) -> Result<()> {
         }
         BackendArg::Reference => None,
     };
-    let PerfSource {
-        perf,
-        samples,
-        label: mut source,
-        cpu_checks,
-    } = perf_model(&args, &model, device.as_ref(), &settings)?;
-    let context = PREDICT_CONTEXT_TOKENS.min(args.context_limit);
-    let cache = args.cache_gb.map(CacheSize::GiB);
-    let predict_config = PredictConfig {
-        streams: args.expected_streams,
-        context,
-        cache,
+    let mut source = perf_model(&args, &model, device.as_ref(), &settings)?;
+    let request = StartRequest {
+        strategy: args.moe_strategy,
+        fetch,
+        expected_streams: args.expected_streams,
+        context_limit: args.context_limit,
+        cache_gb: args.cache_gb,
         cache_options: args
             .cache_args
             .options(args.cache_gb.map(|_| "--cache-gb"))?,
         routing: args.routing.clone(),
-        hybrid_fetch: match requested {
-            Some(Strategy::Hybrid { fetch }) => fetch,
-            _ => FetchFraction::Auto,
-        },
-        // Layer split is predicted (its N searched or taken) where it was asked for.
-        layer_split: requested.and_then(|s| s.cpu_layers()),
-        ..PredictConfig::default()
     };
-    let slots = match cache {
-        Some(c) => c.slots(model.expert_bytes(), model.geometry.total_experts())?,
-        None => default_cache_slots(&model, &perf.params, args.expected_streams, context),
-    };
-    let slots = predict_config
-        .cache_options
-        .fit_slots(slots, model.geometry.moe_layers)?;
-    let mut predictor = PerfPredictor::new(
-        model.clone(),
-        perf.clone(),
-        predict_config.clone(),
-        samples.clone(),
-    );
-    let t0 = std::time::Instant::now();
-    let mut decision = predictor
-        .predict(args.expected_streams)
-        .context("predicting the strategies at start")?;
-    info!(
-        "prediction took {:.2} s ({source})",
-        t0.elapsed().as_secs_f64()
-    );
-    let auto = requested.is_none();
-    let choose = |decision: &Decision| match requested {
-        None => decision.choice,
-        Some(s) => forced(s, decision),
-    };
-    let mut strategy = choose(&decision);
-    let mut line = decision.log_line(if auto { None } else { Some(&strategy) });
-    info!("decision: {line}");
-    // What would flip it: logged beside the decision, never a reason not to serve.
-    let flips = ft_model::perf::predict(&model, &perf, &predict_config).and_then(|p| {
-        let d = ft_model::perf::decide(&p);
-        ft_model::perf::breakeven::break_evens(&model, &perf, &predict_config, &p, d.kind)
-    });
-    match flips {
-        Ok(b) => info!("break-evens: {}", b.one_line()),
-        Err(e) => tracing::warn!("break-evens: not computed: {e}"),
-    }
+    let mut start = Start::decide(&model, &source, &request)?;
+    let auto = start.auto();
     if args.predict_only {
+        let (strategy, line) = (start.strategy, &start.line);
         if args.json {
             outln!(
                 "{}",
-                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source, "engine": settings, "cache": predict_config.cache_options, "decision": decision})
+                serde_json::json!({"strategy": strategy, "auto": auto, "decision_line": line, "source": source.label, "engine": settings, "cache": start.predict_config.cache_options, "decision": start.decision})
             )?;
         } else {
             outln!("decision: {line}")?;
@@ -446,38 +290,30 @@ pub fn run(args: Args) -> Result<()> {
         BackendArg::Reference => {
             let mut cfg = ReferenceConfig::tiny(args.seed);
             cfg.max_context = args.context_limit;
-            cfg.cache_options = predict_config.cache_options.clone();
+            cfg.cache_options = start.predict_config.cache_options.clone();
             cfg.max_streams = args.max_streams;
-            Box::new(ReferenceMoe::new(cfg, strategy)?)
+            Box::new(ReferenceMoe::new(cfg, start.strategy)?)
         }
         BackendArg::Engine => {
             let device = device
                 .as_ref()
                 .context("the engine backend opened no device")?;
-            let kind = device.kind();
-            let mut cfg = EngineConfig {
-                strategy,
-                cache_slots: slots,
-                cache_options: predict_config.cache_options.clone(),
-                max_streams: args.max_streams.max(args.prefill_chunk),
-                max_context: args.context_limit,
-                seed: args.seed,
-                // Both sides quantize activations to int8 (W4A8 / W8A8) where the format
-                // has that path, as the reference engine does: an expert's output is the
-                // same wherever it ran. bf16 experts run in f32.
-                gpu_path: ft_kernels::ActivationPath::preferred(model.format),
-                cpu_path: ft_kernels::ActivationPath::preferred(model.format),
+            let cfg = start.engine_config(
+                &model,
                 settings,
-                ..EngineConfig::default()
-            };
-            cfg.threads = args.threads.unwrap_or_else(default_pool_threads);
+                args.max_streams.max(args.prefill_chunk),
+                args.context_limit,
+                args.threads.unwrap_or_else(default_pool_threads),
+                args.seed,
+            );
             let routing = RoutingProcess::preset(&args.routing)
                 .with_context(|| format!("--routing {}", args.routing))?;
             info!(
-                "building the engine: {} ({} layers, {slots} cache slots, {settings}) on {}",
+                "building the engine: {} ({} layers, {} cache slots, {settings}) on {}",
                 model.name,
                 model.geometry.moe_layers,
-                kind.name()
+                start.slots,
+                device.kind().name()
             );
             let bank_source = match &args.expert_weights {
                 Some(path) => BankSource::Safetensors(path),
@@ -493,46 +329,20 @@ pub fn run(args: Args) -> Result<()> {
                     })?;
             if args.no_cpu_check {
                 info!("--no-cpu-check: the CPU side is predicted at the speed the profile was probed at");
-            } else if let Some((speed, now, then)) = cpu_speed_at_start(&mut engine, &cpu_checks)? {
-                let why = CpuSpeedSource::Checked {
-                    when: "at start".into(),
-                    now_us: now.time_us,
-                    probe_us: then.time_us,
-                };
-                let scaled = perf
-                    .at_cpu_speed(speed, &why)
-                    .context("scaling the CPU side by the check at start")?;
-                source = scaled.source.clone();
-                info!("{source}");
-                predictor = PerfPredictor::new(
-                    model.clone(),
-                    scaled,
-                    predict_config.clone(),
-                    samples.clone(),
-                );
-                decision = predictor
-                    .predict(args.expected_streams)
-                    .context("predicting the strategies after the CPU check")?;
-                let now_choice = choose(&decision);
-                let other_slots =
-                    now_choice.kind().takes_cpu_layers() || strategy.kind().takes_cpu_layers();
-                if now_choice != strategy && other_slots {
-                    // Layer split's resident layers are the engine's own slots: another N
-                    // needs another engine.
-                    tracing::warn!("the CPU check would change the strategy from {strategy} to {now_choice}; keeping {strategy} (layer split's resident slots are fixed at start)");
-                } else if now_choice != strategy {
-                    info!("the CPU check changes the strategy from {strategy} to {now_choice}");
-                    engine
-                        .set_strategy(now_choice)
-                        .context("switching to the strategy the CPU check chose")?;
-                    strategy = now_choice;
-                }
-                line = decision.log_line(if auto { None } else { Some(&strategy) });
-                info!("decision: {line}");
+            } else {
+                start.recheck_cpu(&model, &mut source, &mut engine, args.expected_streams)?;
             }
             Box::new(engine)
         }
     };
+    let Start {
+        predictor,
+        decision,
+        strategy,
+        line,
+        ..
+    } = start;
+    let source = source.label;
     let info = backend.info();
     let mut sched = SchedulerConfig::for_backend(&info);
     sched.max_streams = args.max_streams;

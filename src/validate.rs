@@ -162,7 +162,10 @@ pub fn run(args: Args) -> Result<()> {
             if layers < full {
                 m.name = format!("{}-{layers}-layers", m.name);
             }
-            crate::probe::write_atomic(&out, m.to_toml().as_bytes())
+            Ok(ft_model::profile::write_atomic(
+                &out,
+                m.to_toml().as_bytes(),
+            )?)
         }
         Command::Get { file, pointer } => {
             let v = ft_validate::json::value_at(&file, &pointer)?;
@@ -187,13 +190,19 @@ pub fn run(args: Args) -> Result<()> {
             let p = Profile::read(&profile)
                 .with_context(|| format!("--profile {}", profile.display()))?;
             let q = p.at_threads(threads)?;
-            crate::probe::write_atomic(&out, &serde_json::to_vec_pretty(&q)?)
+            Ok(ft_model::profile::write_atomic(
+                &out,
+                &serde_json::to_vec_pretty(&q)?,
+            )?)
         }
         Command::Refit { profile, out } => {
             let p = Profile::read(&profile)
                 .with_context(|| format!("--profile {}", profile.display()))?;
             let q = refit(&p).with_context(|| format!("refitting {}", profile.display()))?;
-            crate::probe::write_atomic(&out, &serde_json::to_vec_pretty(&q)?)
+            Ok(ft_model::profile::write_atomic(
+                &out,
+                &serde_json::to_vec_pretty(&q)?,
+            )?)
         }
         Command::Collect { dir, out } => {
             let (rows, missing) = collect(&dir)?;
@@ -230,7 +239,7 @@ pub fn run(args: Args) -> Result<()> {
             let rows = read_csv(&csv)?;
             let s = analyze(&rows)?;
             if let Some(path) = out {
-                crate::probe::write_atomic(&path, &serde_json::to_vec_pretty(&s)?)?;
+                ft_model::profile::write_atomic(&path, &serde_json::to_vec_pretty(&s)?)?;
             }
             let mut o = std::io::stdout().lock();
             if json {

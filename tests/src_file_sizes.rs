@@ -22,8 +22,6 @@ const KNOWN_EXCEPTIONS: &[(&str, &str)] = &[
     ("simulate.rs", "binary-cmds"),
     ("plot.rs", "plot"),
     ("tune.rs", "tune"),
-    ("probe.rs", "binary-run"),
-    ("serve.rs", "binary-run"),
 ];
 
 /// Every `.rs` file under `dir`, recursively.

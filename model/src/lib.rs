@@ -10,6 +10,7 @@ pub mod cache;
 pub mod calibrate;
 pub mod error;
 pub mod format;
+pub mod freetoken;
 pub mod geometry;
 pub mod host;
 pub mod hosts;

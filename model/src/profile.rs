@@ -1057,40 +1057,57 @@ pub fn load(dir: &Path, key: &ProfileKey) -> Result<Lookup> {
 /// Distinguishes temporary files of concurrent writers within one process.
 static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// Write `profile` into `dir` atomically (a temporary file in `dir`, synced, renamed over
-/// the target); returns the path. Replaces whatever was there (a stale or corrupt file).
+/// Write `profile` into `dir` atomically ([`write_atomic`]); returns the path. Replaces
+/// whatever was there (a stale or corrupt file).
 pub fn store(dir: &Path, profile: &Profile) -> Result<PathBuf> {
-    let io = |path: &Path, source: std::io::Error| ModelError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let path = dir.join(profile.key.file_name());
     let body = serde_json::to_vec_pretty(profile).map_err(|e| ModelError::Json {
         path: path.display().to_string(),
         message: e.to_string(),
     })?;
+    write_atomic(&path, &body)?;
+    Ok(path)
+}
+
+/// Write `bytes` to `path` atomically: a temporary file beside it (its directory created
+/// where missing), synced, renamed over it, so that a reader sees the old file or the new
+/// one, never a part; the temporary file is removed on failure.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |path: &Path, source: std::io::Error| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let Some(name) = path.file_name() else {
+        return Err(ModelError::invalid(
+            path.display().to_string(),
+            "not a file path",
+        ));
+    };
     let tmp = dir.join(format!(
         ".{}.{}.{}.tmp",
-        profile.key.file_name(),
+        name.to_string_lossy(),
         std::process::id(),
         TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(&body)?;
-        f.sync_all()?;
-        Ok(())
+        f.write_all(bytes)?;
+        f.sync_all()
     };
     if let Err(e) = write() {
         let _ = std::fs::remove_file(&tmp);
         return Err(io(&tmp, e));
     }
-    if let Err(e) = std::fs::rename(&tmp, &path) {
+    if let Err(e) = std::fs::rename(&tmp, path) {
         let _ = std::fs::remove_file(&tmp);
-        return Err(io(&path, e));
+        return Err(io(path, e));
     }
-    Ok(path)
+    Ok(())
 }
 
 /// Seconds since the Unix epoch now (0 if the clock is before it).
@@ -1746,5 +1763,20 @@ mod tests {
         if let Some(c) = dirs::cache_dir() {
             assert_eq!(profile_dir().unwrap(), c.join("ft").join("profiles"));
         }
+    }
+
+    #[test]
+    fn atomic_writes_leave_no_partial_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub").join("p.json");
+        write_atomic(&path, b"{}").unwrap();
+        write_atomic(&path, b"{\"a\":1}").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\":1}");
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap()).unwrap().collect();
+        assert_eq!(names.len(), 1);
+        assert!(
+            write_atomic(dir.path(), b"{}").is_err(),
+            "a directory is no file"
+        );
     }
 }

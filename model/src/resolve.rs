@@ -22,6 +22,19 @@ pub enum StrategyRequest {
     Given(Strategy),
 }
 
+impl std::str::FromStr for StrategyRequest {
+    type Err = ModelError;
+
+    /// `auto` (any case), or a strategy by its CLI name (`hybrid:0.4`, `layer-split:auto`).
+    fn from_str(s: &str) -> Result<Self> {
+        if s.eq_ignore_ascii_case("auto") {
+            Ok(StrategyRequest::Auto)
+        } else {
+            s.parse().map(StrategyRequest::Given)
+        }
+    }
+}
+
 /// True when the strategy has a parameter still to be resolved (`hybrid` with an `auto`
 /// fetch fraction, a layer split with `auto` CPU layers).
 pub fn has_auto(strategy: &Strategy) -> bool {
@@ -203,5 +216,26 @@ mod tests {
             resolve_with(Strategy::Cpu, |_| None).unwrap(),
             Strategy::Cpu
         );
+    }
+
+    #[test]
+    fn a_request_reads_auto_or_a_strategy_by_its_cli_name() {
+        assert_eq!(
+            "AUTO".parse::<StrategyRequest>().unwrap(),
+            StrategyRequest::Auto
+        );
+        for s in [
+            Strategy::Offload,
+            Strategy::Hybrid {
+                fetch: FetchFraction::Fixed(0.25),
+            },
+            Strategy::LayerSplit {
+                cpu_layers: CpuLayers::Auto,
+            },
+        ] {
+            let r: StrategyRequest = s.cli_name().parse().unwrap();
+            assert_eq!(r, StrategyRequest::Given(s));
+        }
+        assert!("fastest".parse::<StrategyRequest>().is_err());
     }
 }

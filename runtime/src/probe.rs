@@ -55,6 +55,8 @@
 //! minimum alone is longer than the budget, the outcome says so in a note (and a warning):
 //! `wall_s` against `budget_s` is reported either way.
 
+pub mod report;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 

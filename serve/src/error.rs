@@ -58,6 +58,15 @@ pub enum ServeError {
         /// What went wrong.
         message: String,
     },
+    /// A step of the start-up failed: what was being done, and why.
+    #[error("{context}")]
+    Context {
+        /// What was being done, e.g. `predicting the strategies at start`.
+        context: String,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
     /// The scheduler thread is gone (it stopped or panicked).
     #[error("the decode scheduler has stopped")]
     SchedulerGone,
@@ -69,6 +78,19 @@ impl ServeError {
         ServeError::Invalid {
             field: field.into(),
             reason: reason.into(),
+        }
+    }
+}
+
+impl ServeError {
+    /// Shorthand for [`ServeError::Context`].
+    pub fn context(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        ServeError::Context {
+            context: context.into(),
+            source: Box::new(source),
         }
     }
 }

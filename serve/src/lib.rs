@@ -9,6 +9,8 @@
 //! - [`scheduler`]: continuous batching (a request joins at the next step, leaves when done,
 //!   its slot is freed at the next step when its client disconnects), chunked prefill through
 //!   the same step path, and the self-check that refits and switches under `auto`;
+//! - [`setup`]: the decision at start (the strategy from the prediction, the engine's
+//!   configuration, the same decision again at the CPU speed measured on the engine's bank);
 //! - [`predict`] and [`monitor`]: the predictions the server holds itself to and the windows
 //!   it measures;
 //! - [`http`]: the axum routes (`/v1/completions`, `/v1/chat/completions` with SSE,
@@ -29,6 +31,7 @@ pub mod perf_adapter;
 pub mod predict;
 pub mod sampling;
 pub mod scheduler;
+pub mod setup;
 pub mod tokenizer;
 
 pub use backend::{StepBackend, StreamStep};

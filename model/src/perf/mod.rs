@@ -25,6 +25,7 @@ pub mod legacy;
 pub(crate) mod linalg;
 pub mod predict;
 pub mod prefill;
+pub mod residuals;
 pub mod step;
 
 use serde::{Deserialize, Serialize};
