@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use ft_model::cache::{CachePolicy, CacheTopology};
 use ft_model::routing::fit::{fit, points_from_steps, FitPoints, FitReport};
 use ft_model::routing::stats::{self, RoutingStats, StatsConfig, REUSE_EDGES};
-use ft_model::routing::{self, RoutingProcess, RoutingSource, TraceReader};
+use ft_model::routing::{self, RoutingProcess, RoutingSource, TraceReader, TraceRequests};
 use ft_model::{ModelSpec, MoeGeometry};
 
 /// The field report's model, the default `--model`.
@@ -140,6 +140,12 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
+/// Whether a `--routing` argument names a trace file (not a preset or a process TOML).
+fn is_trace(routing: &str) -> bool {
+    let is_process = routing::PRESET_NAMES.contains(&routing) || routing.ends_with(".toml");
+    !is_process && Path::new(routing).exists()
+}
+
 /// The source a `--routing` argument names and what it is called: a trace is routed on its
 /// own header's geometry, anything else on the model's (with `layers` MoE layers if given).
 fn source_for(
@@ -148,8 +154,7 @@ fn source_for(
     layers: Option<usize>,
     seed: Option<u64>,
 ) -> Result<(Box<dyn RoutingSource>, String)> {
-    let is_process = routing::PRESET_NAMES.contains(&routing) || routing.ends_with(".toml");
-    if !is_process && Path::new(routing).exists() {
+    if is_trace(routing) {
         let g = routing::trace_geometry(Path::new(routing))
             .with_context(|| format!("--routing {routing}"))?;
         if layers.is_some() {
@@ -206,12 +211,83 @@ fn run_stats(a: StatsArgs) -> Result<()> {
         .context("--steps, --warmup, --streams, --per-layer, --global or --hot")?;
     tracing::info!(routing = %a.routing, steps = cfg.steps, "routing statistics");
     let st = stats::routing_stats(src.as_mut(), &cfg).context("routing statistics")?;
+    // A trace's requests (its `request` and `token` tags), read over the whole file.
+    let requests = if is_trace(&a.routing) {
+        Some(
+            routing::trace_requests(Path::new(&a.routing))
+                .with_context(|| format!("--routing {}", a.routing))?,
+        )
+    } else {
+        None
+    };
     if a.json {
-        let v = serde_json::json!({ "routing": a.routing, "source": what, "stats": st });
+        let mut v = serde_json::json!({ "routing": a.routing, "source": what, "stats": st });
+        if let Some(r) = &requests {
+            v["requests"] = serde_json::to_value(r)?;
+        }
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
-    print_stats(&what, &st)
+    print_stats(&what, &st)?;
+    if let Some(r) = &requests {
+        print_requests(r)?;
+    }
+    Ok(())
+}
+
+/// A trace's requests: how many, their lengths, and the first few.
+fn print_requests(r: &TraceRequests) -> Result<()> {
+    outln!()?;
+    if r.tagged == 0 {
+        outln!(
+            "requests: none tagged ({} steps, up to {} streams; the trace carries no request ids)",
+            r.steps,
+            r.streams
+        )?;
+        return Ok(());
+    }
+    outln!(
+        "requests: {} over {} steps and up to {} streams ({} of {} stream-steps tagged); tokens per request {}..{}, mean {:.1}; {} token-position gap(s)",
+        r.requests,
+        r.steps,
+        r.streams,
+        r.tagged,
+        r.stream_steps,
+        r.tokens_min,
+        r.tokens_max,
+        r.tokens_mean,
+        r.token_gaps
+    )?;
+    outln!(
+        "  {:>6} {:<24} {:>10} {:>7} {:>13}",
+        "stream",
+        "request",
+        "first step",
+        "tokens",
+        "token range"
+    )?;
+    for q in &r.listed {
+        let range = match (q.first_token, q.last_token) {
+            (Some(a), Some(b)) => format!("{a}..{b}"),
+            _ => "-".to_string(),
+        };
+        outln!(
+            "  {:>6} {:<24} {:>10} {:>7} {:>13}",
+            q.stream,
+            q.request,
+            q.first_step,
+            q.tokens,
+            range
+        )?;
+    }
+    if r.requests > r.listed.len() as u64 {
+        outln!(
+            "  (the first {} of {}; all counted above)",
+            r.listed.len(),
+            r.requests
+        )?;
+    }
+    Ok(())
 }
 
 fn print_stats(what: &str, st: &RoutingStats) -> Result<()> {

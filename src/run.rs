@@ -19,7 +19,7 @@ use ft_kernels::ActivationPath;
 use ft_model::cache::{CacheOptions, CachePolicy, CacheSize};
 use ft_model::perf::CpuSpeedSource;
 use ft_model::profile::CpuCheck;
-use ft_model::routing::{self, RecordingSource, RoutingSource, TraceWriter};
+use ft_model::routing::{self, RoutingSource};
 use ft_model::{
     CpuLayers, ExpertFormat, FetchFraction, GpuLayout, GpuPlacement, ModelSpec, Strategy,
     StrategyKind,
@@ -28,8 +28,8 @@ use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceInfo, DeviceKind, DeviceSpec, HostDeviceConfig};
 use ft_runtime::engine::probe::{probe_hybrid_overhead, OverheadReport};
 use ft_runtime::engine::{
-    decode, decode_multi, draw_routing, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig, EngineMemory, EngineSettings, GpuCounts, MultiEngine,
+    decode, decode_multi, draw_routing, record_routing, CombineMethod, CombineOrder, DecodeOptions,
+    Engine, EngineConfig, EngineMemory, EngineSettings, GpuCounts, MultiEngine,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::instrument::{ChromeTrace, RunSummary, StepRecord};
@@ -1135,23 +1135,14 @@ pub fn run(args: Args) -> Result<()> {
     let available = available_ram().unwrap_or(u64::MAX);
     let memory = check_memory(&model, full.geometry.moe_layers, &cfg, kind, available)?;
 
-    // The routing of the whole run, drawn up front (and recorded if asked).
-    let source = routing::resolve(&args.routing, &g, Some(args.seed))
+    // The routing of the whole run, drawn up front (and recorded, with its requests, if asked).
+    let mut source = routing::resolve(&args.routing, &g, Some(args.seed))
         .with_context(|| format!("--routing {}", args.routing))?;
-    let routing = match &args.record {
-        Some(path) => {
-            let writer = TraceWriter::create(path, &g)
-                .with_context(|| format!("--record {}", path.display()))?;
-            let mut rec = RecordingSource::new(source, writer)?;
-            let r = draw_routing(&mut rec, args.streams, args.warmup + args.steps)?;
-            rec.finish()?;
-            r
-        }
-        None => {
-            let mut source = source;
-            draw_routing(source.as_mut(), args.streams, args.warmup + args.steps)?
-        }
-    };
+    let routing = draw_routing(source.as_mut(), args.streams, args.warmup + args.steps)?;
+    if let Some(path) = &args.record {
+        record_routing(path, &g, &routing, args.warmup)
+            .with_context(|| format!("--record {}", path.display()))?;
+    }
     let (warm, measured) = routing.split_at(args.warmup);
     let popularity = if matches!(&policy.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
         && sk != StrategyKind::Resident

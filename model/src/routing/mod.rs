@@ -30,8 +30,9 @@ mod trace;
 pub use presets::{describe, PRESET_NAMES};
 pub use synthetic::{RoutingProcess, StreamState, SyntheticRouting};
 pub use trace::{
-    trace_geometry, RecordingSource, StreamTag, TraceFormat, TraceReader, TraceWriter,
-    MAX_TRACE_STREAMS, TRACE_FORMAT_NAME,
+    trace_geometry, trace_requests, RecordingSource, StreamTag, TraceFormat, TraceReader,
+    TraceRequest, TraceRequests, TraceWriter, MAX_TRACE_STREAMS, REQUESTS_LISTED,
+    TRACE_FORMAT_NAME,
 };
 
 use serde::{Deserialize, Serialize};

@@ -65,7 +65,10 @@ mod settings;
 mod timeline;
 mod work;
 
-pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
+pub use decode::{
+    decode, draw_routing, record_routing, request_tags, token_input, DecodeOptions, Decoded,
+    INPUT_SALT_WARMUP,
+};
 pub use multi::{
     decode_multi, CombineMethod, GpuCounts, MultiDecoded, MultiEngine, MultiStepResult,
 };
