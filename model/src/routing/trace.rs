@@ -1473,7 +1473,7 @@ mod tests {
         assert_eq!((q.tokens_min, q.tokens_max), (2, 5));
         assert!((q.tokens_mean - 10.0 / 3.0).abs() < 1e-12);
         assert_eq!(q.token_gaps, 1);
-        let summary: Vec<(u32, &str, u64, u64, Option<u64>, Option<u64>)> = q
+        let summary: Vec<_> = q
             .listed
             .iter()
             .map(|r| {

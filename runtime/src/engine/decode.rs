@@ -245,7 +245,7 @@ mod tests {
         assert!(r.read_step_tagged().unwrap().is_none());
         let q = trace_requests(&path).unwrap();
         assert_eq!((q.requests, q.tagged, q.token_gaps), (4, 10, 0));
-        let listed: Vec<(u32, &str, u64, Option<u64>, Option<u64>)> = q
+        let listed: Vec<_> = q
             .listed
             .iter()
             .map(|r| {
