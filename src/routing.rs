@@ -13,12 +13,14 @@
 //!   (`ft_model::routing::import`).
 
 use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use ft_model::cache::{CachePolicy, CacheTopology};
 use ft_model::routing::fit::{fit, points_from_trace, FitPoints, FitReport};
 use ft_model::routing::stats::{self, RoutingStats, StatsConfig};
 use ft_model::routing::{self, RoutingProcess};
+
+mod requests;
 use ft_model::MoeGeometry;
 
 /// The field report's model, the default `--model`.
@@ -168,12 +170,28 @@ fn run_stats(a: StatsArgs) -> Result<()> {
         .context("--steps, --warmup, --streams, --per-layer, --global or --hot")?;
     tracing::info!(routing = %a.routing, steps = cfg.steps, "routing statistics");
     let st = stats::routing_stats(src.as_mut(), &cfg).context("routing statistics")?;
+    // A trace's requests (its `request` and `token` tags), read over the whole file.
+    let requests = if routing::names_trace(&a.routing) {
+        Some(
+            routing::trace_requests(Path::new(&a.routing))
+                .with_context(|| format!("--routing {}", a.routing))?,
+        )
+    } else {
+        None
+    };
     if a.json {
-        let v = serde_json::json!({ "routing": a.routing, "source": what, "stats": st });
+        let mut v = serde_json::json!({ "routing": a.routing, "source": what, "stats": st });
+        if let Some(r) = &requests {
+            v["requests"] = serde_json::to_value(r)?;
+        }
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }
-    print_stats(&what, &st)
+    print_stats(&what, &st)?;
+    if let Some(r) = &requests {
+        requests::print(r)?;
+    }
+    Ok(())
 }
 
 fn print_stats(what: &str, st: &RoutingStats) -> Result<()> {

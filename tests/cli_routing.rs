@@ -105,6 +105,19 @@ fn stats_of_a_preset_and_of_an_imported_trace() {
     assert_eq!(st["geometry"]["experts"], 26); // largest id 25, + 1
                                                // Each token repeats its predecessor's pair 3 times in 4: a per-layer LRU of 4 hits.
     assert!(st["hit_rates"][0]["hit_rate"].as_f64().unwrap() > 0.7);
+    // The imported request comes back: one request of 40 consecutive tokens on stream 0.
+    let q = &v["requests"];
+    assert_eq!(
+        (
+            q["requests"].as_u64(),
+            q["tagged"].as_u64(),
+            q["token_gaps"].as_u64()
+        ),
+        (Some(1), Some(40), Some(0))
+    );
+    assert_eq!(q["listed"][0]["request"], "r");
+    assert_eq!(q["listed"][0]["first_token"], 0);
+    assert_eq!(q["listed"][0]["last_token"], 39);
     let human = ft(&[
         "routing",
         "stats",

@@ -127,8 +127,61 @@ fn run_on_the_host_device_prints_json_a_trace_and_numerics() {
         names,
         ["GPU compute", "copy / PCIe", "CPU pool", "host sync"]
     );
-    // The routing was recorded: one line per step (JSON lines) at least.
-    assert!(std::fs::metadata(&record).unwrap().len() > 0);
+    // The routing was recorded with each stream's requests (a warm-up one, then the
+    // measured one), and `ft routing stats` reads them back.
+    let text = std::fs::read_to_string(&record).unwrap();
+    let records: Vec<serde_json::Value> = text
+        .lines()
+        .skip(1)
+        .map(|l| serde_json::from_str(l).expect("a trace record"))
+        .collect();
+    assert_eq!(records.len(), 6 * 2 * 4, "steps x streams x layers");
+    for r in &records {
+        let (step, stream) = (r["step"].as_u64().unwrap(), r["stream"].as_u64().unwrap());
+        let (phase, token) = if step < 2 {
+            ("warmup", step)
+        } else {
+            ("measured", step - 2)
+        };
+        assert_eq!(r["request"], format!("s{stream}-{phase}"), "{r}");
+        assert_eq!(r["token"], token, "{r}");
+    }
+    let out = ft(&[
+        "routing",
+        "stats",
+        "--routing",
+        record.to_str().unwrap(),
+        "--steps",
+        "4",
+        "--warmup",
+        "2",
+        "--union-streams",
+        "2",
+        "--per-layer",
+        "4",
+        "--global",
+        "4",
+        "--hot",
+        "2",
+        "--json",
+    ]);
+    assert_ok(&out);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    let q = &v["requests"];
+    assert_eq!(q["steps"], 6);
+    assert_eq!(q["tagged"], 12);
+    assert_eq!(q["requests"], 4);
+    assert_eq!(q["token_gaps"], 0);
+    let ids: Vec<&str> = q["listed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["request"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["s0-warmup", "s1-warmup", "s0-measured", "s1-measured"]
+    );
 }
 
 #[test]

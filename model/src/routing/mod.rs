@@ -30,8 +30,9 @@ mod trace;
 pub use presets::{describe, PRESET_NAMES};
 pub use synthetic::{RoutingProcess, StreamState, SyntheticRouting};
 pub use trace::{
-    trace_geometry, RecordingSource, StreamTag, TraceFormat, TraceReader, TraceWriter,
-    MAX_TRACE_STREAMS, TRACE_FORMAT_NAME,
+    trace_geometry, trace_requests, RecordingSource, StreamTag, TraceFormat, TraceReader,
+    TraceRequest, TraceRequests, TraceWriter, MAX_TRACE_STREAMS, REQUESTS_LISTED,
+    TRACE_FORMAT_NAME,
 };
 
 use serde::{Deserialize, Serialize};
@@ -241,6 +242,13 @@ pub struct NamedSource {
     pub what: String,
 }
 
+/// Whether a `--routing` argument names a trace file: not a preset or a process TOML, and an
+/// existing path.
+pub fn names_trace(routing: &str) -> bool {
+    let is_process = PRESET_NAMES.contains(&routing) || routing.ends_with(".toml");
+    !is_process && Path::new(routing).exists()
+}
+
 /// Open what a `--routing` argument names for `ft routing stats`: a trace is routed on its own
 /// header's geometry (`layers` must then be `None`), a preset or a process TOML on `model`'s
 /// (a preset name or a model file), cut to its first `layers` MoE layers if given. `seed`
@@ -251,8 +259,7 @@ pub fn open_named(
     layers: Option<usize>,
     seed: Option<u64>,
 ) -> Result<NamedSource> {
-    let is_process = PRESET_NAMES.contains(&routing) || routing.ends_with(".toml");
-    if !is_process && Path::new(routing).exists() {
+    if names_trace(routing) {
         let g = trace_geometry(Path::new(routing))?;
         if layers.is_some() {
             return Err(ModelError::invalid(

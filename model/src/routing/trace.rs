@@ -116,6 +116,20 @@ pub struct StreamTag {
     pub token: Option<u64>,
 }
 
+impl StreamTag {
+    /// `request "r-1" token 5`, or `no request` / `no token` for what is absent (errors).
+    fn describe(&self) -> String {
+        let r = match &self.request {
+            Some(r) => format!("request {r:?}"),
+            None => "no request".to_string(),
+        };
+        match self.token {
+            Some(t) => format!("{r} token {t}"),
+            None => format!("{r}, no token"),
+        }
+    }
+}
+
 /// Check a trace's geometry against the model's; the error lists every difference.
 fn check_geometry(
     origin: &str,
@@ -486,11 +500,21 @@ impl TraceReader {
 
     /// Read the next whole step (all its streams), validated; `None` at the end.
     pub fn read_step(&mut self) -> Result<Option<StepRouting>> {
+        Ok(self.read_step_tagged()?.map(|(step, _)| step))
+    }
+
+    /// [`TraceReader::read_step`] with each stream's tag (its request id and token position;
+    /// one per stream, empty tags where the trace has none, as in the binary form). Every
+    /// record of one stream at one step must carry the same tag.
+    pub fn read_step_tagged(&mut self) -> Result<Option<(StepRouting, Vec<StreamTag>)>> {
         let step = match &mut self.inner {
             Inner::Json(j) => read_json_step(j, &self.origin, &self.geometry)?,
-            Inner::Binary(b) => read_binary_step(b, &self.origin, &self.geometry)?,
+            Inner::Binary(b) => read_binary_step(b, &self.origin, &self.geometry)?.map(|s| {
+                let tags = vec![StreamTag::default(); s.streams()];
+                (s, tags)
+            }),
         };
-        if let Some(s) = &step {
+        if let Some((s, _)) = &step {
             if let Some(last) = self.last_step {
                 if s.step <= last {
                     return Err(ModelError::invalid(
@@ -534,7 +558,7 @@ fn read_json_step(
     j: &mut JsonLinesReader,
     origin: &str,
     geometry: &MoeGeometry,
-) -> Result<Option<StepRouting>> {
+) -> Result<Option<(StepRouting, Vec<StreamTag>)>> {
     let first = match j.lookahead.take() {
         Some(r) => r,
         None => match j.next_line(origin)? {
@@ -547,6 +571,8 @@ fn read_json_step(
     let layers = geometry.moe_layers;
     // [layer][stream]; None until seen.
     let mut grid: Vec<Vec<Option<TokenRoute>>> = vec![Vec::new(); layers];
+    // [stream]: the tag of the stream's first record at this step, and its line.
+    let mut tags: Vec<Option<(StreamTag, usize)>> = Vec::new();
     let mut place = |rec: JsonRecord, line: usize| -> Result<()> {
         let at = format!("{origin}:{line}");
         let l = rec.layer as usize;
@@ -556,6 +582,10 @@ fn read_json_step(
                 format!("layer {l} is out of range (the model has {layers} MoE layers)"),
             ));
         }
+        let tag = StreamTag {
+            request: rec.request,
+            token: rec.token,
+        };
         let weights = match rec.weights {
             Some(w) => w,
             None => vec![1.0 / rec.experts.len().max(1) as f32; rec.experts.len()],
@@ -583,6 +613,26 @@ fn read_json_step(
             ));
         }
         row[s] = Some(route);
+        if tags.len() <= s {
+            tags.resize(s + 1, None);
+        }
+        match &tags[s] {
+            None => tags[s] = Some((tag, line)),
+            Some((first, first_line)) if *first != tag => {
+                return Err(ModelError::invalid(
+                    at,
+                    format!(
+                        "step {} stream {s} layer {l} is tagged {} but line {first_line} tags \
+                         the same step and stream {}; a stream serves one token of one \
+                         request per step",
+                        rec.step,
+                        tag.describe(),
+                        first.describe()
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
         Ok(())
     };
     place(first.0, first.1)?;
@@ -614,10 +664,17 @@ fn read_json_step(
         }
         out.push(routes);
     }
-    Ok(Some(StepRouting {
-        step: step_no,
-        layers: out,
-    }))
+    let tags = tags
+        .into_iter()
+        .map(|t| t.map(|(tag, _)| tag).unwrap_or_default())
+        .collect();
+    Ok(Some((
+        StepRouting {
+            step: step_no,
+            layers: out,
+        },
+        tags,
+    )))
 }
 
 fn read_binary_step(
@@ -724,6 +781,129 @@ impl RoutingSource for TraceReader {
             Ok(step.truncated(streams))
         }
     }
+}
+
+/// Requests [`trace_requests`] lists one by one; the count and the token statistics cover all.
+pub const REQUESTS_LISTED: usize = 64;
+
+/// One request of a trace: a run of consecutive steps in which one stream carries one
+/// request id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TraceRequest {
+    /// The stream that serves it.
+    pub stream: u32,
+    /// Its id, as the trace names it.
+    pub request: String,
+    /// The step number of its first token.
+    pub first_step: u64,
+    /// Its tokens in the trace (steps of the run).
+    pub tokens: u64,
+    /// The position of its first and last token in the trace, where tagged.
+    #[serde(default)]
+    pub first_token: Option<u64>,
+    #[serde(default)]
+    pub last_token: Option<u64>,
+}
+
+/// The requests a trace's streams serve, from its `request` and `token` tags
+/// ([`trace_requests`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TraceRequests {
+    /// Steps read.
+    pub steps: u64,
+    /// Largest stream count of a step.
+    pub streams: usize,
+    /// (step, stream) pairs read, and those of them with a request id.
+    pub stream_steps: u64,
+    pub tagged: u64,
+    /// Requests: maximal runs of consecutive steps in which one stream carries one id.
+    pub requests: u64,
+    /// Tokens per request: fewest, most and mean (0 without requests).
+    pub tokens_min: u64,
+    pub tokens_max: u64,
+    pub tokens_mean: f64,
+    /// Steps at which a request's token position is not its previous one plus 1 (a trace of
+    /// every token has none).
+    pub token_gaps: u64,
+    /// The first [`REQUESTS_LISTED`] requests, in the order they end.
+    pub listed: Vec<TraceRequest>,
+}
+
+impl TraceRequests {
+    fn close(&mut self, r: TraceRequest) {
+        self.requests += 1;
+        self.tokens_min = if self.requests == 1 {
+            r.tokens
+        } else {
+            self.tokens_min.min(r.tokens)
+        };
+        self.tokens_max = self.tokens_max.max(r.tokens);
+        // Running mean, exact for the counts a trace holds.
+        self.tokens_mean += (r.tokens as f64 - self.tokens_mean) / self.requests as f64;
+        if self.listed.len() < REQUESTS_LISTED {
+            self.listed.push(r);
+        }
+    }
+}
+
+/// Read a trace (either form; the binary one has no tags) and gather the requests its
+/// streams serve: what `ft routing stats` reports beside the routing, so that a trace
+/// written by `ft run --record` or `ft routing import` shows its requests again. Memory
+/// holds one step and one open request per stream, whatever the trace's length.
+pub fn trace_requests(path: &Path) -> Result<TraceRequests> {
+    let geometry = trace_geometry(path)?;
+    let mut reader = TraceReader::open(path, &geometry)?;
+    let mut out = TraceRequests::default();
+    let mut open: Vec<Option<TraceRequest>> = Vec::new();
+    while let Some((step, tags)) = reader.read_step_tagged()? {
+        out.steps += 1;
+        out.streams = out.streams.max(tags.len());
+        out.stream_steps += tags.len() as u64;
+        if open.len() < tags.len() {
+            open.resize(tags.len(), None);
+        }
+        for (s, cur) in open.iter_mut().enumerate() {
+            let tag = tags.get(s);
+            let id = tag.and_then(|t| t.request.as_deref());
+            let token = tag.and_then(|t| t.token);
+            match (cur.as_mut(), id) {
+                (Some(r), Some(id)) if r.request == id => {
+                    if let (Some(last), Some(t)) = (r.last_token, token) {
+                        if t != last + 1 {
+                            out.token_gaps += 1;
+                        }
+                    }
+                    r.tokens += 1;
+                    r.last_token = token.or(r.last_token);
+                    r.first_token = r.first_token.or(token);
+                }
+                _ => {
+                    if let Some(done) = cur.take() {
+                        out.close(done);
+                    }
+                    if let Some(id) = id {
+                        *cur = Some(TraceRequest {
+                            stream: s as u32,
+                            request: id.to_string(),
+                            first_step: step.step,
+                            tokens: 1,
+                            first_token: token,
+                            last_token: token,
+                        });
+                    }
+                }
+            }
+            if id.is_some() {
+                out.tagged += 1;
+            }
+        }
+    }
+    for r in open.into_iter().flatten() {
+        out.close(r);
+    }
+    Ok(out)
 }
 
 /// Writes steps to a trace in either form.
@@ -1246,6 +1426,109 @@ mod tests {
             TraceReader::open(&path, &g).unwrap().next_step(1).unwrap(),
             step
         );
+    }
+
+    #[test]
+    fn request_tags_round_trip_and_requests_are_gathered() {
+        let dir = tempfile::tempdir().unwrap();
+        let g = geo();
+        let path = dir.path().join("t.jsonl");
+        let mut w = TraceWriter::create(&path, &g).unwrap();
+        let mut src = SyntheticRouting::new(&RoutingProcess::default(), g).unwrap();
+        // Stream 0 serves "a" for 3 steps then "b" for 2; stream 1 serves "c" for 5 steps
+        // with a skipped token position at step 3; stream 2 is untagged.
+        let tag = |r: &str, t: u64| StreamTag {
+            request: Some(r.into()),
+            token: Some(t),
+        };
+        let mut written = Vec::new();
+        for i in 0..5u64 {
+            let step = src.next_step(3).unwrap();
+            let t0 = if i < 3 {
+                tag("a", 10 + i)
+            } else {
+                tag("b", i - 3)
+            };
+            let t1 = tag("c", if i < 3 { i } else { i + 1 });
+            let tags = vec![t0, t1, StreamTag::default()];
+            w.write_step_tagged(&step, &tags).unwrap();
+            written.push((step, tags));
+        }
+        w.finish().unwrap();
+        // Read back: the same steps with the same tags, through either call.
+        let mut r = TraceReader::open(&path, &g).unwrap();
+        for (step, tags) in &written {
+            assert_eq!(
+                r.read_step_tagged().unwrap().as_ref(),
+                Some(&(step.clone(), tags.clone()))
+            );
+        }
+        assert_eq!(r.read_step_tagged().unwrap(), None);
+        let q = trace_requests(&path).unwrap();
+        assert_eq!(
+            (q.steps, q.streams, q.stream_steps, q.tagged),
+            (5, 3, 15, 10)
+        );
+        assert_eq!(q.requests, 3);
+        assert_eq!((q.tokens_min, q.tokens_max), (2, 5));
+        assert!((q.tokens_mean - 10.0 / 3.0).abs() < 1e-12);
+        assert_eq!(q.token_gaps, 1);
+        let summary: Vec<_> = q
+            .listed
+            .iter()
+            .map(|r| {
+                (
+                    r.stream,
+                    r.request.as_str(),
+                    r.first_step,
+                    r.tokens,
+                    r.first_token,
+                    r.last_token,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (0, "a", 0, 3, Some(10), Some(12)),
+                (0, "b", 3, 2, Some(0), Some(1)),
+                (1, "c", 0, 5, Some(0), Some(5)),
+            ]
+        );
+        // The binary form keeps no tags: the same steps, no requests.
+        let bin = dir.path().join("t.ftrt");
+        let mut w = TraceWriter::create(&bin, &g).unwrap();
+        for (step, tags) in &written {
+            w.write_step_tagged(step, tags).unwrap();
+        }
+        w.finish().unwrap();
+        let q = trace_requests(&bin).unwrap();
+        assert_eq!(
+            (q.steps, q.stream_steps, q.tagged, q.requests),
+            (5, 15, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_stream_with_two_tags_in_one_step_is_refused() {
+        let mut lines = vec![header()];
+        for l in 0..3 {
+            let r = if l == 2 { "r-2" } else { "r-1" };
+            lines.push(format!(
+                r#"{{"step":0,"stream":0,"layer":{l},"experts":[1,2],"request":"{r}","token":0}}"#
+            ));
+        }
+        let e = err_of(&lines, 1);
+        assert!(
+            e.contains("t.jsonl:4")
+                && e.contains(r#"request "r-2" token 0"#)
+                && e.contains(r#"line 2 tags the same step and stream request "r-1" token 0"#),
+            "{e}"
+        );
+        // A token position that differs between the layers is refused the same way.
+        lines[3] = r#"{"step":0,"stream":0,"layer":2,"experts":[1,2],"request":"r-1"}"#.into();
+        let e = err_of(&lines, 1);
+        assert!(e.contains(r#"request "r-1", no token"#), "{e}");
     }
 
     #[test]

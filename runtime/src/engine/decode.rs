@@ -8,7 +8,9 @@
 //! salted with [`INPUT_SALT_WARMUP`]), so a fresh engine and a warmed one see the same
 //! request.
 
-use ft_model::routing::{RoutingSource, StepRouting};
+use ft_model::geometry::MoeGeometry;
+use ft_model::routing::{RoutingSource, StepRouting, StreamTag, TraceWriter};
+use std::path::Path;
 
 use super::{Engine, GpuCounts, GpuStep, StepInput};
 use crate::error::Result;
@@ -55,6 +57,44 @@ pub fn draw_routing(
     (0..steps)
         .map(|_| source.next_step(streams).map_err(Into::into))
         .collect()
+}
+
+/// The request each of `streams` streams serves at step `index` of a run of `warmup` warm-up
+/// steps, as [`decode`] defines them: stream `s` serves request `s{s}-warmup` over the warm-up
+/// steps and `s{s}-measured` over the measured ones (their inputs are
+/// [`token_input`]`(seed ^ `[`INPUT_SALT_WARMUP`]`, s, i)` and `token_input(seed, s, i)`),
+/// and the token is `i`, the step's position within its request. The prompt's tokens are not
+/// steps of the run, so the first decoded token is token 0.
+pub fn request_tags(index: usize, warmup: usize, streams: usize) -> Vec<StreamTag> {
+    let (phase, i) = if index < warmup {
+        ("warmup", index)
+    } else {
+        ("measured", index - warmup)
+    };
+    (0..streams)
+        .map(|s| StreamTag {
+            request: Some(format!("s{s}-{phase}")),
+            token: Some(i as u64),
+        })
+        .collect()
+}
+
+/// Write a run's routing (its warm-up steps, then its measured ones, as [`draw_routing`]
+/// drew them) to a trace file (the form follows the extension), each stream's records tagged
+/// with the request it serves ([`request_tags`]; JSON lines keep the tags, the binary form
+/// does not). What `ft run --record` writes.
+pub fn record_routing(
+    path: &Path,
+    geometry: &MoeGeometry,
+    steps: &[StepRouting],
+    warmup: usize,
+) -> Result<()> {
+    let mut writer = TraceWriter::create(path, geometry)?;
+    for (index, step) in steps.iter().enumerate() {
+        writer.write_step_tagged(step, &request_tags(index, warmup, step.streams()))?;
+    }
+    writer.finish()?;
+    Ok(())
 }
 
 /// How [`decode`] runs.
@@ -234,5 +274,56 @@ mod tests {
         let rms = (a.iter().map(|x| x * x).sum::<f32>() / 256.0).sqrt();
         assert!((rms - 1.0).abs() < 1e-5, "{rms}");
         assert!(a.iter().all(|x| x.is_finite() && x.abs() < 2.0));
+    }
+
+    #[test]
+    fn a_recorded_run_carries_each_streams_requests() {
+        use ft_model::routing::{trace_requests, RoutingProcess, SyntheticRouting, TraceReader};
+        let g = MoeGeometry {
+            hidden: 64,
+            intermediate: 32,
+            experts: 16,
+            top_k: 2,
+            moe_layers: 3,
+            shared_experts: 0,
+        };
+        let mut src = SyntheticRouting::new(&RoutingProcess::default(), g).unwrap();
+        let steps = draw_routing(&mut src, 2, 5).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.jsonl");
+        record_routing(&path, &g, &steps, 2).unwrap();
+        // The routing replays unchanged, each step tagged as decode serves it.
+        let mut r = TraceReader::open(&path, &g).unwrap();
+        for (i, step) in steps.iter().enumerate() {
+            let (read, tags) = r.read_step_tagged().unwrap().unwrap();
+            assert_eq!(&read, step);
+            assert_eq!(tags, request_tags(i, 2, 2));
+        }
+        assert!(r.read_step_tagged().unwrap().is_none());
+        let q = trace_requests(&path).unwrap();
+        assert_eq!((q.requests, q.tagged, q.token_gaps), (4, 10, 0));
+        let listed: Vec<_> = q
+            .listed
+            .iter()
+            .map(|r| {
+                (
+                    r.stream,
+                    r.request.as_str(),
+                    r.tokens,
+                    r.first_token,
+                    r.last_token,
+                )
+            })
+            .collect();
+        // Requests end in step order; within a step, stream by stream.
+        assert_eq!(
+            listed,
+            [
+                (0, "s0-warmup", 2, Some(0), Some(1)),
+                (1, "s1-warmup", 2, Some(0), Some(1)),
+                (0, "s0-measured", 3, Some(0), Some(2)),
+                (1, "s1-measured", 3, Some(0), Some(2)),
+            ]
+        );
     }
 }

@@ -87,7 +87,10 @@ mod settings;
 mod timeline;
 mod work;
 
-pub use decode::{decode, draw_routing, token_input, DecodeOptions, Decoded, INPUT_SALT_WARMUP};
+pub use decode::{
+    decode, draw_routing, record_routing, request_tags, token_input, DecodeOptions, Decoded,
+    INPUT_SALT_WARMUP,
+};
 pub use peer::{CombineMethod, GpuCounts, GpuStep};
 pub use settings::{EngineSettings, REMOVED_ENGINE_ENVS};
 pub use work::CombineOrder;

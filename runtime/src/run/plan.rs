@@ -6,7 +6,7 @@
 
 use ft_kernels::ActivationPath;
 use ft_model::cache::{CachePolicy, CacheSize};
-use ft_model::routing::{self, RecordingSource, RoutingSource, StepRouting, TraceWriter};
+use ft_model::routing::{self, RoutingSource, StepRouting};
 use ft_model::{ExpertFormat, GpuLayout, GpuPlacement, ModelSpec, StrategyKind};
 
 use super::error::{Context, Result};
@@ -15,7 +15,7 @@ use super::variant::{resolve_variant, variant_specs, AutoHost, Variant};
 use super::RunRequest;
 use crate::cpu_pool::PoolWait;
 use crate::device::DeviceKind;
-use crate::engine::{draw_routing, CombineOrder, EngineConfig, EngineMemory};
+use crate::engine::{draw_routing, record_routing, CombineOrder, EngineConfig, EngineMemory};
 use crate::gather::GatherMethod;
 
 /// Bytes per GiB.
@@ -260,20 +260,12 @@ impl RunPlan {
         // The routing of the whole run, drawn up front (and recorded if asked).
         let source = routing::resolve(&req.routing, &g, Some(req.seed))
             .with_context(|| format!("--routing {}", req.routing))?;
-        let routing = match &req.record {
-            Some(path) => {
-                let writer = TraceWriter::create(path, &g)
-                    .with_context(|| format!("--record {}", path.display()))?;
-                let mut rec = RecordingSource::new(source, writer)?;
-                let r = draw_routing(&mut rec, req.streams, req.warmup + req.steps)?;
-                rec.finish()?;
-                r
-            }
-            None => {
-                let mut source = source;
-                draw_routing(source.as_mut(), req.streams, req.warmup + req.steps)?
-            }
-        };
+        let mut source = source;
+        let routing = draw_routing(source.as_mut(), req.streams, req.warmup + req.steps)?;
+        if let Some(path) = &req.record {
+            record_routing(path, &g, &routing, req.warmup)
+                .with_context(|| format!("--record {}", path.display()))?;
+        }
         let popularity = if matches!(&policy.policy, CachePolicy::StaticHot { hot } if hot.is_empty())
             && sk != StrategyKind::Resident
         {
