@@ -83,13 +83,17 @@ fn strategies() -> Vec<Strategy> {
 }
 
 fn engine(gpus: u32, strategy: Strategy) -> Engine {
+    engine_placed(gpus, GpuPlacement::Sharded, strategy)
+}
+
+fn engine_placed(gpus: u32, placement: GpuPlacement, strategy: Strategy) -> Engine {
     let spec = DeviceSpec::Host(HostDeviceConfig {
         memory_bytes: 128 << 20,
         kernel_threads: 1,
         ..Default::default()
     });
     let devices = Device::open_group(&spec, gpus as usize).unwrap();
-    let layout = GpuLayout::new(gpus, GpuPlacement::Sharded).unwrap();
+    let layout = GpuLayout::new(gpus, placement).unwrap();
     let cfg = config(strategy);
     Engine::on_gpus(
         &devices,
@@ -223,39 +227,49 @@ fn each_gpus_traffic_is_the_models_plan_on_two_gpus() {
 #[test]
 fn the_engine_issues_each_layers_schedule() {
     let steps = routing();
-    for gpus in [1u32, 2] {
-        for s in strategies() {
-            let mut e = engine(gpus, s);
-            let mut seen = std::collections::HashSet::new();
-            for (step, (_, r)) in run(&mut e, &steps).iter().enumerate() {
-                assert_eq!(r.ops.len(), model().geometry.moe_layers);
-                for (l, ops) in r.ops.iter().enumerate() {
-                    if let Err(why) = ops.check() {
-                        panic!("G={gpus} {s} step {step} layer {l}: {why}\n{ops:?}");
-                    }
-                    assert_eq!(ops.schedule.gpus, gpus);
-                    seen.extend(ops.issued.iter().map(|&(k, _)| k));
+    let runs = [1u32, 2]
+        .into_iter()
+        .flat_map(|g| {
+            strategies()
+                .into_iter()
+                .map(move |s| (g, GpuPlacement::Sharded, s))
+        })
+        .chain(
+            strategies()
+                .into_iter()
+                .map(|s| (2, GpuPlacement::TensorParallel, s)),
+        );
+    for (gpus, placement, s) in runs {
+        let mut e = engine_placed(gpus, placement, s);
+        let mut seen = std::collections::HashSet::new();
+        for (step, (_, r)) in run(&mut e, &steps).iter().enumerate() {
+            assert_eq!(r.ops.len(), model().geometry.moe_layers);
+            for (l, ops) in r.ops.iter().enumerate() {
+                if let Err(why) = ops.check() {
+                    panic!("G={gpus} {placement:?} {s} step {step} layer {l}: {why}\n{ops:?}");
                 }
+                assert_eq!(ops.schedule.gpus, gpus);
+                seen.extend(ops.issued.iter().map(|&(k, _)| k));
             }
-            // The properties of the schedule apply where they can: the gate and the fold on
-            // one GPU, the peer combine on two.
-            let fetches = seen.contains(&OpKind::Gather);
-            assert_eq!(
-                seen.contains(&OpKind::LastLaunch),
-                fetches && gpus == 1,
-                "{s}"
-            );
-            assert_eq!(seen.contains(&OpKind::PeerCombine), gpus == 2, "{s}");
-            assert!(seen.contains(&OpKind::Dense) && seen.contains(&OpKind::Residual));
-            let cpu = !matches!(s, Strategy::Offload | Strategy::Resident);
-            for k in [
-                OpKind::Issue,
-                OpKind::CpuShare,
-                OpKind::RoundTrip,
-                OpKind::Combine,
-            ] {
-                assert_eq!(seen.contains(&k), cpu, "G={gpus} {s} {k:?}");
-            }
+        }
+        // The properties of the schedule apply where they can: the gate and the fold on
+        // one GPU, the peer combine on two.
+        let fetches = seen.contains(&OpKind::Gather);
+        assert_eq!(
+            seen.contains(&OpKind::LastLaunch),
+            fetches && gpus == 1,
+            "{s}"
+        );
+        assert_eq!(seen.contains(&OpKind::PeerCombine), gpus == 2, "{s}");
+        assert!(seen.contains(&OpKind::Dense) && seen.contains(&OpKind::Residual));
+        let cpu = !matches!(s, Strategy::Offload | Strategy::Resident);
+        for k in [
+            OpKind::Issue,
+            OpKind::CpuShare,
+            OpKind::RoundTrip,
+            OpKind::Combine,
+        ] {
+            assert_eq!(seen.contains(&k), cpu, "G={gpus} {s} {k:?}");
         }
     }
 }
