@@ -252,7 +252,8 @@ args = ["--n-cpu-moe", "{cpu_layers}"]
         assert_eq!(concurrencies(&[2]).unwrap(), [1, 2]);
         assert_eq!(concurrencies(&[4, 1, 2, 4]).unwrap(), [1, 4, 2]);
         assert_eq!(concurrencies(&[1]).unwrap(), [1]);
-        for bad in [&[][..], &[0], &[2, 3, 4, 5, 6, 7]] {
+        let bad: [&[usize]; 3] = [&[], &[0], &[2, 3, 4, 5, 6, 7]];
+        for bad in bad {
             let e = concurrencies(bad).unwrap_err();
             assert!(e.to_string().contains("--streams"), "{e}");
         }
@@ -277,12 +278,13 @@ args = ["--n-cpu-moe", "{cpu_layers}"]
         assert!(cache_sizes(&fixed, &[14.0], &[]).is_ok());
         let e = cache_sizes(&fixed, &[14.0, 7.0], &[]).unwrap_err();
         assert!(e.to_string().contains("{cache_gb}"), "{e}");
-        for (gb, res) in [
-            (&[0.0][..], &[][..]),
+        let cases: [(&[f64], &[f64]); 4] = [
+            (&[0.0], &[]),
             (&[1.0, 1.0], &[]),
             (&[], &[1.5]),
             (&[1.0], &[0.5]),
-        ] {
+        ];
+        for (gb, res) in cases {
             assert!(cache_sizes(&t, gb, res).is_err(), "{gb:?} {res:?}");
         }
     }
