@@ -60,10 +60,13 @@ use crate::strategy::{
 use crate::traffic::{plan_layer_gpus, strategy_cache, strategy_caches, warm_up, warm_up_gpus};
 
 /// Fetch fractions at which hybrid's traffic is sampled before the continuous search.
+/// It runs from 0 (every miss on the CPU: the cpu strategy's traffic) to 1 (every miss
+/// fetched: offload's), which [`predict`] takes from its ends.
 pub const FETCH_GRID: [f64; 21] = [
     0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
     0.85, 0.9, 0.95, 1.0,
 ];
+const _: () = assert!(FETCH_GRID[0] == 0.0 && FETCH_GRID[FETCH_GRID.len() - 1] == 1.0);
 
 /// Absolute tolerance of the fetch-fraction search (a hundredth of a percent of misses).
 pub const FETCH_TOLERANCE: f64 = 1e-4;
@@ -811,37 +814,30 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         .cache_options
         .fit_slots(slots, model.geometry.moe_layers)?;
 
-    // Hybrid's grid doubles as offload (f = 1) and cpu (f = 0): the same cold cache and
-    // planner, so the same counts.
-    let grid: Vec<TrafficSamples> = FETCH_GRID
-        .iter()
-        .map(|&f| {
-            sample_on(
-                model,
-                config,
-                StrategyKind::Hybrid,
-                PlacementPolicy::cached(f),
-                slots,
-                &p.layout,
-            )
-        })
-        .collect::<Result<_>>()?;
-    let offload = sample_on(
-        model,
-        config,
-        StrategyKind::Offload,
-        PlacementPolicy::cached(1.0),
-        slots,
-        &p.layout,
-    )?;
-    let cpu = sample_on(
-        model,
-        config,
-        StrategyKind::Cpu,
-        PlacementPolicy::cached(0.0),
-        slots,
-        &p.layout,
-    )?;
+    // Hybrid's grid doubles as cpu (f = 0, its first point) and offload (f = 1, its last):
+    // the three kinds build the same cold cache, and the warm-up and planner see only the
+    // placement, so from the same routing the counts are the same (tested:
+    // `the_grid_ends_are_offload_and_cpu`). Its inner points are sampled only where the
+    // fraction is searched.
+    let hybrid_at = |f: f64| {
+        sample_on(
+            model,
+            config,
+            StrategyKind::Hybrid,
+            PlacementPolicy::cached(f),
+            slots,
+            &p.layout,
+        )
+    };
+    let grid: Vec<TrafficSamples> = match config.hybrid_fetch {
+        FetchFraction::Auto => FETCH_GRID
+            .iter()
+            .map(|&f| hybrid_at(f))
+            .collect::<Result<_>>()?,
+        FetchFraction::Fixed(_) => vec![hybrid_at(0.0)?, hybrid_at(1.0)?],
+    };
+    let cpu = grid[0].clone();
+    let offload = grid[grid.len() - 1].clone();
     let resident = sample_on(
         model,
         config,
@@ -853,14 +849,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
 
     let (hybrid, search) = match config.hybrid_fetch {
         FetchFraction::Fixed(f) => {
-            let s = sample_on(
-                model,
-                config,
-                StrategyKind::Hybrid,
-                PlacementPolicy::cached(f),
-                slots,
-                &p.layout,
-            )?;
+            let s = hybrid_at(f)?;
             let t = evaluate(p, &shape, &s).step_us;
             let search = FetchSearch {
                 grid: vec![FetchPoint {
@@ -883,14 +872,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     let legacy = legacy_for(p, config);
     let legacy_fraction_step_us = match legacy.fetch_fraction {
         Some(f) => {
-            let s = sample_on(
-                model,
-                config,
-                StrategyKind::Hybrid,
-                PlacementPolicy::cached(f),
-                slots,
-                &p.layout,
-            )?;
+            let s = hybrid_at(f)?;
             Some(evaluate(p, &shape, &s).step_us)
         }
         None => None,
@@ -1357,6 +1339,60 @@ mod tests {
         h.gpu.memory_gib = 141.0;
         h.gpu.hbm_gbs = 4800.0;
         h
+    }
+
+    /// What lets [`predict`] take offload's and cpu's traffic from hybrid's grid ends: the
+    /// same counts, layer-step for layer-step, as their own counting runs (the slow
+    /// reference), for every cache policy (a static hot set chosen from the warm-up's
+    /// popularity included), per-layer slots, another admission, and several GPUs.
+    #[test]
+    fn the_grid_ends_are_offload_and_cpu() {
+        use crate::cache::{CachePolicy, CacheTopology};
+        use crate::placement::GpuPlacement;
+        use crate::plan::{AdmissionOrder, AdmissionPolicy};
+        let (m, _) = field();
+        let options = [
+            CacheOptions::default(),
+            CachePolicy::Lfu { decay_every: 16 }.into(),
+            CachePolicy::StaticHot { hot: Vec::new() }.into(),
+            CacheOptions {
+                topology: CacheTopology::PerLayer,
+                admission: AdmissionPolicy {
+                    order: AdmissionOrder::Recent,
+                    cpu_history: false,
+                },
+                ..CacheOptions::default()
+            },
+        ];
+        let layouts = [
+            GpuLayout::single(),
+            GpuLayout::new(2, GpuPlacement::Sharded).unwrap(),
+            GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap(),
+        ];
+        for cache_options in options {
+            for layout in &layouts {
+                let config = PredictConfig {
+                    streams: 3,
+                    warmup_steps: 10,
+                    steps: 12,
+                    cache_options: cache_options.clone(),
+                    ..PredictConfig::default()
+                };
+                let slots = 20 * m.geometry.moe_layers;
+                let run = |kind, f| {
+                    sample_on(&m, &config, kind, PlacementPolicy::cached(f), slots, layout).unwrap()
+                };
+                for (kind, f) in [(StrategyKind::Offload, 1.0), (StrategyKind::Cpu, 0.0)] {
+                    let own = run(kind, f);
+                    assert!(own.mean_per_step().unique() > 0.0);
+                    assert_eq!(
+                        run(StrategyKind::Hybrid, f),
+                        own,
+                        "{kind} with {cache_options} on {layout:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
