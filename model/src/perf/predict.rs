@@ -44,6 +44,7 @@ use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::brent::BrentOpt;
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
+use std::sync::Arc;
 
 use super::legacy::{BenchBw, LegacyRatio, DEFAULT_THRESHOLD};
 use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
@@ -648,6 +649,50 @@ pub struct Prediction {
     /// The legacy rule's fetch fraction evaluated by the model (hybrid at that fraction), for
     /// comparison with the chosen one.
     pub legacy_fraction_step_us: Option<f64>,
+    /// The counting runs the prediction was made from, for its break-evens; not serialized.
+    #[serde(skip)]
+    pub(crate) traffic: KeptTraffic,
+}
+
+/// The counting runs a prediction was made from, kept with it (never serialized) so that its
+/// break-evens ([`super::breakeven::Scenario::new`]) evaluate the same traffic instead of
+/// counting it again. A prediction read back from JSON has none: its break-evens count.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeptTraffic(Option<Arc<StrategyTraffic>>);
+
+impl KeptTraffic {
+    /// The runs, where kept.
+    pub(crate) fn get(&self) -> Option<&StrategyTraffic> {
+        self.0.as_deref()
+    }
+}
+
+impl PartialEq for KeptTraffic {
+    /// Always equal: the runs are a cache of what the prediction's inputs give, not part of
+    /// its value (a prediction read back from JSON equals the one written).
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The counting runs of a prediction that [`super::breakeven::Scenario::new`] would make
+/// again, each as it would make it (kind, placement, cache, routing and seed).
+#[derive(Debug)]
+pub(crate) struct StrategyTraffic {
+    /// Offload's (hybrid's grid at f = 1).
+    pub offload: TrafficSamples,
+    /// Cpu's (the grid at f = 0).
+    pub cpu: TrafficSamples,
+    /// Resident's.
+    pub resident: TrafficSamples,
+    /// Hybrid's at its chosen fraction.
+    pub hybrid: TrafficSamples,
+    /// Hybrid's at every fraction of [`FETCH_GRID`] where the fraction was searched; empty
+    /// where it was fixed.
+    pub grid: Vec<TrafficSamples>,
+    /// Layer split cached's at its CPU layers (a counting run of its own; layer split's
+    /// resident rest is composed from two runs, so it is counted again).
+    pub split_cached: Option<TrafficSamples>,
 }
 
 impl Prediction {
@@ -1032,9 +1077,20 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         offload_miss_rate: offload.miss_rate(),
         strategies,
         fetch_search: search,
-        layer_split: split.map(|(s, _, _)| s),
         legacy,
         legacy_fraction_step_us,
+        traffic: KeptTraffic(Some(Arc::new(StrategyTraffic {
+            split_cached: split.as_ref().map(|(_, _, cached)| cached.clone()),
+            offload,
+            cpu,
+            resident,
+            hybrid,
+            grid: match config.hybrid_fetch {
+                FetchFraction::Auto => grid,
+                FetchFraction::Fixed(_) => Vec::new(),
+            },
+        }))),
+        layer_split: split.map(|(s, _, _)| s),
     })
 }
 
