@@ -8,9 +8,11 @@
 //! while the CPU side serves at >= 0.62x its bench rate". Where no value in a wide range
 //! flips it, it says so.
 //!
-//! Method. A [`Scenario`] re-samples, once, the traffic of every feasible strategy of a
-//! prediction (the same routing, seed, cache and planner as [`super::predict`], so the
-//! counts are the prediction's) and keeps them as a histogram of distinct layer-step counts
+//! Method. A [`Scenario`] takes the traffic of every feasible strategy of a prediction: the
+//! prediction's own counting runs, which it keeps (not serialized), or, for a prediction
+//! read back from JSON or another configuration, the same runs counted again (the same
+//! routing, seed, cache and planner as [`super::predict`], so the counts are the
+//! prediction's). It keeps them as a histogram of distinct layer-step counts
 //! (the step time is a sum over layer-steps of a function of their counts, so this is exact
 //! and makes an evaluation cheap). Hybrid keeps the counts of every fraction of
 //! [`FETCH_GRID`] and of its chosen one, and takes the best of them at each point, so its
@@ -341,22 +343,50 @@ impl Scenario {
             )?;
             Ok(Run::of(&s))
         };
+        // The prediction's own runs where it kept them and they are of this configuration
+        // (the same runs: the same counting, done once).
+        let kept = pred
+            .traffic
+            .get()
+            .filter(|_| pred.config == *config && pred.layout == p.layout);
+        let or_sample = |kept: Option<&TrafficSamples>, kind, placement| match kept {
+            Some(s) => Ok(Run::of(s)),
+            None => sample(kind, placement),
+        };
         let mut contenders = Vec::new();
         for s in pred.strategies.iter().filter(|s| ranked(s)) {
             let n = s.cpu_layers.unwrap_or(0);
             let runs = match s.kind {
-                StrategyKind::Offload => vec![sample(s.kind, PlacementPolicy::cached(1.0))?],
-                StrategyKind::Cpu => vec![sample(s.kind, PlacementPolicy::cached(0.0))?],
-                StrategyKind::Resident => vec![sample(s.kind, PlacementPolicy::cached(1.0))?],
-                StrategyKind::Hybrid => {
-                    let mut fs = vec![s.fetch_fraction];
-                    if config.hybrid_fetch == FetchFraction::Auto {
-                        fs.extend(FETCH_GRID);
+                StrategyKind::Offload => vec![or_sample(
+                    kept.map(|t| &t.offload),
+                    s.kind,
+                    PlacementPolicy::cached(1.0),
+                )?],
+                StrategyKind::Cpu => vec![or_sample(
+                    kept.map(|t| &t.cpu),
+                    s.kind,
+                    PlacementPolicy::cached(0.0),
+                )?],
+                StrategyKind::Resident => vec![or_sample(
+                    kept.map(|t| &t.resident),
+                    s.kind,
+                    PlacementPolicy::cached(1.0),
+                )?],
+                StrategyKind::Hybrid => match kept {
+                    Some(t) => std::iter::once(&t.hybrid)
+                        .chain(&t.grid)
+                        .map(Run::of)
+                        .collect(),
+                    None => {
+                        let mut fs = vec![s.fetch_fraction];
+                        if config.hybrid_fetch == FetchFraction::Auto {
+                            fs.extend(FETCH_GRID);
+                        }
+                        fs.into_iter()
+                            .map(|f| sample(s.kind, PlacementPolicy::cached(f)))
+                            .collect::<Result<Vec<_>>>()?
                     }
-                    fs.into_iter()
-                        .map(|f| sample(s.kind, PlacementPolicy::cached(f)))
-                        .collect::<Result<Vec<_>>>()?
-                }
+                },
                 StrategyKind::LayerSplit => vec![sample(
                     s.kind,
                     PlacementPolicy {
@@ -364,7 +394,8 @@ impl Scenario {
                         rest: LayerPlacement::Resident,
                     },
                 )?],
-                StrategyKind::LayerSplitCached => vec![sample(
+                StrategyKind::LayerSplitCached => vec![or_sample(
+                    kept.and_then(|t| t.split_cached.as_ref()),
                     s.kind,
                     PlacementPolicy {
                         cpu_layers: n,
@@ -1356,6 +1387,39 @@ mod tests {
                 sp.kind,
                 sp.step_us
             );
+        }
+    }
+
+    /// The prediction's own counting runs give the break-evens that counting them again
+    /// gives (the slow reference: a prediction read back from JSON keeps no runs), with
+    /// the fraction searched and fixed, layer split in.
+    #[test]
+    fn break_evens_from_the_predictions_runs_equal_counting_again() {
+        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let perf = PerfModel::from_host(&HostSpec::field_report()).unwrap();
+        for hybrid_fetch in [FetchFraction::Auto, FetchFraction::Fixed(0.4)] {
+            let config = PredictConfig {
+                layer_split: Some(CpuLayers::Auto),
+                hybrid_fetch,
+                ..quick(2)
+            };
+            let pred = predict(&model, &perf, &config).unwrap();
+            assert!(pred.traffic.get().is_some());
+            let cold: Prediction =
+                serde_json::from_value(serde_json::to_value(&pred).unwrap()).unwrap();
+            assert!(cold.traffic.get().is_none());
+            let d = decide(&pred);
+            let kept = break_evens(&model, &perf, &config, &pred, d.kind).unwrap();
+            let again = break_evens(&model, &perf, &config, &cold, d.kind).unwrap();
+            assert_eq!(kept, again, "{hybrid_fetch:?}");
+            // Another configuration than the prediction's counts for itself.
+            let other = PredictConfig {
+                seed: Some(7),
+                ..config.clone()
+            };
+            let s = Scenario::new(&model, &perf, &other, &pred, d.kind).unwrap();
+            let c = Scenario::new(&model, &perf, &other, &cold, d.kind).unwrap();
+            assert_eq!(s.report(2, 1024).unwrap(), c.report(2, 1024).unwrap());
         }
     }
 

@@ -44,6 +44,7 @@ use argmin::core::{CostFunction, Executor, State};
 use argmin::solver::brent::BrentOpt;
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal, StudentsT};
+use std::sync::Arc;
 
 use super::legacy::{BenchBw, LegacyRatio, DEFAULT_THRESHOLD};
 use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
@@ -60,10 +61,13 @@ use crate::strategy::{
 use crate::traffic::{plan_layer_gpus, strategy_cache, strategy_caches, warm_up, warm_up_gpus};
 
 /// Fetch fractions at which hybrid's traffic is sampled before the continuous search.
+/// It runs from 0 (every miss on the CPU: the cpu strategy's traffic) to 1 (every miss
+/// fetched: offload's), which [`predict`] takes from its ends.
 pub const FETCH_GRID: [f64; 21] = [
     0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.55, 0.6, 0.65, 0.7, 0.75, 0.8,
     0.85, 0.9, 0.95, 1.0,
 ];
+const _: () = assert!(FETCH_GRID[0] == 0.0 && FETCH_GRID[FETCH_GRID.len() - 1] == 1.0);
 
 /// Absolute tolerance of the fetch-fraction search (a hundredth of a percent of misses).
 pub const FETCH_TOLERANCE: f64 = 1e-4;
@@ -645,6 +649,50 @@ pub struct Prediction {
     /// The legacy rule's fetch fraction evaluated by the model (hybrid at that fraction), for
     /// comparison with the chosen one.
     pub legacy_fraction_step_us: Option<f64>,
+    /// The counting runs the prediction was made from, for its break-evens; not serialized.
+    #[serde(skip)]
+    pub(crate) traffic: KeptTraffic,
+}
+
+/// The counting runs a prediction was made from, kept with it (never serialized) so that its
+/// break-evens ([`super::breakeven::Scenario::new`]) evaluate the same traffic instead of
+/// counting it again. A prediction read back from JSON has none: its break-evens count.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeptTraffic(Option<Arc<StrategyTraffic>>);
+
+impl KeptTraffic {
+    /// The runs, where kept.
+    pub(crate) fn get(&self) -> Option<&StrategyTraffic> {
+        self.0.as_deref()
+    }
+}
+
+impl PartialEq for KeptTraffic {
+    /// Always equal: the runs are a cache of what the prediction's inputs give, not part of
+    /// its value (a prediction read back from JSON equals the one written).
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The counting runs of a prediction that [`super::breakeven::Scenario::new`] would make
+/// again, each as it would make it (kind, placement, cache, routing and seed).
+#[derive(Debug)]
+pub(crate) struct StrategyTraffic {
+    /// Offload's (hybrid's grid at f = 1).
+    pub offload: TrafficSamples,
+    /// Cpu's (the grid at f = 0).
+    pub cpu: TrafficSamples,
+    /// Resident's.
+    pub resident: TrafficSamples,
+    /// Hybrid's at its chosen fraction.
+    pub hybrid: TrafficSamples,
+    /// Hybrid's at every fraction of [`FETCH_GRID`] where the fraction was searched; empty
+    /// where it was fixed.
+    pub grid: Vec<TrafficSamples>,
+    /// Layer split cached's at its CPU layers (a counting run of its own; layer split's
+    /// resident rest is composed from two runs, so it is counted again).
+    pub split_cached: Option<TrafficSamples>,
 }
 
 impl Prediction {
@@ -811,37 +859,30 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         .cache_options
         .fit_slots(slots, model.geometry.moe_layers)?;
 
-    // Hybrid's grid doubles as offload (f = 1) and cpu (f = 0): the same cold cache and
-    // planner, so the same counts.
-    let grid: Vec<TrafficSamples> = FETCH_GRID
-        .iter()
-        .map(|&f| {
-            sample_on(
-                model,
-                config,
-                StrategyKind::Hybrid,
-                PlacementPolicy::cached(f),
-                slots,
-                &p.layout,
-            )
-        })
-        .collect::<Result<_>>()?;
-    let offload = sample_on(
-        model,
-        config,
-        StrategyKind::Offload,
-        PlacementPolicy::cached(1.0),
-        slots,
-        &p.layout,
-    )?;
-    let cpu = sample_on(
-        model,
-        config,
-        StrategyKind::Cpu,
-        PlacementPolicy::cached(0.0),
-        slots,
-        &p.layout,
-    )?;
+    // Hybrid's grid doubles as cpu (f = 0, its first point) and offload (f = 1, its last):
+    // the three kinds build the same cold cache, and the warm-up and planner see only the
+    // placement, so from the same routing the counts are the same (tested:
+    // `the_grid_ends_are_offload_and_cpu`). Its inner points are sampled only where the
+    // fraction is searched.
+    let hybrid_at = |f: f64| {
+        sample_on(
+            model,
+            config,
+            StrategyKind::Hybrid,
+            PlacementPolicy::cached(f),
+            slots,
+            &p.layout,
+        )
+    };
+    let grid: Vec<TrafficSamples> = match config.hybrid_fetch {
+        FetchFraction::Auto => FETCH_GRID
+            .iter()
+            .map(|&f| hybrid_at(f))
+            .collect::<Result<_>>()?,
+        FetchFraction::Fixed(_) => vec![hybrid_at(0.0)?, hybrid_at(1.0)?],
+    };
+    let cpu = grid[0].clone();
+    let offload = grid[grid.len() - 1].clone();
     let resident = sample_on(
         model,
         config,
@@ -853,14 +894,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
 
     let (hybrid, search) = match config.hybrid_fetch {
         FetchFraction::Fixed(f) => {
-            let s = sample_on(
-                model,
-                config,
-                StrategyKind::Hybrid,
-                PlacementPolicy::cached(f),
-                slots,
-                &p.layout,
-            )?;
+            let s = hybrid_at(f)?;
             let t = evaluate(p, &shape, &s).step_us;
             let search = FetchSearch {
                 grid: vec![FetchPoint {
@@ -883,14 +917,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
     let legacy = legacy_for(p, config);
     let legacy_fraction_step_us = match legacy.fetch_fraction {
         Some(f) => {
-            let s = sample_on(
-                model,
-                config,
-                StrategyKind::Hybrid,
-                PlacementPolicy::cached(f),
-                slots,
-                &p.layout,
-            )?;
+            let s = hybrid_at(f)?;
             Some(evaluate(p, &shape, &s).step_us)
         }
         None => None,
@@ -1050,9 +1077,20 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         offload_miss_rate: offload.miss_rate(),
         strategies,
         fetch_search: search,
-        layer_split: split.map(|(s, _, _)| s),
         legacy,
         legacy_fraction_step_us,
+        traffic: KeptTraffic(Some(Arc::new(StrategyTraffic {
+            split_cached: split.as_ref().map(|(_, _, cached)| cached.clone()),
+            offload,
+            cpu,
+            resident,
+            hybrid,
+            grid: match config.hybrid_fetch {
+                FetchFraction::Auto => grid,
+                FetchFraction::Fixed(_) => Vec::new(),
+            },
+        }))),
+        layer_split: split.map(|(s, _, _)| s),
     })
 }
 
@@ -1357,6 +1395,60 @@ mod tests {
         h.gpu.memory_gib = 141.0;
         h.gpu.hbm_gbs = 4800.0;
         h
+    }
+
+    /// What lets [`predict`] take offload's and cpu's traffic from hybrid's grid ends: the
+    /// same counts, layer-step for layer-step, as their own counting runs (the slow
+    /// reference), for every cache policy (a static hot set chosen from the warm-up's
+    /// popularity included), per-layer slots, another admission, and several GPUs.
+    #[test]
+    fn the_grid_ends_are_offload_and_cpu() {
+        use crate::cache::{CachePolicy, CacheTopology};
+        use crate::placement::GpuPlacement;
+        use crate::plan::{AdmissionOrder, AdmissionPolicy};
+        let (m, _) = field();
+        let options = [
+            CacheOptions::default(),
+            CachePolicy::Lfu { decay_every: 16 }.into(),
+            CachePolicy::StaticHot { hot: Vec::new() }.into(),
+            CacheOptions {
+                topology: CacheTopology::PerLayer,
+                admission: AdmissionPolicy {
+                    order: AdmissionOrder::Recent,
+                    cpu_history: false,
+                },
+                ..CacheOptions::default()
+            },
+        ];
+        let layouts = [
+            GpuLayout::single(),
+            GpuLayout::new(2, GpuPlacement::Sharded).unwrap(),
+            GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap(),
+        ];
+        for cache_options in options {
+            for layout in &layouts {
+                let config = PredictConfig {
+                    streams: 3,
+                    warmup_steps: 10,
+                    steps: 12,
+                    cache_options: cache_options.clone(),
+                    ..PredictConfig::default()
+                };
+                let slots = 20 * m.geometry.moe_layers;
+                let run = |kind, f| {
+                    sample_on(&m, &config, kind, PlacementPolicy::cached(f), slots, layout).unwrap()
+                };
+                for (kind, f) in [(StrategyKind::Offload, 1.0), (StrategyKind::Cpu, 0.0)] {
+                    let own = run(kind, f);
+                    assert!(own.mean_per_step().unique() > 0.0);
+                    assert_eq!(
+                        run(StrategyKind::Hybrid, f),
+                        own,
+                        "{kind} with {cache_options} on {layout:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
