@@ -209,6 +209,9 @@ fn perf_model(
 
 /// Run `ft serve`.
 pub fn run(args: Args) -> Result<()> {
+    if let Some(t) = args.threads {
+        ft_model::limits::check_threads("--threads", t as u64)?;
+    }
     if args.model.ends_with(".safetensors") {
         bail!(
             "--model {}: a safetensors file holds the expert weights, not the geometry: give \

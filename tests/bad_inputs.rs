@@ -294,6 +294,7 @@ const CLI_CASES: &[Case] = &[
     c(&["serve", "--backend", "reference", "--port", "0", "--profile", "@cov-rows.json"], "covariance.matrix"),
     c(&["serve", "--backend", "reference", "--port", "0", "--profile", "@zero.json"], "@zero.json"),
     c(&["serve", "--backend", "reference", "--port", "0", "--model", "@bad-0.toml"], "geometry.hidden"),
+    c(&["serve", "--backend", "reference", "--port", "0", "--threads", "100000"], "--threads 100000"),
     // ---- predict and explain: numbers
     c(&["predict", "--streams", "0"], "--streams 0"),
     c(&["explain", "--streams", "0"], "--streams 0"),
