@@ -1,7 +1,6 @@
 //! The tables `ft routing stats` prints: the statistics and a trace's requests.
 
 use anyhow::Result;
-use std::io::Write;
 
 use ft_model::cache::CacheTopology;
 use ft_model::routing::stats::{self, RoutingStats};
