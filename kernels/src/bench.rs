@@ -86,14 +86,14 @@ impl CpuBenchPlan {
             .find(|&&t| t == 0 || t > MAX_TOKENS_PER_EXPERT)
         {
             return Err(invalid(
-                "--tokens",
-                format!("{t}: tokens per expert must be 1 to {MAX_TOKENS_PER_EXPERT}"),
+                &format!("--tokens {t}"),
+                format!("tokens per expert must be 1 to {MAX_TOKENS_PER_EXPERT}"),
             ));
         }
         if self.experts.contains(&0) {
             return Err(invalid(
-                "--experts",
-                "0: a call needs at least one expert".into(),
+                "--experts 0",
+                "a call needs at least one expert".into(),
             ));
         }
         if self.threads.contains(&0) {
