@@ -25,6 +25,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Serialize;
 use std::path::Path;
 
+use ft_model::stats::nearest_rank;
+
 use crate::axis::{self, Fit, Scale};
 use crate::legend::{self, Corner, Entry, Swatch};
 use crate::{PlotError, Result};
@@ -464,16 +466,6 @@ pub struct Stats {
     pub max: f64,
 }
 
-/// The nearest-rank `q` quantile (0 < q <= 1) of sorted values: the smallest value with at
-/// least a share `q` of the values at or below it.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
-}
-
 impl Stats {
     fn of(values: &[f64]) -> Self {
         let mut v = values.to_vec();
@@ -483,8 +475,8 @@ impl Stats {
             n,
             min: v.first().copied().unwrap_or(f64::NAN),
             mean: v.iter().sum::<f64>() / n.max(1) as f64,
-            p50: quantile(&v, 0.5),
-            p90: quantile(&v, 0.9),
+            p50: nearest_rank(&v, 0.5),
+            p90: nearest_rank(&v, 0.9),
             max: v.last().copied().unwrap_or(f64::NAN),
         }
     }
