@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Call H (be9165f, the one-engine build): numerics of every strategy on CUDA against the
+# The served-grid call (run from the repository root with carry/device/ft the cuda build,
+# carry/ab/ft the runtime grid's build, carry/tune-served.toml and carry/flash-4l.toml as in
+# results/h100-20261207T2217Z-served-grid/): numerics of every strategy on CUDA against the
 # reference; alternated A/B against the runtime grid's build (carry/ab/ft, feecf97); ft tune of
 # this build's ft serve (flash-next, as it is) over streams 2,4 and caches of 20% and 5%; then
 # the served grid (experiments/tune-grid/served-grid.sh) until the call's budget.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 : "${OUT:?}"; R="$OUT/r"; mkdir -p "$R"
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-export LD_LIBRARY_PATH
+# shellcheck source=../lib/device-env.sh
+source "$ROOT/experiments/lib/device-env.sh"
 export T0=$(date +%s)
 FT="$ROOT/carry/device/ft"; OLD="$ROOT/carry/ab/ft"
 export PACK_CMD='tar -C "$OUT" -czf "$OUT/results.tgz.tmp" r && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"'
