@@ -129,12 +129,7 @@ impl Args {
         limits::check_steps("--warmup", self.warmup as u64)?;
         limits::check_context("--context", self.context as u64)?;
         if let Some(slots) = self.cache_slots {
-            limits::check(
-                &format!("--cache-slots {slots}"),
-                slots as u64,
-                limits::MAX_TOTAL_EXPERTS,
-                "ft_model::limits::MAX_TOTAL_EXPERTS: more slots than any model has experts",
-            )?;
+            limits::check_cache_slots("--cache-slots", slots as u64)?;
         }
         if let Some(g) = self.cache_gb {
             if !(g.is_finite() && g > 0.0) {

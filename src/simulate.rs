@@ -117,12 +117,7 @@ impl Args {
             reached,
         )?;
         if let Some(slots) = self.cache_slots {
-            limits::check(
-                &format!("--cache-slots {slots}"),
-                slots as u64,
-                limits::MAX_TOTAL_EXPERTS,
-                "ft_model::limits::MAX_TOTAL_EXPERTS: more slots than any model has experts",
-            )?;
+            limits::check_cache_slots("--cache-slots", slots as u64)?;
         }
         Ok(())
     }

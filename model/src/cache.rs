@@ -36,6 +36,37 @@ pub const GIB: u64 = 1 << 30;
 /// Marks "no slot" / "no expert" in the flat index tables.
 const NONE: u32 = u32::MAX;
 
+/// Take slot `s` out of one part's LRU list (`prev`/`next` the links of every slot, `head`
+/// the most recent of the part, `tail` the least); its links are left at [`NONE`].
+fn lru_unlink(prev: &mut [u32], next: &mut [u32], head: &mut u32, tail: &mut u32, s: u32) {
+    let (p, n) = (prev[s as usize], next[s as usize]);
+    if p != NONE {
+        next[p as usize] = n;
+    } else {
+        *head = n;
+    }
+    if n != NONE {
+        prev[n as usize] = p;
+    } else {
+        *tail = p;
+    }
+    prev[s as usize] = NONE;
+    next[s as usize] = NONE;
+}
+
+/// Put slot `s`, in no list, at the front (most recent) of one part's LRU list.
+fn lru_push_front(prev: &mut [u32], next: &mut [u32], head: &mut u32, tail: &mut u32, s: u32) {
+    prev[s as usize] = NONE;
+    next[s as usize] = *head;
+    if *head != NONE {
+        prev[*head as usize] = s;
+    }
+    *head = s;
+    if *tail == NONE {
+        *tail = s;
+    }
+}
+
 /// A slot of the GPU expert cache (an index into the runtime's slot memory).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct SlotId(pub u32);
@@ -560,26 +591,8 @@ impl ExpertCache {
                 if *head == s {
                     return;
                 }
-                // Unlink.
-                let (p, n) = (prev[s as usize], next[s as usize]);
-                if p != NONE {
-                    next[p as usize] = n;
-                }
-                if n != NONE {
-                    prev[n as usize] = p;
-                } else {
-                    *tail = p;
-                }
-                // Push front.
-                prev[s as usize] = NONE;
-                next[s as usize] = *head;
-                if *head != NONE {
-                    prev[*head as usize] = s;
-                }
-                *head = s;
-                if *tail == NONE {
-                    *tail = s;
-                }
+                lru_unlink(prev, next, head, tail, s);
+                lru_push_front(prev, next, head, tail, s);
             }
             Order::Lfu {
                 count, last, set, ..
@@ -623,16 +636,7 @@ impl ExpertCache {
                 head,
                 tail,
             } => {
-                let (head, tail) = (&mut head[p], &mut tail[p]);
-                prev[s as usize] = NONE;
-                next[s as usize] = *head;
-                if *head != NONE {
-                    prev[*head as usize] = s;
-                }
-                *head = s;
-                if *tail == NONE {
-                    *tail = s;
-                }
+                lru_push_front(prev, next, &mut head[p], &mut tail[p], s);
             }
             Order::Lfu {
                 count, last, set, ..
@@ -655,20 +659,7 @@ impl ExpertCache {
                 head,
                 tail,
             } => {
-                let (head, tail) = (&mut head[p], &mut tail[p]);
-                let (p, n) = (prev[s as usize], next[s as usize]);
-                if p != NONE {
-                    next[p as usize] = n;
-                } else {
-                    *head = n;
-                }
-                if n != NONE {
-                    prev[n as usize] = p;
-                } else {
-                    *tail = p;
-                }
-                prev[s as usize] = NONE;
-                next[s as usize] = NONE;
+                lru_unlink(prev, next, &mut head[p], &mut tail[p], s);
             }
             Order::Lfu {
                 count, last, set, ..

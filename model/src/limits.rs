@@ -171,6 +171,17 @@ pub fn check_context(flag: &str, tokens: u64) -> Result<()> {
     )
 }
 
+/// [`check`] of a count of expert cache slots given as `flag` (`--cache-slots`): at most
+/// [`MAX_TOTAL_EXPERTS`] (a cache never needs more slots than a model has experts).
+pub fn check_cache_slots(flag: &str, slots: u64) -> Result<()> {
+    check(
+        &format!("{flag} {slots}"),
+        slots,
+        MAX_TOTAL_EXPERTS,
+        "ft_model::limits::MAX_TOTAL_EXPERTS: more slots than any model has experts",
+    )
+}
+
 /// [`check`] of a CPU thread count given as `flag` (`--threads`): at least 1, at most
 /// [`MAX_THREADS`].
 pub fn check_threads(flag: &str, threads: u64) -> Result<()> {
@@ -245,6 +256,12 @@ mod tests {
         .to_string();
         assert!(e.contains("--steps 1000000") && e.contains("100000"), "{e}");
         assert!(e.contains("a record per step"), "{e}");
+        assert!(check_cache_slots("--cache-slots", MAX_TOTAL_EXPERTS).is_ok());
+        let e = check_cache_slots("--cache-slots", MAX_TOTAL_EXPERTS + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--cache-slots 4194305"), "{e}");
+        assert!(e.contains("more slots than any model has experts"), "{e}");
     }
 
     #[test]

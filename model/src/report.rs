@@ -92,6 +92,19 @@ impl CheckedSpeed {
             }),
         )
     }
+
+    /// `perf` with its CPU side at this speed ([`PerfModel::at_cpu_speed`]), its source
+    /// saying which check it was (`when` it was taken: "now", "at start", "before the first
+    /// round") and the two times: the one way `ft predict --cpu-check`, `ft serve`'s check
+    /// at start and `ft run`'s check before its first round rescale a model.
+    pub fn scale(&self, perf: &PerfModel, when: &str) -> Result<PerfModel> {
+        let why = CpuSpeedSource::Checked {
+            when: when.into(),
+            now_us: self.now.time_us,
+            probe_us: self.probe.time_us,
+        };
+        perf.at_cpu_speed(self.speed, &why)
+    }
 }
 
 /// A host as a prediction uses it.
@@ -160,12 +173,7 @@ impl HostModel {
     /// The CPU side at the speed a check taken now gives (rates times it, fixed costs
     /// divided by it), recorded.
     pub fn at_checked_speed(mut self, c: CheckedSpeed) -> Result<Self> {
-        let why = CpuSpeedSource::Checked {
-            when: "now".into(),
-            now_us: c.now.time_us,
-            probe_us: c.probe.time_us,
-        };
-        self.perf = self.perf.at_cpu_speed(c.speed, &why)?;
+        self.perf = c.scale(&self.perf, "now")?;
         self.cpu_check = Some(c);
         Ok(self)
     }
@@ -375,6 +383,40 @@ mod tests {
             .to_string();
         assert!(e.contains("--host /nonexistent/p.json"), "{e}");
         assert_eq!(HostInput::Spec("x".into()).read_profile().unwrap(), None);
+    }
+
+    /// A check against the probe's of the same work scales the CPU side by the ratio of
+    /// their times and says which check it was; a check of other work finds none.
+    #[test]
+    fn a_checked_speed_scales_the_cpu_side_and_names_the_check() {
+        let check = |threads: u32, time_us: f64| CpuCheck {
+            experts: 10,
+            tokens_per_expert: 1,
+            expert_bytes: 2.77e6,
+            threads,
+            time_us,
+            reps: 40,
+        };
+        let probe = [check(8, 700.0), check(24, 755.0)];
+        let c = CheckedSpeed::against(&probe, check(24, 812.0))
+            .unwrap()
+            .unwrap();
+        assert_eq!(c.probe, probe[1]);
+        assert_eq!(c.speed, 755.0 / 812.0);
+        let m = PerfModel::from_host(&crate::host::HostSpec::field_report()).unwrap();
+        let q = c.scale(&m, "at start").unwrap();
+        assert_eq!(q.params, m.params.with_cpu_speed(755.0 / 812.0).unwrap());
+        assert_eq!(
+            q.source,
+            format!(
+                "{}; CPU side at 0.930x the probe's (the CPU check at start: 812 us, the probe's 755 us)",
+                m.source
+            )
+        );
+        assert_eq!(
+            CheckedSpeed::against(&probe, check(16, 812.0)).unwrap(),
+            None
+        );
     }
 
     #[test]

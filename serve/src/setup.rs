@@ -11,9 +11,10 @@
 
 use ft_model::cache::{CacheOptions, CacheSize};
 use ft_model::perf::predict::default_cache_slots;
-use ft_model::perf::{CpuSpeedSource, PredictConfig};
+use ft_model::perf::PredictConfig;
 use ft_model::profile::CpuCheck;
 use ft_model::profile_select::PerfSource;
+use ft_model::report::CheckedSpeed;
 use ft_model::resolve::StrategyRequest;
 use ft_model::{CpuLayers, FetchFraction, ModelSpec, Strategy, StrategyKind};
 use ft_runtime::engine::{EngineConfig, EngineSettings};
@@ -198,17 +199,11 @@ impl Start {
         engine: &mut EngineBackend,
         expected_streams: usize,
     ) -> Result<()> {
-        let Some((speed, now, then)) = cpu_speed_at_start(engine, &source.cpu_checks)? else {
+        let Some(checked) = cpu_speed_at_start(engine, &source.cpu_checks)? else {
             return Ok(());
         };
-        let why = CpuSpeedSource::Checked {
-            when: "at start".into(),
-            now_us: now.time_us,
-            probe_us: then.time_us,
-        };
-        let scaled = source
-            .perf
-            .at_cpu_speed(speed, &why)
+        let scaled = checked
+            .scale(&source.perf, "at start")
             .map_err(|e| ServeError::context("scaling the CPU side by the check at start", e))?;
         source.label = scaled.source.clone();
         info!("{}", source.label);
@@ -288,12 +283,12 @@ pub fn forced(strategy: Strategy, decision: &Decision) -> Strategy {
 /// The CPU check at start: the CPU side's own work timed on the engine's bank
 /// (`ft_runtime::cpu_check`) against the profile's check of the same work. Returns the
 /// speed (how many times faster the CPU side runs now than when probed) with both checks,
-/// or `None` where the profile holds no check of this work (a host spec, an older profile,
+/// which [`CheckedSpeed::scale`] scales a model by, or `None` where the profile holds no check of this work (a host spec, an older profile,
 /// a thread count the probe did not check; logged).
 pub fn cpu_speed_at_start(
     engine: &mut EngineBackend,
     checks: &[CpuCheck],
-) -> Result<Option<(f64, CpuCheck, CpuCheck)>> {
+) -> Result<Option<CheckedSpeed>> {
     if checks.is_empty() {
         info!("the profile holds no CPU check: the CPU side is predicted as probed");
         return Ok(None);
@@ -301,15 +296,14 @@ pub fn cpu_speed_at_start(
     let now = engine
         .cpu_check(ft_runtime::cpu_check::CHECK_BUDGET)
         .map_err(|e| ServeError::context("the CPU check at start", e))?;
-    let Some((speed, then)) = CpuCheck::speed_against(checks, &now).map_err(|e| {
+    let checked = CheckedSpeed::against(checks, now).map_err(|e| {
         ServeError::context("setting the CPU check at start against the profile's", e)
-    })?
-    else {
+    })?;
+    if checked.is_none() {
         info!(
             threads = now.threads,
             "the profile holds no CPU check of this work (other threads or expert size): the CPU side is predicted as probed"
         );
-        return Ok(None);
-    };
-    Ok(Some((speed, now, then)))
+    }
+    Ok(checked)
 }

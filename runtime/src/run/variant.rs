@@ -5,8 +5,9 @@
 //! before the first round where `--host` is a profile that kept its checks.
 
 use ft_model::cache::{CacheOptions, CacheSize};
-use ft_model::perf::{CpuSpeedSource, PerfModel, PredictConfig};
+use ft_model::perf::{PerfModel, PredictConfig};
 use ft_model::profile::CpuCheck;
+use ft_model::report::CheckedSpeed;
 use ft_model::resolve::{self, StrategyRequest};
 use ft_model::{CpuLayers, FetchFraction, LayerPlacement, ModelSpec, Strategy, StrategyKind};
 
@@ -148,7 +149,7 @@ impl AutoHost {
 
 /// Decide the auto variants' fraction again at the CPU check `now` (taken before the first
 /// round), with the host's CPU side scaled by its speed against the probe's check of the same
-/// work ([`CpuCheck::speed_against`], `PerfModel::at_cpu_speed`), as `ft serve` does at
+/// work ([`CheckedSpeed::against`], [`CheckedSpeed::scale`]), as `ft serve` does at
 /// start. Leaves them as they are where the host holds no check of this work (logged).
 pub fn resolve_auto_at_check(
     host: &AutoHost,
@@ -159,7 +160,7 @@ pub fn resolve_auto_at_check(
     slots: usize,
     policy: &CacheOptions,
 ) -> Result<()> {
-    let Some((speed, probe)) = CpuCheck::speed_against(&host.cpu_checks, now)
+    let Some(checked) = CheckedSpeed::against(&host.cpu_checks, *now)
         .context("setting the CPU check before the first round against --host's")?
     else {
         tracing::info!(
@@ -168,14 +169,8 @@ pub fn resolve_auto_at_check(
         );
         return Ok(());
     };
-    let why = CpuSpeedSource::Checked {
-        when: "before the first round".into(),
-        now_us: now.time_us,
-        probe_us: probe.time_us,
-    };
-    let scaled = host
-        .perf
-        .at_cpu_speed(speed, &why)
+    let scaled = checked
+        .scale(&host.perf, "before the first round")
         .context("scaling the CPU side by the check before the first round")?;
     let source = host.source_of(&scaled);
     let f = AutoHost::fraction(&scaled, req, model, slots, policy)?;
@@ -189,7 +184,7 @@ pub fn resolve_auto_at_check(
             fetch: FetchFraction::fixed(v.label.as_str(), f)?,
         };
         v.fetch_source = source.clone();
-        v.auto_cpu_speed = Some(speed);
+        v.auto_cpu_speed = Some(checked.speed);
     }
     Ok(())
 }

@@ -35,7 +35,8 @@ use ft_runtime::engine::{BankSource, Engine, EngineConfig, StepInput};
 use ft_runtime::Device;
 
 use super::{
-    BackendInfo, BusyTimes, ExpertCounts, StepBackend, StepOutput, StepStats, StreamId, StreamStep,
+    check_batch, BackendInfo, BusyTimes, ExpertCounts, StepBackend, StepOutput, StepStats,
+    StreamId, StreamStep,
 };
 use crate::error::{Result, ServeError};
 use crate::tokenizer::VOCAB;
@@ -159,34 +160,12 @@ impl EngineBackend {
     }
 
     fn check(&self, batch: &[StreamStep<'_>]) -> std::result::Result<(), String> {
-        let max_context = self.engine.config().max_context;
-        let mut seen = std::collections::HashSet::new();
-        for s in batch {
-            if !seen.insert(s.id) {
-                return Err(format!("stream {} appears twice", s.id));
-            }
-            if s.tokens.is_empty() {
-                return Err(format!("stream {} pushes no token", s.id));
-            }
-            if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= VOCAB) {
-                return Err(format!("stream {}: token {t} is not below {VOCAB}", s.id));
-            }
-            let have = self.streams.get(&s.id).map_or(0, |c| c.position);
-            if s.position != have {
-                return Err(format!(
-                    "stream {} pushes at position {} but holds {have} tokens",
-                    s.id, s.position
-                ));
-            }
-            if s.position + s.tokens.len() > max_context {
-                return Err(format!(
-                    "stream {} would reach {} tokens; the engine holds KV for {max_context}",
-                    s.id,
-                    s.position + s.tokens.len()
-                ));
-            }
-        }
-        Ok(())
+        check_batch(
+            batch,
+            |id| self.streams.get(&id).map_or(0, |c| c.position),
+            self.engine.config().max_context,
+            "the engine holds KV for",
+        )
     }
 }
 

@@ -25,6 +25,7 @@ use ft_model::Strategy;
 use serde::Serialize;
 
 use crate::error::Result;
+use crate::tokenizer::VOCAB;
 
 /// The scheduler's id of a stream (one request), unique over the server's life.
 pub type StreamId = u64;
@@ -39,6 +40,46 @@ pub struct StreamStep<'a> {
     /// Tokens to push: a chunk of the prompt (prefill) or the one token sampled last
     /// (decode). Never empty.
     pub tokens: &'a [u32],
+}
+
+/// What every backend checks of a step's batch before it runs it; the first problem, in
+/// words that name the stream. Each stream appears once, pushes at least one token, every
+/// token below [`VOCAB`], at the position the backend holds for it (`held`: the tokens it
+/// holds of that stream, 0 for one it does not hold), and reaches at most `max_context`
+/// tokens (`limit` says what bounds it: "the engine holds KV for").
+pub(crate) fn check_batch(
+    batch: &[StreamStep<'_>],
+    held: impl Fn(StreamId) -> usize,
+    max_context: usize,
+    limit: &str,
+) -> std::result::Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for s in batch {
+        if !seen.insert(s.id) {
+            return Err(format!("stream {} appears twice", s.id));
+        }
+        if s.tokens.is_empty() {
+            return Err(format!("stream {} pushes no token", s.id));
+        }
+        if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= VOCAB) {
+            return Err(format!("stream {}: token {t} is not below {VOCAB}", s.id));
+        }
+        let have = held(s.id);
+        if s.position != have {
+            return Err(format!(
+                "stream {} pushes at position {} but holds {have} tokens",
+                s.id, s.position
+            ));
+        }
+        let reach = s.position + s.tokens.len();
+        if reach > max_context {
+            return Err(format!(
+                "stream {} would reach {reach} tokens; {limit} {max_context}",
+                s.id
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Distinct experts of a step's layer plans, summed over layers (see `ft_model::plan`).
@@ -175,5 +216,47 @@ impl<T: StepBackend + ?Sized> StepBackend for Box<T> {
     }
     fn release(&mut self, id: StreamId) {
         (**self).release(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each rule of a batch refused on its own, in words naming the stream, and a batch
+    /// that keeps them all accepted.
+    #[test]
+    fn a_batch_is_checked_stream_by_stream() {
+        let held = |id: StreamId| if id == 7 { 5 } else { 0 };
+        let check = |batch: &[StreamStep<'_>]| check_batch(batch, held, 8, "the limit is");
+        let step = |id, position, tokens| StreamStep {
+            id,
+            position,
+            tokens,
+        };
+        let one = [65u32];
+        assert_eq!(check(&[step(7, 5, &one), step(1, 0, &[1, 2, 3])]), Ok(()));
+        let refused = [
+            (
+                vec![step(1, 0, &one), step(1, 0, &one)],
+                "stream 1 appears twice".to_string(),
+            ),
+            (vec![step(2, 0, &[])], "stream 2 pushes no token".into()),
+            (
+                vec![step(3, 0, &[1, VOCAB as u32])],
+                format!("stream 3: token {VOCAB} is not below {VOCAB}"),
+            ),
+            (
+                vec![step(7, 4, &one)],
+                "stream 7 pushes at position 4 but holds 5 tokens".into(),
+            ),
+            (
+                vec![step(7, 5, &[1, 2, 3, 4])],
+                "stream 7 would reach 9 tokens; the limit is 8".into(),
+            ),
+        ];
+        for (batch, want) in refused {
+            assert_eq!(check(&batch).unwrap_err(), want);
+        }
     }
 }

@@ -26,7 +26,10 @@ use ft_model::plan::{fetch_fraction, plan_layer};
 use ft_model::{CacheOptions, ExpertCache, MoeGeometry, Strategy, TokenRoute};
 use serde::{Deserialize, Serialize};
 
-use super::{BackendInfo, ExpertCounts, StepBackend, StepOutput, StepStats, StreamId, StreamStep};
+use super::{
+    check_batch, BackendInfo, ExpertCounts, StepBackend, StepOutput, StepStats, StreamId,
+    StreamStep,
+};
 use crate::error::{Result, ServeError};
 use crate::tokenizer::VOCAB;
 
@@ -298,34 +301,12 @@ impl ReferenceMoe {
                 self.cfg.max_streams
             ));
         }
-        let mut seen = std::collections::HashSet::new();
-        for s in batch {
-            if !seen.insert(s.id) {
-                return Err(format!("stream {} appears twice", s.id));
-            }
-            if s.tokens.is_empty() {
-                return Err(format!("stream {} pushes no token", s.id));
-            }
-            if let Some(t) = s.tokens.iter().find(|&&t| t as usize >= VOCAB) {
-                return Err(format!("stream {}: token {t} is not below {VOCAB}", s.id));
-            }
-            let have = self.streams.get(&s.id).map_or(0, |st| st.position);
-            if s.position != have {
-                return Err(format!(
-                    "stream {} pushes at position {} but holds {have} tokens",
-                    s.id, s.position
-                ));
-            }
-            if s.position + s.tokens.len() > self.cfg.max_context {
-                return Err(format!(
-                    "stream {} would reach {} tokens; the context limit is {}",
-                    s.id,
-                    s.position + s.tokens.len(),
-                    self.cfg.max_context
-                ));
-            }
-        }
-        Ok(())
+        check_batch(
+            batch,
+            |id| self.streams.get(&id).map_or(0, |st| st.position),
+            self.cfg.max_context,
+            "the context limit is",
+        )
     }
 }
 
