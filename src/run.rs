@@ -10,6 +10,7 @@ use anyhow::{Context, Result};
 use std::io::Write;
 use std::path::PathBuf;
 
+use ft_runtime::numerics::NumericsReport;
 use ft_runtime::run::{self, RunOutcome, RunRequest};
 
 /// Arguments of `ft run`.
@@ -236,10 +237,11 @@ pub fn run(args: Args) -> Result<()> {
             };
         }
         RunOutcome::Multi(r) => {
-            return match args.json {
-                true => Ok(writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?),
-                false => table::print_multi(&mut out, &r),
+            match args.json {
+                true => writeln!(out, "{}", serde_json::to_string_pretty(&r)?)?,
+                false => table::print_multi(&mut out, &r)?,
             };
+            return numerics_passed(r.numerics.iter());
         }
         RunOutcome::Single(reports) => reports,
     };
@@ -262,15 +264,19 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
-    for r in &reports {
-        if let Some(n) = &r.numerics {
-            if !n.passed() {
-                return Err(crate::CheckFailed(format!(
-                    "{}: fresh and warmed outputs differ (first at step {:?}) although placement cannot change them here",
-                    n.strategy, n.fresh_vs_warmed.first_differing_step
-                ))
-                .into());
-            }
+    numerics_passed(reports.iter().filter_map(|r| r.numerics.as_ref()))
+}
+
+/// A check failure for the first numerics whose outputs were expected bit-identical and
+/// are not.
+fn numerics_passed<'a>(numerics: impl Iterator<Item = &'a NumericsReport>) -> Result<()> {
+    for n in numerics {
+        if !n.passed() {
+            return Err(crate::CheckFailed(format!(
+                "{}: fresh and warmed outputs differ (first at step {:?}) although placement cannot change them here",
+                n.strategy, n.fresh_vs_warmed.first_differing_step
+            ))
+            .into());
         }
     }
     Ok(())

@@ -202,6 +202,8 @@ pub fn compare_numerics(
     use ft_kernels::ActivationPath;
     let strategy = engine.strategy();
     let cfg = engine.config().clone();
+    // Of the strategy measured (the engine is switched to offload below).
+    let uses_cpu = engine.placement().cpu_layers > 0 || engine.fetch_fraction() < 1.0;
     let opts = crate::engine::DecodeOptions {
         keep_outputs: true,
         keep_spans: false,
@@ -230,10 +232,13 @@ pub fn compare_numerics(
         }
     };
     // Without CPU work every expert runs the same GPU kernel wherever it sits; with it, only
-    // the int8 path is the same computation on both sides.
-    let uses_cpu = engine.placement().cpu_layers > 0 || engine.fetch_fraction() < 1.0;
-    let same_kernels =
-        !uses_cpu || (cfg.gpu_path == ActivationPath::Int8 && cfg.cpu_path == ActivationPath::Int8);
+    // the int8 path is the same computation on both sides, and only where the GPU computes
+    // an expert whole (under tensor parallelism its slices' sums meet in the peer combine,
+    // where the CPU's whole expert is one sum).
+    let layout = engine.layout();
+    let split = layout.is_multi() && layout.placement == ft_model::GpuPlacement::TensorParallel;
+    let same_kernels = !uses_cpu
+        || (cfg.gpu_path == ActivationPath::Int8 && cfg.cpu_path == ActivationPath::Int8 && !split);
     Ok(NumericsReport {
         strategy: strategy.to_string(),
         gpu_act: cfg.gpu_path.name().into(),

@@ -1,8 +1,10 @@
 //! The engine on G host-emulated devices against the same engine on one: outputs
 //! (bit-identical where every expert is computed whole on bit-identical kernels, within an
 //! f32 tolerance where tensor parallelism splits an expert's sum), per-GPU cache counts
-//! against a naive per-GPU `plan_layer` count, the CPU pool split, and the errors. The
-//! `cuda_*` twins run the same on 2 or more NVIDIA GPUs (`--features cuda -- --ignored`).
+//! against a naive per-GPU `plan_layer` count, the CPU pool split, each GPU's planned memory
+//! against what the engine allocates, and the errors. The `cuda_*` twins run the same on 2
+//! or more NVIDIA GPUs (`--features cuda -- --ignored`). `ft run --gpus 2` as a library
+//! (`ft_runtime::run`) on the host device: what it passes to the engine and reports.
 
 use ft_kernels::ActivationPath;
 use ft_model::cache::{build_cache, CachePolicy};
@@ -16,10 +18,11 @@ use ft_runtime::cpu_pool::PoolWait;
 use ft_runtime::device::{Device, DeviceSpec, HostDeviceConfig};
 use ft_runtime::engine::{
     decode, draw_routing, BankSource, CombineMethod, CombineOrder, DecodeOptions, Engine,
-    EngineConfig,
+    EngineConfig, EngineMemory, GpuMemory,
 };
 use ft_runtime::gather::GatherMethod;
 use ft_runtime::numerics::{bit_identical, rel_l2};
+use ft_runtime::run::{self, MultiRunReport, NoProgress, RunOutcome, RunRequest};
 use ft_runtime::RuntimeError;
 
 /// Relative L2 tolerance of tensor-parallel outputs against the single engine's: the split
@@ -457,4 +460,227 @@ fn cuda_combine_reports_its_method() {
     );
     assert_ne!(e.combine_method(), CombineMethod::None);
     eprintln!("combine: {}", e.combine_method().name());
+}
+
+/// The tiny model of the `ft run --gpus N` tests, as a model TOML (what `--model` reads).
+const RUN_MODEL: &str = r#"
+name = "tiny-run-multi"
+format = "nvfp4"
+
+[geometry]
+hidden = 128
+intermediate = 64
+experts = 16
+top_k = 4
+moe_layers = 4
+shared_experts = 1
+
+[dense]
+weight_bytes_per_layer = 65536
+kv_bytes_per_token = 64
+"#;
+
+/// `ft run --device host --gpus 2 --strategy STRATEGY` on [`RUN_MODEL`] (written into
+/// `dir`): 2 streams, 4 steps after 2 warm-up, 12 cache slots per GPU, context 16, 2 CPU
+/// workers.
+fn run_request(dir: &std::path::Path, strategy: &str) -> RunRequest {
+    let model = dir.join("tiny.toml");
+    std::fs::write(&model, RUN_MODEL).unwrap();
+    RunRequest {
+        model: model.to_str().unwrap().into(),
+        strategy: Some(strategy.into()),
+        interleave: Vec::new(),
+        fetch_fraction: None,
+        host: None,
+        no_cpu_check: false,
+        streams: 2,
+        steps: 4,
+        warmup: 2,
+        cache_slots: Some(12),
+        cache_gb: None,
+        cache_options: Default::default(),
+        routing: "typical".into(),
+        record: None,
+        context: 16,
+        threads: Some(2),
+        device: "host".into(),
+        layers: None,
+        seed: 3,
+        trace_out: None,
+        stamps_out: None,
+        compare_numerics: false,
+        gpu_act: None,
+        cpu_act: None,
+        combine: "fixed".into(),
+        gather: "copy-engine".into(),
+        pool_wait: None,
+        engine: Default::default(),
+        link_gbps: None,
+        no_timeline: false,
+        repeat: 1,
+        probe_overhead: false,
+        gpus: 2,
+        placement: "sharded".into(),
+    }
+}
+
+fn run_multi(req: &RunRequest) -> ft_runtime::run::Result<MultiRunReport> {
+    match run::run(req, &mut NoProgress)? {
+        RunOutcome::Multi(r) => Ok(*r),
+        other => panic!("--gpus {} ran as {other:?}", req.gpus),
+    }
+}
+
+/// A static-hot cache without a hot list takes its hot set from the routing's popularity:
+/// `ft run --gpus 2` passes it to the engine as one GPU's run does, each GPU taking the
+/// experts it holds, so every GPU hits from its first step.
+#[test]
+fn a_run_on_two_gpus_passes_the_routing_popularity() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = run_request(dir.path(), "offload");
+    req.cache_options.policy = CachePolicy::StaticHot { hot: Vec::new() };
+    let r = run_multi(&req).unwrap();
+    assert_eq!(r.per_gpu.len(), 2);
+    for g in &r.per_gpu {
+        assert!(g.counts.hits > 0, "GPU {}: no hits from its hot set", g.gpu);
+        assert!(g.counts.fetched > 0, "GPU {}: the rest is fetched", g.gpu);
+    }
+}
+
+/// Each GPU's memory in the report is the engine's placement on the layout, not one GPU's:
+/// sharded, each GPU holds half of layer split's resident layers; under tensor parallelism
+/// each slot holds a slice.
+#[test]
+fn a_run_on_two_gpus_reports_each_gpus_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2 of 4 layers on the CPU: 2 resident layers of 16 experts, 8 on each GPU.
+    let r = run_multi(&run_request(dir.path(), "layer-split:2")).unwrap();
+    let whole = r.per_gpu[0].memory;
+    for g in &r.per_gpu {
+        assert_eq!(g.memory.resident_slots, 2 * 8, "GPU {}", g.gpu);
+        assert_eq!(g.memory.cache_slots + g.memory.staging_slots, 0);
+        // Every GPU holds the whole dense part and every stream's KV (4 layers, 2 streams,
+        // up to 16 + 2 + 4 tokens of 64 bytes).
+        assert_eq!(g.memory.dense_weight_bytes, 4 * 65536);
+        assert_eq!(g.memory.kv_bytes, 4 * 2 * 22 * 64);
+    }
+    assert_eq!(r.memory.slot_bytes, whole.slot_bytes);
+    // Tensor parallel: every expert of the cache in slices of half the width.
+    let mut req = run_request(dir.path(), "offload");
+    req.placement = "tensor-parallel".into();
+    let tp = run_multi(&req).unwrap();
+    let m = ModelSpec::resolve(&req.model).unwrap();
+    let slice = MoeGeometry {
+        intermediate: 32,
+        ..m.geometry
+    }
+    .expert_bytes(m.format);
+    for g in &tp.per_gpu {
+        assert_eq!(g.memory.expert_bytes, slice);
+        assert_eq!(g.memory.expert_bytes, g.expert_bytes);
+        assert_eq!(g.memory.cache_slots, 12);
+    }
+    assert!(tp.memory.slot_bytes < EngineMemory::of(&m, &engine_config_of(&req)).slot_bytes);
+}
+
+/// The engine config a single-GPU run of `req` would plan, as far as memory goes.
+fn engine_config_of(req: &RunRequest) -> EngineConfig {
+    EngineConfig {
+        strategy: req.strategy.as_deref().unwrap().parse().unwrap(),
+        cache_slots: req.cache_slots.unwrap(),
+        max_streams: req.streams,
+        max_context: req.context + req.warmup + req.steps,
+        ..EngineConfig::default()
+    }
+}
+
+/// The memory planned for each GPU ([`GpuMemory::of`]) is what the engine allocates there:
+/// the host-emulated device counts every allocation (rounded to pages).
+#[test]
+fn each_gpus_planned_memory_is_what_the_engine_allocates() {
+    const CAPACITY: u64 = 256 << 20;
+    /// Page rounding of each of the engine's device buffers, and the gate's flag.
+    const ROUNDING: u64 = 32 * 4096;
+    let m = model();
+    for (gpus, placement, s) in [
+        (1, GpuPlacement::Sharded, hybrid(0.5)),
+        (2, GpuPlacement::Sharded, hybrid(0.5)),
+        (
+            2,
+            GpuPlacement::Sharded,
+            Strategy::LayerSplit {
+                cpu_layers: ft_model::CpuLayers::Fixed(1),
+            },
+        ),
+        (2, GpuPlacement::TensorParallel, Strategy::Offload),
+        (3, GpuPlacement::TensorParallel, Strategy::Resident),
+    ] {
+        let layout = GpuLayout::new(gpus, placement).unwrap();
+        let cfg = config(s, 10, gpus as usize, ActivationPath::F32);
+        let devs = Device::open_group(&host_spec(), gpus as usize).unwrap();
+        let e = on_gpus(&devs, layout, &cfg).unwrap();
+        let planned = GpuMemory::of(&m, &cfg, &layout);
+        for (g, d) in devs.iter().enumerate() {
+            let used = CAPACITY - d.free_mem_bytes().unwrap();
+            assert!(
+                planned.device_bytes() <= used && used <= planned.device_bytes() + ROUNDING,
+                "G={gpus} {placement:?} {s} GPU {g}: planned {} bytes, allocated {used}",
+                planned.device_bytes()
+            );
+        }
+        assert_eq!(planned.expert_bytes, e.expert_bytes_per_gpu() as u64);
+        assert_eq!(planned.cache_slots, e.cache_slots());
+        assert_eq!(planned.staging_slots, e.staging_slots());
+        assert_eq!(planned.resident_slots, e.resident_slots());
+    }
+}
+
+/// `--repeat`, `--trace-out` and `--compare-numerics` work on two GPUs as on one: every
+/// repetition from an empty cache (the same routing, so the same counts), GPU 0's spans in
+/// a Chrome trace, and the numerics of the same GPUs fresh and as offload.
+#[test]
+fn a_run_on_two_gpus_repeats_traces_and_compares_numerics() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.json");
+    let mut req = run_request(dir.path(), "hybrid:0.5");
+    req.repeat = 2;
+    req.trace_out = Some(trace.clone());
+    req.compare_numerics = true;
+    // Int8 on both sides: the CPU and the GPU compute an expert alike.
+    req.gpu_act = Some("int8".into());
+    req.cpu_act = Some("int8".into());
+    let r = run_multi(&req).unwrap();
+    assert_eq!(r.repeats.len(), 2);
+    assert!(r.repeats.iter().all(|&t| t > 0.0), "{:?}", r.repeats);
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("the trace is JSON");
+    let events = v["traceEvents"].as_array().expect("trace events");
+    assert!(events.len() > 6, "spans and the 6 steps: {}", events.len());
+    let n = r.numerics.expect("--compare-numerics");
+    // Sharded, every expert whole wherever it runs: placement cannot change an output.
+    assert!(n.expect_bit_identical && n.passed(), "{n:?}");
+    assert!(n.fresh_vs_warmed.bit_identical);
+    assert_eq!(n.fresh_vs_warmed.steps.len(), 4);
+    let off = n.vs_offload.expect("hybrid against offload");
+    assert_eq!(off.steps.len(), 4);
+    // Tensor parallel with a CPU share: the CPU sums an expert whole, the GPUs in slices.
+    req.placement = "tensor-parallel".into();
+    req.repeat = 1;
+    req.trace_out = None;
+    let tp = run_multi(&req)
+        .unwrap()
+        .numerics
+        .expect("--compare-numerics");
+    assert!(!tp.expect_bit_identical && tp.passed(), "{tp:?}");
+    assert!(tp.fresh_vs_warmed.max_rel_l2 < 1e-2, "{tp:?}");
+}
+
+/// `--stamps-out` stays one GPU's, and says why.
+#[test]
+fn block_timelines_on_two_gpus_are_refused_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut req = run_request(dir.path(), "offload");
+    req.stamps_out = Some(dir.path().join("stamps.csv"));
+    let e = run_multi(&req).unwrap_err().to_string();
+    assert!(e.contains("--stamps-out") && e.contains("--gpus 1"), "{e}");
 }

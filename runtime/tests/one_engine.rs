@@ -87,6 +87,10 @@ fn engine(gpus: u32, strategy: Strategy) -> Engine {
 }
 
 fn engine_placed(gpus: u32, placement: GpuPlacement, strategy: Strategy) -> Engine {
+    engine_with(gpus, placement, &config(strategy))
+}
+
+fn engine_with(gpus: u32, placement: GpuPlacement, cfg: &EngineConfig) -> Engine {
     let spec = DeviceSpec::Host(HostDeviceConfig {
         memory_bytes: 128 << 20,
         kernel_threads: 1,
@@ -94,12 +98,11 @@ fn engine_placed(gpus: u32, placement: GpuPlacement, strategy: Strategy) -> Engi
     });
     let devices = Device::open_group(&spec, gpus as usize).unwrap();
     let layout = GpuLayout::new(gpus, placement).unwrap();
-    let cfg = config(strategy);
     Engine::on_gpus(
         &devices,
         layout,
         &model(),
-        &cfg,
+        cfg,
         None,
         BankSource::Seed(cfg.seed),
     )
@@ -138,12 +141,27 @@ fn run(e: &mut Engine, steps: &[StepRouting]) -> Vec<(Vec<Vec<f32>>, StepResult)
         .collect()
 }
 
+/// Both combine orders, on one GPU, two sharded and two tensor-parallel: every layer's
+/// output rows are summed from the expert steps that wrote them (a GPU or a layer without
+/// hits, a gather or a CPU share launches nothing for it).
 #[test]
 fn every_strategy_matches_the_f64_reference_on_one_and_two_gpus() {
     let steps = routing();
-    for gpus in [1, 2] {
+    let layouts = [
+        (1, GpuPlacement::Sharded),
+        (2, GpuPlacement::Sharded),
+        (2, GpuPlacement::TensorParallel),
+    ];
+    for ((gpus, placement), combine) in layouts
+        .into_iter()
+        .flat_map(|l| [CombineOrder::Fixed, CombineOrder::Fast].map(|c| (l, c)))
+    {
         for s in strategies() {
-            let mut e = engine(gpus, s);
+            let cfg = EngineConfig {
+                combine,
+                ..config(s)
+            };
+            let mut e = engine_with(gpus, placement, &cfg);
             for (i, ((x, r), routing)) in run(&mut e, &steps).iter().zip(&steps).enumerate() {
                 let want =
                     reference_forward(&model(), e.bank(), routing, x, e.weight_scale()).unwrap();
@@ -151,7 +169,7 @@ fn every_strategy_matches_the_f64_reference_on_one_and_two_gpus() {
                 // f32 kernels against f64: a few ulps per layer.
                 assert!(
                     err < 1e-5,
-                    "G={gpus} {s} step {i}: relative deviation {err}"
+                    "G={gpus} {placement:?} {combine:?} {s} step {i}: relative deviation {err}"
                 );
                 let moved: f64 = r.outputs[0]
                     .iter()

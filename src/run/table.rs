@@ -5,6 +5,7 @@ use anyhow::Result;
 use std::io::Write;
 
 use ft_runtime::engine::probe::OverheadReport;
+use ft_runtime::numerics::NumericsReport;
 use ft_runtime::run::{MultiRunReport, RunReport};
 
 /// Bytes per GiB.
@@ -161,20 +162,26 @@ pub fn print(out: &mut impl Write, r: &RunReport) -> Result<()> {
         }
     }
     if let Some(n) = &r.numerics {
-        if let Some(d) = &n.vs_offload {
-            writeln!(
-                out,
-                "  {:<width$}  max rel. L2 {:.2e}, mean {:.2e}, bit-identical {}",
-                "numerics vs offload", d.max_rel_l2, d.mean_rel_l2, d.bit_identical
-            )?;
-        }
-        let d = &n.fresh_vs_warmed;
+        print_numerics(out, n, width)?;
+    }
+    Ok(())
+}
+
+/// The numerics lines, labels `width` wide.
+fn print_numerics(out: &mut impl Write, n: &NumericsReport, width: usize) -> Result<()> {
+    if let Some(d) = &n.vs_offload {
         writeln!(
             out,
-            "  {:<width$}  max rel. L2 {:.2e}, bit-identical {} (expected {})",
-            "numerics fresh vs warmed", d.max_rel_l2, d.bit_identical, n.expect_bit_identical
+            "  {:<width$}  max rel. L2 {:.2e}, mean {:.2e}, bit-identical {}",
+            "numerics vs offload", d.max_rel_l2, d.mean_rel_l2, d.bit_identical
         )?;
     }
+    let d = &n.fresh_vs_warmed;
+    writeln!(
+        out,
+        "  {:<width$}  max rel. L2 {:.2e}, bit-identical {} (expected {})",
+        "numerics fresh vs warmed", d.max_rel_l2, d.bit_identical, n.expect_bit_identical
+    )?;
     Ok(())
 }
 
@@ -243,6 +250,33 @@ pub fn print_multi(out: &mut impl Write, r: &MultiRunReport) -> Result<()> {
         "  decode tok/s total {:.2}, step {:.0} us (mean)",
         r.tok_s_total, r.step_us_mean
     )?;
+    if r.repeats.len() > 1 {
+        writeln!(
+            out,
+            "  repetitions (tok/s, the median reported): {}",
+            rounds_text(&r.repeats, 2)
+        )?;
+    }
+    if let Some(g) = r.per_gpu.first() {
+        let m = &g.memory;
+        writeln!(
+            out,
+            "  memory of each GPU: slots {:.3} GiB ({} cache, {} staging, {} resident of {:.2} MB), \
+             dense {:.3} GiB, KV {:.3} GiB, activations {:.3} GiB; host bank {:.2} GiB",
+            m.slot_bytes as f64 / GIB,
+            m.cache_slots,
+            m.staging_slots,
+            m.resident_slots,
+            m.expert_bytes as f64 / 1e6,
+            m.dense_weight_bytes as f64 / GIB,
+            m.kv_bytes as f64 / GIB,
+            m.activation_bytes as f64 / GIB,
+            r.memory.bank_bytes as f64 / GIB
+        )?;
+    }
+    if let Some(n) = &r.numerics {
+        print_numerics(out, n, 24)?;
+    }
     Ok(())
 }
 

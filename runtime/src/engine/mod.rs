@@ -380,28 +380,99 @@ impl EngineMemory {
         EngineMemory::per_gpu(model, config, &GpuLayout::single())
     }
 
-    /// What an engine for `model` with `config` allocates on each GPU of `layout` (slots of
-    /// whole experts: an upper bound of a tensor-parallel slice's), and the host bank.
+    /// What an engine for `model` with `config` allocates on each GPU of `layout`
+    /// ([`GpuMemory::of`]: the same on every GPU), and in host memory: the bank of whole
+    /// experts, under tensor parallelism on several GPUs each GPU's bank of slices too.
     pub fn per_gpu(model: &ModelSpec, config: &EngineConfig, layout: &GpuLayout) -> EngineMemory {
         let g = &model.geometry;
-        let stride = SlotPool::stride_for(model.expert_bytes()) as u64;
-        let slots = slot_counts(model, config, layout);
+        let gpu = GpuMemory::of(model, config, layout);
+        let whole = SlotPool::stride_for(model.expert_bytes()) as u64 * g.total_experts();
+        let slices = if layout.is_multi() && layout.placement == GpuPlacement::TensorParallel {
+            layout.count() as u64
+                * SlotPool::stride_for(gpu.expert_bytes) as u64
+                * g.total_experts()
+        } else {
+            0
+        };
         let row = (g.hidden * F32_BYTES) as u64;
         let rows = max_rows(model, config) as u64;
         EngineMemory {
-            bank_bytes: stride * g.total_experts(),
-            slot_bytes: stride * slots.total().max(1) as u64,
-            dense_bytes: DenseBuffers::bytes_needed(
-                &model.dense(),
-                g.moe_layers,
-                config.max_streams,
-                config.max_context,
-            ),
-            // act, y_hits, one y_fetched per fetch chunk; y_cpu.
-            activation_bytes: (2 + MAX_FETCH_CHUNKS as u64) * rows * row
-                + config.max_streams as u64 * row,
+            bank_bytes: whole + slices,
+            slot_bytes: gpu.slot_bytes,
+            dense_bytes: gpu.dense_weight_bytes + gpu.kv_bytes + DENSE_OUT_BYTES as u64,
+            activation_bytes: expert_activation_bytes(model, config),
             host_staging_bytes: (rows + config.max_streams as u64) * row,
         }
+    }
+}
+
+/// Bytes of the expert steps' inputs and outputs on one GPU: act, y_hits, one y_fetched
+/// per fetch chunk, y_cpu.
+fn expert_activation_bytes(model: &ModelSpec, config: &EngineConfig) -> u64 {
+    let row = (model.geometry.hidden * F32_BYTES) as u64;
+    let rows = max_rows(model, config) as u64;
+    (2 + MAX_FETCH_CHUNKS as u64) * rows * row + config.max_streams as u64 * row
+}
+
+/// One GPU's device memory as the engine places it on a [`GpuLayout`], bytes: its expert
+/// slots (sharded, its share of layer split's resident layers; under tensor parallelism a
+/// slice of every expert), the dense part (every GPU holds all of it) and the KV of every
+/// stream, and the activation buffers. What `ft run --gpus N` reports for each GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuMemory {
+    /// Slots of the expert cache proper.
+    pub cache_slots: usize,
+    /// Staging slots for misses the cache refuses.
+    pub staging_slots: usize,
+    /// Slots of layer split's resident layers held on this GPU.
+    pub resident_slots: usize,
+    /// Bytes of one expert as this GPU stores it (a slice under tensor parallelism).
+    pub expert_bytes: u64,
+    /// Every slot, bytes (each at the slot stride).
+    pub slot_bytes: u64,
+    /// The dense weights of every layer, bytes.
+    pub dense_weight_bytes: u64,
+    /// The KV regions of every stream at the longest context, bytes.
+    pub kv_bytes: u64,
+    /// Expert inputs and outputs, the CPU's rows and the dense kernels' output, bytes.
+    pub activation_bytes: u64,
+}
+
+impl GpuMemory {
+    /// What an engine for `model` with `config` allocates on each GPU of `layout`.
+    pub fn of(model: &ModelSpec, config: &EngineConfig, layout: &GpuLayout) -> GpuMemory {
+        let g = &model.geometry;
+        let tp = layout.is_multi() && layout.placement == GpuPlacement::TensorParallel;
+        // A split the geometry cannot take is refused when the engine is built; whole
+        // experts bound its slices.
+        let expert_bytes = match slice_geometry(model.format, g, layout.count()) {
+            Ok(part) if tp => part.expert_bytes(model.format),
+            _ => model.expert_bytes(),
+        };
+        let stride = SlotPool::stride_for(expert_bytes) as u64;
+        let slots = slot_counts(model, config, layout);
+        let dense = model.dense();
+        let layers = g.moe_layers as u64;
+        GpuMemory {
+            cache_slots: slots.cache,
+            staging_slots: slots.staging,
+            resident_slots: slots.resident,
+            expert_bytes,
+            slot_bytes: stride * slots.total().max(1) as u64,
+            dense_weight_bytes: layers * dense.weight_bytes_per_layer,
+            kv_bytes: layers
+                * config.max_streams as u64
+                * config.max_context as u64
+                * dense.kv_bytes_per_token,
+            // The dense kernels' two outputs (the dense buffers' and the split part's).
+            activation_bytes: expert_activation_bytes(model, config) + 2 * DENSE_OUT_BYTES as u64,
+        }
+    }
+
+    /// Device memory in all.
+    pub fn device_bytes(&self) -> u64 {
+        self.slot_bytes + self.dense_weight_bytes + self.kv_bytes + self.activation_bytes
     }
 }
 
@@ -409,7 +480,7 @@ impl EngineMemory {
 /// the engine on every GPU. Chunk `c`'s gathers are followed by an event on the
 /// copy stream, and its expert step waits for that event only and writes output rows of its
 /// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
-/// gather is one empty chunk (its step zeroes the output rows the CPU's rows go into).
+/// gather has no chunk to gather or compute.
 pub(crate) struct FetchChunks<'a> {
     work: &'a work::LayerWork,
     /// The cache's slots the chunks are gathered into and computed from.
@@ -532,11 +603,14 @@ struct LayerRest<'a> {
     block: usize,
     inputs_queued: bool,
     post: &'a [DenseRead<'a>],
-    need_fetched: bool,
+    /// The rows the CPU's rows are read into, zeroed where no expert step of the layer
+    /// writes them (a layer of this GPU without hits or a gather, fixed combine order): the
+    /// round trip's destination, zeroed where a fetched chunk's step would have run.
+    zero_cpu_rows: Option<&'a DeviceBuffer>,
     /// The layer's combine, folded into the last fetched chunk's launch here.
     fold: Option<LayerCombine<'a>>,
-    /// The next item: 0 the post-router dense part, 1 the hits, 2 + c fetched chunk `c`,
-    /// then the fetched event.
+    /// The next item: 0 the post-router dense part, 1 the hits, 2 + c fetched chunk `c` (or
+    /// the CPU rows' zeroing), then the fetched event.
     next: usize,
     clock: crate::device::Clock,
     /// When the first item was queued (device clock, us): the GPU cannot start it before.
@@ -558,14 +632,14 @@ impl LayerRest<'_> {
     }
 
     /// Queue the next chunk's gathers on the copy stream (which waits for the router
-    /// already); false when every chunk is queued.
+    /// already); false when every chunk is queued or the layer gathers nothing.
     fn gather_next(&mut self) -> Result<bool> {
         let chunks = self.fetch.len();
-        if self.gathered >= chunks {
+        if self.gathered >= chunks || !self.links() {
             return Ok(false);
         }
         let c = self.gathered;
-        if c == 0 && self.links() {
+        if c == 0 {
             self.issued(OpKind::Gather);
         }
         self.fetch.gather(
@@ -610,7 +684,11 @@ impl LayerRest<'_> {
             return Ok(true);
         }
         let chunks = self.fetch.len();
-        let fetched_items = if self.need_fetched { chunks } else { 0 };
+        let fetched_items = match (self.links(), self.zero_cpu_rows) {
+            (true, _) => chunks,
+            (false, Some(_)) => 1,
+            (false, None) => 0,
+        };
         let ev = self.ev;
         match self.next {
             0 => {
@@ -621,32 +699,39 @@ impl LayerRest<'_> {
                 ev.record_timing(self.compute, &ev.post)?;
             }
             1 => {
-                // Issued every layer: an empty hits' step zeroes the output rows the
-                // others' rows are summed onto; it is the schedule's `Hits` with hits.
+                // The schedule's `Hits`: a layer without hits launches nothing (the combine
+                // sums the output rows that were written).
                 if !self.fetch.work.hits.experts.is_empty() {
                     self.issued(OpKind::Hits);
+                    self.compute.launch_experts(
+                        &self.fetch.work.hits,
+                        self.slots.buffer(),
+                        self.act,
+                        self.y_hits,
+                    )?;
                 }
-                self.compute.launch_experts(
-                    &self.fetch.work.hits,
-                    self.slots.buffer(),
-                    self.act,
-                    self.y_hits,
-                )?;
                 ev.record_timing(self.compute, &ev.hits)?;
+            }
+            i if i < 2 + fetched_items && !self.links() => {
+                if let Some(rows) = self.zero_cpu_rows {
+                    self.compute.memset_zero(
+                        rows,
+                        0,
+                        self.fetch.work.fetched.tokens * self.fetch.work.fetched.hidden * F32_BYTES,
+                    )?;
+                }
             }
             i if i < 2 + fetched_items => {
                 let c = i - 2;
-                if self.links() {
-                    if c + 1 < chunks {
-                        if c == 0 {
-                            self.issued(OpKind::FetchedEarly);
-                        }
-                    } else {
-                        if self.fetch.gate.is_some() {
-                            self.issued(OpKind::LastLaunch);
-                        }
-                        self.issued(OpKind::LastChunk);
+                if c + 1 < chunks {
+                    if c == 0 {
+                        self.issued(OpKind::FetchedEarly);
                     }
+                } else {
+                    if self.fetch.gate.is_some() {
+                        self.issued(OpKind::LastLaunch);
+                    }
+                    self.issued(OpKind::LastChunk);
                 }
                 self.fetch.compute_chunk(
                     c,
@@ -1785,20 +1870,34 @@ impl Engine {
             // The rest of the dense part and the experts: queued now, or on one GPU with a
             // CPU share while the host waits for the activations and beside the CPU share
             // (the CPU share does not wait for them).
-            let need_fetched: Vec<bool> = (0..n)
-                .map(|g| link[g] || (cpu[g] && rows.order == CombineOrder::Fixed))
+            // The output rows each GPU's experts write this layer, summed by the combine in
+            // this order: the hits', each fetched chunk's, then the CPU's (fast order; in
+            // fixed order the CPU's rows go into rows of the first fetched chunk's, else of
+            // the hits', else of the first chunk's buffer zeroed for them).
+            let hits: Vec<bool> = works.iter().map(|w| !w.hits.experts.is_empty()).collect();
+            let zero_cpu_rows: Vec<bool> = (0..n)
+                .map(|g| cpu[g] && rows.order == CombineOrder::Fixed && !link[g] && !hits[g])
                 .collect();
-            let fetched_parts: Vec<Vec<&DeviceBuffer>> = self
+            let parts: Vec<Vec<&DeviceBuffer>> = self
                 .gpus
                 .iter()
                 .zip(&fetches)
                 .enumerate()
                 .map(|(g, (p, f))| {
-                    if need_fetched[g] {
-                        p.y_fetched[..f.len()].iter().collect()
-                    } else {
-                        Vec::new()
+                    let mut v = Vec::with_capacity(MAX_FETCH_CHUNKS + 2);
+                    if hits[g] {
+                        v.push(&p.y_hits);
                     }
+                    if link[g] {
+                        v.extend(&p.y_fetched[..f.len()]);
+                    }
+                    if zero_cpu_rows[g] {
+                        v.push(&p.y_fetched[0]);
+                    }
+                    if cpu[g] && rows.order == CombineOrder::Fast {
+                        v.push(&p.y_cpu);
+                    }
+                    v
                 })
                 .collect();
             // Combine (folded where the schedule folds it: one GPU, a fetched chunk, no CPU
@@ -1807,8 +1906,8 @@ impl Engine {
             let fold = (schedule.folded_combine && rows.order == CombineOrder::Fixed).then(|| {
                 LayerCombine {
                     act: &self.gpus[0].act,
-                    parts: &self.gpus[0].y_hits,
-                    more: &fetched_parts[0],
+                    parts: parts[0][0],
+                    more: &parts[0][1..],
                     block,
                     k,
                 }
@@ -1832,7 +1931,7 @@ impl Engine {
                     block,
                     inputs_queued: false,
                     post: &posts[g],
-                    need_fetched: need_fetched[g],
+                    zero_cpu_rows: zero_cpu_rows[g].then_some(&p.y_fetched[0]),
                     fold: if g == 0 { fold } else { None },
                     next: 0,
                     clock,
@@ -1959,6 +2058,7 @@ impl Engine {
             for (g, p) in self.gpus.iter().enumerate() {
                 if cpu[g] {
                     let dst = match rows.order {
+                        CombineOrder::Fixed if hits[g] && !link[g] => &p.y_hits,
                         CombineOrder::Fixed => &p.y_fetched[0],
                         CombineOrder::Fast => &p.y_cpu,
                     };
@@ -1978,57 +2078,62 @@ impl Engine {
             // Combine: in a fixed order, added to the residual stream (done already where
             // folded into the last chunk's launch); on several GPUs each GPU's rows summed
             // first, then over the GPUs (PeerCombine), then the tree on identical rows.
+            // Every GPU's written rows are summed onto its first (`parts`).
             if !peer {
                 let p = &self.gpus[0];
-                match rows.order {
+                match (rows.order, parts[0].split_first()) {
                     _ if fold.is_some() => {}
-                    // One launch: the fetched (and CPU) rows onto the hits', the tree, the
-                    // residual add.
-                    CombineOrder::Fixed => {
-                        p.compute
-                            .combine_fixed(&p.act, &p.y_hits, &fetched_parts[0], block, k)?
+                    // No routed expert on this GPU: nothing to add.
+                    (_, None) => {}
+                    // One launch: the other rows onto the first's, the tree, the residual
+                    // add.
+                    (CombineOrder::Fixed, Some((first, more))) => {
+                        p.compute.combine_fixed(&p.act, first, more, block, k)?
                     }
-                    CombineOrder::Fast => {
-                        for part in &fetched_parts[0] {
-                            p.compute.add_f32(&p.y_hits, 0, part, 0, n_rows * h)?;
+                    (CombineOrder::Fast, Some((first, more))) => {
+                        for part in more {
+                            p.compute.add_f32(first, 0, part, 0, block)?;
                         }
-                        if cpu[0] {
-                            p.compute.add_f32(&p.y_hits, 0, &p.y_cpu, 0, block)?;
-                        }
-                        p.compute.add_f32(&p.act, 0, &p.y_hits, 0, block)?;
+                        p.compute.add_f32(&p.act, 0, first, 0, block)?;
                     }
                 }
                 if cpu[0] {
                     record(OpKind::Combine, 0);
                 }
             } else {
+                let mut sums: Vec<(&Stream, &DeviceBuffer)> = Vec::with_capacity(n);
                 for (g, p) in self.gpus.iter().enumerate() {
-                    for part in &fetched_parts[g] {
-                        p.compute.add_f32(&p.y_hits, 0, part, 0, n_rows * h)?;
-                    }
-                    if cpu[g] && rows.order == CombineOrder::Fast {
-                        p.compute.add_f32(&p.y_hits, 0, &p.y_cpu, 0, block)?;
+                    match parts[g].split_first() {
+                        Some((first, more)) => {
+                            for part in more {
+                                p.compute.add_f32(first, 0, part, 0, n_rows * h)?;
+                            }
+                            sums.push((&p.compute, first));
+                        }
+                        // A GPU with no routed expert this layer adds zeros to the peer
+                        // combine.
+                        None => {
+                            p.compute
+                                .memset_zero(&p.y_hits, 0, n_rows * h * F32_BYTES)?;
+                            sums.push((&p.compute, &p.y_hits));
+                        }
                     }
                     if cpu[g] {
                         record(OpKind::Combine, g);
                     }
                 }
-                let parts: Vec<(&Stream, &DeviceBuffer)> =
-                    self.gpus.iter().map(|p| (&p.compute, &p.y_hits)).collect();
                 combine_us += self.combiner.combine(
-                    &parts,
+                    &sums,
                     n_rows * h,
                     &mut self.sum,
                     self.gpus[0].combine_ev.get(l),
                     clock,
                 )?;
                 record(OpKind::PeerCombine, 0);
-                for p in &self.gpus {
+                for (p, &(stream, sum)) in self.gpus.iter().zip(&sums) {
                     match rows.order {
-                        CombineOrder::Fixed => {
-                            p.compute.combine_fixed(&p.act, &p.y_hits, &[], block, k)?
-                        }
-                        CombineOrder::Fast => p.compute.add_f32(&p.act, 0, &p.y_hits, 0, block)?,
+                        CombineOrder::Fixed => stream.combine_fixed(&p.act, sum, &[], block, k)?,
+                        CombineOrder::Fast => stream.add_f32(&p.act, 0, sum, 0, block)?,
                     }
                 }
             }
@@ -2417,6 +2522,41 @@ mod tests {
             },
         );
         assert!(err(e).contains("built for 1 to 1"));
+    }
+
+    /// The check refuses an issued operation the schedule does not hold (an empty hits
+    /// launch is one: a layer without hits has no `Hits`), one issued twice, one never
+    /// issued, and one issued before an operation it waits for.
+    #[test]
+    fn the_ops_check_refuses_whatever_the_schedule_does_not_say() {
+        use OpKind::*;
+        let counts = PlanCounts {
+            hits: 0.0,
+            hit_tokens: 0.0,
+            fetched: 1.0,
+            fetched_tokens: 1.0,
+            cpu: 0.0,
+            cpu_tokens: 0.0,
+        };
+        let schedule = LayerSchedule::new(&GpuLayout::single(), &[counts]);
+        let ops = |issued: &[OpKind]| LayerOps {
+            schedule: schedule.clone(),
+            issued: issued.iter().map(|&k| (k, 0)).collect(),
+        };
+        let exact = [Dense, Gather, LastLaunch, LastChunk, Residual];
+        assert_eq!(ops(&exact).check(), Ok(()));
+        let err = |issued: &[OpKind]| ops(issued).check().unwrap_err();
+        let empty_hits = [Dense, Hits, Gather, LastLaunch, LastChunk, Residual];
+        assert!(err(&empty_hits).contains("Hits"), "{}", err(&empty_hits));
+        let twice = [Dense, Gather, Gather, LastLaunch, LastChunk, Residual];
+        assert!(err(&twice).contains("again"), "{}", err(&twice));
+        assert!(err(&exact[..4]).contains("never issued"));
+        let early = [Dense, LastLaunch, LastChunk, Gather, Residual];
+        assert!(err(&early).contains("waits for"), "{}", err(&early));
+        // Another GPU's operation is not this one's.
+        let mut other = ops(&exact);
+        other.issued[1].1 = 1;
+        assert!(other.check().is_err());
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The memory a run plans against this machine's RAM, checked before any of it is touched:
 //! an error names the flag to change (`--layers` with the count that fits).
 
-use ft_model::{ModelSpec, Strategy, StrategyKind};
+use ft_model::{GpuLayout, ModelSpec, Strategy, StrategyKind};
 
 use super::error::{Result, RunError};
 use crate::device::DeviceKind;
@@ -23,18 +23,22 @@ pub fn available_ram() -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Check the run's memory against this machine; errors name the flag to change.
+/// Check the run's memory on the GPUs of `layout` against this machine (each GPU's as the
+/// engine places it, [`EngineMemory::per_gpu`]; the host-emulated device keeps every GPU's
+/// in RAM); errors name the flag to change.
 pub fn check_memory(
     model: &ModelSpec,
     full_layers: usize,
     cfg: &EngineConfig,
+    layout: &GpuLayout,
     kind: DeviceKind,
     available: u64,
 ) -> Result<EngineMemory> {
-    let mem = EngineMemory::of(model, cfg);
+    let mem = EngineMemory::per_gpu(model, cfg, layout);
     let budget = (available as f64 * RAM_SHARE) as u64;
+    let gpus = layout.count() as u64;
     let need = match kind {
-        DeviceKind::Host => mem.host_bytes() + mem.device_bytes(),
+        DeviceKind::Host => mem.host_bytes() + gpus * mem.device_bytes(),
         DeviceKind::Cuda => mem.host_bytes(),
     };
     if need <= budget {
@@ -42,21 +46,22 @@ pub fn check_memory(
     }
     let g = &model.geometry;
     // What one more layer costs on this machine, and what does not depend on layers.
-    let one = EngineMemory::of(&model.with_layers(1), cfg);
+    let one = EngineMemory::per_gpu(&model.with_layers(1), cfg, layout);
     let per_layer = match kind {
         DeviceKind::Host => {
             // The emulated device's slots that grow with the layers: resident's, and layer
             // split's resident layers (one layer's experts each).
             let slots_per_layer = match cfg.strategy.kind() {
                 StrategyKind::Resident | StrategyKind::LayerSplit => {
-                    EngineMemory::of(&model.with_layers(1), &resident_cfg(cfg)).slot_bytes
+                    EngineMemory::per_gpu(&model.with_layers(1), &resident_cfg(cfg), layout)
+                        .slot_bytes
                 }
                 StrategyKind::Offload
                 | StrategyKind::Hybrid
                 | StrategyKind::Cpu
                 | StrategyKind::LayerSplitCached => 0,
             };
-            one.bank_bytes + one.dense_bytes + slots_per_layer
+            one.bank_bytes + gpus * (one.dense_bytes + slots_per_layer)
         }
         DeviceKind::Cuda => one.bank_bytes,
     };
@@ -104,11 +109,12 @@ mod tests {
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
         let cfg = EngineConfig::default();
         let need = EngineMemory::of(&model, &cfg).host_bytes();
+        let one_gpu = GpuLayout::single();
         // Fits with room to spare: the plan comes back.
-        let mem = check_memory(&model, 48, &cfg, DeviceKind::Cuda, need * 2).unwrap();
+        let mem = check_memory(&model, 48, &cfg, &one_gpu, DeviceKind::Cuda, need * 2).unwrap();
         assert_eq!(mem.host_bytes(), need);
         // A quarter of what it needs: refused, naming --layers with a count that fits.
-        let e = check_memory(&model, 48, &cfg, DeviceKind::Cuda, need / 4)
+        let e = check_memory(&model, 48, &cfg, &one_gpu, DeviceKind::Cuda, need / 4)
             .unwrap_err()
             .to_string();
         assert!(e.contains("--layers") && e.contains("of 48"), "{e}");

@@ -1,13 +1,19 @@
-//! A run on several GPUs: the multi-GPU engine decodes the warm-up and measured steps once,
-//! and each GPU's share of the work is reported.
+//! A run on several GPUs: the engine on the GPUs of the layout decodes the warm-up and
+//! measured steps (`--repeat` times, each from an empty cache, the median reported), and
+//! each GPU's share of the work and its memory are reported; `--trace-out` writes GPU 0's
+//! spans and `--compare-numerics` decodes again fresh and as offload on the same GPUs, as a
+//! run on one GPU does. Block timelines (`--stamps-out`) stay one GPU's.
 
 use super::error::{Context, Result};
 use super::memory::HOST_DEVICE_SLACK;
 use super::plan::{RunPlan, Setup};
-use super::report::{GpuReport, MultiRunReport};
+use super::report::{median_index, write_trace, GpuReport, MultiRunReport};
 use super::{Progress, RunRequest};
 use crate::device::{Device, DeviceKind, DeviceSpec, HostDeviceConfig};
-use crate::engine::{decode, BankSource, CombineMethod, DecodeOptions, Engine, GpuCounts};
+use crate::engine::{
+    decode, BankSource, CombineMethod, DecodeOptions, Engine, GpuCounts, GpuMemory,
+};
+use crate::numerics::compare_numerics;
 
 /// `--gpus N` with N > 1: decode `plan` on the multi-GPU engine.
 pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Result<MultiRunReport> {
@@ -19,27 +25,20 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         cfg,
         memory,
         routing,
+        popularity,
         mut notes,
         ..
     } = plan;
-    if req.repeat > 1 {
-        bail!(
-            "--repeat {}: only a run on one GPU repeats (--gpus {})",
-            req.repeat,
-            layout.gpus
-        );
-    }
     if req.stamps_out.is_some() {
         bail!(
-            "--stamps-out: only a run on one GPU keeps block timelines (--gpus {})",
+            "--stamps-out: block timelines are read from one GPU's expert kernels (a run on {} \
+             GPUs would keep GPU 0's share alone, and no CUDA machine has checked it); run with \
+             --gpus 1",
             layout.gpus
         );
     }
     let fetch = variants[0].fetch;
     let (warm, measured) = routing.split_at(req.warmup);
-    if req.compare_numerics || req.trace_out.is_some() {
-        bail!("--compare-numerics and --trace-out are single-GPU only for now (drop --gpus)");
-    }
     let n = layout.count();
     let spec = match kind {
         DeviceKind::Host => DeviceSpec::Host(HostDeviceConfig {
@@ -66,22 +65,48 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         layout,
         &model,
         &cfg,
-        None,
+        popularity,
         BankSource::Seed(cfg.seed),
     )
     .context("building the multi-GPU engine")?;
     let options = DecodeOptions {
         context: req.context,
         input_seed: req.seed,
-        keep_spans: false,
-        keep_outputs: false,
+        keep_spans: req.trace_out.is_some(),
+        keep_outputs: req.compare_numerics,
         block_stamps: false,
     };
-    progress.start((warm.len() + measured.len()) as u64);
-    let decoded = decode(&mut engine, warm, measured, &options, &mut |done, _| {
-        progress.position(done as u64)
-    })?;
+    // Each repetition from an empty cache (a fresh engine's state); the median one is
+    // reported, as on one GPU.
+    let per_rep = (warm.len() + measured.len()) as u64;
+    progress.start(per_rep * req.repeat as u64);
+    let mut runs = Vec::with_capacity(req.repeat);
+    for rep in 0..req.repeat {
+        if rep > 0 {
+            engine.reset_cache()?;
+        }
+        let before = per_rep * rep as u64;
+        runs.push(decode(
+            &mut engine,
+            warm,
+            measured,
+            &options,
+            &mut |done, _| progress.position(before + done as u64),
+        )?);
+    }
     progress.finish();
+    let repeats: Vec<f64> = runs.iter().map(|d| d.summary.tok_s_total).collect();
+    let decoded = runs.swap_remove(median_index(&repeats));
+    if let Some(path) = &req.trace_out {
+        let title = format!(
+            "ft run {} {} --gpus {} ({}; GPU 0's spans)",
+            model.name,
+            cfg.strategy,
+            layout.gpus,
+            layout.placement.name()
+        );
+        write_trace(path, &title, &decoded)?;
+    }
     let steps: Vec<_> = decoded.records.iter().filter(|s| !s.warmup).collect();
     let ns = steps.len().max(1) as f64;
     let wall_us: f64 = steps.iter().map(|s| s.wall_us).sum();
@@ -91,6 +116,7 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
     let mut totals = GpuCounts::default();
     counts.iter().for_each(|c| totals.add(c));
     let workers = engine.cpu_workers();
+    let gpu_memory = GpuMemory::of(&model, &cfg, &layout);
     let per_gpu = counts
         .iter()
         .enumerate()
@@ -100,6 +126,7 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
             cpu_workers: (workers[i].start, workers[i].end),
             miss_rate: c.miss_rate(),
             expert_bytes: engine.expert_bytes_per_gpu() as u64,
+            memory: gpu_memory,
             gathered_bytes_per_step: c.gathered_bytes as f64 / ns,
             combine_bytes_per_step: c.combine_bytes as f64 / ns,
             cpu_us_per_step: cpu_us_per_step[i],
@@ -107,7 +134,20 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
             counts: *c,
         })
         .collect();
-    if engine.combine_method() == CombineMethod::Host && kind == DeviceKind::Cuda {
+    let combine_method = engine.combine_method();
+    // Last: it decodes again, fresh and as offload, and leaves the engine as offload.
+    let numerics = if req.compare_numerics {
+        Some(compare_numerics(
+            &mut engine,
+            warm,
+            measured,
+            &options,
+            &decoded.outputs,
+        )?)
+    } else {
+        None
+    };
+    if combine_method == CombineMethod::Host && kind == DeviceKind::Cuda {
         notes.push(
             "NCCL could not be used: the combine ran through the host (D2H + sum + H2D)".into(),
         );
@@ -120,7 +160,7 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         fetch_fraction: fetch,
         gpus: layout.gpus,
         placement: layout.placement.name().into(),
-        combine_method: engine.combine_method().name().into(),
+        combine_method: combine_method.name().into(),
         engine: cfg.settings,
         threads: cfg.threads,
         streams: req.streams,
@@ -136,8 +176,10 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         per_gpu,
         miss_rate: totals.miss_rate(),
         gathered_bytes_per_step: totals.gathered_bytes as f64 / ns,
+        repeats,
+        numerics,
         totals,
-        memory_single_gpu: memory,
+        memory,
         notes,
     };
     Ok(report)

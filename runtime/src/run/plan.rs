@@ -94,7 +94,8 @@ pub struct RunPlan {
     pub cache_slots: usize,
     /// The engine's configuration (for the primary variant).
     pub cfg: EngineConfig,
-    /// The memory the engine plans (checked against this machine).
+    /// The memory the engine plans on each GPU of the layout, and the host's (checked
+    /// against this machine).
     pub memory: EngineMemory,
     /// The routing of every step, warm-up first.
     pub routing: Vec<StepRouting>,
@@ -255,7 +256,14 @@ impl RunPlan {
             ));
         }
         let available = available_ram().unwrap_or(u64::MAX);
-        let memory = check_memory(&model, full.geometry.moe_layers, &cfg, kind, available)?;
+        let memory = check_memory(
+            &model,
+            full.geometry.moe_layers,
+            &cfg,
+            &layout,
+            kind,
+            available,
+        )?;
 
         // The routing of the whole run, drawn up front (and recorded if asked).
         let source = routing::resolve(&req.routing, &g, Some(req.seed))

@@ -9,8 +9,9 @@ use ft_model::profile::CpuCheck;
 
 use super::error::{Context, Result};
 use crate::device::DeviceInfo;
-use crate::engine::{EngineMemory, EngineSettings, GpuCounts};
-use crate::instrument::{RunSummary, StepRecord};
+use crate::engine::Decoded;
+use crate::engine::{EngineMemory, EngineSettings, GpuCounts, GpuMemory};
+use crate::instrument::{ns_of_us, ChromeTrace, RunSummary, StepRecord};
 use crate::numerics::NumericsReport;
 
 /// Repetitions of the CPU ceiling's STREAM read of the bank before each round ([`CpuBound`];
@@ -235,6 +236,20 @@ pub fn median_index(v: &[f64]) -> usize {
     order[(v.len() - 1) / 2]
 }
 
+/// Write `decoded`'s spans and steps as a Chrome trace titled `title` to `path`
+/// (`--trace-out`; on several GPUs the spans are GPU 0's).
+pub fn write_trace(path: &std::path::Path, title: &str, decoded: &Decoded) -> Result<()> {
+    let mut trace = ChromeTrace::new(title);
+    trace.add_spans(&decoded.spans);
+    for r in &decoded.records {
+        let start = ns_of_us(r.start_us);
+        trace.add_step(r.step, r.warmup, start, start + ns_of_us(r.wall_us));
+    }
+    trace
+        .write(path)
+        .with_context(|| format!("--trace-out {}", path.display()))
+}
+
 /// What one GPU of a multi-GPU run did (per measured step where it says so).
 #[derive(Debug, Clone, Serialize)]
 pub struct GpuReport {
@@ -248,6 +263,8 @@ pub struct GpuReport {
     pub miss_rate: f64,
     /// Bytes of one expert as it stores and gathers it (a slice under tensor parallelism).
     pub expert_bytes: u64,
+    /// Its device memory as the engine placed it: its slots, the dense part, the KV.
+    pub memory: GpuMemory,
     /// Bytes gathered over its link per step.
     pub gathered_bytes_per_step: f64,
     /// Bytes it sends in the combines per step (the ring all-reduce's share).
@@ -303,9 +320,16 @@ pub struct MultiRunReport {
     pub miss_rate: f64,
     /// Bytes gathered over all links per step.
     pub gathered_bytes_per_step: f64,
-    /// Memory a single-GPU engine of this config plans (each GPU holds at most about this
-    /// much device memory).
-    pub memory_single_gpu: EngineMemory,
+    /// Total decode tok/s of every repetition, in run order (`--repeat`, each from an
+    /// empty cache); the report is of the one with the median.
+    pub repeats: Vec<f64>,
+    /// Numerics (with --compare-numerics): fresh against warmed, and against offload, on
+    /// the same GPUs.
+    pub numerics: Option<NumericsReport>,
+    /// Memory the engine planned: each GPU's device memory (the same on every GPU; its
+    /// parts in [`GpuReport::memory`]) and the host's (the bank, under tensor parallelism
+    /// with each GPU's slices).
+    pub memory: EngineMemory,
     /// Notes.
     pub notes: Vec<String>,
 }

@@ -5,12 +5,11 @@
 use super::error::{Context, Result};
 use super::memory::HOST_DEVICE_SLACK;
 use super::plan::{RunPlan, Setup};
-use super::report::{median_index, BankReads, CpuBound, PcieBound, RunReport};
+use super::report::{median_index, write_trace, BankReads, CpuBound, PcieBound, RunReport};
 use super::variant::resolve_auto_at_check;
 use super::{Progress, RunRequest};
 use crate::device::{Device, DeviceKind, HostDeviceConfig};
 use crate::engine::{decode, DecodeOptions, Engine};
-use crate::instrument::ChromeTrace;
 use crate::numerics::compare_numerics;
 
 /// Largest copy of the linear H2D probe, bytes.
@@ -162,20 +161,11 @@ pub fn run(req: &RunRequest, plan: RunPlan, progress: &mut dyn Progress) -> Resu
         let repeats: Vec<f64> = runs.iter().map(|d| d.summary.tok_s_total).collect();
         let decoded = runs.swap_remove(median_index(&repeats));
         if let Some(path) = &req.trace_out {
-            let mut trace = ChromeTrace::new(&format!("ft run {} {}", model.name, v.strategy));
-            trace.add_spans(&decoded.spans);
-            for r in &decoded.records {
-                let start = crate::instrument::ns_of_us(r.start_us);
-                trace.add_step(
-                    r.step,
-                    r.warmup,
-                    start,
-                    start + crate::instrument::ns_of_us(r.wall_us),
-                );
-            }
-            trace
-                .write(path)
-                .with_context(|| format!("--trace-out {}", path.display()))?;
+            write_trace(
+                path,
+                &format!("ft run {} {}", model.name, v.strategy),
+                &decoded,
+            )?;
         }
         if let (Some(path), Some(stamps)) = (&req.stamps_out, &decoded.stamps) {
             crate::block_stamps::write_csv(path, &stamps.records)
