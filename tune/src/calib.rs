@@ -41,6 +41,18 @@ pub struct Target {
     pub cache: Option<ObservedCache>,
 }
 
+/// What tune asks a [`Calibrator`]: the runs so far, the configurations to choose between,
+/// and what the decision is about (one value, so every method and caller names them once).
+#[derive(Debug, Clone, Copy)]
+pub struct Question<'a> {
+    /// The runs so far.
+    pub runs: &'a [Observation],
+    /// The configurations to choose between.
+    pub candidates: &'a [ObservedStrategy],
+    /// The decision's streams, lengths, measure and cache.
+    pub target: &'a Target,
+}
+
 /// One candidate's estimate at the target.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Estimate {
@@ -67,35 +79,19 @@ pub trait Calibrator {
     /// A name for reports (`measured`, `calibrate`).
     fn name(&self) -> String;
 
-    /// Each candidate's estimate at `target` (`None` where the runs say nothing of it).
-    fn estimate(
-        &self,
-        runs: &[Observation],
-        candidates: &[ObservedStrategy],
-        target: &Target,
-    ) -> Result<Vec<Option<Estimate>>>;
+    /// Each candidate's estimate at the target (`None` where the runs say nothing of it).
+    fn estimate(&self, q: Question<'_>) -> Result<Vec<Option<Estimate>>>;
 
-    /// Each candidate's prediction at `target` from host inputs alone (no runs), where the
-    /// calibrator has a host model: the bench-only answer the runs are set against.
-    fn host_only(
-        &self,
-        candidates: &[ObservedStrategy],
-        target: &Target,
-    ) -> Result<Vec<Option<f64>>> {
-        let _ = target;
-        Ok(vec![None; candidates.len()])
+    /// Each candidate's prediction at the target from host inputs alone (the runs unused),
+    /// where the calibrator has a host model: the bench-only answer the runs are set against.
+    fn host_only(&self, q: Question<'_>) -> Result<Vec<Option<f64>>> {
+        Ok(vec![None; q.candidates.len()])
     }
 
-    /// The break-evens of the decision for `candidates[choice]` at `target`, from the model
-    /// calibrated to `runs`, where the calibrator has a model to move the inputs of.
-    fn break_evens(
-        &self,
-        runs: &[Observation],
-        candidates: &[ObservedStrategy],
-        target: &Target,
-        choice: usize,
-    ) -> Result<BreakEvenSection> {
-        let _ = (runs, candidates, target, choice);
+    /// The break-evens of the decision for `q.candidates[choice]` at the target, from the
+    /// model calibrated to the runs, where the calibrator has a model to move the inputs of.
+    fn break_evens(&self, q: Question<'_>, choice: usize) -> Result<BreakEvenSection> {
+        let _ = (q, choice);
         Ok(BreakEvenSection::NotAvailable {
             why: "no host model to move the inputs of: give --host or --profile".into(),
         })
@@ -157,12 +153,8 @@ impl Calibrator for Measured {
         "measured (no model: each configuration's own runs)".into()
     }
 
-    fn estimate(
-        &self,
-        runs: &[Observation],
-        candidates: &[ObservedStrategy],
-        target: &Target,
-    ) -> Result<Vec<Option<Estimate>>> {
+    fn estimate(&self, q: Question<'_>) -> Result<Vec<Option<Estimate>>> {
+        let (runs, candidates, target) = (q.runs, q.candidates, q.target);
         Ok(candidates
             .iter()
             .map(|c| {
@@ -231,7 +223,11 @@ mod tests {
             ObservedStrategy::Cpu,
         ];
         let e = Measured::default()
-            .estimate(&runs, &cands, &target)
+            .estimate(Question {
+                runs: &runs,
+                candidates: &cands,
+                target: &target,
+            })
             .unwrap();
         let off = e[0].unwrap();
         assert_eq!((off.tok_s, off.runs), (11.0, 2));

@@ -17,7 +17,7 @@
 
 use ft_model::cache::CacheSize;
 use ft_model::calibrate::{self, apply_all, strategy_of, CalibrateConfig, RunModel};
-use ft_model::observe::{Observation, ObservedStrategy};
+use ft_model::observe::ObservedStrategy;
 use ft_model::perf::breakeven::{break_evens, ranked};
 use ft_model::perf::predict::{predict, PredictConfig};
 use ft_model::perf::prefill::MeasureSpec;
@@ -25,7 +25,7 @@ use ft_model::perf::PerfModel;
 use ft_model::strategy::{CpuLayers, FetchFraction};
 use ft_model::ModelSpec;
 
-use crate::calib::{BreakEvenSection, Calibrator, Estimate, Measured, Target};
+use crate::calib::{BreakEvenSection, Calibrator, Estimate, Measured, Question, Target};
 use crate::error::Result;
 
 /// The calibrated model as a [`Calibrator`] (see the module docs).
@@ -125,13 +125,8 @@ impl Model {
 }
 
 impl Calibrator for Model {
-    fn break_evens(
-        &self,
-        runs: &[Observation],
-        candidates: &[ObservedStrategy],
-        target: &Target,
-        choice: usize,
-    ) -> Result<BreakEvenSection> {
+    fn break_evens(&self, q: Question<'_>, choice: usize) -> Result<BreakEvenSection> {
+        let (runs, candidates, target) = (q.runs, q.candidates, q.target);
         if runs.is_empty() {
             return Ok(BreakEvenSection::NotAvailable {
                 why: "no run to calibrate the model to".into(),
@@ -164,11 +159,8 @@ impl Calibrator for Model {
         })
     }
 
-    fn host_only(
-        &self,
-        candidates: &[ObservedStrategy],
-        target: &Target,
-    ) -> Result<Vec<Option<f64>>> {
+    fn host_only(&self, q: Question<'_>) -> Result<Vec<Option<f64>>> {
+        let (candidates, target) = (q.candidates, q.target);
         candidates
             .iter()
             .map(|c| {
@@ -189,13 +181,9 @@ impl Calibrator for Model {
         )
     }
 
-    fn estimate(
-        &self,
-        runs: &[Observation],
-        candidates: &[ObservedStrategy],
-        target: &Target,
-    ) -> Result<Vec<Option<Estimate>>> {
-        let measured = self.measured.estimate(runs, candidates, target)?;
+    fn estimate(&self, q: Question<'_>) -> Result<Vec<Option<Estimate>>> {
+        let (runs, candidates, target) = (q.runs, q.candidates, q.target);
+        let measured = self.measured.estimate(q)?;
         if runs.is_empty() {
             return Ok(measured);
         }
@@ -250,7 +238,7 @@ mod tests {
     use super::*;
     use ft_model::calibrate::Term;
     use ft_model::host::HostSpec;
-    use ft_model::observe::{parse_observations, Measure, ObservedCache};
+    use ft_model::observe::{parse_observations, Measure, Observation, ObservedCache};
     use ft_model::strategy::StrategyKind;
 
     /// The field report's model cut to 4 layers, sampled briefly: a fit in well under a
@@ -303,13 +291,18 @@ mod tests {
             measure: Measure::Decode,
             cache: Some(ObservedCache::Residency(0.3)),
         };
-        let est = c.estimate(&runs, &candidates, &target).unwrap();
+        let q = Question {
+            runs: &runs,
+            candidates: &candidates,
+            target: &target,
+        };
+        let est = c.estimate(q).unwrap();
         let choice = if est[0].unwrap().tok_s >= est[1].unwrap().tok_s {
             0
         } else {
             1
         };
-        let section = c.break_evens(&runs, &candidates, &target, choice).unwrap();
+        let section = c.break_evens(q, choice).unwrap();
         let BreakEvenSection::Computed {
             of,
             agrees_with_choice,
@@ -332,16 +325,14 @@ mod tests {
         let v = serde_json::to_value(&section).unwrap();
         assert_eq!(v["status"], "computed");
         assert_eq!(v["break_evens"]["inputs"].as_array().unwrap().len(), 5);
-        // One line per input (and, where the fit left no degree of freedom, the
-        // uncalibrated note of `perf::breakeven`).
+        // One line per input (and, where the fit left no degree of freedom, the note that
+        // its standard errors are undefined).
         assert!(v["break_evens"]["text"].as_str().unwrap().lines().count() >= 5);
         // No runs: nothing to calibrate, so none.
-        let none = c.break_evens(&[], &candidates, &target, choice).unwrap();
+        let none = c.break_evens(Question { runs: &[], ..q }, choice).unwrap();
         assert!(matches!(none, BreakEvenSection::NotAvailable { .. }));
         // The model-free calibrator has no input to move.
-        let m = Measured::default()
-            .break_evens(&runs, &candidates, &target, choice)
-            .unwrap();
+        let m = Measured::default().break_evens(q, choice).unwrap();
         let v = serde_json::to_value(&m).unwrap();
         assert_eq!(v["status"], "not-available");
         assert!(v["why"].as_str().unwrap().contains("--host"));

@@ -22,7 +22,7 @@ use ft_serve::loadgen::{self, DecodeBasis, EndpointKind, ReplayConfig, ReplayRep
 use serde::Serialize;
 use tracing::info;
 
-use crate::calib::{BreakEvenSection, Calibrator, Estimate, Target};
+use crate::calib::{BreakEvenSection, Calibrator, Estimate, Question, Target};
 use crate::engine::{Engine, EngineSpec};
 use crate::error::{Result, TuneError};
 use crate::obsfile;
@@ -385,6 +385,17 @@ fn extra_run(
     ))
 }
 
+impl TuneConfig {
+    /// What tune asks its calibrator, given `runs`.
+    pub fn question<'a>(&'a self, runs: &'a [Observation]) -> Question<'a> {
+        Question {
+            runs,
+            candidates: &self.candidates,
+            target: &self.target,
+        }
+    }
+}
+
 /// Estimates and standing of the runs so far.
 fn assess(
     calibrator: &dyn Calibrator,
@@ -392,7 +403,7 @@ fn assess(
     cfg: &TuneConfig,
     names: &[String],
 ) -> Result<(Vec<Option<Estimate>>, Standing)> {
-    let est = calibrator.estimate(runs, &cfg.candidates, &cfg.target)?;
+    let est = calibrator.estimate(cfg.question(runs))?;
     let st = plan::standing(&est, names);
     Ok((est, st))
 }
@@ -522,7 +533,7 @@ pub async fn tune(
         obsfile::write(&obs_path, &runs, &comment)?;
     }
     let (est, standing) = assess(calibrator, &runs, cfg, &names)?;
-    let host_only = calibrator.host_only(&cfg.candidates, &cfg.target)?;
+    let host_only = calibrator.host_only(cfg.question(&runs))?;
     let candidates = names
         .iter()
         .zip(&est)
@@ -560,7 +571,7 @@ pub async fn tune(
     let break_evens = match standing.best {
         // A decision stands without them: a failure is reported, not fatal.
         Some(b) => calibrator
-            .break_evens(&runs, &cfg.candidates, &cfg.target, b)
+            .break_evens(cfg.question(&runs), b)
             .unwrap_or_else(|e| BreakEvenSection::NotAvailable {
                 why: format!("not computed: {e}"),
             }),

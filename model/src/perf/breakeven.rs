@@ -245,15 +245,23 @@ impl Run {
         }
     }
 
-    /// Mean step time, in us.
+    /// Mean step time, in us: each layer-step's misses moved by `miss_scale` (where they
+    /// move), then by the engine's hybrid miss factor, as [`super::predict::evaluate`]
+    /// applies it.
     fn step_us(&self, p: &PerfParams, shape: &StepShape, miss_scale: f64) -> f64 {
         let dense = p.dense_us(&shape.dense, shape.streams, shape.context);
         let mut total = 0.0;
         let mut scaled = Vec::new();
+        let factor = p.engine.hybrid_miss_factor != 1.0;
         for e in &self.entries {
-            let t = if e.scalable && miss_scale != 1.0 {
+            let t = if (e.scalable && miss_scale != 1.0) || factor {
+                let k = if e.scalable { miss_scale } else { 1.0 };
                 scaled.clear();
-                scaled.extend(e.counts.iter().map(|c| scale_misses(c, miss_scale)));
+                scaled.extend(
+                    e.counts
+                        .iter()
+                        .map(|c| p.engine.apply_miss_factor(&c.with_misses_scaled(k))),
+                );
                 p.layer_time_gpus(shape, &scaled, dense).total_us
             } else {
                 p.layer_time_gpus(shape, &e.counts, dense).total_us
@@ -261,32 +269,6 @@ impl Run {
             total += e.weight * t;
         }
         total / self.steps
-    }
-}
-
-/// A layer-step's counts with its misses (and their tokens) times `k`, at most all of its
-/// distinct experts (tokens), split between the link and the CPU as they were.
-fn scale_misses(c: &LayerCounts, k: f64) -> LayerCounts {
-    let unique = c.hits + c.fetched + c.cpu;
-    let tokens = c.hit_tokens + c.fetched_tokens + c.cpu_tokens;
-    let m = c.fetched + c.cpu;
-    let mt = c.fetched_tokens + c.cpu_tokens;
-    if m <= 0.0 {
-        return *c;
-    }
-    let r = (k * m).min(unique) / m;
-    let rt = if mt > 0.0 {
-        (mt * r).min(tokens) / mt
-    } else {
-        0.0
-    };
-    LayerCounts {
-        hits: unique - m * r,
-        hit_tokens: tokens - mt * rt,
-        fetched: c.fetched * r,
-        fetched_tokens: c.fetched_tokens * rt,
-        cpu: c.cpu * r,
-        cpu_tokens: c.cpu_tokens * rt,
     }
 }
 
@@ -1124,7 +1106,7 @@ impl Scenario {
             base: Knobs {
                 cpu_speed: 1.0,
                 cpu_layer_fixed_us: p.overhead.hybrid_us,
-                miss_rate: samples.miss_rate(),
+                miss_rate: samples.miss_rate_with(&p.engine),
                 link_speed: 1.0,
                 context: o.context as f64,
             },
@@ -1418,6 +1400,32 @@ mod tests {
         }
     }
 
+    /// With a calibrated hybrid miss factor the scenario's step times are still the
+    /// prediction's (both apply the factor to the same counts).
+    #[test]
+    fn the_scenario_reproduces_a_prediction_with_a_miss_factor() {
+        let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+        let config = PredictConfig {
+            hybrid_fetch: FetchFraction::Fixed(0.4),
+            ..quick(2)
+        };
+        for factor in [0.8, 1.2] {
+            let mut perf = PerfModel::from_host(&HostSpec::field_report()).unwrap();
+            perf.params.engine.hybrid_miss_factor = factor;
+            let pred = predict(&model, &perf, &config).unwrap();
+            let s = Scenario::new(&model, &perf, &config, &pred, decide(&pred).kind).unwrap();
+            for sp in pred.strategies.iter().filter(|s| ranked(s)) {
+                let t = s.step_us(sp.kind).unwrap();
+                assert!(
+                    (t - sp.step_us).abs() <= 1e-9 * sp.step_us,
+                    "factor {factor} {}: {t} against {}",
+                    sp.kind,
+                    sp.step_us
+                );
+            }
+        }
+    }
+
     /// The prediction's own counting runs give the break-evens that counting them again
     /// gives (the slow reference: a prediction read back from JSON keeps no runs), with
     /// the fraction searched and fixed, layer split in.
@@ -1479,11 +1487,11 @@ mod tests {
         assert!((fast - slow).abs() <= 1e-9 * slow, "{fast} against {slow}");
         // Scaling misses by 1 is the identity; by 0 every expert hits.
         let c = samples.counts[0];
-        assert_eq!(scale_misses(&c, 1.0), c);
-        let none = scale_misses(&c, 0.0);
+        assert_eq!(c.with_misses_scaled(1.0), c);
+        let none = c.with_misses_scaled(0.0);
         assert_eq!(none.fetched + none.cpu, 0.0);
         assert_eq!(none.hits, c.hits + c.fetched + c.cpu);
-        let all = scale_misses(&c, 1e9);
+        let all = c.with_misses_scaled(1e9);
         assert_eq!(all.hits, 0.0);
         assert!((all.fetched / all.cpu - c.fetched / c.cpu).abs() < 1e-9);
     }

@@ -155,31 +155,15 @@ impl EngineTerms {
     /// A layer-step's counts with its misses scaled by [`EngineTerms::hybrid_miss_factor`]
     /// where it has a CPU share and a gather (hybrid's work): the experts (and their tokens)
     /// move between the hits and the misses, the misses keep their split between the link and
-    /// the CPU, and the union of the layer's experts is unchanged. Other layers are as given.
+    /// the CPU, and the union of the layer's experts is unchanged
+    /// ([`LayerCounts::with_misses_scaled`]). Other layers are as given. The step time, the
+    /// miss rate and the counts a prediction reports all apply it here, as the simulator does.
     pub fn apply_miss_factor(&self, c: &LayerCounts) -> LayerCounts {
         let m = self.hybrid_miss_factor;
         if m == 1.0 || c.cpu <= 0.0 || c.fetched <= 0.0 {
             return *c;
         }
-        let misses = c.fetched + c.cpu;
-        let union = misses + c.hits;
-        let target = (misses * m).clamp(0.0, union);
-        let k = target / misses;
-        let miss_tokens = c.fetched_tokens + c.cpu_tokens;
-        let all_tokens = miss_tokens + c.hit_tokens;
-        let kt = if miss_tokens > 0.0 {
-            (miss_tokens * k).min(all_tokens) / miss_tokens
-        } else {
-            k
-        };
-        LayerCounts {
-            hits: union - target,
-            hit_tokens: all_tokens - miss_tokens * kt,
-            fetched: c.fetched * k,
-            fetched_tokens: c.fetched_tokens * kt,
-            cpu: c.cpu * k,
-            cpu_tokens: c.cpu_tokens * kt,
-        }
+        c.with_misses_scaled(m)
     }
 
     /// Check the terms: finite, costs not negative, the miss factor positive; errors name

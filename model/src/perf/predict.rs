@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use super::legacy::{BenchBw, LegacyRatio, DEFAULT_THRESHOLD};
 use super::step::{LayerCounts, Resource, StepShape, TimeSplit};
-use super::{ParamId, PerfModel, PerfParams};
+use super::{EngineTerms, ParamId, PerfModel, PerfParams};
 use crate::cache::{CacheOptions, CacheSize};
 use crate::error::{ModelError, Result};
 use crate::placement::GpuLayout;
@@ -217,10 +217,24 @@ impl TrafficSamples {
     }
 
     /// Counts summed over layers (and over the GPUs' plans when sharded), averaged over
-    /// steps (per step).
+    /// steps (per step), as counted.
     pub fn mean_per_step(&self) -> LayerCounts {
+        self.mean_of(|c| *c)
+    }
+
+    /// [`TrafficSamples::mean_per_step`] with `engine`'s hybrid miss factor applied to every
+    /// layer-step as the step time applies it ([`EngineTerms::apply_miss_factor`]): the
+    /// counts a prediction reports.
+    pub fn mean_per_step_with(&self, engine: &EngineTerms) -> LayerCounts {
+        if engine.hybrid_miss_factor == 1.0 {
+            return self.mean_per_step();
+        }
+        self.mean_of(|c| engine.apply_miss_factor(c))
+    }
+
+    fn mean_of(&self, f: impl Fn(&LayerCounts) -> LayerCounts) -> LayerCounts {
         let mut s = LayerCounts::default();
-        for c in &self.counts {
+        for c in self.counts.iter().map(f) {
             s.hits += c.hits;
             s.hit_tokens += c.hit_tokens;
             s.fetched += c.fetched;
@@ -231,14 +245,25 @@ impl TrafficSamples {
         s.scaled(1.0 / self.steps().max(1) as f64)
     }
 
-    /// Expert-level miss rate: misses over distinct experts.
+    /// Expert-level miss rate as counted: misses over distinct experts.
     pub fn miss_rate(&self) -> f64 {
-        let m = self.mean_per_step();
-        if m.unique() == 0.0 {
-            0.0
-        } else {
-            m.misses() / m.unique()
-        }
+        miss_rate_of(&self.mean_per_step())
+    }
+
+    /// The miss rate with `engine`'s hybrid miss factor applied
+    /// ([`TrafficSamples::mean_per_step_with`]): the one a prediction reports, and the one
+    /// the simulator measures with the same factor.
+    pub fn miss_rate_with(&self, engine: &EngineTerms) -> f64 {
+        miss_rate_of(&self.mean_per_step_with(engine))
+    }
+}
+
+/// Misses over distinct experts (0 where there are none).
+fn miss_rate_of(m: &LayerCounts) -> f64 {
+    if m.unique() == 0.0 {
+        0.0
+    } else {
+        m.misses() / m.unique()
     }
 }
 
@@ -500,7 +525,7 @@ impl RelaxedHybrid<'_> {
                 cpu: (1.0 - f) * m,
                 cpu_tokens: (1.0 - f) * mt,
             };
-            layer.push(c);
+            layer.push(self.p.engine.apply_miss_factor(&c));
             if layer.len() == plans {
                 total += self.p.layer_time_gpus(self.shape, &layer, dense).total_us;
                 layer.clear();
@@ -903,7 +928,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
                 grid: vec![FetchPoint {
                     fetch_fraction: f,
                     step_us: t,
-                    miss_rate: s.miss_rate(),
+                    miss_rate: s.miss_rate_with(&p.engine),
                 }],
                 bracket: [f, f],
                 relaxed_optimum: f,
@@ -1035,7 +1060,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
         } else {
             (true, None)
         };
-        let counts = samples.mean_per_step();
+        let counts = samples.mean_per_step_with(&p.engine);
         strategies.push(StrategyPrediction {
             strategy,
             kind,
@@ -1061,7 +1086,7 @@ pub fn predict(model: &ModelSpec, perf: &PerfModel, config: &PredictConfig) -> R
             busy: ev.busy,
             contention_us: ev.contention_us,
             counts,
-            miss_rate: samples.miss_rate(),
+            miss_rate: samples.miss_rate_with(&p.engine),
             link_bytes_per_step: if p.layout.is_multi() {
                 counts.fetched * link_bytes_per_expert
             } else {
@@ -1182,7 +1207,7 @@ fn search_layer_split(
     let point = |s: &TrafficSamples| SplitPoint {
         cpu_layers: s.cpu_layers,
         step_us: evaluate(p, shape, s).step_us,
-        miss_rate: s.miss_rate(),
+        miss_rate: s.miss_rate_with(&p.engine),
     };
     let best = |points: &[SplitPoint]| {
         points
@@ -1318,7 +1343,7 @@ fn search_fetch(
         .map(|s| FetchPoint {
             fetch_fraction: s.fetch_fraction,
             step_us: evaluate(p, shape, s).step_us,
-            miss_rate: s.miss_rate(),
+            miss_rate: s.miss_rate_with(&p.engine),
         })
         .collect();
     let best = points
@@ -1390,6 +1415,61 @@ mod tests {
             ModelSpec::preset("qwen3.8-flash-next").unwrap(),
             PerfModel::from_host(&HostSpec::field_report()).unwrap(),
         )
+    }
+
+    /// A prediction reports hybrid's counts, link bytes and miss rate with the engine's
+    /// hybrid miss factor applied, as its step time applies it (the slow reference: the
+    /// counted samples scaled layer-step by layer-step); offload's do not move.
+    #[test]
+    fn reported_miss_rates_and_counts_honour_the_hybrid_miss_factor() {
+        let (model, base) = field();
+        let config = PredictConfig {
+            hybrid_fetch: FetchFraction::Fixed(0.4),
+            ..quick(2)
+        };
+        let p0 = predict(&model, &base, &config).unwrap();
+        let h0 = p0.get(StrategyKind::Hybrid).clone();
+        assert!(h0.miss_rate > 0.05 && h0.counts.cpu > 0.0, "{h0:?}");
+        for factor in [0.8, 1.2] {
+            let mut perf = base.clone();
+            perf.params.engine.hybrid_miss_factor = factor;
+            let p = predict(&model, &perf, &config).unwrap();
+            let h = p.get(StrategyKind::Hybrid);
+            // The slow reference: every counted layer-step scaled, then summed.
+            let mut misses = 0.0;
+            let mut unique = 0.0;
+            let mut fetched = 0.0;
+            let samples = p.traffic.get().unwrap().hybrid.clone();
+            for c in &samples.counts {
+                let s = perf.params.engine.apply_miss_factor(c);
+                misses += s.misses();
+                unique += s.unique();
+                fetched += s.fetched;
+            }
+            let steps = samples.steps() as f64;
+            assert!((h.miss_rate - misses / unique).abs() < 1e-12, "{factor}");
+            assert!(
+                (h.counts.fetched - fetched / steps).abs() < 1e-9 * fetched,
+                "{factor}"
+            );
+            assert!(
+                (h.miss_rate / h0.miss_rate - factor).abs() < 0.01,
+                "factor {factor}: {} against {}",
+                h.miss_rate,
+                h0.miss_rate
+            );
+            assert!(
+                (h.counts.cpu / h0.counts.cpu - factor).abs() < 0.01,
+                "{factor}"
+            );
+            assert!(
+                (h.link_bytes_per_step / h0.link_bytes_per_step - factor).abs() < 0.01,
+                "{factor}"
+            );
+            let off = p.get(StrategyKind::Offload);
+            assert_eq!(off.miss_rate, p0.get(StrategyKind::Offload).miss_rate);
+            assert_eq!(p.offload_miss_rate, p0.offload_miss_rate);
+        }
     }
 
     /// A host with room for every expert of the model: a GPU of 141 GiB.

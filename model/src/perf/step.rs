@@ -97,6 +97,36 @@ impl LayerCounts {
         self.hits + self.misses()
     }
 
+    /// These counts with the misses (and their tokens) times `k`, at most all of the layer's
+    /// distinct experts (tokens): experts move between the hits and the misses, the misses
+    /// keep their split between the link and the CPU, and the union is unchanged. What
+    /// hybrid's miss factor ([`super::EngineTerms::apply_miss_factor`]) and a break-even's
+    /// move of the miss rate do to a layer.
+    pub fn with_misses_scaled(&self, k: f64) -> LayerCounts {
+        let m = self.misses();
+        if m <= 0.0 {
+            return *self;
+        }
+        let union = m + self.hits;
+        let mt = self.fetched_tokens + self.cpu_tokens;
+        let tokens = mt + self.hit_tokens;
+        let target = (m * k).clamp(0.0, union);
+        let r = target / m;
+        let rt = if mt > 0.0 {
+            (mt * r).min(tokens) / mt
+        } else {
+            r
+        };
+        LayerCounts {
+            hits: union - target,
+            hit_tokens: tokens - mt * rt,
+            fetched: self.fetched * r,
+            fetched_tokens: self.fetched_tokens * rt,
+            cpu: self.cpu * r,
+            cpu_tokens: self.cpu_tokens * rt,
+        }
+    }
+
     /// Every count times `k` (a step's sums to one layer's means with `1 / layers`).
     pub fn scaled(&self, k: f64) -> LayerCounts {
         LayerCounts {
