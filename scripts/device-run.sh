@@ -32,10 +32,8 @@ ROOT=$PWD
 : "${OUT:?set OUT}"
 R="$OUT/r"
 mkdir -p "$R"
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
+# shellcheck source=../experiments/lib/device-env.sh
+source "$ROOT/experiments/lib/device-env.sh"
 # jq and its libraries, carried by scripts/gpu-check.sh --build (the GPU machine has none).
 [[ -d "$ROOT/carry/device/bin" ]] && PATH="$ROOT/carry/device/bin:$PATH"
 [[ -d "$ROOT/carry/device/lib" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$ROOT/carry/device/lib"

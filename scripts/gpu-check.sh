@@ -57,16 +57,9 @@ mkdir -p "$OUT"
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 
-# Where libcuda and libnvrtc live on the GPU machine (driver mount, toolkit, pip wheels).
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-if ! ls /usr/local/cuda/lib64/libnvrtc.so* >/dev/null 2>&1; then
-    nv=$(find /usr/local /opt -name 'libnvrtc.so.1*' -print -quit 2>/dev/null)
-    [[ -n "$nv" ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nv")"
-fi
-export LD_LIBRARY_PATH
+# Where libcuda and libnvrtc live on the GPU machine.
+# shellcheck source=../experiments/lib/device-env.sh
+source experiments/lib/device-env.sh
 export RUST_BACKTRACE=1
 
 {

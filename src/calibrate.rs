@@ -201,15 +201,22 @@ fn write_table(
         "term", "value", "se", "unit"
     )?;
     for t in &cal.terms {
-        let se =
-            t.se.map(|s| format!("{s:.3}"))
-                .unwrap_or_else(|| "-".into());
+        let se = match (t.se, t.identified) {
+            (Some(s), _) => format!("{s:.3}"),
+            (None, true) => "undefined".into(),
+            (None, false) => "-".into(),
+        };
         let note = if !t.identified {
-            "not identified (held neutral)"
+            "not identified (held neutral)".to_string()
+        } else if let Some(s) = t.se_at_run_noise {
+            format!(
+                "{s:.3} at the assumed run noise (0 dof){}",
+                if t.at_bound { "; at its bound" } else { "" }
+            )
         } else if t.at_bound {
-            "at its bound"
+            "at its bound".to_string()
         } else {
-            ""
+            String::new()
         };
         writeln!(
             out,
@@ -295,6 +302,9 @@ fn write_table(
         f.iterations,
         f.termination
     )?;
+    if let Some(note) = f.undefined_errors_note() {
+        writeln!(out, "{note}")?;
+    }
     if let Some(w) = written {
         writeln!(
             out,

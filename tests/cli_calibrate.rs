@@ -237,6 +237,67 @@ fn a_thin_set_names_what_it_cannot_identify_and_the_run_that_would() {
     assert!(text.contains("one more run that would identify"), "{text}");
 }
 
+/// One run fits one term: calibrated (a profile `ft predict` reads says so in its
+/// break-evens), with 0 degrees of freedom, so its standard errors are undefined and both the
+/// table and the JSON say that rather than show one.
+#[test]
+fn one_run_is_calibrated_and_says_its_standard_errors_are_undefined() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = write(dir.path(), "flash4.toml", FLASH4);
+    let obs = write(
+        dir.path(),
+        "one.csv",
+        &format!("{HEADER}\noffload,,1,1024,64,400,500,stream,decode,a\n"),
+    );
+    let profile = dir.path().join("cal.json");
+    let one = |more: &[&str]| {
+        let mut args = vec![
+            "--host",
+            HOST,
+            "--terms",
+            "link-rate",
+            "--steps",
+            "40",
+            "--warmup",
+            "20",
+        ];
+        args.extend_from_slice(more);
+        calibrate(&obs, &model, &args)
+    };
+    let v = json_ok(&one(&["--json", "--out", profile.to_str().unwrap()]));
+    let cal = &v["calibration"];
+    assert_eq!(cal["fit"]["dof"], 0, "{cal}");
+    let link = &cal["terms"][0];
+    assert_eq!(link["identified"], true, "{link}");
+    assert!(link["se"].is_null(), "undefined, not a number: {link}");
+    assert!(link["se_at_run_noise"].as_f64().unwrap() > 0.0, "{link}");
+    let out = one(&[]);
+    common::assert_ok(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("undefined"), "{text}");
+    assert!(text.contains("standard errors are undefined"), "{text}");
+    let pred = json_ok(&ft(&[
+        "predict",
+        "--profile",
+        profile.to_str().unwrap(),
+        "--model",
+        &model,
+        "--cache-slots",
+        "400",
+        "--steps",
+        "40",
+        "--warmup",
+        "20",
+        "--json",
+    ]));
+    let b = &pred["break_evens"];
+    assert_eq!(b["calibrated"], true, "{b}");
+    assert_eq!(b["dof"], 0, "{b}");
+    let text = b["text"].as_str().unwrap();
+    assert!(!text.contains("uncalibrated"), "{text}");
+    assert!(text.contains("standard errors are undefined"), "{text}");
+}
+
 #[test]
 fn reads_freetoken_benchbw_json_and_marks_what_it_derived() {
     let dir = tempfile::tempdir().unwrap();

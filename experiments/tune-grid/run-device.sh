@@ -7,11 +7,8 @@ set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 : "${OUT:?}"; R="$OUT/r"; mkdir -p "$R/grid"
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-export LD_LIBRARY_PATH
+# shellcheck source=../lib/device-env.sh
+source "$ROOT/experiments/lib/device-env.sh"
 FT="${FT:-$ROOT/carry/ft}"
 DEVICE="${DEVICE:-cuda}"
 BUDGET_S="${BUDGET_S:-540}"

@@ -3,14 +3,11 @@
 # (carry/ab/ft, feecf97) as ft serve on CUDA, both geometries, as it is and handicapped; then
 # ft run of the same build at tune's configurations (serve vs run decode, as it is).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROOT=$PWD
 : "${OUT:?}"; R="$OUT/r"; mkdir -p "$R"
-for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/local/cuda/lib64 \
-         /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
-    [[ -d "$d" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
-done
-export LD_LIBRARY_PATH
+# shellcheck source=../lib/device-env.sh
+source "$ROOT/experiments/lib/device-env.sh"
 FT="$ROOT/carry/device/ft"; ENG="$ROOT/carry/ab/ft"
 T0=$(date +%s)
 pack() { tar -C "$OUT" -czf "$OUT/results.tgz.tmp" r && mv "$OUT/results.tgz.tmp" "$OUT/results.tgz"; }

@@ -425,23 +425,8 @@ pub fn export(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::HostSpec;
+    use crate::profile::test_profile;
     use crate::ExpertFormat;
-
-    fn profile(model: &ModelSpec) -> Profile {
-        let host = HostSpec::field_report();
-        Profile {
-            bench_bw: Some(BenchBw {
-                expert_bytes: 7_974_912,
-                experts: 8,
-                cpu_moe_gbs: 46.12,
-                pcie_gather_gbs: 24.25,
-                cpu_moe_overlap_gbs: Some(33.4),
-                pcie_gather_overlap_gbs: Some(12.8),
-            }),
-            ..Profile::of_host_spec(&host, model).unwrap()
-        }
-    }
 
     fn gpu() -> ExportGpu {
         ExportGpu {
@@ -496,7 +481,7 @@ mod tests {
     #[test]
     fn the_document_is_read_by_the_reference_engine_as_the_model_decided() {
         let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
-        let p = profile(&model);
+        let p = test_profile(&model, Some((33.4, 12.8)));
         assert_eq!(p.params.cpu_threads, 24);
         let config = PredictConfig {
             streams: 2,

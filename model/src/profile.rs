@@ -1118,6 +1118,25 @@ pub fn now_unix_s() -> u64 {
         .unwrap_or(0)
 }
 
+/// The profile the tests of this crate share: the field report's host spec for `model`
+/// (its prior, no samples) with the field report's `ft bench bw` pair (46.12 GB/s CPU,
+/// 24.25 GB/s PCIe, over 8 experts of 7,974,912 B) and, where given, the pair measured
+/// with both sides running at once (`overlap`: CPU GB/s, PCIe GB/s).
+#[cfg(test)]
+pub(crate) fn test_profile(model: &ModelSpec, overlap: Option<(f64, f64)>) -> Profile {
+    Profile {
+        bench_bw: Some(BenchBw {
+            expert_bytes: 7_974_912,
+            experts: 8,
+            cpu_moe_gbs: 46.12,
+            pcie_gather_gbs: 24.25,
+            cpu_moe_overlap_gbs: overlap.map(|o| o.0),
+            pcie_gather_overlap_gbs: overlap.map(|o| o.1),
+        }),
+        ..Profile::of_host_spec(&HostSpec::field_report(), model).unwrap()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1248,21 +1267,6 @@ mod tests {
         );
     }
 
-    fn profile(model: &ModelSpec) -> Profile {
-        let host = HostSpec::field_report();
-        Profile {
-            bench_bw: Some(BenchBw {
-                expert_bytes: 7_974_912,
-                experts: 8,
-                cpu_moe_gbs: 46.12,
-                pcie_gather_gbs: 24.25,
-                cpu_moe_overlap_gbs: None,
-                pcie_gather_overlap_gbs: None,
-            }),
-            ..Profile::of_host_spec(&host, model).unwrap()
-        }
-    }
-
     fn model() -> ModelSpec {
         ModelSpec::preset("qwen3.8-flash-next").unwrap()
     }
@@ -1270,7 +1274,7 @@ mod tests {
     #[test]
     fn a_stored_profile_is_found_fresh() {
         let dir = tempfile::tempdir().unwrap();
-        let p = profile(&model());
+        let p = test_profile(&model(), None);
         let path = store(dir.path(), &p).unwrap();
         assert!(path
             .file_name()
@@ -1297,7 +1301,7 @@ mod tests {
     #[test]
     fn a_different_key_is_stale_and_says_which_part() {
         let dir = tempfile::tempdir().unwrap();
-        let p = profile(&model());
+        let p = test_profile(&model(), None);
         store(dir.path(), &p).unwrap();
         let mut key = p.key.clone();
         key.host.gpu_driver = "560.35".to_string();
@@ -1331,7 +1335,7 @@ mod tests {
 
     #[test]
     fn a_key_written_before_the_gpu_paths_reads_with_none() {
-        let key = profile(&model()).key;
+        let key = test_profile(&model(), None).key;
         let mut v = serde_json::to_value(&key).unwrap();
         v["host"].as_object_mut().unwrap().remove("gpu_paths");
         let old: ProfileKey = serde_json::from_value(v).unwrap();
@@ -1345,7 +1349,7 @@ mod tests {
     #[test]
     fn a_corrupt_file_is_reported_and_replaced() {
         let dir = tempfile::tempdir().unwrap();
-        let p = profile(&model());
+        let p = test_profile(&model(), None);
         let path = dir.path().join(p.key.file_name());
         std::fs::write(&path, b"{\"key\": {\"host\": ").unwrap();
         match load(dir.path(), &p.key).unwrap() {
@@ -1377,7 +1381,7 @@ mod tests {
     #[test]
     fn a_profile_is_validated_as_a_whole_on_every_read() {
         let dir = tempfile::tempdir().unwrap();
-        let p = profile(&model());
+        let p = test_profile(&model(), None);
         let path = dir.path().join(p.key.file_name());
         let good = serde_json::to_value(&p).unwrap();
         // (edit, the field the error must name)
@@ -1482,7 +1486,7 @@ mod tests {
     #[test]
     fn a_cache_file_that_is_a_device_or_too_large_is_corrupt_not_read() {
         let dir = tempfile::tempdir().unwrap();
-        let p = profile(&model());
+        let p = test_profile(&model(), None);
         let path = dir.path().join(p.key.file_name());
         std::os::unix::fs::symlink("/dev/zero", &path).unwrap();
         match load(dir.path(), &p.key).unwrap() {
@@ -1517,7 +1521,7 @@ mod tests {
     #[test]
     fn the_layer_count_is_not_part_of_the_key_but_the_geometry_is() {
         let m = model();
-        let p = profile(&m);
+        let p = test_profile(&m, None);
         let one = ProfileKey::new(p.key.host.clone(), &m.first_layers(1).unwrap());
         assert_eq!(one.file_name(), p.key.file_name());
         assert!(p.key.mismatches(&one).is_empty());
@@ -1564,7 +1568,7 @@ mod tests {
     #[test]
     fn a_fit_that_misses_its_validation_is_untrusted() {
         use crate::perf::fit::{Residual, SampleRole, StepSample};
-        let mut p = profile(&model());
+        let mut p = test_profile(&model(), None);
         assert_eq!(p.trust_issue(), None, "no fit: nothing to distrust");
         let mut fit = FitReport {
             params: p.params.clone(),
@@ -1682,7 +1686,7 @@ mod tests {
             fn mutated_profiles_are_valid_or_refused(
                 edits in prop::collection::vec((any::<prop::sample::Index>(), replacement()), 1..6),
             ) {
-                let mut v = serde_json::to_value(profile(&model())).unwrap();
+                let mut v = serde_json::to_value(test_profile(&model(), None)).unwrap();
                 for (at, with) in edits {
                     let mut ptrs = Vec::new();
                     pointers(&v, String::new(), &mut ptrs);
@@ -1708,7 +1712,7 @@ mod tests {
     #[test]
     fn concurrent_writes_are_atomic() {
         let dir = tempfile::tempdir().unwrap();
-        let base = profile(&model());
+        let base = test_profile(&model(), None);
         store(dir.path(), &base).unwrap();
         let writers: Vec<_> = (0..4)
             .map(|w| {

@@ -25,6 +25,8 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 use serde::Serialize;
 use std::path::Path;
 
+use ft_model::stats::nearest_rank;
+
 use crate::axis::{self, Fit, Scale};
 use crate::legend::{self, Corner, Entry, Swatch};
 use crate::{PlotError, Result};
@@ -464,16 +466,6 @@ pub struct Stats {
     pub max: f64,
 }
 
-/// The nearest-rank `q` quantile (0 < q <= 1) of sorted values: the smallest value with at
-/// least a share `q` of the values at or below it.
-pub fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (q * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
-}
-
 impl Stats {
     fn of(values: &[f64]) -> Self {
         let mut v = values.to_vec();
@@ -483,8 +475,8 @@ impl Stats {
             n,
             min: v.first().copied().unwrap_or(f64::NAN),
             mean: v.iter().sum::<f64>() / n.max(1) as f64,
-            p50: quantile(&v, 0.5),
-            p90: quantile(&v, 0.9),
+            p50: nearest_rank(&v, 0.5),
+            p90: nearest_rank(&v, 0.9),
             max: v.last().copied().unwrap_or(f64::NAN),
         }
     }
@@ -1209,7 +1201,111 @@ fn legend_name(l: Legend) -> String {
     }
 }
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+/// An area of an SVG figure.
+pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Colour of the light grid lines between labelled ticks.
+const LIGHT_LINE: RGBColor = RGBColor(235, 235, 235);
+
+/// An SVG document of `size` pixels (width, height): a white canvas that `draw` draws on,
+/// then written out; what `draw` returns comes back beside the document. Every figure of
+/// this crate (`ft plot`'s charts, a decision's picture) is made here. Errors name
+/// `figure`.
+pub(crate) fn svg<T>(
+    size: (u32, u32),
+    figure: &str,
+    draw: impl FnOnce(&Area<'_>) -> Result<T>,
+) -> Result<(String, T)> {
+    let err = draw_err::<DrawingAreaErrorKind<std::io::Error>>(figure);
+    let mut svg = String::new();
+    let drawn = {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE).map_err(&err)?;
+        let drawn = draw(&root)?;
+        root.present().map_err(&err)?;
+        drawn
+    };
+    Ok((svg, drawn))
+}
+
+/// One axis of a [`Frame`]: its description (with its unit) and how its labels read.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FrameAxis<'a> {
+    /// The description under (x) or beside (y) the axis.
+    pub desc: &'a str,
+    /// The axis' range, which the labels' decimals follow ([`axis::label`]).
+    pub range: (f64, f64),
+    /// Linear or logarithmic.
+    pub scale: Scale,
+}
+
+/// How a chart sits in its area and what its axes say: the one setup of a chart (margins,
+/// caption, label areas, mesh) that `ft plot`'s charts and a decision's bars and panels
+/// share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Frame<'a> {
+    /// A caption over the chart (15 px), if any.
+    pub caption: Option<&'a str>,
+    /// Margin on every side, in pixels.
+    pub margin: u32,
+    /// Margin above (room for a legend row under the caption), in pixels.
+    pub margin_top: u32,
+    /// Height of the x axis' labels and description, in pixels.
+    pub x_labels: u32,
+    /// Width of the y axis' labels and description, in pixels.
+    pub y_labels: u32,
+    /// The x axis.
+    pub x: FrameAxis<'a>,
+    /// The y axis; `None`: no y labels and no horizontal grid lines (a bar chart whose
+    /// rows are named by the caller).
+    pub y: Option<FrameAxis<'a>>,
+}
+
+/// A chart drawn on an SVG area, over the coordinates `X` and `Y`.
+pub(crate) type Chart<'a, X, Y> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>;
+
+/// A chart on `area` as `f` sets it up, over the coordinates `x` and `y`, its mesh drawn:
+/// labels by [`axis::label`] (log axes at their key points), light grid lines.
+pub(crate) fn frame<'a, X, Y>(
+    area: &Area<'a>,
+    f: &Frame<'_>,
+    x: X,
+    y: Y,
+) -> std::result::Result<Chart<'a, X::CoordDescType, Y::CoordDescType>, String>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .margin(f.margin)
+        .margin_top(f.margin_top)
+        .x_label_area_size(f.x_labels)
+        .y_label_area_size(f.y_labels);
+    if let Some(c) = f.caption {
+        builder.caption(c, ("sans-serif", 15));
+    }
+    let mut chart = builder
+        .build_cartesian_2d(x, y)
+        .map_err(|e| e.to_string())?;
+    let x_label = |v: &f64| axis::label(*v, f.x.range, f.x.scale);
+    let y_label = |v: &f64| {
+        f.y.map_or_else(String::new, |a| axis::label(*v, a.range, a.scale))
+    };
+    let mut mesh = chart.configure_mesh();
+    mesh.x_desc(f.x.desc)
+        .x_label_formatter(&x_label)
+        .max_light_lines(axis::LIGHT_LINES)
+        .light_line_style(LIGHT_LINE);
+    match &f.y {
+        Some(a) => mesh.y_desc(a.desc).y_label_formatter(&y_label),
+        None => mesh.disable_y_mesh().y_labels(0),
+    };
+    mesh.draw().map_err(|e| e.to_string())?;
+    Ok(chart)
+}
 
 /// Height of a legend drawn in rows under the chart, `width` pixels wide.
 fn outside_height(entries: &[Entry], width: i32) -> i32 {
@@ -1223,10 +1319,7 @@ fn render(plan: &Plan) -> Result<(String, Legend)> {
     let legend_px = legend::column_size(&entries);
     let place = placement(plan, &r, legend_px);
     let err = draw_err::<DrawingAreaErrorKind<std::io::Error>>(&plan.title);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, plan.size).into_drawing_area();
-        root.fill(&WHITE).map_err(&err)?;
+    let (svg, ()) = svg(plan.size, &plan.title, |root| {
         // The title over the whole width; below it the chart, and an outside legend in
         // rows under the chart (beside it, long series names would squeeze the plot).
         let (title_area, body) = root.split_vertically(TITLE_BAND);
@@ -1250,7 +1343,7 @@ fn render(plan: &Plan) -> Result<(String, Legend)> {
         };
         let key = |(lo, hi): (f64, f64)| axis::log_ticks(lo, hi, axis::MAX_LOG_TICKS);
         let (x, y) = (r.x.0..r.x.1, r.y.0..r.y.1);
-        let frame = match (plan.log_x, plan.log_y) {
+        let corners = match (plan.log_x, plan.log_y) {
             (false, false) => draw(&chart_area, plan, &r, x, y)?,
             (true, false) => draw(
                 &chart_area,
@@ -1276,20 +1369,20 @@ fn render(plan: &Plan) -> Result<(String, Legend)> {
         };
         match (place, below) {
             (Legend::Corner(c), _) => {
-                let (x0, y0) = frame.0;
-                let plot = (frame.1 .0 - x0, frame.1 .1 - y0);
+                let (x0, y0) = corners.0;
+                let plot = (corners.1 .0 - x0, corners.1 .1 - y0);
                 let (lx, ly) = c.origin(plot, legend_px, LEGEND_INSET);
-                legend::draw_column(&root, &entries, (x0 + lx, y0 + ly)).map_err(&err)?;
+                legend::draw_column(root, &entries, (x0 + lx, y0 + ly)).map_err(&err)?;
             }
             (Legend::Outside, Some(below)) => {
                 let (_, by) = below.get_base_pixel();
-                let at = (frame.0 .0, by + legend::ROW_HEIGHT / 2 + 4);
-                legend::draw_rows(&root, &entries, at, rows_width).map_err(&err)?;
+                let at = (corners.0 .0, by + legend::ROW_HEIGHT / 2 + 4);
+                legend::draw_rows(root, &entries, at, rows_width).map_err(&err)?;
             }
             _ => {}
         }
-        root.present().map_err(&err)?;
-    }
+        Ok(())
+    })?;
     Ok((svg, place))
 }
 
@@ -1309,23 +1402,27 @@ where
     Y::CoordDescType: ValueFormatter<f64>,
 {
     let e = draw_err(&plan.title);
-    let mut chart = ChartBuilder::on(root)
-        .margin(MARGIN)
-        .x_label_area_size(X_LABELS)
-        .y_label_area_size(Y_LABELS)
-        .build_cartesian_2d(x, y)
-        .map_err(&e)?;
-    let (xs, ys) = (Scale::of(plan.log_x), Scale::of(plan.log_y));
-    chart
-        .configure_mesh()
-        .x_desc(plan.xlabel.as_str())
-        .y_desc(plan.ylabel.as_str())
-        .x_label_formatter(&|v| axis::label(*v, r.x, xs))
-        .y_label_formatter(&|v| axis::label(*v, r.y, ys))
-        .max_light_lines(axis::LIGHT_LINES)
-        .light_line_style(RGBColor(235, 235, 235))
-        .draw()
-        .map_err(&e)?;
+    let f = Frame {
+        caption: None,
+        margin: MARGIN,
+        margin_top: MARGIN,
+        x_labels: X_LABELS,
+        y_labels: Y_LABELS,
+        x: FrameAxis {
+            desc: &plan.xlabel,
+            range: r.x,
+            scale: Scale::of(plan.log_x),
+        },
+        y: Some(FrameAxis {
+            desc: &plan.ylabel,
+            range: r.y,
+            scale: Scale::of(plan.log_y),
+        }),
+    };
+    let mut chart = frame(root, &f, x, y).map_err(|message| PlotError::Draw {
+        figure: plan.title.clone(),
+        message,
+    })?;
 
     for (i, s) in plan.series.iter().enumerate() {
         let c = color(s.color);

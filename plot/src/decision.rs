@@ -13,6 +13,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use crate::axis::{self, Fit, Scale};
+use crate::chart::{self, Area, Chart, Frame, FrameAxis};
 use crate::legend::{self, Entry, Swatch};
 use crate::{PlotError, Result};
 
@@ -239,10 +240,7 @@ pub fn render(fig: &Figure) -> Result<String> {
         STRATEGY_COLORS[i % STRATEGY_COLORS.len()]
     };
     let err = draw_err(&fig.title);
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let (svg, ()) = chart::svg((WIDTH, height), &fig.title, |root| {
         let (header, rest) = root.split_vertically(HEADER);
         draw_header(&header, fig, &strategies, &color_of).map_err(&err)?;
         let (bars, panels) = rest.split_vertically(bars_h);
@@ -255,12 +253,10 @@ pub fn render(fig: &Figure) -> Result<String> {
                 draw_panel(area, p, &color_of).map_err(&err)?;
             }
         }
-        root.present().map_err(|e| err(e.to_string()))?;
-    }
+        Ok(())
+    })?;
     Ok(svg)
 }
-
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 /// A backend pixel in `area`'s own coordinates (what its `draw` takes).
 fn local(area: &Area<'_>, (x, y): (i32, i32)) -> (i32, i32) {
@@ -324,24 +320,20 @@ fn draw_bars(area: &Area<'_>, fig: &Figure) -> std::result::Result<(), String> {
         .map(|b| b.parts.iter().map(|p| p.1.max(0.0)).sum::<f64>())
         .fold(0.0, f64::max)
         .max(1e-9);
-    let mut chart = ChartBuilder::on(area)
-        .caption(&fig.bars_title, ("sans-serif", 15))
-        .margin(10)
-        .margin_top(28)
-        .x_label_area_size(38)
-        .y_label_area_size(190)
-        .build_cartesian_2d(0.0..longest * 1.05, 0.0..n as f64)
-        .map_err(|e| e.to_string())?;
-    chart
-        .configure_mesh()
-        .disable_y_mesh()
-        .y_labels(0)
-        .x_desc(fig.bars_unit.as_str())
-        .x_label_formatter(&|v| axis::label(*v, (0.0, longest), Scale::Linear))
-        .max_light_lines(axis::LIGHT_LINES)
-        .light_line_style(RGBColor(235, 235, 235))
-        .draw()
-        .map_err(|e| e.to_string())?;
+    let f = Frame {
+        caption: Some(&fig.bars_title),
+        margin: 10,
+        margin_top: 28,
+        x_labels: 38,
+        y_labels: 190,
+        x: FrameAxis {
+            desc: &fig.bars_unit,
+            range: (0.0, longest),
+            scale: Scale::Linear,
+        },
+        y: None,
+    };
+    let mut chart = chart::frame(area, &f, 0.0..longest * 1.05, 0.0..n as f64)?;
     let mut resources: Vec<&str> = Vec::new();
     for (i, b) in fig.bars.iter().enumerate() {
         // The first bar on top.
@@ -414,52 +406,46 @@ fn draw_panel(
         Scale::Linear,
         Fit::FROM_ZERO,
     );
+    let f = Frame {
+        caption: Some(&p.title),
+        margin: 12,
+        margin_top: 12,
+        x_labels: 42,
+        y_labels: 60,
+        x: FrameAxis {
+            desc: &p.x_label,
+            range: (xlo, xhi),
+            scale,
+        },
+        y: Some(FrameAxis {
+            desc: &p.y_label,
+            range: (0.0, yhi),
+            scale: Scale::Linear,
+        }),
+    };
     if p.log_x {
         let ticks = axis::log_ticks(xlo, xhi, axis::MAX_LOG_TICKS);
-        let chart = ChartBuilder::on(area)
-            .caption(&p.title, ("sans-serif", 15))
-            .margin(12)
-            .x_label_area_size(42)
-            .y_label_area_size(60)
-            .build_cartesian_2d((xlo..xhi).log_scale().with_key_points(ticks), 0.0..yhi)
-            .map_err(|e| e.to_string())?;
-        fill_panel(chart, p, color_of, (xlo, xhi), yhi)
+        let x = (xlo..xhi).log_scale().with_key_points(ticks);
+        fill_panel(chart::frame(area, &f, x, 0.0..yhi)?, p, color_of, yhi)
     } else {
-        let chart = ChartBuilder::on(area)
-            .caption(&p.title, ("sans-serif", 15))
-            .margin(12)
-            .x_label_area_size(42)
-            .y_label_area_size(60)
-            .build_cartesian_2d(xlo..xhi, 0.0..yhi)
-            .map_err(|e| e.to_string())?;
-        fill_panel(chart, p, color_of, (xlo, xhi), yhi)
+        fill_panel(
+            chart::frame(area, &f, xlo..xhi, 0.0..yhi)?,
+            p,
+            color_of,
+            yhi,
+        )
     }
 }
 
 fn fill_panel<'a, X>(
-    mut chart: ChartContext<
-        'a,
-        SVGBackend<'a>,
-        Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
-    >,
+    mut chart: Chart<'a, X, plotters::coord::types::RangedCoordf64>,
     p: &Panel,
     color_of: &dyn Fn(&str) -> RGBColor,
-    x: (f64, f64),
     yhi: f64,
 ) -> std::result::Result<(), String>
 where
-    X: Ranged<ValueType = f64> + plotters::coord::ranged1d::ValueFormatter<f64>,
+    X: Ranged<ValueType = f64>,
 {
-    chart
-        .configure_mesh()
-        .x_desc(p.x_label.as_str())
-        .y_desc(p.y_label.as_str())
-        .x_label_formatter(&|v| axis::label(*v, x, Scale::of(p.log_x)))
-        .y_label_formatter(&|v| axis::label(*v, (0.0, yhi), Scale::Linear))
-        .max_light_lines(axis::LIGHT_LINES)
-        .light_line_style(RGBColor(235, 235, 235))
-        .draw()
-        .map_err(|e| e.to_string())?;
     for c in &p.curves {
         let color = color_of(&c.name);
         chart

@@ -5,8 +5,9 @@
 //! argument glue. [`chart`] draws an experiment's CSV (`ft plot`); [`decision`] draws a
 //! decision: the step time of each strategy split by resource, and the tok/s of each
 //! strategy against each input that decides it, with the current host and the break-evens
-//! marked (`ft explain --plot`). Both take their axis ranges and ticks from [`axis`] and
-//! their legends from [`legend`].
+//! marked (`ft explain --plot`). Both draw on the canvas of `chart::svg` and set up each
+//! chart with `chart::frame` (margins, caption, mesh), and take their axis ranges and
+//! ticks from [`axis`] and their legends from [`legend`].
 
 pub mod axis;
 pub mod chart;

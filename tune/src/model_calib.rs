@@ -6,7 +6,8 @@
 //! fitted to those very runs, and where it misses them the runs are the better evidence. A
 //! candidate not measured there is predicted: its standard error is the fitted terms' errors
 //! carried through the prediction (each term moved by its standard error, the effects summed
-//! in quadrature: the fit reports no correlations), with the fit's residual noise (at least
+//! in quadrature: the fit reports no correlations; with as many terms as runs, where the
+//! errors are undefined, those at the host model's run noise), with the fit's residual noise (at least
 //! `rel_noise`) added, since a calibrated model still misses an unseen configuration by about
 //! as much as it misses the runs.
 //!
@@ -225,7 +226,7 @@ impl Calibrator for Model {
             }
             let mut var = (noise * tok_s).powi(2);
             for (i, t) in fitted.iter().enumerate() {
-                if let Some(se) = t.se {
+                if let Some(se) = t.se.or(t.se_at_run_noise) {
                     let mut v = values.clone();
                     v[i] += se;
                     let d = at(&v) - tok_s;

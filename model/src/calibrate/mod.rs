@@ -27,15 +27,18 @@
 //!    [`Term::scale`]) is taken at the host model. Terms are admitted in [`Term::ALL`]'s order
 //!    while the admitted columns' condition number stays below
 //!    [`CalibrateConfig::max_condition`] and their smallest singular value above
-//!    [`CalibrateConfig::min_sensitivity`], and while there are fewer admitted terms than
-//!    runs. A term left out is reported with why (no run moves it, or it moves the runs as
+//!    [`CalibrateConfig::min_sensitivity`], and while there are no more admitted terms
+//!    than runs. A term left out is reported with why (no run moves it, or it moves the runs as
 //!    the named admitted terms do), held at its neutral value, and the one candidate run
 //!    (strategy, streams, context) whose row would admit most of the left-out terms is named.
 //! 4. **Fit.** argmin's Nelder-Mead on the sum of squared residuals, factors in log space and
 //!    fixed costs as `scale |x|` (never negative), restarted once from its best point.
 //! 5. **Uncertainty.** `C = s^2 (J^T J)^-1` from the Jacobian at the optimum, `s^2 = RSS /
-//!    (n - k)` (the parameters' run noise where `n = k`). A fixed cost the fit put at 0 is
-//!    marked at its bound.
+//!    (n - k)`. Where `n = k` (0 degrees of freedom) the fit passes through every run and
+//!    `s` is undefined: the standard errors are reported undefined, and those at the host
+//!    model's run noise are kept apart ([`TermEstimate::se_at_run_noise`]) for the
+//!    calibrated model's intervals, which say so. A fixed cost the fit put at 0 is marked
+//!    at its bound.
 //! 6. **Leave-one-out.** Each run is predicted from a fit without it (terms identified again
 //!    on the rest), its error reported beside the in-sample one.
 
@@ -123,8 +126,16 @@ pub struct TermEstimate {
     pub term: Term,
     /// Its value ([`Term::neutral`] where not identified), in [`TermEstimate::unit`].
     pub value: f64,
-    /// Its standard error (`None` where not identified).
+    /// Its standard error (`None` where not identified, and where the fit has no residual
+    /// degrees of freedom: as many fitted terms as runs leave no scatter to estimate it
+    /// from, so it is undefined; see [`TermEstimate::se_at_run_noise`]).
     pub se: Option<f64>,
+    /// Only where `se` is undefined for a fitted term (0 degrees of freedom): the standard
+    /// error it would have if the runs scattered by the host model's run noise
+    /// ([`PerfParams::run_noise_rel`]), an assumption, not an estimate. A calibrated
+    /// model's intervals and `ft tune`'s estimates use it there, and say so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub se_at_run_noise: Option<f64>,
     /// The unit of the value.
     pub unit: String,
     /// Whether the runs identified it (it was fitted).
@@ -222,8 +233,31 @@ pub struct FitSummary {
     pub rms_calibrated: f64,
     /// rms of the leave-one-out log-ratio errors (`None` when not run).
     pub rms_leave_one_out: Option<f64>,
-    /// The residual scale the standard errors use (relative).
+    /// The residual scale the standard errors use (relative); at 0 degrees of freedom the
+    /// runs cannot estimate it and this is the host model's run noise, assumed.
     pub sigma: f64,
+}
+
+impl FitSummary {
+    /// Whether the runs estimate the standard errors: false with as many fitted terms as
+    /// runs (0 residual degrees of freedom), where they are undefined.
+    pub fn standard_errors_defined(&self) -> bool {
+        self.dof > 0
+    }
+
+    /// What 0 degrees of freedom means for the standard errors, in words (`None` where the
+    /// runs estimate them).
+    pub fn undefined_errors_note(&self) -> Option<String> {
+        (!self.standard_errors_defined()).then(|| {
+            format!(
+                "0 degrees of freedom ({} runs for as many fitted terms): the fitted terms' \
+                 standard errors are undefined; intervals assume the host model's run noise \
+                 of {:.1}%, and one more run estimates them",
+                self.runs,
+                100.0 * self.sigma
+            )
+        })
+    }
 }
 
 /// The result of [`calibrate`].
@@ -248,13 +282,17 @@ impl Calibration {
     }
 
     /// The calibrated model: `base` with the fitted parameters, the fitted terms' standard
-    /// errors laid over the base covariance (on the parameters they move), and the fit's
-    /// degrees of freedom.
+    /// errors laid over the base covariance (on the parameters they move; at 0 degrees of
+    /// freedom the errors at the assumed run noise, [`TermEstimate::se_at_run_noise`]), and
+    /// the fit's degrees of freedom: `Some` whatever their number, since a fit to runs is
+    /// calibrated (0 reads as "standard errors undefined", never as "uncalibrated").
     pub fn perf_model(&self, base: &PerfModel) -> PerfModel {
         let mut ids = Vec::new();
         let mut se = Vec::new();
         for t in &self.terms {
-            if let (Some(id), Some(s), true) = (t.term.param(), t.se, t.identified) {
+            if let (Some(id), Some(s), true) =
+                (t.term.param(), t.se.or(t.se_at_run_noise), t.identified)
+            {
                 ids.push(id);
                 se.push((s * t.term.param_slope(&base.params, t.value)).abs());
             }
@@ -264,16 +302,16 @@ impl Calibration {
             covariance: base
                 .covariance
                 .overlay(&ParamCovariance::diagonal(ids, &se)),
-            dof: if self.fit.dof > 0 {
-                Some(self.fit.dof)
-            } else {
-                base.dof
-            },
+            dof: Some(self.fit.dof),
             source: format!(
-                "{}; calibrated to {} runs ({} terms)",
+                "{}; calibrated to {} runs ({} terms{})",
                 base.source,
                 self.fit.runs,
-                self.identifiability.fitted.len()
+                self.identifiability.fitted.len(),
+                self.fit
+                    .undefined_errors_note()
+                    .map(|n| format!("; {n}"))
+                    .unwrap_or_default()
             ),
         }
     }
@@ -369,8 +407,16 @@ impl CalibrationRecord {
                 (0.0, MAX_FIXED_US)
             };
             check_range(at(format!("terms[{i}].value")), t.value, lo, hi)?;
-            if let Some(se) = t.se {
-                check_range(at(format!("terms[{i}].se")), se, 0.0, f64::MAX)?;
+            for (name, se) in [("se", t.se), ("se_at_run_noise", t.se_at_run_noise)] {
+                if let Some(se) = se {
+                    check_range(at(format!("terms[{i}].{name}")), se, 0.0, f64::MAX)?;
+                }
+            }
+            if t.se.is_some() && !self.fit.standard_errors_defined() {
+                return Err(ModelError::invalid(
+                    at(format!("terms[{i}].se")),
+                    "a standard error from a fit with 0 degrees of freedom (undefined)",
+                ));
             }
             if t.identified != self.identifiability.fitted.contains(&t.term) {
                 return Err(ModelError::invalid(
@@ -697,6 +743,9 @@ pub fn calibrate(
     let k = fitted.len();
     let dof = n.saturating_sub(k);
     let rss: f64 = fit_res.iter().map(|r| r * r).sum();
+    // With as many terms as runs the residuals are all but 0 whatever the noise: the runs
+    // cannot estimate their scatter, so the errors are undefined and kept apart, at an
+    // assumed scatter, as `se_at_run_noise`.
     let sigma = if dof > 0 {
         (rss / dof as f64).sqrt()
     } else {
@@ -723,7 +772,8 @@ pub fn calibrate(
             TermEstimate {
                 term: *t,
                 value,
-                se: i.and_then(|i| se[i]),
+                se: i.and_then(|i| se[i]).filter(|_| dof > 0),
+                se_at_run_noise: i.and_then(|i| se[i]).filter(|_| dof == 0),
                 unit: t.unit().into(),
                 identified: i.is_some(),
                 at_bound: i.is_some()
@@ -1119,6 +1169,110 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("prefill_chunk_tokens"), "{e}");
+    }
+
+    /// As many runs as fitted terms: the fit is calibrated (its break-evens say so), its
+    /// standard errors are undefined and every output says that instead of showing errors
+    /// the runs cannot give; one more run makes them defined again.
+    #[test]
+    fn zero_degrees_of_freedom_is_calibrated_with_undefined_errors() {
+        use crate::perf::breakeven::break_evens;
+        use crate::perf::decide;
+        use crate::perf::predict::{predict, PredictConfig};
+        let model = small_model();
+        let base = PerfModel::from_host(&HostSpec::field_report()).unwrap();
+        let config = CalibrateConfig {
+            terms: vec![Term::LinkRate],
+            leave_one_out: false,
+            ..quick()
+        };
+        let one = vec![obs(1, ObservedStrategy::Offload, 1, 1024)];
+        let one = measured_as(
+            &model,
+            &base.params,
+            &[(Term::LinkRate, 0.7)],
+            one,
+            0.0,
+            &config,
+        );
+        let cal = calibrate(&model, &base, &one, &config).unwrap();
+        assert_eq!((cal.fit.runs, cal.fit.dof), (1, 0), "{:?}", cal.fit);
+        assert!(!cal.fit.standard_errors_defined());
+        let link = cal.term(Term::LinkRate).unwrap();
+        assert!(
+            link.identified && (link.value - 0.7).abs() < 0.01,
+            "{link:?}"
+        );
+        assert_eq!(link.se, None, "undefined, not shown: {link:?}");
+        let assumed = link.se_at_run_noise.expect("the error at the run noise");
+        assert!(assumed > 0.0 && assumed.is_finite(), "{link:?}");
+        assert_eq!(cal.fit.sigma, base.params.run_noise_rel);
+        let note = cal.fit.undefined_errors_note().unwrap();
+        assert!(note.contains("standard errors are undefined"), "{note}");
+
+        // The calibrated model is calibrated (dof Some(0), not the base's None) and its
+        // intervals carry the assumed error on the parameter the term moves.
+        let m = cal.perf_model(&base);
+        assert_eq!(m.dof, Some(0));
+        assert!(
+            m.source.contains("standard errors are undefined"),
+            "{}",
+            m.source
+        );
+        let id = Term::LinkRate.param().unwrap();
+        let want = (assumed * Term::LinkRate.param_slope(&base.params, link.value)).abs();
+        assert!((m.covariance.se(id) - want).abs() <= 1e-9 * want, "{m:?}");
+
+        let pc = PredictConfig {
+            warmup_steps: 20,
+            steps: 20,
+            seed: Some(7),
+            ..PredictConfig::default()
+        };
+        let pred = predict(&model, &m, &pc).unwrap();
+        let b = break_evens(&model, &m, &pc, &pred, decide(&pred).kind).unwrap();
+        assert!(b.calibrated && b.dof == Some(0), "{}", b.text);
+        assert!(!b.text.contains("uncalibrated"), "{}", b.text);
+        assert!(b.settling_run.is_none());
+        assert!(
+            b.text.contains("standard errors are undefined"),
+            "{}",
+            b.text
+        );
+        assert!(b.one_line().contains("0 degrees of freedom"));
+
+        // The record says so too, and refuses an error a 0-dof fit cannot have.
+        let rec = cal.record("o.csv".into(), "host".into(), Vec::new());
+        rec.validate().unwrap();
+        let mut bad = rec.clone();
+        bad.terms.iter_mut().find(|t| t.identified).unwrap().se = Some(assumed);
+        let e = bad.validate().unwrap_err().to_string();
+        assert!(e.contains("calibration.terms[") && e.contains(".se"), "{e}");
+
+        // One more run: the errors are the fit's own, and nothing is assumed.
+        let two = vec![
+            obs(1, ObservedStrategy::Offload, 1, 1024),
+            obs(2, ObservedStrategy::Offload, 2, 1024),
+        ];
+        let two = measured_as(
+            &model,
+            &base.params,
+            &[(Term::LinkRate, 0.7)],
+            two,
+            0.01,
+            &config,
+        );
+        let cal2 = calibrate(&model, &base, &two, &config).unwrap();
+        assert_eq!(cal2.fit.dof, 1);
+        let link2 = cal2.term(Term::LinkRate).unwrap();
+        assert!(
+            link2.se.is_some() && link2.se_at_run_noise.is_none(),
+            "{link2:?}"
+        );
+        assert!(cal2.fit.undefined_errors_note().is_none());
+        let m2 = cal2.perf_model(&base);
+        assert_eq!(m2.dof, Some(1));
+        assert!(!m2.source.contains("undefined"), "{}", m2.source);
     }
 
     #[test]

@@ -79,6 +79,12 @@ pub const CPU_LAYER_FIXED_MAX_US: f64 = 5000.0;
 /// Longest context searched, in tokens.
 pub const CONTEXT_MAX: f64 = 262_144.0;
 
+/// What a decision from a fit with 0 residual degrees of freedom says of itself: it is
+/// calibrated, but its standard errors are undefined (as many fitted terms as runs).
+pub const ZERO_DOF_NOTE: &str = "calibrated with 0 degrees of freedom (as many fitted terms as \
+    runs): the fitted terms' standard errors are undefined, the intervals assume the host \
+    model's run noise; one more run estimates them.";
+
 /// An uncertain input of a decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -305,8 +311,10 @@ pub struct Scenario {
     base: Knobs,
     choice: StrategyKind,
     contenders: Vec<Contender>,
-    /// Whether the CPU side's rate is a bench's (a host spec) rather than a fitted one.
-    from_bench: bool,
+    /// Residual degrees of freedom of the fit the parameters came from: `None` where the
+    /// CPU side's rate is a bench's (a host spec, no run fitted); `Some(0)` where a fit to
+    /// runs left its standard errors undefined.
+    dof: Option<usize>,
 }
 
 /// Whether a strategy of a prediction takes part in the decision (as [`super::decide`]
@@ -434,8 +442,13 @@ impl Scenario {
             },
             choice,
             contenders,
-            from_bench: perf.dof.is_none(),
+            dof: perf.dof,
         })
+    }
+
+    /// Whether the parameters are a host spec's (no run fitted).
+    fn uncalibrated(&self) -> bool {
+        self.dof.is_none()
     }
 
     /// The strategies taking part, with the choice first.
@@ -634,7 +647,11 @@ impl Scenario {
         match input {
             Input::CpuServing => format!(
                 " its {} rate",
-                if self.from_bench { "bench" } else { "modelled" }
+                if self.uncalibrated() {
+                    "bench"
+                } else {
+                    "modelled"
+                }
             ),
             Input::LinkRate => format!(" its modelled {:.1} GB/s", self.params.gather_gbs),
             Input::CpuLayerFixed | Input::MissRate | Input::Context => String::new(),
@@ -706,7 +723,7 @@ impl Scenario {
             .iter()
             .map(|&i| self.break_even(i))
             .collect::<Result<Vec<_>>>()?;
-        let settling = if self.from_bench {
+        let settling = if self.uncalibrated() {
             self.settling_run(&inputs, streams, context)
         } else {
             None
@@ -715,7 +732,10 @@ impl Scenario {
         for b in &inputs {
             let _ = writeln!(text, "- {}", b.text);
         }
-        if self.from_bench {
+        if self.dof == Some(0) {
+            let _ = writeln!(text, "{ZERO_DOF_NOTE}");
+        }
+        if self.uncalibrated() {
             let _ = writeln!(
                 text,
                 "uncalibrated: made from host inputs alone (no run of the engine fitted). {}",
@@ -726,7 +746,8 @@ impl Scenario {
             );
         }
         Ok(BreakEvens {
-            calibrated: !self.from_bench,
+            calibrated: !self.uncalibrated(),
+            dof: self.dof,
             inputs,
             settling_run: settling,
             text,
@@ -889,6 +910,10 @@ pub struct SettlingRun {
 pub struct BreakEvens {
     /// False where the parameters are a host spec's (no run fitted).
     pub calibrated: bool,
+    /// Residual degrees of freedom of the fit (`None` from host inputs alone; 0: fitted to
+    /// runs, but with as many terms as runs, so its standard errors are undefined).
+    #[serde(default)]
+    pub dof: Option<usize>,
     /// One per input, in [`Input::ALL`] order.
     pub inputs: Vec<BreakEven>,
     /// Where uncalibrated, the run that would settle the choice (none where no input flips
@@ -902,6 +927,9 @@ impl BreakEvens {
     /// Everything on one line (a server's start log).
     pub fn one_line(&self) -> String {
         let mut parts: Vec<String> = self.inputs.iter().map(|b| b.text.clone()).collect();
+        if self.dof == Some(0) {
+            parts.push(ZERO_DOF_NOTE.to_string());
+        }
         if !self.calibrated {
             parts.push(format!(
                 "uncalibrated (host inputs alone){}",
@@ -1105,7 +1133,7 @@ impl Scenario {
                 strategy,
                 runs: vec![Run::of(&samples)],
             }],
-            from_bench: perf.dof.is_none(),
+            dof: perf.dof,
         })
     }
 

@@ -709,7 +709,10 @@ impl Prediction {
     }
 }
 
-/// The two-sided quantile of the intervals.
+/// The two-sided quantile of the intervals: Student's t at a fit's residual degrees of
+/// freedom; the normal where there are none to estimate the scatter from, a host spec's
+/// prior (`None`) or a calibration with as many terms as runs (`Some(0)`), whose errors
+/// then assume a known run noise.
 fn quantile(confidence: f64, dof: Option<usize>) -> f64 {
     let p = 0.5 + confidence / 2.0;
     match dof {

@@ -312,9 +312,6 @@ fn cdf_steps_rise_by_one_nth_at_each_value() {
             (3.0, 1.0)
         ]
     );
-    assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.5), 2.0);
-    assert_eq!(quantile(&[1.0, 2.0, 3.0, 4.0], 0.9), 4.0);
-    assert!(quantile(&[], 0.5).is_nan());
 }
 
 #[test]
