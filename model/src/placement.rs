@@ -201,6 +201,40 @@ impl GpuLayout {
         }
     }
 
+    /// Whether GPU `gpu`'s CPU workers compute the `i`-th CPU expert of the plan it runs:
+    /// sharded, each GPU computes its own plan's CPU experts; under tensor parallelism every
+    /// GPU runs the one shared plan, and its CPU experts are dealt out in turn (expert `i`
+    /// to GPU `i mod G`), so each GPU's workers compute about `1/G` of them, whole.
+    pub fn computes_cpu_expert(&self, gpu: u32, i: usize) -> bool {
+        match self.placement {
+            GpuPlacement::Sharded => true,
+            GpuPlacement::TensorParallel => i % self.count().max(1) == gpu as usize,
+        }
+    }
+
+    /// How many of its plan's `cpu` CPU experts GPU `gpu` computes
+    /// ([`GpuLayout::computes_cpu_expert`]): a whole count exactly as the experts are
+    /// dealt; an expected (fractional) count deals its whole experts alike and its fraction
+    /// to the GPU whose turn is next, so the GPUs' shares sum to `cpu`.
+    pub fn cpu_experts_on(&self, gpu: u32, cpu: f64) -> f64 {
+        match self.placement {
+            GpuPlacement::Sharded => cpu,
+            GpuPlacement::TensorParallel => {
+                let n = self.count().max(1) as f64;
+                let (g, x) = (f64::from(gpu), cpu.max(0.0));
+                let whole = x.floor();
+                // Experts 0 .. whole - 1 dealt in turn: those with i mod n == g.
+                let dealt = if whole > g {
+                    ((whole - 1.0 - g) / n).floor() + 1.0
+                } else {
+                    0.0
+                };
+                let next = whole % n == g;
+                dealt + if next { x - whole } else { 0.0 }
+            }
+        }
+    }
+
     /// Check that `model` can be laid out this way; an error names `gpu.placement`.
     ///
     /// Tensor parallelism splits every expert along its intermediate dimension: `gate` and
@@ -280,6 +314,30 @@ impl GpuLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The expected count of each GPU's CPU experts against dealing them one by one.
+    #[test]
+    fn cpu_experts_are_dealt_out_under_tensor_parallelism() {
+        for gpus in 1..=4u32 {
+            let tp = GpuLayout::new(gpus, GpuPlacement::TensorParallel).unwrap();
+            let sharded = GpuLayout::new(gpus, GpuPlacement::Sharded).unwrap();
+            for cpu in 0..=11usize {
+                let mut total = 0.0;
+                for g in 0..gpus {
+                    let naive = (0..cpu).filter(|&i| tp.computes_cpu_expert(g, i)).count();
+                    assert_eq!(tp.cpu_experts_on(g, cpu as f64), naive as f64);
+                    assert_eq!(sharded.cpu_experts_on(g, cpu as f64), cpu as f64);
+                    total += tp.cpu_experts_on(g, cpu as f64 + 0.25);
+                }
+                // A fraction goes to the GPU whose turn is next; the shares sum to the count.
+                assert!((total - (cpu as f64 + 0.25)).abs() < 1e-12, "{gpus} {cpu}");
+                assert_eq!(
+                    tp.cpu_experts_on(cpu as u32 % gpus, cpu as f64 + 0.25),
+                    tp.cpu_experts_on(cpu as u32 % gpus, cpu as f64) + 0.25
+                );
+            }
+        }
+    }
 
     fn route(experts: &[u32]) -> TokenRoute {
         let w = 1.0 / experts.len() as f32;

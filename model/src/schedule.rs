@@ -39,7 +39,10 @@
 //!   ([`crate::perf::StrategyOverheads::of`], keyed by [`LayerWork`], never by a strategy's
 //!   name).
 //!
-//! Operations without work (no hits, no fetched expert, no CPU share) are left out.
+//! Operations without work (no hits, no fetched expert, no CPU share) are left out. Under
+//! tensor parallelism every GPU runs the one plan and its CPU experts are dealt out over the
+//! GPUs, each computed whole on one GPU's workers ([`LayerSchedule::counts_on`], as the
+//! engine deals them).
 
 use serde::{Deserialize, Serialize};
 
@@ -153,13 +156,32 @@ pub struct LayerSchedule {
 }
 
 impl LayerSchedule {
+    /// What GPU `gpu` of `layout` computes of a layer whose plans are `plans`: its plan
+    /// ([`GpuLayout::plan_of`]), under tensor parallelism with its dealt share of the plan's
+    /// CPU experts ([`GpuLayout::cpu_experts_on`]: the engine computes each CPU expert whole
+    /// on one GPU's workers) and their tokens in proportion.
+    pub fn counts_on(layout: &GpuLayout, plans: &[LayerCounts], gpu: u32) -> LayerCounts {
+        let c = plans[layout.plan_of(gpu).min(plans.len().saturating_sub(1))];
+        let cpu = layout.cpu_experts_on(gpu, c.cpu);
+        LayerCounts {
+            cpu,
+            cpu_tokens: if c.cpu > 0.0 {
+                c.cpu_tokens * cpu / c.cpu
+            } else {
+                0.0
+            },
+            ..c
+        }
+    }
+
     /// The schedule of one layer on the GPUs of `layout`, plan `p` doing `plans[p]` (one
-    /// plan on one GPU and under tensor parallelism, one per GPU when sharded).
+    /// plan on one GPU and under tensor parallelism, one per GPU when sharded; each GPU's
+    /// counts are [`LayerSchedule::counts_on`]).
     pub fn new(layout: &GpuLayout, plans: &[LayerCounts]) -> Self {
         let gpus = layout.gpus.max(1);
         let single = !layout.is_multi();
         let counts: Vec<LayerCounts> = (0..gpus)
-            .map(|g| plans[layout.plan_of(g).min(plans.len().saturating_sub(1))])
+            .map(|g| LayerSchedule::counts_on(layout, plans, g))
             .collect();
         let mut ops: Vec<Op> = Vec::new();
         let mut push = |kind: OpKind, gpu: u32, after: Vec<usize>| {
@@ -301,10 +323,17 @@ mod tests {
             .expect("a peer combine");
         assert_eq!(t.ops[peer].after.len(), 2);
         assert!(!kinds(&t).contains(&LastLaunch));
-        // Tensor parallel: one plan, run by every GPU.
+        // Tensor parallel: one plan, run by every GPU, its CPU experts dealt out.
         let tp = GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap();
         let p = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 0.0)]);
         assert_eq!(p.counts, vec![counts(1.0, 2.0, 0.0); 2]);
+        let d = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 3.0)]);
+        assert_eq!(d.counts, vec![counts(1.0, 2.0, 2.0), counts(1.0, 2.0, 1.0)]);
+        // One CPU expert: the second GPU has no CPU share, so no issue, round trip or
+        // combine of its own.
+        let one = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 1.0)]);
+        let on = |g: u32, k: OpKind| one.ops.iter().any(|o| o.gpu == g && o.kind == k);
+        assert!(on(0, CpuShare) && !on(1, CpuShare) && !on(1, Issue) && !on(1, Combine));
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! traffic against the model's plan ([`plan_layer_placed`] on a cache of our own per GPU, with
 //! the routes the GPU holds), and each layer's issued operations against its
 //! [`ft_model::schedule::LayerSchedule`] (the same operations, in an order that keeps every
-//! dependency).
+//! dependency) with each GPU's work the schedule's (under tensor parallelism too, where the
+//! CPU experts are dealt out over the GPUs).
 
 use ft_kernels::ActivationPath;
 use ft_model::cache::CacheOptions;
@@ -268,6 +269,20 @@ fn the_engine_issues_each_layers_schedule() {
                 }
                 assert_eq!(ops.schedule.gpus, gpus);
                 seen.extend(ops.issued.iter().map(|&(k, _)| k));
+            }
+            // Each GPU's work in the schedule is the work the engine did there: under tensor
+            // parallelism the model deals the CPU experts out as the engine does.
+            for (g, done) in r.gpus.iter().enumerate() {
+                let c = done.counts;
+                let want = r.ops.iter().fold((0.0, 0.0, 0.0), |(h, f, p), o| {
+                    let s = o.schedule.counts[g];
+                    (h + s.hits, f + s.fetched, p + s.cpu)
+                });
+                assert_eq!(
+                    (c.hits as f64, c.fetched as f64, c.cpu as f64),
+                    want,
+                    "G={gpus} {placement:?} {s} step {step} GPU {g}"
+                );
             }
         }
         // The properties of the schedule apply where they can: the gate and the fold on

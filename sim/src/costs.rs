@@ -244,6 +244,8 @@ impl CostModel {
     ) -> LayerCosts {
         let p = &self.params;
         let s = self.lane_shape;
+        // The CPU computes whole experts (under tensor parallelism too).
+        let whole = self.shape;
         let threads = self.lane_threads(gpu);
         let launch = us(p.gpu_launch_us);
         let kernel = |n: f64, t: f64| (us(p.gpu_experts_us(n, t, s)) - launch).max(0.0);
@@ -274,12 +276,12 @@ impl CostModel {
             sync_ns: us(p.sync_us),
             // The host plans and submits the layer before it runs the CPU share
             // (`PerfParams::host_issue_wait_us`, beyond the dense part).
-            fixed_ns: (us(p.cpu_fixed_us(c.cpu, c.cpu_tokens, s, threads)) - us(self.wake_us))
+            fixed_ns: (us(p.cpu_fixed_us(c.cpu, c.cpu_tokens, whole, threads)) - us(self.wake_us))
                 .max(0.0)
                 + us(p.host_issue_wait_us(c, streams as f64, dense_ns / NS_PER_US)),
             // The decode layer's stream: the serving slowdown as bytes streamed at the same
             // demand (`PerfParams::cpu_serving_stream_us`).
-            bytes: c.cpu * s.bytes * (1.0 + p.serving_slowdown(threads)),
+            bytes: c.cpu * whole.bytes * (1.0 + p.serving_slowdown(threads)),
             // The partial output's copy takes its bytes over the activation link; as a
             // fixed-time job it keeps its place in the copy stream's FIFO.
             result: TransferJob {

@@ -337,14 +337,16 @@ impl Planner {
     }
 }
 
-/// What a layer's schedule depends on, for up to 16 plans: for each plan whether it has
-/// hits, fetched experts, more than one fetched chunk (`ft_model::plan::fetch_chunk_bounds`
-/// splits two or more experts) and a CPU share. `None` for more plans.
-fn structure_key(plans: &[LayerCounts]) -> Option<u64> {
-    if plans.len() > 16 {
+/// What a layer's schedule depends on, for up to 16 GPUs, from each GPU's counts
+/// ([`LayerSchedule::counts_on`]: under tensor parallelism the one plan with its CPU experts
+/// dealt out): whether it has hits, fetched experts, more than one fetched chunk
+/// (`ft_model::plan::fetch_chunk_bounds` splits two or more experts) and a CPU share.
+/// `None` for more GPUs.
+fn structure_key(gpus: impl ExactSizeIterator<Item = LayerCounts>) -> Option<u64> {
+    if gpus.len() > 16 {
         return None;
     }
-    Some(plans.iter().enumerate().fold(0u64, |k, (i, c)| {
+    Some(gpus.enumerate().fold(0u64, |k, (i, c)| {
         let bits = u64::from(c.hits > 0.0)
             | u64::from(c.fetched > 0.0) << 1
             | u64::from(c.fetched.round() >= 2.0) << 2
@@ -616,9 +618,11 @@ impl<'a> DecodeProcess<'a> {
         let mut costs = std::mem::take(&mut self.lane_costs);
         costs.clear();
         for g in 0..self.lanes.gpus() as u32 {
-            let counts = &plans[self.costs.layout.plan_of(g).min(plans.len() - 1)];
+            // Its counts as the schedule deals them (under tensor parallelism its share of
+            // the CPU experts); the shared schedule's own counts are another layer's.
+            let counts = LayerSchedule::counts_on(&self.costs.layout, &plans, g);
             let c = self.costs.costs_of(
-                counts,
+                &counts,
                 schedule.gated_last_chunk,
                 work,
                 self.streams,
@@ -636,7 +640,9 @@ impl<'a> DecodeProcess<'a> {
     /// work each plan holds ([`structure_key`]), so one schedule per structure is built and
     /// shared (a debug build checks it against a fresh one).
     fn schedule_for(&mut self, plans: &[LayerCounts]) -> Arc<LayerSchedule> {
-        let Some(key) = structure_key(plans) else {
+        let layout = self.costs.layout;
+        let gpus = (0..layout.count() as u32).map(|g| LayerSchedule::counts_on(&layout, plans, g));
+        let Some(key) = structure_key(gpus) else {
             return Arc::new(LayerSchedule::new(&self.costs.layout, plans));
         };
         let schedule = match self.schedules.iter().find(|(k, _)| *k == key) {

@@ -407,7 +407,8 @@ impl PerfParams {
     }
 
     /// The gathers and CPU shares of several GPUs started together, one [`Overlap`] per
-    /// entry of `gpus`, with experts of `shape` (one GPU's slice under tensor parallelism).
+    /// entry of `gpus`: gathers of experts of `gather_shape` (one GPU's slice under tensor
+    /// parallelism), CPU shares of `cpu_shape` (whole experts: the CPU computes each whole).
     ///
     /// The generalisation of [`PerfParams::overlapped`] to one link per GPU and a CPU pool
     /// split between them: every byte stream starts at 0; while a set of streams runs, the
@@ -416,13 +417,18 @@ impl PerfParams {
     /// share is split among its streams in proportion to their demands, so every stream of
     /// a side slows by the same factor. When a stream ends the others are re-rated. With one
     /// GPU this is exactly the two-phase [`PerfParams::overlapped`] (a test checks it).
-    pub fn overlapped_gpus(&self, gpus: &[GpuStreams], shape: ExpertShape) -> Vec<Overlap> {
+    pub fn overlapped_gpus(
+        &self,
+        gpus: &[GpuStreams],
+        gather_shape: ExpertShape,
+        cpu_shape: ExpertShape,
+    ) -> Vec<Overlap> {
         // (remaining alone-time in us, demand in GB/s, is_cpu, gpu) of each stream.
         let mut streams: Vec<(f64, f64, bool, usize)> = Vec::with_capacity(2 * gpus.len());
         let mut alone = vec![(0.0f64, 0.0f64); gpus.len()];
         for (i, g) in gpus.iter().enumerate() {
-            let sc = self.cpu_serving_stream_us(g.cpu_experts, shape, g.threads);
-            let sg = self.gather_stream_us(g.gather_experts, shape.bytes)
+            let sc = self.cpu_serving_stream_us(g.cpu_experts, cpu_shape, g.threads);
+            let sg = self.gather_stream_us(g.gather_experts, gather_shape.bytes)
                 * if sc > 0.0 {
                     self.link_serving_factor(g.threads)
                 } else {
@@ -490,7 +496,7 @@ impl PerfParams {
             .enumerate()
             .map(|(i, g)| {
                 let fg = self.gather_fixed_us(g.gather_experts);
-                let fc = self.cpu_fixed_us(g.cpu_experts, g.cpu_tokens, shape, g.threads);
+                let fc = self.cpu_fixed_us(g.cpu_experts, g.cpu_tokens, cpu_shape, g.threads);
                 Overlap {
                     gather_us: fg + end[i].0,
                     cpu_us: fc + end[i].1,

@@ -415,7 +415,8 @@ impl PerfParams {
     /// On one GPU the experts are of the model's shape and the CPU share has the whole pool;
     /// the gather and the CPU share, where both exist, contend for DRAM
     /// ([`PerfParams::overlapped`]). On G GPUs each GPU's experts are of
-    /// [`PerfParams::gpu_expert_shape`] and its CPU share has its
+    /// [`PerfParams::gpu_expert_shape`] and its CPU share (its counts in the schedule: under
+    /// tensor parallelism its dealt share of the CPU experts, each computed whole) has its
     /// [`PerfParams::gpu_cpu_threads`] workers; every gather and CPU share reads the one host
     /// DRAM at once ([`PerfParams::overlapped_gpus`]: the contention sees the summed demand).
     pub fn schedule_terms(
@@ -449,7 +450,7 @@ impl PerfParams {
                     threads: threads(g as u32),
                 })
                 .collect();
-            Some(self.overlapped_gpus(&streams, s))
+            Some(self.overlapped_gpus(&streams, s, shape.expert))
         } else {
             None
         };

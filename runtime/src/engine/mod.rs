@@ -2223,8 +2223,9 @@ impl Planner<'_> {
     /// plans into device work; a resident layer's experts are in their own slots. The
     /// output rows keep each expert's top-k position in the layer's full routes, so that
     /// every GPU writes the rows one GPU would and the fixed-order tree sums them in the
-    /// same order. The schedule is built from each GPU's own counts (under tensor
-    /// parallelism, after the CPU experts are dealt out).
+    /// same order. The schedule is built from the GPUs' plans as the model builds it
+    /// (under tensor parallelism the one plan, its CPU experts dealt out by
+    /// [`GpuLayout::computes_cpu_expert`], as each GPU's work here is).
     fn plan(&mut self, l: usize, input: &StepInput<'_>) -> Result<Planned> {
         let routes = &input.routing.layers[l];
         let placement = self.placement.layer(l);
@@ -2254,28 +2255,26 @@ impl Planner<'_> {
                 }
                 LayerPlacement::Cached { .. } | LayerPlacement::CpuOnly => {}
             }
+            // The schedule's counts are of the plan; under tensor parallelism it deals the
+            // CPU experts out as this GPU computes them.
+            counts.push(PlanCounts::of_plan(&plan));
             if tp {
-                // Every GPU planned the same CPU experts; this GPU computes every n-th.
+                // Every GPU planned the same CPU experts; this GPU computes its dealt share.
                 plan.cpu = std::mem::take(&mut plan.cpu)
                     .into_iter()
                     .enumerate()
-                    .filter(|(i, _)| i % n == g)
+                    .filter(|(i, _)| self.layout.computes_cpu_expert(g as u32, *i))
                     .map(|(_, w)| w)
                     .collect();
             }
-            counts.push(PlanCounts::of_plan(&plan));
             let mut work = build_layer(&plan, routes, &self.cx[g])?;
             // The cache's misses, whoever computes them (tensor parallelism deals CPU
             // experts out).
             work.counts.misses = misses;
             works.push(work);
         }
-        let own = GpuLayout {
-            gpus: n as u32,
-            placement: GpuPlacement::Sharded,
-        };
         Ok(Planned {
-            schedule: LayerSchedule::new(&own, &counts),
+            schedule: LayerSchedule::new(&self.layout, &counts),
             works,
         })
     }
