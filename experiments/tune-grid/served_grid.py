@@ -10,7 +10,7 @@ inputs alone.
 Usage:
   served_grid.py collect RESULTS_DIR --out grid.csv
   served_grid.py predict grid.csv TUNE_OBSERVATIONS.csv MODEL.toml HOST.toml --out predicted.csv
-      [--ft FT] [--measures decode] [--prefill-chunk 512]
+      --expert-gib GIB [--ft FT] [--prefill-chunk 512] [--calibration-out JSON]
 Prints one summary line per source.
 """
 import argparse, csv, glob, json, os, statistics as st, subprocess, sys, tempfile
@@ -23,7 +23,6 @@ def collect(a):
     for d in sorted(glob.glob(os.path.join(a.results, 'grid', '*', 'done'))):
         d = os.path.dirname(d)
         model, s, c, r = os.path.basename(d).rsplit('-', 3)
-        cache_gb = None
         for v in VARIANTS:
             rounds, basis, ttft = [], set(), []
             for k in (1, 2, 3):
@@ -37,7 +36,6 @@ def collect(a):
                 rounds.append(run['decode_tok_s'])
                 basis.add(run['decode_basis'])
                 ttft.append(run['mean_ttft_s'])
-            log = open(os.path.join(d, f'serve-{v}.log'), errors='replace').read()
             if not rounds:
                 continue
             med = st.median(rounds)
@@ -60,7 +58,6 @@ def predict(a):
     name = open(a.model).read().split('name = "')[1].split('"')[0]
     grid = [r for r in csv.DictReader(open(a.grid)) if r['model'] == name]
     configs = sorted({(r['streams'], r['context'], r['residency']) for r in grid}, key=lambda k: tuple(map(float, k)))
-    cache_gb = {(r['streams'], r['context'], r['residency']): r.get('cache_gb') for r in grid}
     tmp = tempfile.mkdtemp()
     prof = os.path.join(tmp, 'cal.json')
     cal = subprocess.run([a.ft, 'calibrate', '--observations', a.observations, '--host', a.host, '--model', a.model,
@@ -70,11 +67,10 @@ def predict(a):
         sys.exit(cal.stderr)
     if a.calibration_out:
         open(a.calibration_out, 'w').write(cal.stdout)
-    total_gib = a.expert_gib
     out = []
     for c in configs:
         s, ctx, res = c
-        gb = f'{float(res) * total_gib:.4f}'
+        gb = f'{float(res) * a.expert_gib:.4f}'
         pred = {}
         for src, flag in (('calibrated', ['--profile', prof]), ('host-only', ['--host', a.host])):
             for ff, v in (('0.3', 'h30'), ('0.6', 'h60')):
