@@ -462,23 +462,9 @@ fn cuda_combine_reports_its_method() {
     eprintln!("combine: {}", e.combine_method().name());
 }
 
-/// The tiny model of the `ft run --gpus N` tests, as a model TOML (what `--model` reads).
-const RUN_MODEL: &str = r#"
-name = "tiny-run-multi"
-format = "nvfp4"
-
-[geometry]
-hidden = 128
-intermediate = 64
-experts = 16
-top_k = 4
-moe_layers = 4
-shared_experts = 1
-
-[dense]
-weight_bytes_per_layer = 65536
-kv_bytes_per_token = 64
-"#;
+/// The tiny model of the `ft run --gpus N` tests, as a model TOML (what `--model` reads): the
+/// one the CLI tests decode (`tests/common`).
+const RUN_MODEL: &str = include_str!("../../tests/fixtures/tiny-run-model.toml");
 
 /// `ft run --device host --gpus 2 --strategy STRATEGY` on [`RUN_MODEL`] (written into
 /// `dir`): 2 streams, 4 steps after 2 warm-up, 12 cache slots per GPU, context 16, 2 CPU

@@ -123,22 +123,7 @@ moe_layers = 2
 
 /// The tiny model `ft run` tests decode on the host device: 16 experts of 64 x 128 in nvfp4,
 /// top-4, 4 MoE layers, a shared expert and a dense part, so every strategy has work.
-pub const TINY_RUN_MODEL: &str = r#"
-name = "tiny-cli"
-format = "nvfp4"
-
-[geometry]
-hidden = 128
-intermediate = 64
-experts = 16
-top_k = 4
-moe_layers = 4
-shared_experts = 1
-
-[dense]
-weight_bytes_per_layer = 65536
-kv_bytes_per_token = 64
-"#;
+pub const TINY_RUN_MODEL: &str = include_str!("../fixtures/tiny-run-model.toml");
 
 /// Flags that keep one probe to a couple of seconds on a 2-core machine.
 pub const PROBE_FAST: &[&str] = &[
