@@ -9,7 +9,8 @@
 #  3. `ft tune` of this build's `ft serve` (TUNE_MODEL=flash|gptoss) over TUNE_STREAMS, with
 #     the default 5-minute budget unless TUNE_S is set;
 #  4. the served grid (served-grid.sh) on the rows of served-grid-configs.csv for GRID_MODEL
-#     (default: the tuned model; GRID_CONFIGS names another list) until the call's BUDGET_S.
+#     (default: the tuned model; all: every row; GRID_CONFIGS names another list) until the
+#     call's BUDGET_S.
 # PHASE=tune skips 1-2; PHASE=grid runs 4 only.
 set -u
 cd "$(dirname "$0")/../.."
@@ -69,9 +70,20 @@ if [[ $PHASE != grid ]]; then
   pkill -f "carry/device/ft serve" 2>/dev/null
   pack
 fi
-read -r MODEL _ _ <<< "$(model_of "${GRID_MODEL:-$TUNE_MODEL}")"
-grep -E "^model|^$MODEL," "${GRID_CONFIGS:-experiments/tune-grid/served-grid-configs.csv}" > "$R/configs.csv"
+CONFIGS=${GRID_CONFIGS:-experiments/tune-grid/served-grid-configs.csv}
+if [[ ${GRID_MODEL:-} == all ]]; then
+  cp "$CONFIGS" "$R/configs.csv"
+else
+  read -r MODEL _ _ <<< "$(model_of "${GRID_MODEL:-$TUNE_MODEL}")"
+  grep -E "^model|^$MODEL," "$CONFIGS" > "$R/configs.csv"
+fi
+read -r -a cpu0 < <(grep '^cpu ' /proc/stat)
 FT="$FT" BUDGET_S=${BUDGET_S:-540} experiments/tune-grid/served-grid.sh "$R/configs.csv"
+read -r -a cpu1 < <(grep '^cpu ' /proc/stat)
+# The hypervisor's share of the machine's CPU time over the grid (/proc/stat: steal is the 8th
+# field): the served CPU side is only this machine's own where it is near 0.
+awk -v a="${cpu0[*]:1}" -v b="${cpu1[*]:1}" 'BEGIN { n = split(a, x); split(b, y); t = 0;
+  for (i = 1; i <= n; i++) t += y[i] - x[i]; printf "grid steal fraction %.3f\n", (y[8] - x[8]) / t }' >> "$R/steps.txt"
 echo "grid end t=$(( $(date +%s) - T0 ))" >> "$R/steps.txt"
 pkill -f "carry/device/ft serve" 2>/dev/null
 pack
