@@ -6,7 +6,8 @@
 RESULTS_DIR holds ab-r{round}-{build}.json (`ft run --interleave ... --repeat R --json` of each
 build, same traffic). For each build and variant: decode tok/s per stream over every round and
 repeat (median, min, max), its ratio to the base build's median, the CPU side's busy time and
-the host's wait per step (medians over rounds), and the traffic (miss rate, fetched and CPU
+the host's wait per step (medians over rounds), the largest share of the machine's CPU time
+the hypervisor took during one of its runs (steal), and the traffic (miss rate, fetched and CPU
 experts per layer), which must be the same for every build for the A/B to mean anything.
 """
 import argparse, csv, glob, json, os, re, statistics as st, sys
@@ -31,11 +32,12 @@ def main():
             continue
         for e in entries:
             s = e['summary']
-            r = runs.setdefault((build, e['label']), dict(tok=[], cpu=[], wait=[], traffic=set()))
+            r = runs.setdefault((build, e['label']), dict(tok=[], cpu=[], wait=[], steal=[], traffic=set()))
             reps = e.get('repeats') or [s['tok_s_total']]
             r['tok'] += [t / s['streams'] for t in reps]
             r['cpu'].append(s['cpu_busy_us'])
             r['wait'].append(s['host_wait_us'])
+            r['steal'].append(e.get('host_steal_fraction') or 0.0)
             r['traffic'].add((round(s['miss_rate'], 4), round(s['fetched_per_layer'], 3),
                               round(s['cpu_per_layer'], 3)))
     if not runs:
@@ -50,6 +52,7 @@ def main():
             tok_s_min=round(min(r['tok']), 1), tok_s_max=round(max(r['tok']), 1),
             vs_base=round(med / st.median(base['tok']), 3) if base else '',
             cpu_busy_us=round(st.median(r['cpu']), 1), host_wait_us=round(st.median(r['wait']), 1),
+            steal_max=round(max(r['steal']), 3),
             miss_rate=traffic[0][0], fetched_per_layer=traffic[0][1], cpu_per_layer=traffic[0][2],
             same_traffic_every_round=len(traffic) == 1))
     w = csv.DictWriter(open(a.out, 'w', newline='') if a.out else sys.stdout, fieldnames=list(rows[0]))
