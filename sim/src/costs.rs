@@ -205,7 +205,11 @@ impl CostModel {
     /// Costs of one layer doing `c` on one GPU, with `dense_ns` of dense part and `streams`
     /// streams (the layer's [`LayerSchedule`] on one GPU, [`CostModel::layer_on`]).
     pub fn layer(&self, c: &LayerCounts, streams: usize, dense_ns: f64) -> LayerCosts {
-        let schedule = LayerSchedule::new(&GpuLayout::single(), std::slice::from_ref(c));
+        let schedule = LayerSchedule::new(
+            &GpuLayout::single(),
+            &self.params.engine_settings,
+            std::slice::from_ref(c),
+        );
         self.layer_on(&schedule, streams, dense_ns, 0)
     }
 
@@ -222,7 +226,7 @@ impl CostModel {
     ) -> LayerCosts {
         self.costs_of(
             &schedule.counts[gpu as usize],
-            schedule.gated_last_chunk,
+            schedule,
             schedule.work(),
             streams,
             dense_ns,
@@ -230,18 +234,21 @@ impl CostModel {
         )
     }
 
-    /// [`CostModel::layer_on`] from the parts of the schedule it reads: GPU `gpu`'s counts
-    /// `c`, whether its last chunk is gated, and the layer's work (what its residual is
-    /// keyed by).
+    /// [`CostModel::layer_on`] with GPU `gpu`'s counts `c` and the layer's work (what its
+    /// residual is keyed by) given, and of `schedule` only the properties its structure
+    /// holds: whether its last chunk is gated and the chunks its fetched experts come in
+    /// ([`LayerSchedule::fetch_chunk_bounds`]). A schedule of the same structure as the
+    /// layer's serves (the simulator shares one per structure).
     pub fn costs_of(
         &self,
         c: &LayerCounts,
-        gated_last_chunk: bool,
+        schedule: &LayerSchedule,
         work: LayerWork,
         streams: usize,
         dense_ns: f64,
         gpu: u32,
     ) -> LayerCosts {
+        let gated_last_chunk = schedule.gated_last_chunk;
         let p = &self.params;
         let s = self.lane_shape;
         // The CPU computes whole experts (under tensor parallelism too).
@@ -293,7 +300,12 @@ impl CostModel {
             },
             sum_ns: (us(p.combine_us()) - launch).max(0.0),
         });
-        let fetched = p.fetched_kernels(c.fetched, c.fetched_tokens, s);
+        let fetched = p.fetched_kernels(
+            &schedule.fetch_chunk_bounds(c.fetched),
+            c.fetched,
+            c.fetched_tokens,
+            s,
+        );
         LayerCosts {
             dense_ns,
             launch_ns: launch,
