@@ -338,11 +338,19 @@ mod tests {
     /// One isolated layer of each kind: the event engine's duration is the analytic
     /// layer time up to the documented differences (the pool's wake-up, which the engine
     /// skips while the pool spins; here it starts parked and pays it; the activations'
-    /// copies, which the analytic term counts in the round trip, are the same bytes).
+    /// copies, which the analytic term counts in the round trip, are the same bytes), at
+    /// every fetch-chunk count of the engine (`PerfParams::engine_settings`): the simulator
+    /// takes its fetched chunks from the layer's schedule, as the closed form does.
     #[test]
     fn isolated_layers_match_the_analytic_layer_time() {
-        for host in crate::hosts::preset_names() {
-            let (cm, model) = setup(host);
+        let hosts = crate::hosts::preset_names();
+        let chunk_counts = 1..=ft_model::plan::MAX_FETCH_CHUNKS;
+        for (host, fetch_chunks) in hosts
+            .iter()
+            .flat_map(|h| chunk_counts.clone().map(move |k| (h, k)))
+        {
+            let (mut cm, model) = setup(host);
+            cm.params.engine_settings = ft_model::EngineSettings { fetch_chunks };
             if cm.layout.is_multi() {
                 // One lane's runner against the one-GPU closed form: see the GPU-lanes tests.
                 continue;
@@ -367,11 +375,14 @@ mod tests {
                 let analytic = cm.params.layer_time(&shape, &c);
                 let dense = cm.dense_ns(2, 2400);
                 let costs = cm.layer(&c, 2, dense);
+                let chunks = LayerSchedule::chunk_bounds(fetch_chunks, fetched).len();
+                assert_eq!(costs.fetched_early_launches as usize, chunks - 1);
                 let (ends, _) = LayerRunner::new(cm.resources(), vec![costs]).run(0);
                 let sim_us = ends[0] as f64 / 1e3;
                 let rel = (sim_us - analytic.total_us) / analytic.total_us;
                 let what = format!(
-                    "{host} {kind} {hits}/{fetched}/{cpu}: sim {sim_us:.2} us, analytic {:.2} us",
+                    "{host} {fetch_chunks} chunk(s) {kind} {hits}/{fetched}/{cpu}: sim \
+                     {sim_us:.2} us, analytic {:.2} us",
                     analytic.total_us
                 );
                 let contends = cpu > 0.0
