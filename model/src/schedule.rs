@@ -289,14 +289,7 @@ mod tests {
     use crate::placement::GpuPlacement;
 
     fn counts(hits: f64, fetched: f64, cpu: f64) -> LayerCounts {
-        LayerCounts {
-            hits,
-            hit_tokens: hits,
-            fetched,
-            fetched_tokens: fetched,
-            cpu,
-            cpu_tokens: cpu,
-        }
+        LayerCounts::one_token_each(hits, fetched, cpu)
     }
 
     fn kinds(s: &LayerSchedule) -> Vec<OpKind> {

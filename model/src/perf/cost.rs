@@ -932,14 +932,7 @@ mod tests {
         let mut p = params();
         p.gather_layer_us = 3.0;
         p.gather_copy_us = 4.0;
-        let layer = |hits: f64, fetched: f64, cpu: f64| LayerCounts {
-            hits,
-            hit_tokens: hits,
-            fetched,
-            fetched_tokens: fetched,
-            cpu,
-            cpu_tokens: cpu,
-        };
+        let layer = LayerCounts::one_token_each;
         // Without the fitted term, the gather's issue: 10 copies, 3 + 10 x 4 = 43 us.
         assert_eq!(
             p.host_issue_wait_us(&layer(0.0, 10.0, 5.0), 2.0, 20.0),

@@ -88,6 +88,19 @@ impl LayerCounts {
         }
     }
 
+    /// Counts with one token routed to each expert (tests' layers).
+    #[cfg(test)]
+    pub(crate) fn one_token_each(hits: f64, fetched: f64, cpu: f64) -> Self {
+        LayerCounts {
+            hits,
+            hit_tokens: hits,
+            fetched,
+            fetched_tokens: fetched,
+            cpu,
+            cpu_tokens: cpu,
+        }
+    }
+
     /// Experts not resident.
     pub fn misses(&self) -> f64 {
         self.fetched + self.cpu
@@ -848,14 +861,7 @@ mod tests {
             engine_settings: crate::EngineSettings { fetch_chunks: 1 },
             ..p.clone()
         };
-        let c = |hits: f64, fetched: f64, cpu: f64| LayerCounts {
-            hits,
-            hit_tokens: hits,
-            fetched,
-            fetched_tokens: fetched,
-            cpu,
-            cpu_tokens: cpu,
-        };
+        let c = LayerCounts::one_token_each;
         for same in [c(20.0, 0.0, 0.0), c(5.0, 0.0, 15.0), c(10.0, 1.0, 0.0)] {
             assert_eq!(p.layer_time(&shape, &same), one.layer_time(&shape, &same));
         }
