@@ -289,7 +289,7 @@ fn write_table(
     writeln!(out)?;
     writeln!(
         out,
-        "fit: rms log error {:.3} from the host inputs alone, {:.3} calibrated{}; {} terms on {} runs ({} dof), condition {:.0}; Nelder-Mead {} iterations ({})",
+        "fit: rms log error {:.3} from the host inputs alone, {:.3} calibrated{}; {} terms on {} runs ({} dof), condition {:.0}; Nelder-Mead {} iterations in {} rounds, {}",
         f.rms_host_only,
         f.rms_calibrated,
         f.rms_leave_one_out
@@ -300,6 +300,7 @@ fn write_table(
         f.dof,
         id.condition,
         f.iterations,
+        f.rounds,
         f.termination
     )?;
     if let Some(note) = f.undefined_errors_note() {

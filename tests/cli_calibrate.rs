@@ -237,20 +237,16 @@ fn a_thin_set_names_what_it_cannot_identify_and_the_run_that_would() {
     assert!(text.contains("one more run that would identify"), "{text}");
 }
 
-/// One run fits one term: calibrated (a profile `ft predict` reads says so in its
-/// break-evens), with 0 degrees of freedom, so its standard errors are undefined and both the
-/// table and the JSON say that rather than show one.
+/// One run fits no term: a fit keeps a degree of freedom for its standard errors, so the
+/// table and the JSON say the term is left out and why, and name the run that would
+/// identify it; with that run added the term is fitted with a standard error.
 #[test]
-fn one_run_is_calibrated_and_says_its_standard_errors_are_undefined() {
+fn one_run_fits_no_term_and_names_the_run_that_would() {
     let dir = tempfile::tempdir().unwrap();
     let model = write(dir.path(), "flash4.toml", FLASH4);
-    let obs = write(
-        dir.path(),
-        "one.csv",
-        &format!("{HEADER}\noffload,,1,1024,64,400,500,stream,decode,a\n"),
-    );
-    let profile = dir.path().join("cal.json");
-    let one = |more: &[&str]| {
+    let one_row = "offload,,1,1024,64,400,500,stream,decode,a";
+    let calibrate_rows = |name: &str, rows: &str, more: &[&str]| {
+        let obs = write(dir.path(), name, &format!("{HEADER}\n{rows}\n"));
         let mut args = vec![
             "--host",
             HOST,
@@ -264,38 +260,35 @@ fn one_run_is_calibrated_and_says_its_standard_errors_are_undefined() {
         args.extend_from_slice(more);
         calibrate(&obs, &model, &args)
     };
-    let v = json_ok(&one(&["--json", "--out", profile.to_str().unwrap()]));
+    let v = json_ok(&calibrate_rows("one.csv", one_row, &["--json"]));
     let cal = &v["calibration"];
-    assert_eq!(cal["fit"]["dof"], 0, "{cal}");
+    assert_eq!(cal["fit"]["dof"], 1, "{cal}");
     let link = &cal["terms"][0];
-    assert_eq!(link["identified"], true, "{link}");
-    assert!(link["se"].is_null(), "undefined, not a number: {link}");
-    assert!(link["se_at_run_noise"].as_f64().unwrap() > 0.0, "{link}");
-    let out = one(&[]);
+    assert_eq!(link["identified"], false, "{link}");
+    let left = &cal["identifiability"]["unidentified"][0];
+    assert_eq!(left["term"], "link-rate", "{cal}");
+    assert!(
+        left["reason"]
+            .as_str()
+            .unwrap()
+            .contains("degree of freedom"),
+        "{left}"
+    );
+    let s = &cal["identifiability"]["suggestion"];
+    assert_eq!(s["identifies"][0], "link-rate", "{cal}");
+    let out = calibrate_rows("one.csv", one_row, &["--no-loo"]);
     common::assert_ok(&out);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("undefined"), "{text}");
-    assert!(text.contains("standard errors are undefined"), "{text}");
-    let pred = json_ok(&ft(&[
-        "predict",
-        "--profile",
-        profile.to_str().unwrap(),
-        "--model",
-        &model,
-        "--cache-slots",
-        "400",
-        "--steps",
-        "40",
-        "--warmup",
-        "20",
-        "--json",
-    ]));
-    let b = &pred["break_evens"];
-    assert_eq!(b["calibrated"], true, "{b}");
-    assert_eq!(b["dof"], 0, "{b}");
-    let text = b["text"].as_str().unwrap();
-    assert!(!text.contains("uncalibrated"), "{text}");
-    assert!(text.contains("standard errors are undefined"), "{text}");
+    assert!(text.contains("degree of freedom"), "{text}");
+    assert!(text.contains("one more run that would identify"), "{text}");
+
+    let rows = format!("{one_row}\noffload,,2,1024,64,400,260,stream,decode,b");
+    let v = json_ok(&calibrate_rows("two.csv", &rows, &["--json", "--no-loo"]));
+    let cal = &v["calibration"];
+    assert_eq!(cal["fit"]["dof"], 1, "{cal}");
+    let link = &cal["terms"][0];
+    assert_eq!(link["identified"], true, "{link}");
+    assert!(link["se"].as_f64().unwrap() > 0.0, "{link}");
 }
 
 #[test]
