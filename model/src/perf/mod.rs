@@ -1356,6 +1356,28 @@ mod tests {
         assert!(e.contains("pcie.gather_gbs"), "{e}");
     }
 
+    /// The engine's settings in a profile's parameters: the defaults are omitted from the
+    /// JSON and read back, another chunk count is written and read back, and one out of
+    /// range is refused naming the field.
+    #[test]
+    fn engine_settings_read_back_and_are_checked_by_name() {
+        let p = PerfParams::from_host(&HostSpec::field_report()).unwrap();
+        let json = serde_json::to_value(&p).unwrap();
+        assert_eq!(json.get("engine_settings"), None);
+        let mut one = p.clone();
+        one.engine_settings = EngineSettings { fetch_chunks: 1 };
+        let text = serde_json::to_string(&one).unwrap();
+        assert!(
+            text.contains(r#""engine_settings":{"fetch-chunks":1}"#),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<PerfParams>(&text).unwrap(), one);
+        one.validate().unwrap();
+        one.engine_settings.fetch_chunks = 0;
+        let e = one.validate().unwrap_err().to_string();
+        assert!(e.contains("perf.engine_settings.fetch-chunks"), "{e}");
+    }
+
     #[test]
     fn covariance_overlay_and_quadratic_form() {
         let a = ParamCovariance::diagonal(vec![ParamId::GatherGbs, ParamId::CpuGbs], &[1.0, 2.0]);
