@@ -49,6 +49,14 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
     assert_eq!(p["engine"], asked);
     let paths = p["key"]["host"]["gpu_paths"].as_str().unwrap().to_string();
     assert!(paths.contains("fetch-chunks 2"), "{paths}");
+    // ... and in the profile's parameters, which every prediction from it reads (the layer
+    // schedule is built from them), and in the probe's outcome.
+    let stored = |report: &serde_json::Value| -> serde_json::Value {
+        let path = report["profile_path"].as_str().unwrap();
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    assert_eq!(stored(&p)["params"]["engine_settings"], asked);
+    assert_eq!(p["outcome"]["engine"], asked);
 
     // ft serve: with the same settings it finds that profile; with others the key differs
     // in its GPU paths, so the profile is stale for it (and the host device has nothing to
@@ -103,4 +111,6 @@ fn run_probe_and_serve_take_the_same_engine_settings() {
     );
     let now = serve(&[]);
     assert!(found(&now), "{} / {}", now.0["source"], now.1);
+    // The default settings are what a profile that records none has.
+    assert_eq!(stored(&p4)["params"].get("engine_settings"), None);
 }

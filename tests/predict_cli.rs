@@ -153,6 +153,56 @@ fn a_host_file_and_a_profile_file() {
     assert!((a - b).abs() < 1e-6 * a, "{a} vs {b}");
 }
 
+/// A profile records the engine settings its probe ran (`params.engine_settings`), and the
+/// prediction times that engine's schedule: a profile of an engine that gathers a layer's
+/// fetched experts in one chunk predicts offload (which fetches several experts a layer)
+/// otherwise than the default's, and the strategies that fetch nothing (resident, cpu,
+/// layer split) the same.
+#[test]
+fn a_profiles_engine_settings_are_what_it_predicts() {
+    use ft_model::EngineSettings;
+    let dir = tempfile::tempdir().unwrap();
+    let model = ModelSpec::preset("qwen3.8-flash-next").unwrap();
+    let mut profile = Profile::of_host_spec(&HostSpec::field_report(), &model).unwrap();
+    let predict = |profile: &Profile, sub: &str| {
+        let stored = store(&dir.path().join(sub), profile).unwrap();
+        let mut args = vec![
+            "predict",
+            "--profile",
+            stored.to_str().unwrap(),
+            "--streams",
+            "2",
+            "--json",
+        ];
+        args.extend(QUICK);
+        let out = ft(&args);
+        assert_ok(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let step = |kind: &str| {
+            v["prediction"]["strategies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["kind"] == kind)
+                .unwrap_or_else(|| panic!("{kind} in {v}"))["step_us"]
+                .as_f64()
+        };
+        ["offload", "resident", "cpu", "layer-split"].map(step)
+    };
+    let default = predict(&profile, "default");
+    profile.params.engine_settings = EngineSettings { fetch_chunks: 1 };
+    let one = predict(&profile, "one");
+    let (off_default, off_one) = (default[0].unwrap(), one[0].unwrap());
+    assert!(
+        (off_one - off_default).abs() > 1e-6 * off_default,
+        "offload: {off_one} us a step in one chunk, {off_default} at the default"
+    );
+    for (i, kind) in ["resident", "cpu", "layer-split"].iter().enumerate() {
+        assert_eq!(one[i + 1], default[i + 1], "{kind}");
+    }
+    assert!(default[2].is_some(), "cpu predicts a step");
+}
+
 #[test]
 fn bad_input_is_an_error_naming_it() {
     for (args, needle) in [

@@ -9,10 +9,13 @@
 # CONFIGS.csv: model,streams,context,residency,cache_gb (a header line first). For each line the
 # three servers (offload, hybrid 0.3, hybrid 0.6) start together on their own ports (an idle
 # ft serve parks its CPU pool and its scheduler, so the two waiting servers cost nothing),
-# each is warmed with one short request, then round r = 1..3 runs loadgen against each in an
-# order rotated by r: `streams` requests arriving together, prompts of `context` tokens,
-# OUTPUT_TOKENS out, decode over the window where every stream decodes. A configuration whose
-# results exist under $OUT/grid is skipped, so a cut call can be resumed.
+# each is warmed, then round r = 1..3 runs loadgen against each in an order rotated by r:
+# `streams` requests arriving together, prompts of `context` tokens, OUTPUT_TOKENS out, decode
+# over the window where every stream decodes. The warm-up (WARMUP=round, the default) is one
+# discarded round of the same requests, so that round 1 starts from a cache the traffic has
+# filled as rounds 2 and 3 do; WARMUP=short is one 256-token request (round 1 then runs on a
+# colder cache than rounds 2 and 3). A configuration whose results exist
+# under $OUT/grid is skipped, so a cut call can be resumed.
 set -u
 : "${OUT:?}" "${FT:?}"
 CONFIGS=${1:?CONFIGS.csv}
@@ -59,8 +62,13 @@ tail -n +2 "$CONFIGS" | while IFS=, read -r model streams context residency cach
   done
   if (( ok )); then
     for v in "${VARIANTS[@]}"; do
-      timeout 60 "$FT" loadgen --url "http://127.0.0.1:${PORT[$v]}" --streams 1 --warmup 0 \
-          --prompt-tokens 256 --max-tokens 64 --json > "$D/warm-$v.json" 2> "$D/warm-$v.log"
+      if [[ ${WARMUP:-round} == short ]]; then
+        warm=(--streams 1 --prompt-tokens 256 --max-tokens 64)
+      else
+        warm=(--streams "$streams" --prompt-tokens "$context" --max-tokens "$OUTPUT_TOKENS")
+      fi
+      timeout 180 "$FT" loadgen --url "http://127.0.0.1:${PORT[$v]}" --warmup 0 "${warm[@]}" \
+          --timeout-s 170 --json > "$D/warm-$v.json" 2> "$D/warm-$v.log"
     done
     for r in 1 2 3; do
       order=("${VARIANTS[@]:$((r - 1))}" "${VARIANTS[@]:0:$((r - 1))}")

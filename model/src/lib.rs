@@ -8,6 +8,7 @@
 
 pub mod cache;
 pub mod calibrate;
+pub mod engine_settings;
 pub mod error;
 pub mod format;
 pub mod freetoken;
@@ -32,6 +33,7 @@ pub mod strategy;
 pub mod traffic;
 
 pub use cache::{CacheOptions, CachePolicy, CacheSize, CacheTopology, ExpertCache, SlotId};
+pub use engine_settings::EngineSettings;
 pub use error::ModelError;
 pub use format::{ExpertFormat, GgmlQuant};
 pub use geometry::{ExpertId, MoeGeometry};

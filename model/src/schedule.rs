@@ -24,9 +24,11 @@
 //!
 //! - `Issue`: the host thread's own time in the layer (planning, submitting); it is one of
 //!   the CPU pool's workers, so the CPU share waits for it ([`crate::perf::HostCost`]).
-//! - `FetchedEarly`: the fetched chunks before the last ([`crate::plan::fetch_chunk_bounds`]),
-//!   each as its copies land beside the gather of the next; `LastChunk` needs the whole
-//!   gather. Where the last chunk is gated on a flag the copy stream sets
+//! - `FetchedEarly`: the fetched chunks before the last
+//!   ([`LayerSchedule::fetch_chunk_bounds`]: at most the engine's
+//!   [`EngineSettings::fetch_chunks`], one of the schedule's inputs), each as its copies land
+//!   beside the gather of the next; `LastChunk` needs the whole gather. A layer gathered in
+//!   one chunk has no `FetchedEarly`. Where the last chunk is gated on a flag the copy stream sets
 //!   ([`LayerSchedule::gated_last_chunk`], one GPU), its launch (`LastLaunch`) is paid when
 //!   the stream reaches it, beside the gather.
 //! - `Combine`: the GPU sums the CPU's partial output into the layer's (a CPU share only).
@@ -46,6 +48,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::engine_settings::EngineSettings;
 use crate::perf::step::LayerCounts;
 use crate::placement::GpuLayout;
 
@@ -151,6 +154,10 @@ pub struct LayerSchedule {
     /// fetched chunk's launch: on one GPU where the layer fetches and has no CPU share, whose
     /// rows would land after that launch (the time is the same; the engine saves a launch).
     pub folded_combine: bool,
+    /// Most chunks a GPU's fetched experts are gathered and computed in (the engine's
+    /// [`EngineSettings::fetch_chunks`]): the chunks themselves are
+    /// [`LayerSchedule::fetch_chunk_bounds`], for every view.
+    pub fetch_chunks: usize,
     /// The operations, in an order where every operation comes after those it waits for.
     pub ops: Vec<Op>,
 }
@@ -174,10 +181,31 @@ impl LayerSchedule {
         }
     }
 
-    /// The schedule of one layer on the GPUs of `layout`, plan `p` doing `plans[p]` (one
-    /// plan on one GPU and under tensor parallelism, one per GPU when sharded; each GPU's
-    /// counts are [`LayerSchedule::counts_on`]).
-    pub fn new(layout: &GpuLayout, plans: &[LayerCounts]) -> Self {
+    /// The chunks `fetched` experts are gathered and computed in where a layer's fetched
+    /// experts come in at most `fetch_chunks` chunks: [`crate::plan::fetch_chunk_bounds_at_most`]
+    /// of the nearest whole count, at least one expert where there are any (counts may be
+    /// means); one empty chunk for none. The one rule the schedule, the closed form, the
+    /// simulator and the engine all chunk by ([`LayerSchedule::fetch_chunk_bounds`]).
+    pub fn chunk_bounds(fetch_chunks: usize, fetched: f64) -> Vec<std::ops::Range<usize>> {
+        let n = if fetched > 0.0 {
+            fetched.round().max(1.0) as usize
+        } else {
+            0
+        };
+        crate::plan::fetch_chunk_bounds_at_most(n, fetch_chunks)
+    }
+
+    /// The chunks this layer's `fetched` experts (a GPU's count; a mean allowed) are
+    /// gathered and computed in ([`LayerSchedule::chunk_bounds`] at the schedule's
+    /// [`LayerSchedule::fetch_chunks`]).
+    pub fn fetch_chunk_bounds(&self, fetched: f64) -> Vec<std::ops::Range<usize>> {
+        LayerSchedule::chunk_bounds(self.fetch_chunks, fetched)
+    }
+
+    /// The schedule of one layer on the GPUs of `layout` run by an engine with `settings`,
+    /// plan `p` doing `plans[p]` (one plan on one GPU and under tensor parallelism, one per
+    /// GPU when sharded; each GPU's counts are [`LayerSchedule::counts_on`]).
+    pub fn new(layout: &GpuLayout, settings: &EngineSettings, plans: &[LayerCounts]) -> Self {
         let gpus = layout.gpus.max(1);
         let single = !layout.is_multi();
         let counts: Vec<LayerCounts> = (0..gpus)
@@ -201,7 +229,7 @@ impl LayerSchedule {
                 stream = push(OpKind::Hits, g, vec![stream]);
             }
             if has_fetched {
-                if crate::plan::fetch_chunk_bounds(c.fetched.round().max(1.0) as usize).len() > 1 {
+                if LayerSchedule::chunk_bounds(settings.fetch_chunks, c.fetched).len() > 1 {
                     stream = push(OpKind::FetchedEarly, g, vec![stream]);
                 }
                 let gather = push(OpKind::Gather, g, vec![dense]);
@@ -233,6 +261,7 @@ impl LayerSchedule {
             counts,
             gated_last_chunk: single,
             folded_combine: folded,
+            fetch_chunks: settings.fetch_chunks,
             ops,
         }
     }
@@ -278,7 +307,7 @@ mod tests {
     fn the_schedule_holds_the_work_there_is_in_dependency_order() {
         use OpKind::*;
         let one = GpuLayout::single();
-        let s = LayerSchedule::new(&one, &[counts(5.0, 6.0, 2.0)]);
+        let s = LayerSchedule::new(&one, &EngineSettings::default(), &[counts(5.0, 6.0, 2.0)]);
         assert_eq!(
             kinds(&s),
             vec![
@@ -301,11 +330,11 @@ mod tests {
             assert!(op.after.iter().all(|&j| j < i), "{op:?}");
         }
         // Resident work: the dense part, the hits, the residual.
-        let r = LayerSchedule::new(&one, &[counts(9.0, 0.0, 0.0)]);
+        let r = LayerSchedule::new(&one, &EngineSettings::default(), &[counts(9.0, 0.0, 0.0)]);
         assert_eq!(kinds(&r), vec![Dense, Hits, Residual]);
         assert_eq!(r.work(), LayerWork::GpuOnly);
         // One fetched expert: one chunk, no early part.
-        let f = LayerSchedule::new(&one, &[counts(0.0, 1.0, 0.0)]);
+        let f = LayerSchedule::new(&one, &EngineSettings::default(), &[counts(0.0, 1.0, 0.0)]);
         assert_eq!(
             kinds(&f),
             vec![Dense, Gather, LastLaunch, LastChunk, Residual]
@@ -313,7 +342,11 @@ mod tests {
         assert!(f.folded_combine);
         // Two GPUs: no gate, no fold, a peer combine after both.
         let two = GpuLayout::new(2, GpuPlacement::Sharded).unwrap();
-        let t = LayerSchedule::new(&two, &[counts(1.0, 3.0, 1.0), counts(2.0, 0.0, 0.0)]);
+        let t = LayerSchedule::new(
+            &two,
+            &EngineSettings::default(),
+            &[counts(1.0, 3.0, 1.0), counts(2.0, 0.0, 0.0)],
+        );
         assert!(!t.gated_last_chunk && !t.folded_combine);
         assert_eq!(t.gpus, 2);
         let peer = t
@@ -325,20 +358,64 @@ mod tests {
         assert!(!kinds(&t).contains(&LastLaunch));
         // Tensor parallel: one plan, run by every GPU, its CPU experts dealt out.
         let tp = GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap();
-        let p = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 0.0)]);
+        let p = LayerSchedule::new(&tp, &EngineSettings::default(), &[counts(1.0, 2.0, 0.0)]);
         assert_eq!(p.counts, vec![counts(1.0, 2.0, 0.0); 2]);
-        let d = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 3.0)]);
+        let d = LayerSchedule::new(&tp, &EngineSettings::default(), &[counts(1.0, 2.0, 3.0)]);
         assert_eq!(d.counts, vec![counts(1.0, 2.0, 2.0), counts(1.0, 2.0, 1.0)]);
         // One CPU expert: the second GPU has no CPU share, so no issue, round trip or
         // combine of its own.
-        let one = LayerSchedule::new(&tp, &[counts(1.0, 2.0, 1.0)]);
+        let one = LayerSchedule::new(&tp, &EngineSettings::default(), &[counts(1.0, 2.0, 1.0)]);
         let on = |g: u32, k: OpKind| one.ops.iter().any(|o| o.gpu == g && o.kind == k);
         assert!(on(0, CpuShare) && !on(1, CpuShare) && !on(1, Issue) && !on(1, Combine));
     }
 
+    /// The engine's chunk count is an input of the schedule: a layer gathered in one chunk
+    /// has no early chunk, and at every count the schedule holds `FetchedEarly` exactly
+    /// where its own chunks ([`LayerSchedule::fetch_chunk_bounds`], the engine's) are more
+    /// than one.
+    #[test]
+    fn the_fetch_chunk_setting_decides_the_early_chunks() {
+        use crate::placement::GpuPlacement;
+        use crate::plan::MAX_FETCH_CHUNKS;
+        let layouts = [
+            GpuLayout::single(),
+            GpuLayout::new(2, GpuPlacement::Sharded).unwrap(),
+            GpuLayout::new(2, GpuPlacement::TensorParallel).unwrap(),
+        ];
+        for layout in layouts {
+            for fetched in [0.0, 1.0, 1.4, 2.0, 3.0, 6.0, 38.0] {
+                let plans = vec![counts(2.0, fetched, 1.0); layout.plans()];
+                let one = EngineSettings { fetch_chunks: 1 };
+                let s = LayerSchedule::new(&layout, &one, &plans);
+                assert!(!kinds(&s).contains(&OpKind::FetchedEarly), "{fetched}");
+                assert_eq!(s.fetch_chunk_bounds(fetched).len(), 1);
+                for fetch_chunks in 1..=MAX_FETCH_CHUNKS {
+                    let settings = EngineSettings { fetch_chunks };
+                    let s = LayerSchedule::new(&layout, &settings, &plans);
+                    assert_eq!(s.fetch_chunks, fetch_chunks);
+                    let bounds = s.fetch_chunk_bounds(fetched);
+                    assert_eq!(
+                        bounds,
+                        crate::plan::fetch_chunk_bounds_at_most(
+                            fetched.round() as usize,
+                            fetch_chunks
+                        )
+                    );
+                    let early = s.ops.iter().filter(|o| o.kind == OpKind::FetchedEarly);
+                    let want = if bounds.len() > 1 { s.gpus as usize } else { 0 };
+                    assert_eq!(early.count(), want, "{layout:?} {fetched} {fetch_chunks}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn the_longest_path_waits_for_every_predecessor() {
-        let s = LayerSchedule::new(&GpuLayout::single(), &[counts(2.0, 4.0, 1.0)]);
+        let s = LayerSchedule::new(
+            &GpuLayout::single(),
+            &EngineSettings::default(),
+            &[counts(2.0, 4.0, 1.0)],
+        );
         // Every operation 1 us: the longest chain is Dense, Hits, FetchedEarly, LastLaunch,
         // LastChunk, Combine, Residual.
         assert_eq!(s.longest_path(|_| 1.0), 7.0);

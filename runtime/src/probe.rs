@@ -565,6 +565,11 @@ pub struct ProbeOutcome {
     /// [`ProbeOutcome::disturbance`]).
     #[serde(default = "one")]
     pub attempts: usize,
+    /// The engine's settings the end-to-end probe ran ([`ProbeConfig::engine`]): the
+    /// profile's parameters record them ([`PerfParams::engine_settings`]), so that the model
+    /// times the step this engine runs (absent in outcomes written before: the defaults).
+    #[serde(default)]
+    pub engine: EngineSettings,
     /// The CPU check ([`crate::cpu_check`]) at each probed thread count, taken after setup
     /// (empty in outcomes written before 2026-12-06).
     #[serde(default)]
@@ -972,6 +977,7 @@ fn probe_once(
         stream_read_start_gbs: Some(stream_read_start_gbs),
         host_steal_fraction: None,
         attempts: 1,
+        engine: config.engine,
         cpu_checks_start,
         cpu_checks_end,
     })
@@ -2030,6 +2036,9 @@ pub fn fit_profile(
     let host = prior_host(device, outcome)?;
     let prior: PerfModel = PerfModel::from_host(&host)?;
     let mut start: PerfParams = prior.params.clone();
+    // The engine the end-to-end blocks ran: the fit and every later prediction of the
+    // profile time its schedule.
+    start.engine_settings = outcome.engine;
     // The bench geometry of the legacy rule is the host's tuning model (not fitted).
     start.bench_expert =
         ExpertShape::of(&ModelSpec::preset(BENCH_MODEL)?.with_format(outcome.model.format));

@@ -306,3 +306,60 @@ fn the_engine_issues_each_layers_schedule() {
         }
     }
 }
+
+/// The engine's chunk count is an input of each layer's schedule: at 1 and 2 chunks (and
+/// the default) on one and two GPUs, the engine issues exactly the schedule built with it
+/// (no early chunk at 1, so none issued), and decodes the same bits as at the default (the
+/// fixed combine order sums the same rows in the same order whatever the chunks).
+#[test]
+fn the_fetch_chunk_setting_is_the_schedules_and_changes_no_output() {
+    use ft_model::plan::MAX_FETCH_CHUNKS;
+    use ft_runtime::engine::EngineSettings;
+    let steps = routing();
+    let fetching = [
+        Strategy::Offload,
+        Strategy::Hybrid {
+            fetch: FetchFraction::Fixed(0.5),
+        },
+    ];
+    for gpus in [1u32, 2] {
+        for s in fetching {
+            let decode = |fetch_chunks: usize| {
+                let cfg = EngineConfig {
+                    settings: EngineSettings { fetch_chunks },
+                    ..config(s)
+                };
+                let mut e = engine_with(gpus, GpuPlacement::Sharded, &cfg);
+                run(&mut e, &steps)
+            };
+            let default = decode(MAX_FETCH_CHUNKS);
+            let mut early_at_default = false;
+            for (_, r) in &default {
+                early_at_default |= r
+                    .ops
+                    .iter()
+                    .any(|o| o.issued.iter().any(|&(k, _)| k == OpKind::FetchedEarly));
+            }
+            assert!(early_at_default, "G={gpus} {s}: no layer fetched in chunks");
+            for fetch_chunks in [1, 2] {
+                let what = format!("G={gpus} {s} {fetch_chunks} chunk(s)");
+                let runs = decode(fetch_chunks);
+                for (step, ((_, r), (_, d))) in runs.iter().zip(&default).enumerate() {
+                    for (l, ops) in r.ops.iter().enumerate() {
+                        if let Err(why) = ops.check() {
+                            panic!("{what} step {step} layer {l}: {why}\n{ops:?}");
+                        }
+                        assert_eq!(ops.schedule.fetch_chunks, fetch_chunks, "{what}");
+                        if fetch_chunks == 1 {
+                            assert!(
+                                !ops.issued.iter().any(|&(k, _)| k == OpKind::FetchedEarly),
+                                "{what} step {step} layer {l}"
+                            );
+                        }
+                    }
+                    assert_eq!(r.outputs, d.outputs, "{what} step {step}");
+                }
+            }
+        }
+    }
+}

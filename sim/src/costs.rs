@@ -205,7 +205,11 @@ impl CostModel {
     /// Costs of one layer doing `c` on one GPU, with `dense_ns` of dense part and `streams`
     /// streams (the layer's [`LayerSchedule`] on one GPU, [`CostModel::layer_on`]).
     pub fn layer(&self, c: &LayerCounts, streams: usize, dense_ns: f64) -> LayerCosts {
-        let schedule = LayerSchedule::new(&GpuLayout::single(), std::slice::from_ref(c));
+        let schedule = LayerSchedule::new(
+            &GpuLayout::single(),
+            &self.params.engine_settings,
+            std::slice::from_ref(c),
+        );
         self.layer_on(&schedule, streams, dense_ns, 0)
     }
 
@@ -222,7 +226,7 @@ impl CostModel {
     ) -> LayerCosts {
         self.costs_of(
             &schedule.counts[gpu as usize],
-            schedule.gated_last_chunk,
+            schedule,
             schedule.work(),
             streams,
             dense_ns,
@@ -230,18 +234,21 @@ impl CostModel {
         )
     }
 
-    /// [`CostModel::layer_on`] from the parts of the schedule it reads: GPU `gpu`'s counts
-    /// `c`, whether its last chunk is gated, and the layer's work (what its residual is
-    /// keyed by).
+    /// [`CostModel::layer_on`] with GPU `gpu`'s counts `c` and the layer's work (what its
+    /// residual is keyed by) given, and of `schedule` only the properties its structure
+    /// holds: whether its last chunk is gated and the chunks its fetched experts come in
+    /// ([`LayerSchedule::fetch_chunk_bounds`]). A schedule of the same structure as the
+    /// layer's serves (the simulator shares one per structure).
     pub fn costs_of(
         &self,
         c: &LayerCounts,
-        gated_last_chunk: bool,
+        schedule: &LayerSchedule,
         work: LayerWork,
         streams: usize,
         dense_ns: f64,
         gpu: u32,
     ) -> LayerCosts {
+        let gated_last_chunk = schedule.gated_last_chunk;
         let p = &self.params;
         let s = self.lane_shape;
         // The CPU computes whole experts (under tensor parallelism too).
@@ -293,7 +300,12 @@ impl CostModel {
             },
             sum_ns: (us(p.combine_us()) - launch).max(0.0),
         });
-        let fetched = p.fetched_kernels(c.fetched, c.fetched_tokens, s);
+        let fetched = p.fetched_kernels(
+            &schedule.fetch_chunk_bounds(c.fetched),
+            c.fetched,
+            c.fetched_tokens,
+            s,
+        );
         LayerCosts {
             dense_ns,
             launch_ns: launch,
@@ -326,11 +338,19 @@ mod tests {
     /// One isolated layer of each kind: the event engine's duration is the analytic
     /// layer time up to the documented differences (the pool's wake-up, which the engine
     /// skips while the pool spins; here it starts parked and pays it; the activations'
-    /// copies, which the analytic term counts in the round trip, are the same bytes).
+    /// copies, which the analytic term counts in the round trip, are the same bytes), at
+    /// every fetch-chunk count of the engine (`PerfParams::engine_settings`): the simulator
+    /// takes its fetched chunks from the layer's schedule, as the closed form does.
     #[test]
     fn isolated_layers_match_the_analytic_layer_time() {
-        for host in crate::hosts::preset_names() {
-            let (cm, model) = setup(host);
+        let hosts = crate::hosts::preset_names();
+        let chunk_counts = 1..=ft_model::plan::MAX_FETCH_CHUNKS;
+        for (host, fetch_chunks) in hosts
+            .iter()
+            .flat_map(|h| chunk_counts.clone().map(move |k| (h, k)))
+        {
+            let (mut cm, model) = setup(host);
+            cm.params.engine_settings = ft_model::EngineSettings { fetch_chunks };
             if cm.layout.is_multi() {
                 // One lane's runner against the one-GPU closed form: see the GPU-lanes tests.
                 continue;
@@ -355,11 +375,14 @@ mod tests {
                 let analytic = cm.params.layer_time(&shape, &c);
                 let dense = cm.dense_ns(2, 2400);
                 let costs = cm.layer(&c, 2, dense);
+                let chunks = LayerSchedule::chunk_bounds(fetch_chunks, fetched).len();
+                assert_eq!(costs.fetched_early_launches as usize, chunks - 1);
                 let (ends, _) = LayerRunner::new(cm.resources(), vec![costs]).run(0);
                 let sim_us = ends[0] as f64 / 1e3;
                 let rel = (sim_us - analytic.total_us) / analytic.total_us;
                 let what = format!(
-                    "{host} {kind} {hits}/{fetched}/{cpu}: sim {sim_us:.2} us, analytic {:.2} us",
+                    "{host} {fetch_chunks} chunk(s) {kind} {hits}/{fetched}/{cpu}: sim \
+                     {sim_us:.2} us, analytic {:.2} us",
                     analytic.total_us
                 );
                 let contends = cpu > 0.0

@@ -340,16 +340,19 @@ impl Planner {
 /// What a layer's schedule depends on, for up to 16 GPUs, from each GPU's counts
 /// ([`LayerSchedule::counts_on`]: under tensor parallelism the one plan with its CPU experts
 /// dealt out): whether it has hits, fetched experts, more than one fetched chunk
-/// (`ft_model::plan::fetch_chunk_bounds` splits two or more experts) and a CPU share.
+/// ([`LayerSchedule::chunk_bounds`] at the engine's `fetch_chunks`) and a CPU share.
 /// `None` for more GPUs.
-fn structure_key(gpus: impl ExactSizeIterator<Item = LayerCounts>) -> Option<u64> {
+fn structure_key(
+    gpus: impl ExactSizeIterator<Item = LayerCounts>,
+    fetch_chunks: usize,
+) -> Option<u64> {
     if gpus.len() > 16 {
         return None;
     }
     Some(gpus.enumerate().fold(0u64, |k, (i, c)| {
         let bits = u64::from(c.hits > 0.0)
             | u64::from(c.fetched > 0.0) << 1
-            | u64::from(c.fetched.round() >= 2.0) << 2
+            | u64::from(LayerSchedule::chunk_bounds(fetch_chunks, c.fetched).len() > 1) << 2
             | u64::from(c.cpu > 0.0) << 3;
         k | bits << (4 * i)
     }))
@@ -621,14 +624,9 @@ impl<'a> DecodeProcess<'a> {
             // Its counts as the schedule deals them (under tensor parallelism its share of
             // the CPU experts); the shared schedule's own counts are another layer's.
             let counts = LayerSchedule::counts_on(&self.costs.layout, &plans, g);
-            let c = self.costs.costs_of(
-                &counts,
-                schedule.gated_last_chunk,
-                work,
-                self.streams,
-                self.dense_ns,
-                g,
-            );
+            let c = self
+                .costs
+                .costs_of(&counts, &schedule, work, self.streams, self.dense_ns, g);
             costs.push(self.jitter_costs(c, s));
         }
         self.plan_counts = plans;
@@ -642,20 +640,21 @@ impl<'a> DecodeProcess<'a> {
     fn schedule_for(&mut self, plans: &[LayerCounts]) -> Arc<LayerSchedule> {
         let layout = self.costs.layout;
         let gpus = (0..layout.count() as u32).map(|g| LayerSchedule::counts_on(&layout, plans, g));
-        let Some(key) = structure_key(gpus) else {
-            return Arc::new(LayerSchedule::new(&self.costs.layout, plans));
+        let settings = self.costs.params.engine_settings;
+        let Some(key) = structure_key(gpus, settings.fetch_chunks) else {
+            return Arc::new(LayerSchedule::new(&self.costs.layout, &settings, plans));
         };
         let schedule = match self.schedules.iter().find(|(k, _)| *k == key) {
             Some((_, s)) => Arc::clone(s),
             None => {
-                let s = Arc::new(LayerSchedule::new(&self.costs.layout, plans));
+                let s = Arc::new(LayerSchedule::new(&self.costs.layout, &settings, plans));
                 self.schedules.push((key, Arc::clone(&s)));
                 s
             }
         };
         debug_assert_eq!(
             schedule.ops,
-            LayerSchedule::new(&self.costs.layout, plans).ops,
+            LayerSchedule::new(&self.costs.layout, &settings, plans).ops,
             "one structure, one schedule"
         );
         schedule

@@ -778,7 +778,12 @@ pub fn schedule_of(c: &LayerCosts) -> LayerSchedule {
         cpu: f64::from(u8::from(c.cpu.is_some())),
         cpu_tokens: 0.0,
     };
-    LayerSchedule::new(&GpuLayout::single(), &[counts])
+    // At the default chunk count (two experts: two chunks).
+    LayerSchedule::new(
+        &GpuLayout::single(),
+        &ft_model::EngineSettings::default(),
+        &[counts],
+    )
 }
 
 /// Runs layers back to back on one GPU's [`LayerMachine`]: the engine alone, without
@@ -889,7 +894,7 @@ mod tests {
             GpuLayout::single(),
             GpuLayout::new(2, ft_model::placement::GpuPlacement::TensorParallel).unwrap(),
         ] {
-            let schedule = LayerSchedule::new(&layout, &[c]);
+            let schedule = LayerSchedule::new(&layout, &cm.params.engine_settings, &[c]);
             let costs: Vec<LayerCosts> = (0..layout.gpus)
                 .map(|g| cm.layer_on(&schedule, 2, 40_000.0, g))
                 .collect();

@@ -209,7 +209,7 @@ fn every_strategy_has_a_name_a_policy_a_schedule_and_model_terms() {
         for (l, routes) in step.layers.iter().enumerate() {
             let plan = plan_layer_placed(l, routes, &mut cache, policy.layer(l));
             let counts = ft_model::perf::LayerCounts::of_plan(&plan);
-            let schedule = LayerSchedule::new(&GpuLayout::single(), &[counts]);
+            let schedule = LayerSchedule::new(&GpuLayout::single(), &p.engine_settings, &[counts]);
             assert!(!schedule.ops.is_empty());
             let t = p.schedule_time(&schedule, &shape, p.dense_us(&shape.dense, 2.0, 1024.0));
             assert!(

@@ -61,3 +61,40 @@ fn simulator_and_model_agree_within_five_percent() {
         worst.1
     );
 }
+
+/// A host whose engine gathers a layer's fetched experts in one chunk
+/// (`PerfParams::engine_settings`, what a probed profile records): the simulator and the
+/// model both time offload's step otherwise than at the default chunks, and still agree; a
+/// strategy that fetches nothing (resident, the CPU-only cpu) does not move in either.
+#[test]
+fn the_fetch_chunk_setting_moves_the_simulator_and_the_model_alike() {
+    use ft_model::StrategyKind as K;
+    let m = ft_model::ModelSpec::preset("qwen3.8-flash-next").unwrap();
+    let mut cfg = CompareConfig::field_report(2);
+    cfg.cache = CacheChoice::Slots {
+        slots: (m.geometry.total_experts() as f64 * 0.3) as usize,
+    };
+    cfg.strategies = vec![K::Offload, K::Cpu];
+    cfg.warmup_steps = 16;
+    cfg.steps = 24;
+    let mut h = ft_sim::hosts::resolve_host(ft_sim::hosts::preset_names()[0]).unwrap();
+    let default = compare(&h, &m, &cfg).unwrap();
+    h.perf.params.engine_settings = ft_model::EngineSettings { fetch_chunks: 1 };
+    let one = compare(&h, &m, &cfg).unwrap();
+    for (d, o) in default.strategies.iter().zip(&one.strategies) {
+        let what = &d.strategy;
+        let (sim_moved, model_moved) = (
+            (o.sim.step_ms - d.sim.step_ms).abs() > 1e-9 * d.sim.step_ms,
+            (o.model.step_us - d.model.step_us).abs() > 1e-9 * d.model.step_us,
+        );
+        let fetches = d.strategy == "offload";
+        assert_eq!((sim_moved, model_moved), (fetches, fetches), "{what}");
+        // Within the tolerance of the default's agreement (above).
+        let (gain, step) = (o.step_gain_us(), o.model.step_us);
+        let unexplained = gain - o.explained_gain_us(h.wake_us);
+        assert!(
+            gain > -0.05 * step && unexplained < 0.05 * step,
+            "{what}: {gain} us"
+        );
+    }
+}

@@ -556,20 +556,26 @@ impl PerfParams {
             + tokens.max(0.0) * shape.macs / (self.gpu_token_gmacs * MACS_PER_US_PER_GMACS)
     }
 
-    /// The GPU time of a layer's fetched experts, computed in the runtime's chunks
-    /// ([`crate::plan::fetch_chunk_bounds`]): the launches of every chunk but the last (each
-    /// runs as soon as its copies land, beside the gather of the next) and the last chunk's
-    /// launch, which follows the gather's last copy. Counts may be means: the chunks of the
-    /// nearest whole count, scaled to `experts`; tokens spread evenly over the experts.
-    /// Nothing for no expert.
-    pub fn fetched_kernels(&self, experts: f64, tokens: f64, shape: ExpertShape) -> FetchedKernels {
-        if experts <= 0.0 {
+    /// The GPU time of a layer's `experts` fetched experts computed in `chunks` (the
+    /// layer schedule's, [`crate::schedule::LayerSchedule::fetch_chunk_bounds`]: the chunks
+    /// of the nearest whole count, as the engine runs them): the launches of every chunk but
+    /// the last (each runs as soon as its copies land, beside the gather of the next) and the
+    /// last chunk's launch, which follows the gather's last copy. Counts may be means: each
+    /// chunk scaled by `experts` over the chunks' whole count; tokens spread evenly over the
+    /// experts. Nothing for no expert.
+    pub fn fetched_kernels(
+        &self,
+        chunks: &[std::ops::Range<usize>],
+        experts: f64,
+        tokens: f64,
+        shape: ExpertShape,
+    ) -> FetchedKernels {
+        let n: usize = chunks.iter().map(|r| r.len()).sum();
+        if experts <= 0.0 || n == 0 {
             return FetchedKernels::default();
         }
-        let n = experts.round().max(1.0) as usize;
         let scale = experts / n as f64;
         let per_expert_tokens = tokens.max(0.0) / experts;
-        let chunks = crate::plan::fetch_chunk_bounds(n);
         let kernel = |len: usize| {
             let e = len as f64 * scale;
             self.gpu_experts_us(e, e * per_expert_tokens, shape)
@@ -990,23 +996,32 @@ mod tests {
             bytes: 2.77e6,
             macs: 4.9e6,
         };
-        assert_eq!(p.fetched_kernels(0.0, 0.0, s), FetchedKernels::default());
+        let chunks = |n: f64, most: usize| crate::schedule::LayerSchedule::chunk_bounds(most, n);
+        let fk = |n: f64, tokens: f64| {
+            p.fetched_kernels(&chunks(n, crate::plan::MAX_FETCH_CHUNKS), n, tokens, s)
+        };
+        assert_eq!(fk(0.0, 0.0), FetchedKernels::default());
         // One expert: one chunk, nothing before it.
-        let one = p.fetched_kernels(1.0, 2.0, s);
+        let one = fk(1.0, 2.0);
         assert_eq!(one.early_chunks, 0);
         assert!((one.last_us - p.gpu_experts_us(1.0, 2.0, s)).abs() < 1e-12);
         // Six: chunks of 3, 2 and 1, each its own launch; tokens spread evenly.
-        let six = p.fetched_kernels(6.0, 12.0, s);
+        let six = fk(6.0, 12.0);
         assert_eq!(six.early_chunks, 2);
         let k = |n: f64| p.gpu_experts_us(n, 2.0 * n, s);
         assert!((six.early_us - (k(3.0) + k(2.0))).abs() < 1e-9);
         assert!((six.last_us - k(1.0)).abs() < 1e-12);
         // A mean count takes the chunks of the nearest whole count, scaled to it: the
         // kernels' experts still add up to the mean.
-        let mean = p.fetched_kernels(5.6, 5.6, s);
-        let whole = p.fetched_kernels(6.0, 6.0, s);
+        let mean = fk(5.6, 5.6);
+        let whole = fk(6.0, 6.0);
         assert_eq!(mean.early_chunks, whole.early_chunks);
         assert!(mean.last_us < whole.last_us && mean.early_us < whole.early_us);
+        // In one chunk (`--fetch-chunks 1`): nothing before the last, which is all six.
+        let single = p.fetched_kernels(&chunks(6.0, 1), 6.0, 12.0, s);
+        assert_eq!(single.early_chunks, 0);
+        assert_eq!(single.early_us, 0.0);
+        assert!((single.last_us - k(6.0)).abs() < 1e-9);
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub mod step;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+use crate::engine_settings::EngineSettings;
 use crate::error::{ModelError, Result};
 use crate::host::{HostSpec, GIB};
 use crate::placement::GpuLayout;
@@ -408,6 +409,16 @@ pub struct PerfParams {
     /// GPU.
     #[serde(default = "default_peer_latency_us")]
     pub peer_latency_us: f64,
+
+    // ---- the engine's settings (not fitted) ----
+    /// The settings of the engine the parameters describe ([`EngineSettings`]: how many
+    /// chunks a layer's fetched experts come in): what every layer schedule of a prediction
+    /// is built from ([`crate::schedule::LayerSchedule::new`]), so the closed form and the
+    /// simulator time the step the engine runs. A probe records its engine's settings here
+    /// (they are in its profile key too); a host spec and a profile that records none have
+    /// the defaults (omitted from the JSON then).
+    #[serde(default, skip_serializing_if = "EngineSettings::is_default")]
+    pub engine_settings: EngineSettings,
 }
 
 /// The peer bandwidth a profile without one reads as, in GB/s: a PCIe 4.0 x16 combine
@@ -846,6 +857,7 @@ impl PerfParams {
             layout: host.gpu_layout(),
             peer_gbs: host.interconnect().peer_gbs,
             peer_latency_us: host.interconnect().latency_us,
+            engine_settings: EngineSettings::default(),
         };
         Ok(p)
     }
@@ -1060,6 +1072,12 @@ impl PerfParams {
             }
         }
         self.engine.validate()?;
+        self.engine_settings.check().map_err(|e| match e {
+            ModelError::Invalid { reason, .. } => {
+                ModelError::invalid("perf.engine_settings.fetch-chunks", reason)
+            }
+            e => e,
+        })?;
         if !(0.0..=1.0).contains(&self.cpu_thread_exponent) {
             return Err(ModelError::invalid(
                 "perf.cpu_thread_exponent",

@@ -20,8 +20,9 @@
 //!      is serial with the CPU share; it overlaps the dense part, so only what it takes
 //!      beyond the dense part delays the CPU path.
 //! 3. The **fetched** experts are computed on the GPU in the runtime's chunks
-//!    ([`crate::plan::fetch_chunk_bounds`]: the last is one expert as soon as there are
-//!    two): each chunk's launch runs once its copies have landed and the launches before it
+//!    ([`LayerSchedule::fetch_chunk_bounds`], at most the engine's
+//!    [`crate::EngineSettings::fetch_chunks`]; at the default the last is one expert as soon
+//!    as there are two): each chunk's launch runs once its copies have landed and the launches before it
 //!    are done, so every chunk but the last (`early`) overlaps the gather, and only the last
 //!    chunk's launch (`last`) follows the gather's last copy. On one GPU the runtime gates
 //!    the last chunk on a flag the copy stream sets (its `gate_last_chunk`, the default):
@@ -319,7 +320,8 @@ pub struct LayerTime {
 pub struct GpuTerms {
     /// The hit experts' kernel, launch included.
     pub hits_us: f64,
-    /// The fetched chunks' kernels ([`PerfParams::fetched_kernels`]).
+    /// The fetched chunks' kernels ([`PerfParams::fetched_kernels`] in the schedule's
+    /// chunks, [`LayerSchedule::fetch_chunk_bounds`]).
     pub fetched: FetchedKernels,
     /// The gather, beside the CPU share where there is one (DRAM contention).
     pub gather_us: f64,
@@ -392,7 +394,11 @@ impl PerfParams {
         c: &LayerCounts,
         dense: f64,
     ) -> LayerTime {
-        let schedule = LayerSchedule::new(&GpuLayout::single(), std::slice::from_ref(c));
+        let schedule = LayerSchedule::new(
+            &GpuLayout::single(),
+            &self.engine_settings,
+            std::slice::from_ref(c),
+        );
         self.schedule_time(&schedule, shape, dense)
     }
 
@@ -406,7 +412,7 @@ impl PerfParams {
         counts: &[LayerCounts],
         dense: f64,
     ) -> LayerTime {
-        let schedule = LayerSchedule::new(&self.layout, counts);
+        let schedule = LayerSchedule::new(&self.layout, &self.engine_settings, counts);
         self.schedule_time(&schedule, shape, dense)
     }
 
@@ -480,7 +486,12 @@ impl PerfParams {
                 let cpu_only = |x: f64| if has_cpu { x } else { 0.0 };
                 GpuTerms {
                     hits_us: self.gpu_experts_us(c.hits, c.hit_tokens, s),
-                    fetched: self.fetched_kernels(c.fetched, c.fetched_tokens, s),
+                    fetched: self.fetched_kernels(
+                        &schedule.fetch_chunk_bounds(c.fetched),
+                        c.fetched,
+                        c.fetched_tokens,
+                        s,
+                    ),
                     gather_us: gather,
                     cpu_us: cpu,
                     issue_us: cpu_only(self.host_layer_us(c, shape.streams)),
@@ -794,17 +805,23 @@ mod tests {
             vec![c(12.0, 2.0, 6.0), c(2.0, 12.0, 1.0)],
             vec![c(5.0, 0.0, 15.0), c(0.0, 0.0, 2.0)],
         ];
-        for layout in layouts {
+        // At every chunk count the engine takes (`--fetch-chunks`), the schedule's.
+        for (layout, fetch_chunks) in layouts
+            .into_iter()
+            .flat_map(|l| (1..=crate::plan::MAX_FETCH_CHUNKS).map(move |k| (l, k)))
+        {
             let mut q = p.clone();
             q.layout = layout;
+            q.engine_settings = crate::EngineSettings { fetch_chunks };
             for counts in &plans {
-                let schedule = LayerSchedule::new(&layout, &counts[..layout.plans()]);
+                let schedule =
+                    LayerSchedule::new(&layout, &q.engine_settings, &counts[..layout.plans()]);
                 let got = q.schedule_time(&schedule, &shape, dense);
                 let terms = q.schedule_terms(&schedule, &shape, dense);
                 let reference = schedule.longest_path(|op| terms.op_us(op));
                 assert!(
                     (got.total_us - reference).abs() < 1e-9 * reference,
-                    "{layout:?} {counts:?}: {} vs {reference}",
+                    "{layout:?} {fetch_chunks} {counts:?}: {} vs {reference}",
                     got.total_us
                 );
                 assert!((got.critical.total() - got.total_us).abs() < 1e-9 * got.total_us);
@@ -812,7 +829,39 @@ mod tests {
                     got,
                     q.layer_time_gpus(&shape, &counts[..layout.plans()], dense)
                 );
+                // The early chunks the terms time are the schedule's.
+                for (g, c) in schedule.counts.iter().enumerate() {
+                    let early = schedule.fetch_chunk_bounds(c.fetched).len() - 1;
+                    assert_eq!(terms.gpus[g].fetched.early_chunks, early, "{fetch_chunks}");
+                }
             }
+        }
+    }
+
+    /// One chunk against the default: a layer that fetches two or more experts computes
+    /// them in one kernel after the whole gather, so its GPU side moves; a layer that
+    /// fetches nothing (resident, CPU-only) or one expert takes the same time.
+    #[test]
+    fn one_fetch_chunk_moves_only_layers_that_fetch_several_experts() {
+        let (p, shape) = setup();
+        let one = PerfParams {
+            engine_settings: crate::EngineSettings { fetch_chunks: 1 },
+            ..p.clone()
+        };
+        let c = |hits: f64, fetched: f64, cpu: f64| LayerCounts {
+            hits,
+            hit_tokens: hits,
+            fetched,
+            fetched_tokens: fetched,
+            cpu,
+            cpu_tokens: cpu,
+        };
+        for same in [c(20.0, 0.0, 0.0), c(5.0, 0.0, 15.0), c(10.0, 1.0, 0.0)] {
+            assert_eq!(p.layer_time(&shape, &same), one.layer_time(&shape, &same));
+        }
+        for moved in [c(12.0, 8.0, 0.0), c(0.0, 20.0, 0.0), c(2.0, 2.0, 0.0)] {
+            let (d, o) = (p.layer_time(&shape, &moved), one.layer_time(&shape, &moved));
+            assert_ne!(d.total_us, o.total_us, "{moved:?}");
         }
     }
 }

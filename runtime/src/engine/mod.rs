@@ -35,8 +35,10 @@
 //!    overlapping the hits' compute.
 //! 4. **Hits, FetchedEarly, LastLaunch, LastChunk** (compute stream): one expert step over
 //!    the hits, then one over the fetched misses ([`crate::gpu_experts::ExpertStep`]) in
-//!    chunks (`FetchChunks`), each after its chunk's copies (at most
-//!    [`EngineSettings::fetch_chunks`] chunks, halving from the last): the earlier chunks
+//!    chunks (`FetchChunks`), each after its chunk's copies (the schedule's chunks,
+//!    [`LayerSchedule::fetch_chunk_bounds`]: at most [`EngineSettings::fetch_chunks`],
+//!    halving from the last; the schedule holds `FetchedEarly` only where there are several):
+//!    the earlier chunks
 //!    behind an event wait, the last one, where the schedule gates it (one GPU) and the
 //!    device can (copy-engine gathers, stream flag writes), queued at once and gated on a
 //!    flag the copy stream sets after its copies ([`crate::device::FlagGate`],
@@ -83,7 +85,6 @@
 mod decode;
 mod peer;
 pub mod probe;
-mod settings;
 mod timeline;
 mod work;
 
@@ -91,17 +92,15 @@ pub use decode::{
     decode, draw_routing, record_routing, request_tags, token_input, DecodeOptions, Decoded,
     INPUT_SALT_WARMUP,
 };
+pub use ft_model::engine_settings::{EngineSettings, REMOVED_ENGINE_ENVS};
 pub use peer::{CombineMethod, GpuCounts, GpuStep};
-pub use settings::{EngineSettings, REMOVED_ENGINE_ENVS};
 pub use work::CombineOrder;
 
 use ft_kernels::{ActivationPath, ExpertWork};
 use ft_model::cache::SlotId;
 use ft_model::cache::{CacheOptions, CachePolicy, ExpertCache};
 use ft_model::perf::step::LayerCounts as PlanCounts;
-use ft_model::plan::{
-    fetch_chunk_bounds_at_most, fetch_fraction, plan_layer_placed, MAX_FETCH_CHUNKS,
-};
+use ft_model::plan::{fetch_fraction, plan_layer_placed, MAX_FETCH_CHUNKS};
 use ft_model::profile::CpuCheck;
 use ft_model::routing::TokenRoute;
 use ft_model::schedule::{LayerSchedule, OpKind};
@@ -476,7 +475,7 @@ impl GpuMemory {
     }
 }
 
-/// A layer's fetched experts in chunks ([`fetch_chunk_bounds_at_most`]): the chunked pipeline of
+/// A layer's fetched experts in chunks ([`LayerSchedule::fetch_chunk_bounds`]): the chunked pipeline of
 /// the engine on every GPU. Chunk `c`'s gathers are followed by an event on the
 /// copy stream, and its expert step waits for that event only and writes output rows of its
 /// own, so that the GPU computes each chunk as soon as it has landed. A layer with nothing to
@@ -493,19 +492,20 @@ pub(crate) struct FetchChunks<'a> {
 }
 
 impl<'a> FetchChunks<'a> {
-    /// The chunks of `work`'s fetched experts into and from `slots`, at most `max_chunks`,
-    /// halving from the last ([`fetch_chunk_bounds_at_most`]); the last one's launch gated on
-    /// `gate` where given and the layer gathers.
+    /// The chunks of `work`'s fetched experts into and from `slots`, the layer's
+    /// `schedule`'s ([`LayerSchedule::fetch_chunk_bounds`]: at most the engine's
+    /// `fetch_chunks`, halving from the last); the last one's launch gated on `gate` where
+    /// given and the layer gathers.
     pub fn of(
         work: &'a work::LayerWork,
         slots: &'a SlotPool,
-        max_chunks: usize,
+        schedule: &LayerSchedule,
         gate: Option<FlagGate<'a>>,
     ) -> Self {
         FetchChunks {
             work,
             slots,
-            bounds: fetch_chunk_bounds_at_most(work.moves.len(), max_chunks),
+            bounds: schedule.fetch_chunk_bounds(work.moves.len() as f64),
             gate: gate.filter(|_| !work.moves.is_empty()),
         }
     }
@@ -855,7 +855,7 @@ struct GpuPart {
     /// Hits' outputs, `[rows][hidden]`.
     y_hits: DeviceBuffer,
     /// Fetched misses' outputs, `[rows][hidden]` each, one buffer per chunk of the layer's
-    /// fetched experts ([`fetch_chunk_bounds_at_most`]); in fixed order the CPU's rows go
+    /// fetched experts ([`LayerSchedule::fetch_chunk_bounds`]); in fixed order the CPU's rows go
     /// to the first.
     y_fetched: Vec<DeviceBuffer>,
     /// The CPU's outputs in fast order, `[streams][hidden]`.
@@ -1765,6 +1765,7 @@ impl Engine {
         let mut planner = Planner {
             caches: &mut self.caches,
             layout: self.layout,
+            settings: self.config.settings,
             placement: self.placement,
             resident_base: self.slot_counts.cache + self.slot_counts.staging,
             experts: geo.experts,
@@ -1860,12 +1861,7 @@ impl Engine {
                             value: self.gate_values[g],
                         }
                     });
-                fetches.push(FetchChunks::of(
-                    work,
-                    &p.slots,
-                    self.config.settings.fetch_chunks,
-                    gate,
-                ));
+                fetches.push(FetchChunks::of(work, &p.slots, &schedule, gate));
             }
             // The rest of the dense part and the experts: queued now, or on one GPU with a
             // CPU share while the host waits for the activations and beside the CPU share
@@ -2208,6 +2204,8 @@ struct Planned {
 struct Planner<'a> {
     caches: &'a mut [ExpertCache],
     layout: GpuLayout,
+    /// The engine's settings, an input of every layer's schedule.
+    settings: EngineSettings,
     placement: PlacementPolicy,
     /// The first slot of layer split's resident layers ([`SlotCounts`]).
     resident_base: usize,
@@ -2274,7 +2272,7 @@ impl Planner<'_> {
             works.push(work);
         }
         Ok(Planned {
-            schedule: LayerSchedule::new(&self.layout, &counts),
+            schedule: LayerSchedule::new(&self.layout, &self.settings, &counts),
             works,
         })
     }
@@ -2537,7 +2535,8 @@ mod tests {
             cpu: 0.0,
             cpu_tokens: 0.0,
         };
-        let schedule = LayerSchedule::new(&GpuLayout::single(), &[counts]);
+        let schedule =
+            LayerSchedule::new(&GpuLayout::single(), &EngineSettings::default(), &[counts]);
         let ops = |issued: &[OpKind]| LayerOps {
             schedule: schedule.clone(),
             issued: issued.iter().map(|&k| (k, 0)).collect(),

@@ -26,15 +26,21 @@
 //! the link's fixed cost per submission against a longer last kernel, and the best count
 //! moves with the streams ("The tail of an offload layer", "Two fetch chunks at two
 //! streams"). The CUDA device's own choices are not engine settings: they are the device's
-//! ([`crate::device::CudaTuning`]), recorded in each report's `device` and in the profile
-//! key's GPU paths.
+//! (`ft_runtime::device::CudaTuning`), recorded in each report's `device` and in the
+//! profile key's GPU paths.
+//!
+//! Why here, in `ft-model`: the settings change the step the engine runs, so the layer
+//! schedule is built from them ([`crate::schedule::LayerSchedule::new`]) and the analytic
+//! model and the simulator read them where a prediction's parameters live
+//! ([`crate::perf::PerfParams::engine_settings`]: a probed profile's, the default for a host
+//! preset). The runtime re-exports the type as `ft_runtime::engine::EngineSettings`.
 
 use std::path::Path;
 
-use ft_model::plan::MAX_FETCH_CHUNKS;
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Result, RuntimeError};
+use crate::error::{ModelError, Result};
+use crate::plan::MAX_FETCH_CHUNKS;
 
 /// The engine's settings (module docs). Every field has a default, and a field this program
 /// does not know is refused, so a misspelt setting never silently runs the default.
@@ -42,7 +48,7 @@ use crate::error::{Result, RuntimeError};
 #[serde(deny_unknown_fields, default, rename_all = "kebab-case")]
 pub struct EngineSettings {
     /// Most chunks a layer's fetched experts are gathered and computed in, 1 to
-    /// [`MAX_FETCH_CHUNKS`] ([`ft_model::plan::fetch_chunk_bounds_at_most`]): each chunk's
+    /// [`MAX_FETCH_CHUNKS`] ([`crate::schedule::LayerSchedule::fetch_chunk_bounds`]): each chunk's
     /// kernel runs as soon as its copies land, and each chunk is one submission of copies.
     pub fetch_chunks: usize,
 }
@@ -94,7 +100,7 @@ impl EngineSettings {
     /// Settings from the text of a TOML engine file: an `[engine]` table of the fields in
     /// kebab case (`fetch-chunks = 2`). `source` names the file in errors.
     pub fn from_toml(text: &str, source: &str) -> Result<Self> {
-        let invalid = |why: String| RuntimeError::invalid(format!("engine config {source}"), why);
+        let invalid = |why: String| ModelError::invalid(format!("engine config {source}"), why);
         let file: EngineFile = toml::from_str(text).map_err(|e| invalid(e.to_string()))?;
         file.engine.check().map_err(|e| invalid(e.to_string()))?;
         Ok(file.engine)
@@ -103,7 +109,7 @@ impl EngineSettings {
     /// Settings from a TOML engine file ([`EngineSettings::from_toml`]).
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| {
-            RuntimeError::invalid(
+            ModelError::invalid(
                 format!("engine config {}", path.display()),
                 format!("cannot be read: {e}"),
             )
@@ -111,10 +117,10 @@ impl EngineSettings {
         Self::from_toml(&text, &path.display().to_string())
     }
 
-    /// A [`RuntimeError::Invalid`] naming the setting where one is out of range.
+    /// A [`ModelError::Invalid`] naming the setting where one is out of range.
     pub fn check(&self) -> Result<()> {
         if !(1..=MAX_FETCH_CHUNKS).contains(&self.fetch_chunks) {
-            return Err(RuntimeError::invalid(
+            return Err(ModelError::invalid(
                 "--fetch-chunks",
                 format!(
                     "{} chunks; a layer's fetched experts are gathered in 1 to {MAX_FETCH_CHUNKS}",
@@ -123,6 +129,12 @@ impl EngineSettings {
             ));
         }
         Ok(())
+    }
+
+    /// True for the defaults (what a host preset's prediction and a profile that records no
+    /// settings assume).
+    pub fn is_default(&self) -> bool {
+        *self == EngineSettings::default()
     }
 
     /// The settings in words, for tables, logs and the profile key: `fetch-chunks 4`.
@@ -135,7 +147,7 @@ impl EngineSettings {
     pub fn refuse_removed_envs(names: impl IntoIterator<Item = String>) -> Result<()> {
         for name in names {
             if let Some((_, instead)) = REMOVED_ENGINE_ENVS.iter().find(|(n, _)| *n == name) {
-                return Err(RuntimeError::invalid(
+                return Err(ModelError::invalid(
                     name,
                     format!("is no longer read by any command: {instead}"),
                 ));
