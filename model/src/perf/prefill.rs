@@ -12,12 +12,16 @@
 //! [`PrefillConfig::chunk_tokens`]; each chunk runs every layer once. A chunk of `c` tokens
 //! routes `c k` (token, expert) pairs over `u = E (1 - (1 - k/E)^c)` distinct experts of the
 //! layer's `E` (each token's top-k drawn without regard to the others: at `c = 512`, `k = 8`,
-//! `E = 128` that is every expert). Of them the cache holds `u r` (`r` its residency); the
-//! misses go where the layer's placement sends decode misses: gathered over the link and
+//! `E = 128` that is every expert). Of them the cache holds `u r` (`r` its residency; 0 for a
+//! layer that fetches none of its misses, as cpu's: only fetched misses enter the cache, so
+//! its cache stays empty, as its decode's 100% miss rate says); the misses go where the layer's placement sends decode misses: gathered over the link and
 //! computed on the GPU (offload, hybrid's fetched share), computed on the CPU from host
 //! memory (cpu, hybrid's CPU share, a layer split's CPU layers). The layer's time is its dense
 //! part (the weights read once, each token's dense compute at the GPU's token rate, the
-//! engine's rest-of-step cost per token) plus the longest of the link, the GPU's experts and
+//! engine's rest-of-step cost once: a chunk is one stream's step, and that cost is per stream
+//! and step, not per token: a served engine whose decode puts it at 150 us per layer and
+//! stream prefills 1,200 tokens in 0.36 s, where charging it per prompt token alone would
+//! take 0.73 s) plus the longest of the link, the GPU's experts and
 //! the CPU's share (they run at once), plus the layer's calibrated fixed cost. Prefill is the
 //! sum over chunks and layers.
 //!
@@ -188,16 +192,22 @@ pub fn prefill(
         let c = c as f64;
         let u = chunk_union(g.experts as f64, g.top_k as f64, c);
         let pairs = c * g.top_k as f64;
+        // The chunk is one stream's step: the engine's rest-of-step cost (per stream, as
+        // decode measures it) once, and each further token's dense compute.
         let dense_us = p.dense_us(&dense, 1.0, ctx)
-            + (c - 1.0)
-                * (dense_macs / (p.gpu_token_gmacs * super::MACS_PER_US_PER_GMACS)
-                    + p.engine.rest_us(1.0, ctx));
+            + (c - 1.0) * dense_macs / (p.gpu_token_gmacs * super::MACS_PER_US_PER_GMACS);
         for l in 0..g.moe_layers {
             let (gpu_n, fetched, cpu_n) = match placement.layer(l) {
                 LayerPlacement::Resident => (u, 0.0, 0.0),
                 LayerPlacement::CpuOnly => (0.0, 0.0, u),
                 LayerPlacement::Cached { fetch_fraction } => {
-                    let hits = u * residency;
+                    // Only fetched misses enter the cache: a layer that fetches none (cpu)
+                    // never fills it, so all its experts are misses.
+                    let hits = if fetch_fraction > 0.0 {
+                        u * residency
+                    } else {
+                        0.0
+                    };
                     let misses = u - hits;
                     let f = misses * fetch_fraction;
                     (hits + f, f, misses - f)
@@ -378,6 +388,65 @@ mod tests {
                 .total_us,
             0.0
         );
+    }
+
+    /// The engine's rest-of-step cost is per stream and step: a chunk pays it once per layer,
+    /// whatever its tokens.
+    #[test]
+    fn the_rest_of_the_step_is_paid_once_per_chunk() {
+        let (p, m) = setup();
+        let mut q = p.clone();
+        q.engine.rest_stream_us += 100.0;
+        let cfg = PrefillConfig::default();
+        let off = placed(
+            0,
+            LayerPlacement::Cached {
+                fetch_fraction: 1.0,
+            },
+        );
+        for tokens in [1, 600, 1200] {
+            let a = prefill(&p, &m, &off, 0.3, tokens, &cfg).unwrap();
+            let b = prefill(&q, &m, &off, 0.3, tokens, &cfg).unwrap();
+            let want = (a.chunks * m.geometry.moe_layers) as f64 * 100.0;
+            let got = b.total_us - a.total_us;
+            assert!(
+                (got - want).abs() <= 1e-9 * a.total_us,
+                "{tokens}: {got} {want}"
+            );
+        }
+    }
+
+    /// cpu fetches nothing, so nothing enters its cache: its prefill computes every expert a
+    /// chunk routes to on the CPU whatever the cache's size, as a layer placed on the CPU
+    /// does; a layer that fetches some of its misses keeps its cache's hits on the GPU.
+    #[test]
+    fn cpu_prefill_ignores_the_cache_it_never_fills() {
+        let (p, m) = setup();
+        let cfg = PrefillConfig::default();
+        let cpu = placed(
+            0,
+            LayerPlacement::Cached {
+                fetch_fraction: 0.0,
+            },
+        );
+        let all_cpu = placed(m.geometry.moe_layers, LayerPlacement::Resident);
+        let empty = prefill(&p, &m, &cpu, 0.0, 1200, &cfg).unwrap();
+        for r in [0.2, 0.6] {
+            let a = prefill(&p, &m, &cpu, r, 1200, &cfg).unwrap();
+            let b = prefill(&p, &m, &all_cpu, r, 1200, &cfg).unwrap();
+            assert_eq!(a, empty, "residency {r}");
+            assert_eq!(a.total_us, b.total_us, "residency {r}");
+            assert_eq!(a.gpu_us, 0.0);
+            let hybrid = placed(
+                0,
+                LayerPlacement::Cached {
+                    fetch_fraction: 0.3,
+                },
+            );
+            let h0 = prefill(&p, &m, &hybrid, 0.0, 1200, &cfg).unwrap();
+            let h = prefill(&p, &m, &hybrid, r, 1200, &cfg).unwrap();
+            assert!(h.cpu_us < h0.cpu_us && h.gpu_us > h0.gpu_us, "{h:?} {h0:?}");
+        }
     }
 
     #[test]
