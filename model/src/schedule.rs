@@ -195,6 +195,14 @@ impl LayerSchedule {
         crate::plan::fetch_chunk_bounds_at_most(n, fetch_chunks)
     }
 
+    /// Whether `fetched` experts come in more than one chunk ([`LayerSchedule::chunk_bounds`]
+    /// has several ranges), without building the chunks: the simulator asks it of every
+    /// layer. The rule splits off a last chunk as soon as two chunks are allowed and there
+    /// are two experts.
+    pub fn several_chunks(fetch_chunks: usize, fetched: f64) -> bool {
+        fetch_chunks.clamp(1, crate::plan::MAX_FETCH_CHUNKS) >= 2 && fetched.round() >= 2.0
+    }
+
     /// The chunks this layer's `fetched` experts (a GPU's count; a mean allowed) are
     /// gathered and computed in ([`LayerSchedule::chunk_bounds`] at the schedule's
     /// [`LayerSchedule::fetch_chunks`]).
@@ -229,7 +237,7 @@ impl LayerSchedule {
                 stream = push(OpKind::Hits, g, vec![stream]);
             }
             if has_fetched {
-                if LayerSchedule::chunk_bounds(settings.fetch_chunks, c.fetched).len() > 1 {
+                if LayerSchedule::several_chunks(settings.fetch_chunks, c.fetched) {
                     stream = push(OpKind::FetchedEarly, g, vec![stream]);
                 }
                 let gather = push(OpKind::Gather, g, vec![dense]);
@@ -287,6 +295,21 @@ impl LayerSchedule {
 mod tests {
     use super::*;
     use crate::placement::GpuPlacement;
+
+    /// The fast test of several chunks is the chunking's own answer.
+    #[test]
+    fn several_chunks_is_what_the_chunk_bounds_say() {
+        for most in 0..=crate::plan::MAX_FETCH_CHUNKS + 1 {
+            for tenths in 0..=200 {
+                let fetched = f64::from(tenths) / 10.0;
+                assert_eq!(
+                    LayerSchedule::several_chunks(most, fetched),
+                    LayerSchedule::chunk_bounds(most, fetched).len() > 1,
+                    "{most} chunks, {fetched} fetched"
+                );
+            }
+        }
+    }
 
     fn counts(hits: f64, fetched: f64, cpu: f64) -> LayerCounts {
         LayerCounts::one_token_each(hits, fetched, cpu)

@@ -340,7 +340,7 @@ impl Planner {
 /// What a layer's schedule depends on, for up to 16 GPUs, from each GPU's counts
 /// ([`LayerSchedule::counts_on`]: under tensor parallelism the one plan with its CPU experts
 /// dealt out): whether it has hits, fetched experts, more than one fetched chunk
-/// ([`LayerSchedule::chunk_bounds`] at the engine's `fetch_chunks`) and a CPU share.
+/// ([`LayerSchedule::several_chunks`] at the engine's `fetch_chunks`) and a CPU share.
 /// `None` for more GPUs.
 fn structure_key(
     gpus: impl ExactSizeIterator<Item = LayerCounts>,
@@ -352,7 +352,7 @@ fn structure_key(
     Some(gpus.enumerate().fold(0u64, |k, (i, c)| {
         let bits = u64::from(c.hits > 0.0)
             | u64::from(c.fetched > 0.0) << 1
-            | u64::from(LayerSchedule::chunk_bounds(fetch_chunks, c.fetched).len() > 1) << 2
+            | u64::from(LayerSchedule::several_chunks(fetch_chunks, c.fetched)) << 2
             | u64::from(c.cpu > 0.0) << 3;
         k | bits << (4 * i)
     }))
