@@ -469,12 +469,17 @@ mod tests {
     #[test]
     fn a_ready_engine_and_its_children_are_stopped_by_sigterm_or_by_drop() {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port().unwrap();
-        // A server (python's http.server) behind a shell that also leaves a child running.
-        let script = format!("sleep 30 & exec python3 -m http.server {port} --bind 127.0.0.1");
-        let mut s = spec(dir.path(), &script, port);
-        s.startup_timeout = Duration::from_secs(20);
-        let mut e = Engine::spawn(s.clone()).unwrap();
+        // A server (python's http.server) behind a shell that also leaves a child running,
+        // each start on a port of its own: a port just released may be handed to a test
+        // running beside this one.
+        let server = || {
+            let port = free_port().unwrap();
+            let script = format!("sleep 30 & exec python3 -m http.server {port} --bind 127.0.0.1");
+            let mut s = spec(dir.path(), &script, port);
+            s.startup_timeout = Duration::from_secs(20);
+            s
+        };
+        let mut e = Engine::spawn(server()).unwrap();
         let pgid = e.pgid();
         rt().block_on(e.wait_ready(None)).unwrap();
         assert!(group_members(pgid).unwrap().len() >= 2);
@@ -482,7 +487,7 @@ mod tests {
         assert!(matches!(stopped, Stopped::Terminated(_)), "{stopped:?}");
         assert_eq!(group_members(pgid), None);
         // The same, dropped without a stop (an error path).
-        let e = Engine::spawn(s).unwrap();
+        let e = Engine::spawn(server()).unwrap();
         let pgid = e.pgid();
         drop(e);
         assert_eq!(group_members(pgid), None);
